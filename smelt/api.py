@@ -1,0 +1,263 @@
+"""The two public APIs: ``smelt.compile`` and the onnxruntime-compatible ``InferenceSession``.
+
+Symbolic input dimensions: the model is specialized (and compiled) on the first call with each
+new combination of input shapes; up to ``MAX_VARIANTS`` (8, or $SMELT_MAX_VARIANTS) compiled
+variants are kept per model, least recently used evicted first. Compiled variants also persist
+in the on-disk cache, so a re-visited shape reloads instead of recompiling.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from smelt.codegen.toolchain import sanitize_enabled, source_path_for
+from smelt.compiler import BuildResult, CompileOptions, build
+from smelt.frontend.onnx_import import ModelLike, load_model, model_input_specs, model_output_specs
+from smelt.ir.types import onnx_type_string
+from smelt.runtime.module import LoadedArtifact
+from smelt.target import detect
+
+MAX_VARIANTS = int(os.environ.get("SMELT_MAX_VARIANTS", "8"))
+
+
+@dataclass(frozen=True)
+class NodeArg:
+    """Like onnxruntime's NodeArg: ``name``, ``shape`` (ints and symbol strings), ``type``."""
+
+    name: str
+    shape: list[int | str | None]
+    type: str
+
+
+def _resolve_threads(threads: int | None) -> int:
+    cores = detect().physical_cores
+    if threads is None or threads <= 0:
+        return cores
+    return int(threads)
+
+
+class CompiledModel:
+    """A model compiled for this CPU. Call it with numpy arrays, positionally or by name.
+
+    Attributes: ``fallback_nodes`` (nodes run by the onnx.reference fallback, [] when all are
+    native), ``arena_bytes`` (intermediate memory), ``source_path`` (the generated C),
+    ``compile_seconds`` and ``from_cache`` (of the most recent build).
+    """
+
+    def __init__(self, model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
+                 allow_fallback: bool = True, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                 force_fallback: Sequence[str] = ()) -> None:
+        self.proto: onnx.ModelProto = load_model(model)
+        self.threads = _resolve_threads(threads)
+        self.options = CompileOptions(self.threads, opt_level, allow_fallback, frozenset(force_fallback),
+                                      sanitize_enabled())
+        self._inputs = model_input_specs(self.proto)
+        self._outputs = model_output_specs(self.proto)
+        if not self._inputs and not self.proto.graph.input:
+            pass  # a model with no inputs is legal: it computes constants
+        self._variants: OrderedDict[tuple, LoadedArtifact] = OrderedDict()
+        self._builds: dict[tuple, BuildResult] = {}
+        self._lock = threading.Lock()
+        self._last: tuple | None = None
+        shapes = dict(input_shapes or {})
+        for name, _, shape in self._inputs:
+            if name not in shapes and shape is not None and all(isinstance(d, int) for d in shape):
+                shapes[name] = shape
+        if len(shapes) == len(self._inputs):
+            self._variant(self._key(shapes))
+
+    # -- inputs ----------------------------------------------------------------------
+    def get_inputs(self) -> list[NodeArg]:
+        return [NodeArg(n, list(s) if s is not None else [], onnx_type_string(d) if d is not None else "")
+                for n, d, s in self._inputs]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [NodeArg(n, list(s) if s is not None else [], onnx_type_string(d) if d is not None else "")
+                for n, d, s in self._outputs]
+
+    @staticmethod
+    def _key(shapes: Mapping[str, Sequence[int]]) -> tuple:
+        return tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
+
+    def _check_feed(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        names = [n for n, _, _ in self._inputs]
+        unknown = [k for k in feeds if k not in names]
+        if unknown:
+            raise ValueError(f"unknown input name {unknown[0]!r}; the model's inputs are {names}")
+        missing = [n for n in names if n not in feeds]
+        if missing:
+            raise ValueError(f"missing input {missing[0]!r}; the model's inputs are {names}")
+        checked = {}
+        for name, dtype, shape in self._inputs:
+            arr = feeds[name]
+            if not isinstance(arr, np.ndarray):
+                arr = np.asarray(arr)
+            if dtype is not None and arr.dtype != dtype:
+                raise ValueError(f"input {name!r}: expected dtype {np.dtype(dtype).name} "
+                                 f"({onnx_type_string(dtype)}), given {arr.dtype.name}")
+            if shape is not None:
+                if arr.ndim != len(shape):
+                    raise ValueError(f"input {name!r}: expected shape {list(shape)} (rank {len(shape)}), "
+                                     f"given {list(arr.shape)} (rank {arr.ndim})")
+                bound: dict[str, int] = {}
+                for want, got in zip(shape, arr.shape, strict=True):
+                    if isinstance(want, int) and want != got:
+                        raise ValueError(f"input {name!r}: expected shape {list(shape)}, given {list(arr.shape)}")
+                    if isinstance(want, str) and not want.startswith("unk_"):
+                        if bound.setdefault(want, got) != got:
+                            raise ValueError(f"input {name!r}: dimension {want!r} must be the same size "
+                                             f"everywhere; given shape {list(arr.shape)}")
+            checked[name] = np.ascontiguousarray(arr)
+        return checked
+
+    # -- variants --------------------------------------------------------------------
+    def _variant(self, key: tuple) -> LoadedArtifact:
+        with self._lock:
+            art = self._variants.get(key)
+            if art is not None:
+                self._variants.move_to_end(key)
+                self._last = key
+                return art
+            result = build(self.proto, dict(key), self.options)
+            art = LoadedArtifact(result.directory, result.lib_path, self.threads, list(detect().core_cpus))
+            self._variants[key] = art
+            self._builds[key] = result
+            self._last = key
+            while len(self._variants) > MAX_VARIANTS:
+                old_key, old = self._variants.popitem(last=False)
+                self._builds.pop(old_key, None)
+                old.close()
+            return art
+
+    def _current(self) -> LoadedArtifact | None:
+        return self._variants.get(self._last) if self._last is not None else None
+
+    # -- running ---------------------------------------------------------------------
+    def run(self, feeds: Mapping[str, Any]) -> list[np.ndarray]:
+        arrays = self._check_feed(feeds)
+        art = self._variant(self._key({k: a.shape for k, a in arrays.items()}))
+        return art.run(arrays)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | list[np.ndarray]:
+        names = [n for n, _, _ in self._inputs]
+        if len(args) > len(names):
+            raise ValueError(f"the model takes {len(names)} inputs ({names}); given {len(args)} positional")
+        feeds = dict(zip(names, args, strict=False))
+        for k, v in kwargs.items():
+            if k in feeds:
+                raise ValueError(f"input {k!r} given both positionally and by name")
+            feeds[k] = v
+        outs = self.run(feeds)
+        return outs[0] if len(outs) == 1 else outs
+
+    # -- introspection ---------------------------------------------------------------
+    @property
+    def fallback_nodes(self) -> list[str]:
+        art = self._current()
+        return [] if art is None else [f["node"] for f in art.meta["fallback_nodes"]]
+
+    @property
+    def fallback_report(self) -> list[dict]:
+        art = self._current()
+        return [] if art is None else list(art.meta["fallback_nodes"])
+
+    @property
+    def native_nodes(self) -> list[tuple[str, str]]:
+        art = self._current()
+        return [] if art is None else [tuple(x) for x in art.meta["native_nodes"]]
+
+    @property
+    def arena_bytes(self) -> int:
+        art = self._current()
+        return 0 if art is None else art.meta["arena_bytes"] + art.meta["scratch_bytes"]
+
+    @property
+    def source_path(self) -> Path | None:
+        art = self._current()
+        return None if art is None or art.lib_path is None else source_path_for(art.lib_path)
+
+    @property
+    def compile_seconds(self) -> float:
+        return self._builds[self._last].compile_seconds if self._last in self._builds else 0.0
+
+    @property
+    def from_cache(self) -> bool:
+        return self._builds[self._last].from_cache if self._last in self._builds else False
+
+    @property
+    def native_calls(self) -> int:
+        """Native entry calls made so far (one per native block per inference)."""
+        return sum(a.native_calls for a in self._variants.values())
+
+    def close(self) -> None:
+        for art in self._variants.values():
+            art.close()
+        self._variants.clear()
+
+
+def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1, allow_fallback: bool = True,
+            input_shapes: Mapping[str, Sequence[int]] | None = None,
+            force_fallback: Sequence[str] = ()) -> CompiledModel:
+    """Compile an ONNX model (path, bytes or ModelProto) for this CPU.
+
+    ``threads``: worker threads including the caller (default: physical cores).
+    ``input_shapes``: concrete shapes for symbolic inputs, to compile ahead of the first call.
+    ``allow_fallback``: when False, a node with no native template is an error.
+    """
+    return CompiledModel(model, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
+                         input_shapes=input_shapes, force_fallback=force_fallback)
+
+
+class SessionOptions:
+    """The subset of onnxruntime.SessionOptions smelt honours (others are accepted, ignored)."""
+
+    def __init__(self) -> None:
+        self.intra_op_num_threads = 0
+        self.inter_op_num_threads = 0
+        self.graph_optimization_level = None
+        self.log_severity_level = 2
+
+
+class InferenceSession:
+    """Drop-in for ``onnxruntime.InferenceSession``: ``run``, ``get_inputs``, ``get_outputs``."""
+
+    def __init__(self, model: ModelLike, sess_options: SessionOptions | Any | None = None,
+                 providers: Sequence[Any] | None = None, **kwargs: Any) -> None:
+        threads = getattr(sess_options, "intra_op_num_threads", 0) if sess_options is not None else 0
+        self._model = CompiledModel(model, threads=threads or None)
+        self._providers = ["SmeltExecutionProvider"]
+
+    def get_inputs(self) -> list[NodeArg]:
+        return self._model.get_inputs()
+
+    def get_outputs(self) -> list[NodeArg]:
+        return self._model.get_outputs()
+
+    def get_providers(self) -> list[str]:
+        return list(self._providers)
+
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+            run_options: Any = None) -> list[np.ndarray]:
+        outs = self._model.run(input_feed)
+        if not output_names:
+            return outs
+        names = [o.name for o in self._model.get_outputs()]
+        result = []
+        for name in output_names:
+            if name not in names:
+                raise ValueError(f"unknown output name {name!r}; the model's outputs are {names}")
+            result.append(outs[names.index(name)])
+        return result
+
+    @property
+    def compiled(self) -> CompiledModel:
+        return self._model

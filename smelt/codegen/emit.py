@@ -1,0 +1,241 @@
+"""Render a planned graph as one C translation unit: one entry point per execution block.
+
+Every native node becomes a *step* of its block's body: C statements that every thread of the
+pool runs with ``tid`` and ``nt`` in scope, followed by a barrier. A block's entry runs its body
+as one job on the pool, so an inference of a fully native model is one call from Python and one
+fork/join in C. Kernels are emitted once per distinct source (identical workloads share code).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from smelt.codegen.plan import ExecutionPlan, NativeBlock
+from smelt.codegen.templates.registry import find_template
+from smelt.ir.graph import Graph, Node
+from smelt.ir.types import c_type
+from smelt.target import Target
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.:\-\[\]]")
+
+
+def c_comment_text(text: str) -> str:
+    """Make arbitrary text (node names come from untrusted files) safe inside a C comment."""
+    return _SAFE.sub("?", text)[:120]
+
+
+def c_identifier(text: str) -> str:
+    ident = re.sub(r"[^A-Za-z0-9_]", "_", text)
+    return ident if ident and not ident[0].isdigit() else f"_{ident}"
+
+
+def c_literal(value: float | int | bool, dtype: np.dtype | str = "float32") -> str:
+    """A C literal of the given element type that round-trips exactly."""
+    name = np.dtype(dtype).name
+    if name in ("float32", "float64"):
+        v = float(value)
+        if np.isnan(v):
+            return "NAN"
+        if np.isinf(v):
+            return "INFINITY" if v > 0 else "(-INFINITY)"
+        text = repr(float(np.float32(v))) if name == "float32" else repr(v)
+        return f"{text}f" if name == "float32" else text
+    if name == "bool":
+        return "1" if value else "0"
+    iv = int(value)
+    if name == "int64" and iv == -(2**63):
+        return "INT64_MIN"
+    suffix = {"int64": "LL", "uint64": "ULL", "uint32": "U"}.get(name, "")
+    return f"{iv}{suffix}"
+
+
+class WeightsBlob:
+    """Constants the native code reads, packed 64-byte aligned into one buffer."""
+
+    ALIGN = 64
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[int, np.ndarray]] = []
+        self.size = 0
+        self._by_key: dict[str, int] = {}
+
+    def add(self, array: np.ndarray, key: str | None = None) -> int:
+        if key is not None and key in self._by_key:
+            return self._by_key[key]
+        arr = np.ascontiguousarray(array)
+        offset = self.size
+        self.chunks.append((offset, arr))
+        self.size = offset + (-(-arr.nbytes // self.ALIGN) * self.ALIGN or self.ALIGN)
+        if key is not None:
+            self._by_key[key] = offset
+        return offset
+
+    def to_bytes(self) -> np.ndarray:
+        buf = np.zeros(max(self.size, self.ALIGN), dtype=np.uint8)
+        for offset, arr in self.chunks:
+            buf[offset : offset + arr.nbytes] = arr.reshape(-1).view(np.uint8)
+        return buf
+
+
+@dataclass
+class Step:
+    node: Node
+    code: str
+
+
+@dataclass
+class BlockSource:
+    index: int
+    steps: list[Step] = field(default_factory=list)
+
+
+class BlockEmitter:
+    """What a template sees while rendering one node into an execution block."""
+
+    def __init__(self, g: Graph, plan: ExecutionPlan, block: NativeBlock, target: Target,
+                 weights: WeightsBlob, functions: dict[str, tuple[str, str]], n_threads: int) -> None:
+        self.g = g
+        self.plan = plan
+        self.block = block
+        self.target = target
+        self.weights = weights
+        self._functions = functions
+        self.n_threads = n_threads
+        self.source = BlockSource(block.index)
+        self._scratch_bytes = 0
+        self._node: Node | None = None
+
+    # -- buffers ---------------------------------------------------------------------
+    def ptr(self, name: str) -> str:
+        """C expression for a typed pointer to value ``name``'s data."""
+        v = self.g.values[name]
+        ctype = c_type(v.dtype)
+        if v.const is not None:
+            off = self.weights.add(v.const, key=f"value:{name}")
+            return f"((const {ctype} *)(W + {off}))"
+        if name in self.block.ext_inputs:
+            return f"(({ctype} *)in[{self.block.ext_inputs.index(name)}])"
+        if name in self.block.ext_outputs:
+            return f"(({ctype} *)out[{self.block.ext_outputs.index(name)}])"
+        off = self.plan.arena_offsets[name]
+        return f"(({ctype} *)(arena + {off}))"
+
+    def weight(self, array: np.ndarray, key: str | None = None) -> str:
+        """Add a compile-time transformed constant; returns a typed const pointer expression."""
+        arr = np.ascontiguousarray(array)
+        off = self.weights.add(arr, key=key)
+        return f"((const {c_type(arr.dtype)} *)(W + {off}))"
+
+    def scratch(self, nbytes: int, dtype: str = "float32") -> str:
+        """Scratch memory valid during this node only (shared by all nodes of the model)."""
+        nbytes = -(-nbytes // 64) * 64
+        base = self._scratch_bytes
+        self._scratch_bytes = base + nbytes
+        return f"(({c_type(dtype)} *)(scratch + {base}))"
+
+    @property
+    def scratch_bytes(self) -> int:
+        return self._scratch_bytes
+
+    # -- code ------------------------------------------------------------------------
+    def function(self, base: str, code: str, doc: str = "") -> str:
+        """Define a kernel function once; ``code`` names it FNAME. Returns its C name."""
+        digest = hashlib.sha256(code.encode()).hexdigest()[:10]
+        fname = f"{c_identifier(base)}_{digest}"
+        if fname not in self._functions:
+            header = f"/* template: {c_comment_text(base)}\n * {c_comment_text(doc)} */\n" if doc else ""
+            self._functions[fname] = (fname, header + code.replace("FNAME", fname))
+        return fname
+
+    def step(self, code: str) -> None:
+        """Statements run by every thread (``tid``, ``nt`` in scope); a barrier follows."""
+        assert self._node is not None
+        self.source.steps.append(Step(self._node, code))
+
+    def emit_node(self, node: Node) -> None:
+        tpl, reason = find_template(node, self.g)
+        if tpl is None:  # the planner only puts nodes with templates in native blocks
+            raise AssertionError(f"node {node.name} has no template: {reason}")
+        self._node = node
+        self._scratch_bytes = 0
+        tpl.emit(node, self.g, self)
+        self._node = None
+
+
+PRELUDE = """\
+/* Generated by smelt: model {model}.
+ * Execution blocks: {n_blocks}; threads: {threads}; target: {target}.
+ * Do not edit: regenerate with `smelt compile --emit-c`. */
+#include "smelt_rt.h"
+#include <float.h>
+
+#define SMELT_EXPORT __attribute__((visibility("default")))
+#define SMELT_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define SMELT_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+SMELT_EXPORT void *smelt_create_pool(int n, const int *cpus) {{ return smelt_pool_create(n, cpus); }}
+SMELT_EXPORT void smelt_destroy_pool(void *p) {{ smelt_pool_destroy((smelt_pool_t *)p); }}
+
+typedef struct {{
+    smelt_pool_t *pool;
+    void *const *in;
+    void *const *out;
+    char *arena;
+    char *scratch;
+    const char *W;
+}} smelt_ctx_t;
+"""
+
+
+def render_block(block: BlockSource) -> str:
+    lines = [f"static void smelt_body_{block.index}(void *vctx, int tid, int nt) {{",
+             "    const smelt_ctx_t *c = (const smelt_ctx_t *)vctx;",
+             "    void *const *in = c->in; void *const *out = c->out;",
+             "    char *arena = c->arena; char *scratch = c->scratch; const char *W = c->W;",
+             "    (void)in; (void)out; (void)arena; (void)scratch; (void)W;"]
+    for i, step in enumerate(block.steps):
+        lines.append(f"    /* [{i}] {c_comment_text(step.node.op)} {c_comment_text(step.node.name)} */")
+        lines.append(f"    SMELT_PROFILE_BEGIN({i});")
+        lines.append("    { " + step.code.strip().replace("\n", "\n      ") + " }")
+        lines.append(f"    SMELT_PROFILE_END({i});")
+        if i + 1 < len(block.steps):
+            lines.append("    smelt_barrier(c->pool, nt);")
+    lines.append("}")
+    lines.append(
+        f"SMELT_EXPORT int smelt_block_{block.index}(void *pool, void *const *in, void *const *out, "
+        "char *arena, char *scratch, const char *W) {\n"
+        "    smelt_ctx_t ctx = {(smelt_pool_t *)pool, in, out, arena, scratch, W};\n"
+        f"    smelt_pool_run((smelt_pool_t *)pool, smelt_body_{block.index}, &ctx);\n"
+        "    return 0;\n}\n"
+    )
+    return "\n".join(lines)
+
+
+@dataclass
+class GeneratedModule:
+    source: str
+    weights: np.ndarray
+    scratch_bytes: int
+
+
+def generate(g: Graph, plan: ExecutionPlan, target: Target, n_threads: int) -> GeneratedModule:
+    """Render every native block of ``plan`` into one C source plus its weights blob."""
+    weights = WeightsBlob()
+    functions: dict[str, tuple[str, str]] = {}
+    blocks = []
+    scratch = 0
+    for block in plan.native_blocks():
+        em = BlockEmitter(g, plan, block, target, weights, functions, n_threads)
+        for node in block.nodes:
+            em.emit_node(node)
+            scratch = max(scratch, em.scratch_bytes)
+        blocks.append(em.source)
+    parts = [PRELUDE.format(model=c_comment_text(g.name), n_blocks=len(blocks), threads=n_threads,
+                            target=c_comment_text(target.isa))]
+    parts += [code for _, code in functions.values()]
+    parts += [render_block(b) for b in blocks]
+    return GeneratedModule("\n".join(parts), weights.to_bytes(), scratch)

@@ -1,0 +1,136 @@
+"""Execution plan: the graph cut into execution blocks, and the arena laid out by liveness.
+
+ModelCompiler's execution blocks: maximal runs of nodes (in topological order) that all have a
+native template form native blocks, each one native call; a node without a template is a
+fallback step between blocks. Values that stay inside a native block live in one arena at
+offsets planned from their live ranges; values that cross a block boundary (or are graph
+outputs) are ordinary numpy arrays handed to the block by pointer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from smelt.codegen.templates.registry import find_template
+from smelt.ir.graph import Graph, Node
+
+ALIGN = 64
+
+
+@dataclass
+class NativeBlock:
+    index: int
+    nodes: list[Node] = field(default_factory=list)
+    ext_inputs: list[str] = field(default_factory=list)  # non-constant values read from outside
+    ext_outputs: list[str] = field(default_factory=list)  # values written for outside readers
+
+
+@dataclass
+class FallbackStep:
+    node: Node
+    reason: str
+
+
+@dataclass
+class ExecutionPlan:
+    steps: list[NativeBlock | FallbackStep]
+    arena_offsets: dict[str, int]
+    arena_bytes: int
+
+    def native_blocks(self) -> list[NativeBlock]:
+        return [s for s in self.steps if isinstance(s, NativeBlock)]
+
+    def fallback_steps(self) -> list[FallbackStep]:
+        return [s for s in self.steps if isinstance(s, FallbackStep)]
+
+
+def partition(g: Graph, force_fallback: frozenset[str] = frozenset()) -> list[NativeBlock | FallbackStep]:
+    steps: list[NativeBlock | FallbackStep] = []
+    current: NativeBlock | None = None
+    for node in g.nodes:
+        tpl, reason = (None, "forced by the caller") if node.name in force_fallback else find_template(node, g)
+        if tpl is None:
+            steps.append(FallbackStep(node, reason))
+            current = None
+            continue
+        if current is None:
+            current = NativeBlock(index=len([s for s in steps if isinstance(s, NativeBlock)]))
+            steps.append(current)
+        current.nodes.append(node)
+    return steps
+
+
+def _block_io(g: Graph, steps: list[NativeBlock | FallbackStep]) -> None:
+    owner: dict[str, int] = {}  # value -> step index producing it
+    for si, step in enumerate(steps):
+        nodes = step.nodes if isinstance(step, NativeBlock) else [step.node]
+        for n in nodes:
+            for o in n.outputs:
+                if o:
+                    owner[o] = si
+    readers: dict[str, set[int]] = {}
+    for si, step in enumerate(steps):
+        nodes = step.nodes if isinstance(step, NativeBlock) else [step.node]
+        for n in nodes:
+            for i in n.all_inputs():
+                readers.setdefault(i, set()).add(si)
+    graph_outputs = set(g.outputs)
+    for si, step in enumerate(steps):
+        if not isinstance(step, NativeBlock):
+            continue
+        ins: list[str] = []
+        outs: list[str] = []
+        for n in step.nodes:
+            for i in n.all_inputs():
+                if g.values[i].const is None and owner.get(i) != si and i not in ins:
+                    ins.append(i)
+            for o in n.outputs:
+                if o and (o in graph_outputs or readers.get(o, set()) - {si}):
+                    outs.append(o)
+        step.ext_inputs, step.ext_outputs = ins, outs
+
+
+def plan_arena(g: Graph, steps: list[NativeBlock | FallbackStep]) -> tuple[dict[str, int], int]:
+    """Offsets for block-internal values: greedy first-fit over live ranges (node indices)."""
+    order: list[Node] = []
+    internal: set[str] = set()
+    for step in steps:
+        if isinstance(step, NativeBlock):
+            external = set(step.ext_outputs)
+            for n in step.nodes:
+                internal.update(o for o in n.outputs if o and o not in external)
+            order.extend(step.nodes)
+        else:
+            order.append(step.node)
+    start: dict[str, int] = {}
+    end: dict[str, int] = {}
+    for t, n in enumerate(order):
+        for o in n.outputs:
+            if o in internal:
+                start[o] = t
+                end[o] = t  # an unread output still needs room while its producer runs
+        for i in n.all_inputs():
+            if i in internal:
+                end[i] = t
+    placed: list[tuple[int, int, int, int]] = []  # offset, size, start, end
+    offsets: dict[str, int] = {}
+    total = 0
+    for name in sorted(start, key=lambda v: (start[v], -g.values[v].nbytes)):
+        size = max(ALIGN, -(-g.values[name].nbytes // ALIGN) * ALIGN)
+        busy = sorted((o, s) for o, s, a, b in placed if not (b < start[name] or a > end[name]))
+        offset = 0
+        for o, s in busy:
+            if offset + size <= o:
+                break
+            offset = max(offset, o + s)
+        placed.append((offset, size, start[name], end[name]))
+        offsets[name] = offset
+        total = max(total, offset + size)
+    return offsets, total
+
+
+def build_plan(g: Graph, force_fallback: frozenset[str] = frozenset()) -> ExecutionPlan:
+    steps = partition(g, force_fallback)
+    _block_io(g, steps)
+    offsets, total = plan_arena(g, steps)
+    return ExecutionPlan(steps, offsets, total)

@@ -1,0 +1,228 @@
+"""Element-wise templates: unary math and activations, binary and ternary ops with broadcasting.
+
+Template ``f32_eltwise_*``: one loop nest from ``codegen.broadcast`` per node; float ops use
+libm (no fast-math: results stay IEEE fp32/fp64); integer ops only where C semantics equal
+ONNX's (integer division and modulo fall back: C's truncation and division by zero differ).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from smelt.codegen.broadcast import elementwise_loop
+from smelt.codegen.emit import BlockEmitter, c_literal
+from smelt.codegen.templates.registry import register
+from smelt.ir.graph import Graph, Node
+from smelt.ir.types import FLOAT_TYPES, INT_TYPES, has_c_type
+
+SIGNED = ("int8", "int16", "int32", "int64")
+NUMERIC = FLOAT_TYPES + INT_TYPES
+
+
+def _fn(name: str, dtype: str) -> str:
+    return f"{name}f" if dtype == "float32" else name
+
+
+def _lit(x: float, dtype: str) -> str:
+    return c_literal(x, dtype)
+
+
+def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
+    """C expression of the op applied to ``x``; None when this dtype has no native form."""
+    op, fl = node.op, dtype in FLOAT_TYPES
+    one, zero = _lit(1, dtype) if fl else "1", _lit(0, dtype) if fl else "0"
+    if op == "Identity":
+        return x
+    if op == "Relu" and dtype in FLOAT_TYPES + SIGNED:
+        return f"({x} > {zero} ? {x} : {zero})"
+    if op == "Neg" and dtype in FLOAT_TYPES + SIGNED:
+        return f"(-{x})"
+    if op == "Abs" and dtype in NUMERIC:
+        return f"({x} < 0 ? -{x} : {x})" if dtype in FLOAT_TYPES + SIGNED else x
+    if op == "Sign" and dtype in NUMERIC:
+        return f"(({x} > 0) - ({x} < 0))" if not fl else f"({x} > {zero} ? {one} : ({x} < {zero} ? -{one} : {x}))"
+    if op == "Not" and dtype == "bool":
+        return f"(!{x})"
+    if not fl:
+        return None
+    f = lambda name: _fn(name, dtype)  # noqa: E731
+    a = lambda key, default: _lit(node.attr(key, default), dtype)  # noqa: E731
+    table = {
+        "Sigmoid": f"({one} / ({one} + {f('exp')}(-{x})))",
+        "Tanh": f"{f('tanh')}({x})",
+        "Exp": f"{f('exp')}({x})",
+        "Log": f"{f('log')}({x})",
+        "Sqrt": f"{f('sqrt')}({x})",
+        "Reciprocal": f"({one} / {x})",
+        "Floor": f"{f('floor')}({x})",
+        "Ceil": f"{f('ceil')}({x})",
+        "Round": f"{f('nearbyint')}({x})",  # ties to even under the default rounding mode
+        "Erf": f"{f('erf')}({x})",
+        "Sin": f"{f('sin')}({x})",
+        "Cos": f"{f('cos')}({x})",
+        "Tan": f"{f('tan')}({x})",
+        "Softplus": f"({x} > {_lit(20, dtype)} ? {x} : {f('log1p')}({f('exp')}({x})))",
+        "Softsign": f"({x} / ({one} + {f('fabs')}({x})))",
+        "LeakyRelu": f"({x} >= {zero} ? {x} : {a('alpha', 0.01)} * {x})",
+        "Elu": f"({x} >= {zero} ? {x} : {a('alpha', 1.0)} * ({f('exp')}({x}) - {one}))",
+        "Celu": f"({f('fmax')}({zero}, {x}) + {f('fmin')}({zero}, {a('alpha', 1.0)} * ({f('exp')}({x} / {a('alpha', 1.0)}) - {one})))",
+        "Selu": f"({a('gamma', 1.0507009873554805)} * ({x} > {zero} ? {x} : {a('alpha', 1.6732632423543772)} * ({f('exp')}({x}) - {one})))",
+        "ThresholdedRelu": f"({x} > {a('alpha', 1.0)} ? {x} : {zero})",
+        "HardSigmoid": f"{f('fmin')}({one}, {f('fmax')}({zero}, {a('alpha', 0.2)} * {x} + {a('beta', 0.5)}))",
+        "HardSwish": f"({x} * {f('fmin')}({one}, {f('fmax')}({zero}, {x} / {_lit(6, dtype)} + {_lit(0.5, dtype)})))",
+        "Mish": f"({x} * {f('tanh')}({f('log1p')}({f('exp')}({x}))))",
+    }
+    if op == "Gelu":
+        if node.attr("approximate", "none") == "tanh":
+            return (f"({_lit(0.5, dtype)} * {x} * ({one} + {f('tanh')}({_lit(0.7978845608028654, dtype)} * "
+                    f"({x} + {_lit(0.044715, dtype)} * {x} * {x} * {x}))))")
+        return f"({_lit(0.5, dtype)} * {x} * ({one} + {f('erf')}({x} * {_lit(0.7071067811865476, dtype)})))"
+    return table.get(op)
+
+
+UNARY_OPS = ("Identity", "Relu", "Neg", "Abs", "Sign", "Not", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt",
+             "Reciprocal", "Floor", "Ceil", "Round", "Erf", "Sin", "Cos", "Tan", "Softplus", "Softsign",
+             "LeakyRelu", "Elu", "Celu", "Selu", "ThresholdedRelu", "HardSigmoid", "HardSwish", "Mish", "Gelu")
+
+
+def _dtype(g: Graph, name: str) -> str:
+    return np.dtype(g.values[name].dtype).name
+
+
+def _check_unary(node: Node, g: Graph) -> str | None:
+    dt = _dtype(g, node.inputs[0])
+    if not has_c_type(dt) or _dtype(g, node.outputs[0]) != dt:
+        return f"dtype {dt} has no native {node.op}"
+    if _unary_expr(node, g, "x", dt) is None:
+        return f"no native {node.op} for {dt}"
+    return None
+
+
+@register(UNARY_OPS, check=_check_unary, name="eltwise_unary")
+def emit_unary(node: Node, g: Graph, em: BlockEmitter) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    dt = _dtype(g, x)
+    expr = _unary_expr(node, g, "X[I0]", dt)
+    shape = g.values[y].shape
+    loop = elementwise_loop(shape, [g.values[x].shape],
+                            lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', f'X[{idx[0]}]')};")
+    em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"
+            f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
+
+
+def _clip_bounds(node: Node, g: Graph) -> tuple[str | None, str | None] | None:
+    dt = _dtype(g, node.inputs[0])
+    lo, hi = node.attr("min"), node.attr("max")
+    exprs = []
+    for pos, attr_val in ((1, lo), (2, hi)):
+        if len(node.inputs) > pos and node.inputs[pos]:
+            exprs.append(("ptr", node.inputs[pos]))
+        elif attr_val is not None:
+            exprs.append(("lit", attr_val))
+        else:
+            exprs.append(None)
+    del dt
+    return exprs  # type: ignore[return-value]
+
+
+def _check_clip(node: Node, g: Graph) -> str | None:
+    dt = _dtype(g, node.inputs[0])
+    return None if dt in NUMERIC and _dtype(g, node.outputs[0]) == dt else f"dtype {dt} has no native Clip"
+
+
+@register("Clip", check=_check_clip, name="eltwise_clip")
+def emit_clip(node: Node, g: Graph, em: BlockEmitter) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    dt = _dtype(g, x)
+    expr = "X[I0]"
+    for kind, (mode, val) in zip(("max", "min"), [b if b else (None, None) for b in _clip_bounds(node, g)],
+                                 strict=True):
+        if mode is None:
+            continue
+        bound = f"({em.ptr(val)}[0])" if mode == "ptr" else c_literal(val, dt)
+        cmp = "<" if kind == "max" else ">"  # lower bound: take max(x, lo)
+        expr = f"(({expr}) {cmp} {bound} ? {bound} : ({expr}))"
+    loop = elementwise_loop(g.values[y].shape, [g.values[x].shape],
+                            lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', f'X[{idx[0]}]')};")
+    em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"
+            f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
+
+
+ARITH = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
+COMPARE = {"Equal": "==", "Less": "<", "Greater": ">", "LessOrEqual": "<=", "GreaterOrEqual": ">="}
+LOGIC = {"And": "&&", "Or": "||", "Xor": "!="}
+
+
+def _binary_expr(op: str, a: str, b: str, dt: str) -> str | None:
+    fl = dt in FLOAT_TYPES
+    if op in ARITH:
+        if op == "Div" and not fl:
+            return None  # C truncation and division by zero differ from ONNX's integer Div
+        if dt == "bool":
+            return None
+        return f"({a} {ARITH[op]} {b})"
+    if op in COMPARE and dt in NUMERIC + ("bool",):
+        return f"({a} {COMPARE[op]} {b})"
+    if op in LOGIC and dt == "bool":
+        return f"(({a} != 0) {LOGIC[op]} ({b} != 0))"
+    if op in ("Max", "Min") and dt in NUMERIC:
+        if fl:  # ONNX propagates NaN; fmax/fmin would drop it
+            cmp = ">" if op == "Max" else "<"
+            return f"(({a} != {a}) ? {a} : (({b} != {b}) ? {b} : ({a} {cmp} {b} ? {a} : {b})))"
+        return f"SMELT_MAX({a}, {b})" if op == "Max" else f"SMELT_MIN({a}, {b})"
+    if op == "Pow" and fl:
+        return f"{_fn('pow', dt)}({a}, {b})"
+    if op == "PRelu" and fl:
+        return f"({a} < 0 ? {a} * {b} : {a})"
+    return None
+
+
+BINARY_OPS = tuple(ARITH) + tuple(COMPARE) + tuple(LOGIC) + ("Max", "Min", "Pow", "PRelu")
+
+
+def _check_binary(node: Node, g: Graph) -> str | None:
+    ins = node.present_inputs()
+    if len(ins) != 2 or len(node.inputs) != 2:
+        return f"native {node.op} takes exactly two inputs"
+    da, db = _dtype(g, ins[0]), _dtype(g, ins[1])
+    if da != db or not has_c_type(da):
+        return f"native {node.op} needs equal native dtypes (given {da}, {db})"
+    if node.op == "Pow" and _dtype(g, node.outputs[0]) != da:
+        return "mixed-type Pow"
+    if _binary_expr(node.op, "a", "b", da) is None:
+        return f"no native {node.op} for {da}"
+    return None
+
+
+@register(BINARY_OPS, check=_check_binary, name="eltwise_binary")
+def emit_binary(node: Node, g: Graph, em: BlockEmitter) -> None:
+    a, b = node.inputs
+    y = node.outputs[0]
+    dt = _dtype(g, a)
+    expr = _binary_expr(node.op, "A[IA]", "B[IB]", dt)
+    loop = elementwise_loop(
+        g.values[y].shape, [g.values[a].shape, g.values[b].shape],
+        lambda idx, o: f"Y[{o}] = {expr.replace('A[IA]', f'A[{idx[0]}]').replace('B[IB]', f'B[{idx[1]}]')};")
+    em.step(f"const __typeof__(*{em.ptr(a)}) *restrict A = {em.ptr(a)};\n"
+            f"const __typeof__(*{em.ptr(b)}) *restrict B = {em.ptr(b)};\n"
+            f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
+
+
+def _check_where(node: Node, g: Graph) -> str | None:
+    c, a, b = node.inputs
+    if _dtype(g, c) != "bool" or _dtype(g, a) != _dtype(g, b) or not has_c_type(_dtype(g, a)):
+        return "native Where needs a bool condition and equal native value dtypes"
+    return None
+
+
+@register("Where", check=_check_where, name="eltwise_where")
+def emit_where(node: Node, g: Graph, em: BlockEmitter) -> None:
+    c, a, b = node.inputs
+    y = node.outputs[0]
+    loop = elementwise_loop(
+        g.values[y].shape, [g.values[c].shape, g.values[a].shape, g.values[b].shape],
+        lambda idx, o: f"Y[{o}] = C[{idx[0]}] ? A[{idx[1]}] : B[{idx[2]}];")
+    em.step(f"const uint8_t *restrict C = {em.ptr(c)};\n"
+            f"const __typeof__(*{em.ptr(a)}) *restrict A = {em.ptr(a)};\n"
+            f"const __typeof__(*{em.ptr(b)}) *restrict B = {em.ptr(b)};\n"
+            f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")

@@ -1,0 +1,115 @@
+"""Data-movement templates: reshape-like copies, Transpose, Concat.
+
+Reshape, Flatten, Squeeze and Unsqueeze keep the bytes and change only the shape, so they are
+a parallel memcpy (their shape operands are constants after folding). Transpose is a loop nest
+over the output with the permuted input strides; Concat copies each input's contiguous runs
+into its slice of the output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from smelt.codegen.emit import BlockEmitter
+from smelt.codegen.templates.registry import register
+from smelt.ir.graph import Graph, Node
+from smelt.ir.types import has_c_type
+
+RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+PARALLEL_COPY_BYTES = 1 << 16
+
+
+def _native(g: Graph, name: str) -> bool:
+    return has_c_type(g.values[name].dtype)
+
+
+def _check_reshape(node: Node, g: Graph) -> str | None:
+    x, y = node.inputs[0], node.outputs[0]
+    if not _native(g, x) or g.values[x].size != g.values[y].size:
+        return "reshape needs a native dtype and equal element counts"
+    return None
+
+
+def copy_step(em: BlockEmitter, src: str, dst: str, nbytes: int) -> str:
+    """A (parallel, when large) memcpy of ``nbytes`` from ``src`` to ``dst`` pointer expressions."""
+    if nbytes < PARALLEL_COPY_BYTES:
+        return f"if (tid == 0) memcpy((void *){dst}, (const void *){src}, {nbytes});"
+    lines = 64
+    return (f"long b, e; smelt_range({-(-nbytes // lines)}, tid, nt, &b, &e);\n"
+            f"long lo = b * {lines}, hi = SMELT_MIN(e * {lines}, {nbytes});\n"
+            f"if (hi > lo) memcpy((char *){dst} + lo, (const char *){src} + lo, (size_t)(hi - lo));")
+
+
+@register(RESHAPES, check=_check_reshape, name="reshape_copy")
+def emit_reshape(node: Node, g: Graph, em: BlockEmitter) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    em.step(copy_step(em, em.ptr(x), em.ptr(y), g.values[y].nbytes))
+
+
+def _check_transpose(node: Node, g: Graph) -> str | None:
+    return None if _native(g, node.inputs[0]) else "Transpose needs a native dtype"
+
+
+@register("Transpose", check=_check_transpose, name="transpose")
+def emit_transpose(node: Node, g: Graph, em: BlockEmitter) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    in_shape = list(g.values[x].shape)
+    rank = len(in_shape)
+    perm = list(node.attr("perm") or list(range(rank))[::-1])
+    out_shape = [in_shape[p] for p in perm]
+    in_strides = [int(np.prod(in_shape[d + 1:], dtype=np.int64)) for d in range(rank)]
+    src_strides = [in_strides[p] for p in perm]
+    # drop unit dims; iterate the output row-major
+    dims = [(out_shape[d], src_strides[d]) for d in range(rank) if out_shape[d] != 1] or [(1, 0)]
+    total = int(np.prod(out_shape, dtype=np.int64)) if rank else 1
+    outer, inner = dims[:-1], dims[-1]
+    rows = int(np.prod([d for d, _ in outer], dtype=np.int64)) if outer else 1
+    body = ["long rb, re;"]
+    body.append(f"smelt_range({rows}, tid, nt, &rb, &re);" if total >= (1 << 15) else
+                f"if (tid == 0) {{ rb = 0; re = {rows}; }} else {{ rb = re = 0; }}")
+    body.append("for (long r = rb; r < re; ++r) {")
+    body.append("    long rem = r, src = 0;")
+    for d, s in reversed(outer):
+        body.append(f"    src += (rem % {d}) * {s}; rem /= {d};")
+    body.append(f"    for (long i = 0; i < {inner[0]}; ++i) Y[r * {inner[0]} + i] = X[src + i * {inner[1]}];")
+    body.append("}")
+    em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"
+            f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n" + "\n".join(body))
+
+
+def _check_concat(node: Node, g: Graph) -> str | None:
+    ins = node.present_inputs()
+    if not ins or any(not _native(g, i) for i in ins):
+        return "Concat needs native dtypes"
+    return None
+
+
+@register("Concat", check=_check_concat, name="concat")
+def emit_concat(node: Node, g: Graph, em: BlockEmitter) -> None:
+    y = node.outputs[0]
+    out_shape = list(g.values[y].shape)
+    rank = len(out_shape)
+    axis = node.attr("axis", 0)
+    axis = axis + rank if axis < 0 else axis
+    item = np.dtype(g.values[y].dtype).itemsize
+    outer = int(np.prod(out_shape[:axis], dtype=np.int64))
+    inner = int(np.prod(out_shape[axis + 1:], dtype=np.int64))
+    out_run = out_shape[axis] * inner * item
+    parts, offset = [], 0
+    for name in node.present_inputs():
+        run = g.values[name].shape[axis] * inner * item
+        if run:
+            parts.append((em.ptr(name), run, offset))
+        offset += run
+    total = outer * len(parts)
+    lines = ["long b, e;",
+             f"smelt_range({total}, tid, nt, &b, &e);" if outer * out_run >= (1 << 16) else
+             f"if (tid == 0) {{ b = 0; e = {total}; }} else {{ b = e = 0; }}",
+             f"char *Y = (char *){em.ptr(y)};",
+             "for (long t = b; t < e; ++t) {",
+             f"    long o = t / {max(1, len(parts))}, k = t % {max(1, len(parts))};",
+             "    switch (k) {"]
+    for k, (ptr, run, off) in enumerate(parts):
+        lines.append(f"    case {k}: memcpy(Y + o * {out_run} + {off}, (const char *){ptr} + o * {run}, {run}); break;")
+    lines += ["    default: break;", "    }", "}"]
+    em.step("\n".join(lines))

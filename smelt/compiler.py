@@ -1,0 +1,226 @@
+"""The driver: ONNX model + concrete input shapes -> cached artifact directory.
+
+Two caches, both under the user cache directory: the shared library is keyed by
+sha256(source ‖ compiler ‖ flags ‖ target) (see ``codegen.toolchain``); the whole artifact
+(library path, weights, plan) is keyed by sha256(model ‖ input shapes ‖ options ‖ smelt sources
+‖ target ‖ compiler), so a second compile of the same model skips every pass and loads in well
+under a second.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from smelt.codegen import toolchain
+from smelt.codegen.emit import generate
+from smelt.codegen.plan import ExecutionPlan, FallbackStep, NativeBlock, build_plan
+from smelt.errors import UnsupportedOpError
+from smelt.frontend.onnx_import import node_to_onnx, specialize_inputs, to_ir
+from smelt.ir.graph import Graph, Value
+from smelt.ir.types import onnx_from_np_dtype
+from smelt.passes.pipeline import run_passes
+from smelt.runtime.module import TensorSpec
+from smelt.target import Target, detect
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    threads: int
+    opt_level: int = 1
+    allow_fallback: bool = True
+    force_fallback: frozenset[str] = field(default_factory=frozenset)
+    sanitize: bool = False
+
+    def key(self) -> str:
+        return json.dumps([self.threads, self.opt_level, self.allow_fallback, sorted(self.force_fallback),
+                           self.sanitize])
+
+
+@functools.lru_cache(maxsize=1)
+def smelt_source_digest() -> str:
+    """Hash of smelt's own sources: a new smelt never reuses an old artifact."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".h", ".c") and "__pycache__" not in path.parts:
+            h.update(path.relative_to(root).as_posix().encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass
+class BuildResult:
+    directory: Path
+    lib_path: Path | None
+    compile_seconds: float
+    from_cache: bool
+
+
+def _spec(v: Value) -> TensorSpec:
+    shape = tuple(v.shape) if v.shape is not None else ()
+    return TensorSpec(v.name, np.dtype(v.dtype) if v.dtype is not None else np.dtype("float32"), shape)
+
+
+def _spec_json(v: Value) -> dict:
+    d = _spec(v).to_json()
+    d["shape"] = [s if isinstance(s, int) else str(s) for s in (v.shape or ())]
+    return d
+
+
+def _fallback_model(g: Graph, step: FallbackStep) -> tuple[onnx.ModelProto, list[str]]:
+    """A one-node ONNX model for a fallback step; constants become its initializers."""
+    node = step.node
+    runtime_inputs, inputs, inits = [], [], []
+    for name in dict.fromkeys(node.all_inputs()):
+        v = g.values.get(name)
+        if v is None:
+            continue
+        if v.const is not None:
+            inits.append(numpy_helper.from_array(np.asarray(v.const), name))
+            continue
+        runtime_inputs.append(name)
+        elem = onnx_from_np_dtype(v.dtype) if v.dtype is not None else 0
+        inputs.append(helper.make_tensor_value_info(name, elem, None))
+    outputs = [helper.make_empty_tensor_value_info(o) for o in node.outputs if o]
+    graph = helper.make_graph([node_to_onnx(node)], f"fallback_{node.op}", inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in g.opset.items()])
+    model.ir_version = max(model.ir_version, 8)
+    return model, runtime_inputs
+
+
+def lower(proto: onnx.ModelProto, options: CompileOptions) -> Graph:
+    """Import and optimize: the IR graph the code generator consumes."""
+    g = to_ir(proto)
+    return run_passes(g, options.opt_level)
+
+
+def _check_fallbacks(plan: ExecutionPlan, options: CompileOptions) -> None:
+    for step in plan.fallback_steps():
+        if not options.allow_fallback and step.node.name not in options.force_fallback:
+            raise UnsupportedOpError(step.node.op, step.node.name, f"no native kernel ({step.reason}) "
+                                     "and fallback is disabled (allow_fallback=False)")
+        if step.node.domain not in ("", "ai.onnx", "ai.onnx.ml"):
+            raise UnsupportedOpError(step.node.op, step.node.name,
+                                     f"custom domain {step.node.domain!r} has no native template and "
+                                     "onnx.reference cannot run it")
+        if not onnx.defs.has(step.node.op, step.node.domain):
+            raise UnsupportedOpError(step.node.op, step.node.name,
+                                     "not an ONNX operator smelt or onnx.reference knows")
+
+
+def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: CompileOptions,
+          *, target: Target | None = None, progress: bool = False) -> BuildResult:
+    """Compile ``proto`` specialized to ``shapes``; reuse a cached artifact when one exists."""
+    target = target or detect()
+    compiler = toolchain.find_compiler()
+    model_bytes = proto.SerializeToString()
+    key = toolchain.artifact_key(
+        hashlib.sha256(model_bytes).hexdigest(), json.dumps({k: list(v) for k, v in sorted(shapes.items())}),
+        options.key(), smelt_source_digest(), target.key(), compiler.identity,
+    )
+    directory = toolchain.cache_dir() / "models" / key[:2] / key
+    cached = _load_cached(directory)
+    if cached is not None:
+        return cached
+    start = time.perf_counter()
+    specialized = specialize_inputs(proto, shapes)
+    g = lower(specialized, options)
+    plan = build_plan(g, options.force_fallback)
+    _check_fallbacks(plan, options)
+    module = generate(g, plan, target, options.threads)
+    lib_path = None
+    if plan.native_blocks():
+        lib_path = toolchain.build_shared_library(module.source, name=g.name, target=target,
+                                                  sanitize=options.sanitize)
+    meta = _plan_json(g, plan, module, lib_path, options)
+    _write_artifact(directory, g, plan, meta, module.weights)
+    result = _load_cached(directory)
+    assert result is not None
+    result.compile_seconds = time.perf_counter() - start
+    result.from_cache = False
+    if toolchain.debug_enabled() and lib_path is not None:
+        print(f"smelt: generated C kept at {toolchain.source_path_for(lib_path)}", file=sys.stderr)
+    return result
+
+
+def _plan_json(g: Graph, plan: ExecutionPlan, module, lib_path: Path | None, options: CompileOptions) -> dict:
+    steps = []
+    fallback_nodes = []
+    for i, step in enumerate(plan.steps):
+        if isinstance(step, NativeBlock):
+            steps.append({
+                "kind": "native", "index": step.index,
+                "ext_inputs": [_spec_json(g.values[n]) for n in step.ext_inputs],
+                "ext_outputs": [_spec_json(g.values[n]) for n in step.ext_outputs],
+                "nodes": [[n.name, n.op] for n in step.nodes],
+            })
+        else:
+            outs = [(_spec_json(g.values[o]) if g.values[o].is_static else None) for o in step.node.outputs if o]
+            steps.append({"kind": "fallback", "model": f"fallback_{i}.onnx", "node": step.node.name,
+                          "op": step.node.op, "reason": step.reason, "outputs": outs})
+            fallback_nodes.append({"node": step.node.name, "op": step.node.op, "reason": step.reason})
+    return {
+        "model": g.name,
+        "inputs": [_spec_json(g.values[n]) for n in g.inputs],
+        "outputs": [_spec_json(g.values[n]) for n in g.outputs],
+        "steps": steps,
+        "native_blocks": len(plan.native_blocks()),
+        "fallback_nodes": fallback_nodes,
+        "arena_bytes": plan.arena_bytes,
+        "scratch_bytes": module.scratch_bytes,
+        "weights_bytes": int(module.weights.nbytes),
+        "lib": str(lib_path) if lib_path else None,
+        "threads": options.threads,
+        "native_nodes": [[n.name, n.op] for b in plan.native_blocks() for n in b.nodes],
+    }
+
+
+def _write_artifact(directory: Path, g: Graph, plan: ExecutionPlan, meta: dict, weights: np.ndarray) -> None:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=".tmp-"))
+    try:
+        for i, step in enumerate(plan.steps):
+            if isinstance(step, FallbackStep):
+                model, runtime_inputs = _fallback_model(g, step)
+                onnx.save(model, str(tmp / f"fallback_{i}.onnx"))
+                meta["steps"][i]["inputs"] = runtime_inputs
+        consts = {o: g.values[o].const for o in g.outputs if g.values[o].const is not None}
+        if consts:
+            np.savez(tmp / "consts.npz", **consts)
+        weights.tofile(tmp / "weights.bin")
+        (tmp / "plan.json").write_text(json.dumps(meta, indent=1))
+        try:
+            os.rename(tmp, directory)  # atomic; fails if another process got there first
+        except OSError:
+            if not (directory / "plan.json").exists():
+                shutil.rmtree(directory, ignore_errors=True)
+                os.rename(tmp, directory)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_cached(directory: Path) -> BuildResult | None:
+    plan_file = directory / "plan.json"
+    if not plan_file.exists():
+        return None
+    meta = json.loads(plan_file.read_text())
+    lib = Path(meta["lib"]) if meta.get("lib") else None
+    if lib is not None and not lib.exists():
+        shutil.rmtree(directory, ignore_errors=True)  # library evicted: rebuild everything
+        return None
+    return BuildResult(directory, lib, 0.0, True)

@@ -1,0 +1,230 @@
+"""ONNX front-end: a model (path, bytes or ModelProto) into smelt's IR, and IR back to ONNX.
+
+Opsets 11 to 21 of the default domain are the supported range; older models are upgraded with
+onnx's version converter, newer ones load and each node keeps its exact operator version (see
+``op_version``), so templates only claim the versions whose semantics they implement.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from smelt.errors import ModelLoadError
+from smelt.ir.graph import Graph, Node, Shape, Value
+from smelt.ir.types import np_dtype_from_onnx, onnx_from_np_dtype
+
+MIN_OPSET = 11
+MAX_TESTED_OPSET = 21
+
+ModelLike = str | os.PathLike | bytes | onnx.ModelProto
+
+
+def load_model(model: ModelLike) -> onnx.ModelProto:
+    """Read a model from a path, serialized bytes or a ModelProto, with external data."""
+    if isinstance(model, onnx.ModelProto):
+        proto = model
+    elif isinstance(model, bytes | bytearray):
+        try:
+            proto = onnx.load_from_string(bytes(model))
+        except Exception as exc:  # protobuf raises DecodeError and friends
+            raise ModelLoadError(f"the given bytes are not a valid ONNX model: {exc}") from exc
+    elif isinstance(model, str | os.PathLike):
+        path = Path(model)
+        if not path.is_file():
+            raise ModelLoadError(f"model file not found: {path}")
+        try:
+            proto = onnx.load(str(path), load_external_data=True)
+        except Exception as exc:
+            raise ModelLoadError(f"{path} is not a valid ONNX model: {exc}") from exc
+    else:
+        raise TypeError(f"model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}")
+    if not proto.graph.node and not proto.graph.output:
+        raise ModelLoadError("the model has an empty graph (is it really an ONNX model?)")
+    return _upgrade_opset(proto)
+
+
+def default_opset(proto: onnx.ModelProto) -> int:
+    for imp in proto.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return MIN_OPSET
+
+
+def _upgrade_opset(proto: onnx.ModelProto) -> onnx.ModelProto:
+    version = default_opset(proto)
+    if version >= MIN_OPSET:
+        return proto
+    try:
+        from onnx import version_converter
+
+        return version_converter.convert_version(proto, MIN_OPSET)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"the model uses opset {version}; smelt supports {MIN_OPSET} to {MAX_TESTED_OPSET} "
+            f"and onnx's version converter could not upgrade it: {exc}"
+        ) from exc
+
+
+def model_input_specs(proto: onnx.ModelProto) -> list[tuple[str, np.dtype | None, Shape | None]]:
+    """(name, dtype, shape) of the inputs a caller feeds: initializers excluded."""
+    inits = {i.name for i in proto.graph.initializer}
+    specs = []
+    for vi in proto.graph.input:
+        if vi.name in inits:
+            continue
+        specs.append((vi.name, *_type_of(vi.type)))
+    return specs
+
+
+def model_output_specs(proto: onnx.ModelProto) -> list[tuple[str, np.dtype | None, Shape | None]]:
+    return [(vi.name, *_type_of(vi.type)) for vi in proto.graph.output]
+
+
+def _type_of(tp: onnx.TypeProto) -> tuple[np.dtype | None, Shape | None]:
+    if not tp.HasField("tensor_type"):
+        return None, None
+    tt = tp.tensor_type
+    dtype = np_dtype_from_onnx(tt.elem_type) if tt.elem_type else None
+    if not tt.HasField("shape"):
+        return dtype, None
+    dims: list[int | str] = []
+    for i, d in enumerate(tt.shape.dim):
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            dims.append(d.dim_param)
+        else:
+            dims.append(f"unk_{i}")
+    return dtype, tuple(dims)
+
+
+def specialize_inputs(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+    """Copy of the model with the named inputs' dimensions fixed to concrete sizes."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    for vi in out.graph.input:
+        if vi.name not in shapes:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        new = list(shapes[vi.name])
+        del dims[:]
+        for d in new:
+            dims.add().dim_value = int(d)
+    return out
+
+
+def _attr_value(attr: onnx.AttributeProto):
+    if attr.type == onnx.AttributeProto.TENSOR:
+        return numpy_helper.to_array(attr.t)
+    if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        return attr  # subgraphs stay ONNX: only the fallback executes them
+    value = helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, list) and value and isinstance(value[0], bytes):
+        return [v.decode("utf-8", errors="replace") for v in value]
+    return value
+
+
+def to_ir(proto: onnx.ModelProto) -> Graph:
+    """Convert a (shape-inferred) ModelProto into an IR graph."""
+    g = Graph(proto.graph.name or "model", {i.domain or "": i.version for i in proto.opset_import})
+    for init in proto.graph.initializer:
+        arr = numpy_helper.to_array(init)
+        g.add_value(Value(init.name, arr.dtype, tuple(arr.shape), const=arr))
+    for sparse in proto.graph.sparse_initializer:
+        arr = numpy_helper.to_array(sparse.values)  # densified by onnx.reference only; rare
+        raise ModelLoadError(f"sparse initializer {sparse.values.name!r} is not supported")
+    for vi in list(proto.graph.input) + list(proto.graph.value_info) + list(proto.graph.output):
+        if vi.name in g.values:
+            continue
+        dtype, shape = _type_of(vi.type)
+        g.add_value(Value(vi.name, dtype, shape))
+    g.inputs = [vi.name for vi in proto.graph.input if g.values[vi.name].const is None]
+    g.outputs = [vi.name for vi in proto.graph.output]
+    for idx, n in enumerate(proto.graph.node):
+        name = n.name or f"{n.op_type}_{idx}"
+        node = Node(
+            op=n.op_type,
+            name=name,
+            inputs=list(n.input),
+            outputs=list(n.output),
+            attrs={a.name: _attr_value(a) for a in n.attribute},
+            domain=n.domain or "",
+            attr_protos=list(n.attribute),
+        )
+        for o in node.outputs:
+            if o and o not in g.values:
+                g.add_value(Value(o))
+        for i in node.inputs:
+            if i and i not in g.values:
+                raise ModelLoadError(f"node {name!r} ({n.op_type}) reads {i!r}, which nothing defines")
+        g.nodes.append(node)
+    for o in g.outputs:
+        if o not in g.values:
+            raise ModelLoadError(f"graph output {o!r} is not produced by any node")
+    return g
+
+
+def _value_info(v: Value) -> onnx.ValueInfoProto:
+    if v.dtype is None:
+        return onnx.ValueInfoProto(name=v.name)
+    return helper.make_tensor_value_info(
+        v.name, onnx_from_np_dtype(v.dtype), list(v.shape) if v.shape is not None else None
+    )
+
+
+def node_to_onnx(node: Node) -> onnx.NodeProto:
+    proto = helper.make_node(node.op, node.inputs, node.outputs, name=node.name, domain=node.domain)
+    proto.attribute.extend(node.attr_protos)
+    return proto
+
+
+def to_onnx(g: Graph, *, small_consts_only: bool = False, max_const_elems: int = 4096) -> onnx.ModelProto:
+    """Export the graph back to ONNX. Fused epilogues are not expressible and must be absent.
+
+    With ``small_consts_only`` large constants become typed graph inputs instead of
+    initializers, which is all shape inference needs and keeps the export cheap.
+    """
+    inits, extra_inputs = [], []
+    for v in g.values.values():
+        if v.const is None:
+            continue
+        if small_consts_only and v.const.size > max_const_elems:
+            extra_inputs.append(_value_info(v))
+        else:
+            inits.append(numpy_helper.from_array(np.asarray(v.const), v.name))
+    for n in g.nodes:
+        if n.epilogue:
+            raise ValueError(f"node {n.name!r} has fused epilogues and cannot be exported to ONNX")
+    graph = helper.make_graph(
+        [node_to_onnx(n) for n in g.nodes],
+        g.name,
+        [_value_info(g.values[i]) for i in g.inputs] + extra_inputs,
+        [_value_info(g.values[o]) for o in g.outputs],
+        initializer=inits,
+        value_info=[
+            _value_info(v)
+            for k, v in g.values.items()
+            if v.const is None and k not in g.inputs and k not in g.outputs and v.dtype is not None
+        ],
+    )
+    opsets = [helper.make_opsetid(d, v) for d, v in g.opset.items()]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = max(model.ir_version, 8)
+    return model
+
+
+def op_version(g: Graph, node: Node) -> int:
+    """The since-version of the operator schema this node uses (its semantics' version)."""
+    opset = g.opset.get(node.domain, g.opset.get("", MAX_TESTED_OPSET))
+    try:
+        return onnx.defs.get_schema(node.op, opset, node.domain).since_version
+    except Exception:
+        return -1

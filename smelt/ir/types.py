@@ -1,0 +1,57 @@
+"""Element types: the one place that maps ONNX tensor types to numpy and C types.
+
+Native kernels are generated for the types listed in ``C_TYPES``; any other type (float16,
+bfloat16, strings, complex) still loads and runs, through the reported fallback.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+# numpy dtype name -> C type used in generated code.
+C_TYPES: dict[str, str] = {
+    "float32": "float",
+    "float64": "double",
+    "int8": "int8_t",
+    "int16": "int16_t",
+    "int32": "int32_t",
+    "int64": "int64_t",
+    "uint8": "uint8_t",
+    "uint16": "uint16_t",
+    "uint32": "uint32_t",
+    "uint64": "uint64_t",
+    "bool": "uint8_t",  # numpy bool is one byte holding 0 or 1
+}
+
+FLOAT_TYPES = ("float32", "float64")
+INT_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def np_dtype_from_onnx(elem_type: int) -> np.dtype:
+    """The numpy dtype of an ONNX ``TensorProto`` element type."""
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ValueError(f"unsupported ONNX element type {elem_type}") from exc
+
+
+def onnx_from_np_dtype(dtype: np.dtype) -> int:
+    """The ONNX element type of a numpy dtype."""
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def onnx_type_string(dtype: np.dtype) -> str:
+    """ORT-style type string, e.g. ``tensor(float)``."""
+    name = onnx.TensorProto.DataType.Name(onnx_from_np_dtype(dtype)).lower()
+    return f"tensor({name})"
+
+
+def c_type(dtype: np.dtype | str) -> str:
+    """The C type for a dtype; raises KeyError for types with no native kernels."""
+    return C_TYPES[np.dtype(dtype).name]
+
+
+def has_c_type(dtype: np.dtype | str | None) -> bool:
+    return dtype is not None and np.dtype(dtype).name in C_TYPES

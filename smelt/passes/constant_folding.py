@@ -1,0 +1,84 @@
+"""Pass: constant folding, shape subgraphs included.
+
+Needs: shapes inferred (``Shape``/``Size`` fold only when their input's shape is static, which is
+the case once input shapes are known). Guarantees: every deterministic standard-domain node
+whose inputs are all constants is replaced by its result (computed by ``onnx.reference``, the
+oracle, at compile time), so shape arithmetic (Shape -> Gather -> Concat -> Reshape) disappears
+and Reshape targets become constants. Results above ``MAX_FOLD_ELEMS`` are left unfolded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from smelt.frontend.onnx_import import node_to_onnx
+from smelt.ir.graph import Graph, Node
+
+MAX_FOLD_ELEMS = 1 << 26
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                    "Bernoulli"}
+
+
+def _fold_shape(g: Graph, node: Node) -> list[np.ndarray] | None:
+    v = g.values[node.inputs[0]]
+    if not v.is_static:
+        return None
+    if node.op == "Size":
+        return [np.array(v.size, dtype=np.int64)]
+    shape = np.array(v.shape, dtype=np.int64)
+    rank = len(shape)
+    start = node.attr("start", 0)
+    end = node.attr("end", rank)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return [shape[start:end]]
+
+
+def evaluate_node(g: Graph, node: Node, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Run one node with onnx.reference on the given inputs."""
+    from onnx.reference import ReferenceEvaluator
+
+    inputs = [helper.make_tensor_value_info(n, numpy_helper.from_array(np.asarray(a)).data_type, None)
+              for n, a in feeds.items()]
+    outputs = [helper.make_empty_tensor_value_info(o) for o in node.outputs if o]
+    graph = helper.make_graph([node_to_onnx(node)], "fold", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in g.opset.items()])
+    model.ir_version = max(model.ir_version, 8)
+    return [np.asarray(r) for r in ReferenceEvaluator(model).run(None, feeds)]
+
+
+def fold_constants(g: Graph) -> Graph:
+    changed = True
+    while changed:
+        changed = False
+        dead = []
+        for node in g.nodes:
+            if node.domain not in ("", "ai.onnx") or node.op in NONDETERMINISTIC or node.epilogue:
+                continue
+            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attr_protos):
+                continue
+            if node.op in ("Shape", "Size"):
+                results = _fold_shape(g, node)
+            elif all(g.values[i].const is not None for i in node.present_inputs()):
+                feeds = {i: g.values[i].const for i in node.present_inputs()}
+                try:
+                    results = evaluate_node(g, node, feeds)
+                except Exception:
+                    continue  # leave it to run time, where a real error will name the node
+            else:
+                continue
+            if results is None or any(r.size > MAX_FOLD_ELEMS for r in results):
+                continue
+            for name, arr in zip([o for o in node.outputs if o], results, strict=False):
+                v = g.values[name]
+                expected = v.dtype
+                if expected is not None and arr.dtype != expected:
+                    arr = arr.astype(expected)
+                v.const, v.dtype, v.shape = arr, arr.dtype, tuple(arr.shape)
+            dead.append(node)
+            changed = True
+        g.remove_nodes(dead)
+    g.prune_values()
+    return g

@@ -1,0 +1,113 @@
+"""Pass: fuse element-wise epilogues into their producer.
+
+Needs: shapes inferred; BatchNorm already folded. Guarantees: a chain of element-wise ops
+(bias/residual Add, Sub, Mul, Div with a same-shape, per-channel or scalar operand; Relu, Clip,
+Sigmoid, Tanh, LeakyRelu, HardSigmoid, HardSwish, and the SiLU pattern x*sigmoid(x)) that
+follows a Conv, Gemm, MatMul or BatchNormalization whose output has no other reader becomes
+that producer's ``epilogue`` list, applied in order to each output element. The fused producer
+writes the last op's output value. Only float32 outputs are fused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from smelt.ir.graph import Graph, Node
+from smelt.ir.ops import EPILOGUE_HOSTS
+
+UNARY = {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Clip"}
+BINARY = {"Add", "Sub", "Mul", "Div"}
+
+
+def _unary_spec(g: Graph, node: Node) -> dict | None:
+    if node.op == "Clip":
+        lo, hi = node.attr("min"), node.attr("max")
+        if len(node.inputs) > 1 and node.inputs[1]:
+            c = g.const(node.inputs[1])
+            if c is None:
+                return None
+            lo = float(c)
+        if len(node.inputs) > 2 and node.inputs[2]:
+            c = g.const(node.inputs[2])
+            if c is None:
+                return None
+            hi = float(c)
+        return {"op": "Clip", "min": -np.inf if lo is None else float(lo), "max": np.inf if hi is None else float(hi)}
+    if node.op == "LeakyRelu":
+        return {"op": "LeakyRelu", "alpha": float(node.attr("alpha", 0.01))}
+    if node.op == "HardSigmoid":
+        return {"op": "HardSigmoid", "alpha": float(node.attr("alpha", 0.2)), "beta": float(node.attr("beta", 0.5))}
+    return {"op": node.op}
+
+
+def broadcast_kind(out_shape: tuple, operand_shape: tuple, channel_axis: int) -> str | None:
+    """How an epilogue operand maps onto the output: "full", "channel", "scalar" or None."""
+    if tuple(operand_shape) == tuple(out_shape):
+        return "full"
+    if int(np.prod(operand_shape, dtype=np.int64)) == 1:
+        return "scalar"
+    rank = len(out_shape)
+    if len(operand_shape) > rank:
+        return None
+    padded = (1,) * (rank - len(operand_shape)) + tuple(operand_shape)
+    if all(d == 1 for i, d in enumerate(padded) if i != channel_axis) and padded[channel_axis] == out_shape[channel_axis]:
+        return "channel"
+    return None
+
+
+def _channel_axis(host: Node, rank: int) -> int:
+    return 1 if host.op in ("Conv", "BatchNormalization") else rank - 1
+
+
+def fuse_epilogues(g: Graph) -> Graph:
+    changed = True
+    while changed:
+        changed = False
+        producers = g.producers()
+        consumers = g.consumers()
+        position = {id(n): i for i, n in enumerate(g.nodes)}
+        for host in list(g.nodes):
+            if host.op not in EPILOGUE_HOSTS or host.domain not in ("", "ai.onnx"):
+                continue
+            y = host.outputs[0]
+            yv = g.values[y]
+            if yv.dtype != np.float32 or not yv.is_static or y in g.outputs:
+                continue
+            readers = consumers.get(y, [])
+            spec, absorbed, new_out = None, [], None
+            if len(readers) == 1 and readers[0].op in UNARY and readers[0].inputs[0] == y:
+                spec = _unary_spec(g, readers[0])
+                absorbed, new_out = [readers[0]], readers[0].outputs[0]
+            elif len(readers) == 1 and readers[0].op in BINARY and len(readers[0].inputs) == 2:
+                op = readers[0]
+                a, b = op.inputs
+                if a == b:
+                    continue
+                other, swap = (b, False) if a == y else (a, True)
+                ov = g.values[other]
+                kind = broadcast_kind(yv.shape, ov.shape or (), _channel_axis(host, len(yv.shape))) if ov.is_static else None
+                out_v = g.values[op.outputs[0]]
+                if kind is None or ov.dtype != np.float32 or tuple(out_v.shape or ()) != tuple(yv.shape):
+                    continue
+                # the operand must exist before the host runs; else run the host later
+                other_prod = producers.get(other)
+                if other_prod is not None and position[id(other_prod)] > position[id(host)]:
+                    g.nodes.remove(host)
+                    g.nodes.insert(g.nodes.index(op), host)
+                spec = {"op": op.op, "input": other, "broadcast": kind, "swap": swap}
+                absorbed, new_out = [op], op.outputs[0]
+            elif len(readers) == 2 and {r.op for r in readers} == {"Sigmoid", "Mul"}:
+                sig = next(r for r in readers if r.op == "Sigmoid")
+                mul = next(r for r in readers if r.op == "Mul")
+                if sorted(mul.inputs) == sorted([y, sig.outputs[0]]) and len(consumers.get(sig.outputs[0], [])) == 1:
+                    spec = {"op": "SiLU"}
+                    absorbed, new_out = [sig, mul], mul.outputs[0]
+            if spec is None or g.values[new_out].dtype != np.float32:
+                continue
+            host.epilogue.append(spec)
+            host.outputs = [new_out] + host.outputs[1:]
+            g.remove_nodes(absorbed)
+            changed = True
+            break  # maps are stale; rescan
+    g.prune_values()
+    return g

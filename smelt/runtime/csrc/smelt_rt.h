@@ -1,0 +1,215 @@
+/* smelt runtime: the thread pool and helpers every generated model embeds.
+ *
+ * Design (see docs/architecture.md, "Runtime"):
+ *  - one worker per physical core but the first; the calling thread is worker 0 and works too;
+ *  - workers are pinned to the CPUs the caller passes (one per physical core);
+ *  - a job is one function run by every thread as fn(ctx, tid, nt); kernels split their work
+ *    with smelt_range(); inside a job, smelt_barrier() separates operators, so a whole
+ *    inference is a single fork/join (one persistent parallel region);
+ *  - between jobs workers spin for SMELT_SPIN_US microseconds (default 2000), then sleep on a
+ *    futex, so an idle model costs no CPU;
+ *  - a pool runs one job at a time: smelt_pool_run() takes the pool's mutex, which is what makes
+ *    concurrent callers of one compiled model safe (they are served one after the other).
+ * No OpenMP: it would fight this pool for the same cores.
+ */
+#ifndef SMELT_RT_H
+#define SMELT_RT_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SMELT_PAUSE() _mm_pause()
+#else
+#define SMELT_PAUSE() ((void)0)
+#endif
+
+#define SMELT_MAX_THREADS 256
+#define SMELT_CACHELINE 64
+
+typedef void (*smelt_job_fn)(void *ctx, int tid, int nt);
+
+typedef struct {
+    _Alignas(SMELT_CACHELINE) atomic_uint generation; /* bumped once per job */
+    _Alignas(SMELT_CACHELINE) atomic_int n_done;      /* workers finished with the job */
+    _Alignas(SMELT_CACHELINE) atomic_int n_sleeping;  /* workers blocked on the futex */
+    _Alignas(SMELT_CACHELINE) atomic_uint bar_count;  /* spin barrier inside a job */
+    _Alignas(SMELT_CACHELINE) atomic_uint bar_gen;
+    _Alignas(SMELT_CACHELINE) smelt_job_fn fn;
+    void *ctx;
+    int n_threads;
+    atomic_int stop;
+    long spin_ns;
+    pthread_mutex_t run_lock;
+    pthread_t threads[SMELT_MAX_THREADS];
+    int cpus[SMELT_MAX_THREADS];
+} smelt_pool_t;
+
+typedef struct {
+    smelt_pool_t *pool;
+    int tid;
+} smelt_worker_arg_t;
+
+static inline long smelt_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static inline void smelt_futex_wait(atomic_uint *addr, unsigned expected) {
+#if defined(__linux__)
+    syscall(SYS_futex, (unsigned *)addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+#else
+    if (atomic_load(addr) == expected) sched_yield();
+#endif
+}
+
+static inline void smelt_futex_wake_all(atomic_uint *addr) {
+#if defined(__linux__)
+    syscall(SYS_futex, (unsigned *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+#else
+    (void)addr;
+#endif
+}
+
+/* Even split of [0, total) over nt threads: the first total % nt threads take one more. */
+static inline void smelt_range(long total, int tid, int nt, long *begin, long *end) {
+    long base = total / nt, rem = total % nt;
+    long b = tid * base + (tid < rem ? tid : rem);
+    *begin = b;
+    *end = b + base + (tid < rem ? 1 : 0);
+}
+
+/* Spin barrier among the nt threads of the running job (sense by generation count). */
+static inline void smelt_barrier(smelt_pool_t *pool, int nt) {
+    if (nt <= 1) return;
+    unsigned gen = atomic_load_explicit(&pool->bar_gen, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&pool->bar_count, 1, memory_order_acq_rel) == (unsigned)nt - 1) {
+        atomic_store_explicit(&pool->bar_count, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&pool->bar_gen, 1, memory_order_release);
+        return;
+    }
+    unsigned spins = 0;
+    while (atomic_load_explicit(&pool->bar_gen, memory_order_acquire) == gen) {
+        SMELT_PAUSE();
+        /* a peer was descheduled (shared machine): give the core away now and then */
+        if (++spins > 20000u) { sched_yield(); spins = 0; }
+    }
+}
+
+static void *smelt_worker_main(void *p) {
+    smelt_worker_arg_t *arg = (smelt_worker_arg_t *)p;
+    smelt_pool_t *pool = arg->pool;
+    int tid = arg->tid;
+    free(arg);
+    unsigned seen = atomic_load(&pool->generation);
+    for (;;) {
+        unsigned g = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        if (g == seen) {
+            long start = smelt_now_ns();
+            unsigned spins = 0;
+            while ((g = atomic_load_explicit(&pool->generation, memory_order_acquire)) == seen) {
+                SMELT_PAUSE();
+                if ((++spins & 63u) == 0 && smelt_now_ns() - start > pool->spin_ns) {
+                    atomic_fetch_add(&pool->n_sleeping, 1);
+                    if (atomic_load(&pool->generation) == seen) smelt_futex_wait(&pool->generation, seen);
+                    atomic_fetch_sub(&pool->n_sleeping, 1);
+                    start = smelt_now_ns();
+                }
+            }
+        }
+        seen = g;
+        if (atomic_load(&pool->stop)) break;
+        pool->fn(pool->ctx, tid, pool->n_threads);
+        atomic_fetch_add_explicit(&pool->n_done, 1, memory_order_acq_rel);
+    }
+    return NULL;
+}
+
+/* Create a pool of n_threads (caller included). cpus[i] pins thread i (i >= 1); -1 = no pin. */
+smelt_pool_t *smelt_pool_create(int n_threads, const int *cpus) {
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > SMELT_MAX_THREADS) n_threads = SMELT_MAX_THREADS;
+    smelt_pool_t *pool = (smelt_pool_t *)aligned_alloc(SMELT_CACHELINE, sizeof(smelt_pool_t));
+    if (!pool) return NULL;
+    memset(pool, 0, sizeof(*pool));
+    pool->n_threads = n_threads;
+    const char *spin = getenv("SMELT_SPIN_US");
+    pool->spin_ns = (spin ? atol(spin) : 2000) * 1000L;
+    pthread_mutex_init(&pool->run_lock, NULL);
+    for (int i = 0; i < n_threads; ++i) pool->cpus[i] = cpus ? cpus[i] : -1;
+    for (int i = 1; i < n_threads; ++i) {
+        smelt_worker_arg_t *arg = (smelt_worker_arg_t *)malloc(sizeof(*arg));
+        arg->pool = pool;
+        arg->tid = i;
+        pthread_create(&pool->threads[i], NULL, smelt_worker_main, arg);
+#if defined(__linux__)
+        if (pool->cpus[i] >= 0) {
+            cpu_set_t set;
+            CPU_ZERO(&set);
+            CPU_SET(pool->cpus[i], &set);
+            pthread_setaffinity_np(pool->threads[i], sizeof(set), &set);
+        }
+#endif
+    }
+    return pool;
+}
+
+void smelt_pool_destroy(smelt_pool_t *pool) {
+    if (!pool) return;
+    pthread_mutex_lock(&pool->run_lock);
+    atomic_store(&pool->stop, 1);
+    atomic_fetch_add(&pool->generation, 1);
+    smelt_futex_wake_all(&pool->generation);
+    for (int i = 1; i < pool->n_threads; ++i) pthread_join(pool->threads[i], NULL);
+    pthread_mutex_unlock(&pool->run_lock);
+    pthread_mutex_destroy(&pool->run_lock);
+    free(pool);
+}
+
+int smelt_pool_threads(const smelt_pool_t *pool) { return pool ? pool->n_threads : 1; }
+
+/* Run fn(ctx, tid, nt) on every thread of the pool and return when all are done. */
+static void smelt_pool_run(smelt_pool_t *pool, smelt_job_fn fn, void *ctx) {
+    if (!pool || pool->n_threads == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    pthread_mutex_lock(&pool->run_lock);
+    pool->fn = fn;
+    pool->ctx = ctx;
+    atomic_store_explicit(&pool->n_done, 0, memory_order_relaxed);
+    atomic_fetch_add(&pool->generation, 1); /* seq_cst: pairs with the sleepers' check */
+    if (atomic_load(&pool->n_sleeping) > 0) smelt_futex_wake_all(&pool->generation);
+    fn(ctx, 0, pool->n_threads);
+    unsigned spins = 0;
+    while (atomic_load_explicit(&pool->n_done, memory_order_acquire) != pool->n_threads - 1) {
+        SMELT_PAUSE();
+        if (++spins > 20000u) { sched_yield(); spins = 0; }
+    }
+    pthread_mutex_unlock(&pool->run_lock);
+}
+
+/* Profiling hooks: an instrumented build defines these to take timestamps per node. */
+#ifndef SMELT_PROFILE_BEGIN
+#define SMELT_PROFILE_BEGIN(i) ((void)0)
+#define SMELT_PROFILE_END(i) ((void)0)
+#endif
+
+#endif /* SMELT_RT_H */

@@ -1,0 +1,152 @@
+"""Run a compiled artifact: load the shared library, own the thread pool, execute the plan.
+
+An artifact is a directory holding ``plan.json`` (the steps, with every external value's name,
+dtype and shape), ``weights.bin`` and, for fallback steps, one small ONNX model per node. A fully
+native model is a single native block: ``run`` makes exactly one foreign call per inference.
+
+Concurrency: one ``LoadedArtifact`` has one arena and one pool, so calls are serialized by a
+lock; concurrent callers are safe and are served one after the other (each inference already
+uses every core). For parallel throughput, load several instances (``smelt bench --instances``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from smelt.errors import SmeltError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": np.dtype(self.dtype).name, "shape": list(self.shape)}
+
+    @staticmethod
+    def from_json(d: dict) -> TensorSpec:
+        return TensorSpec(d["name"], np.dtype(d["dtype"]), tuple(d["shape"]))
+
+
+def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
+    """A zeroed byte buffer whose data pointer is ``align``-byte aligned."""
+    raw = np.zeros(nbytes + align, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % align
+    return raw[shift : shift + nbytes]
+
+
+class _FallbackRunner:
+    """One node executed by onnx.reference, between native blocks (reported, never silent)."""
+
+    def __init__(self, model_path: Path, inputs: list[str], outputs: list[TensorSpec | None]) -> None:
+        import onnx
+        from onnx.reference import ReferenceEvaluator
+
+        self.model = onnx.load(str(model_path))
+        self.evaluator = ReferenceEvaluator(self.model)
+        self.inputs = inputs
+        self.outputs = outputs
+
+    def run(self, env: dict[str, np.ndarray]) -> None:
+        feeds = {name: env[name] for name in self.inputs}
+        results = self.evaluator.run(None, feeds)
+        for spec, name, value in zip(self.outputs, self.model.graph.output, results, strict=False):
+            arr = np.asarray(value)
+            if spec is not None and spec.shape and arr.shape != spec.shape:
+                raise SmeltError(
+                    f"fallback node produced {name.name!r} with shape {arr.shape}, "
+                    f"but the plan expected {spec.shape}"
+                )
+            env[name.name] = arr
+
+
+class LoadedArtifact:
+    """A compiled variant in memory: library, pool, weights, arena and plan."""
+
+    def __init__(self, directory: Path, lib_path: Path, n_threads: int, cpus: list[int]) -> None:
+        self.directory = directory
+        meta = json.loads((directory / "plan.json").read_text())
+        self.meta = meta
+        self.inputs = [TensorSpec.from_json(d) for d in meta["inputs"]]
+        self.outputs = [TensorSpec.from_json(d) for d in meta["outputs"]]
+        self.lib_path = lib_path
+        self.lib = ctypes.CDLL(str(lib_path)) if meta["native_blocks"] else None
+        self.weights = aligned_empty(max(1, meta["weights_bytes"]))
+        if meta["weights_bytes"]:
+            raw = np.fromfile(directory / "weights.bin", dtype=np.uint8)
+            self.weights[: raw.size] = raw
+        self.arena = aligned_empty(max(64, meta["arena_bytes"] + meta["scratch_bytes"]))
+        self._arena_ptr = ctypes.c_void_p(self.arena.ctypes.data)
+        self._scratch_ptr = ctypes.c_void_p(self.arena.ctypes.data + meta["arena_bytes"])
+        self._weights_ptr = ctypes.c_void_p(self.weights.ctypes.data)
+        self._lock = threading.Lock()
+        self.pool = None
+        if self.lib is not None:
+            self.lib.smelt_create_pool.restype = ctypes.c_void_p
+            self.lib.smelt_create_pool.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+            self.lib.smelt_destroy_pool.argtypes = [ctypes.c_void_p]
+            cpu_arr = (ctypes.c_int * max(1, n_threads))(*(cpus + [-1] * n_threads)[:n_threads])
+            self.pool = ctypes.c_void_p(self.lib.smelt_create_pool(n_threads, cpu_arr))
+        self.n_threads = n_threads
+        self.native_calls = 0
+        self.steps: list[tuple] = []
+        self.consts: dict[str, np.ndarray] = {}
+        if (directory / "consts.npz").exists():
+            with np.load(directory / "consts.npz") as npz:
+                self.consts = {k: npz[k] for k in npz.files}
+        for step in meta["steps"]:
+            if step["kind"] == "native":
+                fn = getattr(self.lib, f"smelt_block_{step['index']}")
+                fn.restype = ctypes.c_int
+                fn.argtypes = [ctypes.c_void_p] * 6
+                ins = [TensorSpec.from_json(d) for d in step["ext_inputs"]]
+                outs = [TensorSpec.from_json(d) for d in step["ext_outputs"]]
+                self.steps.append(("native", fn, ins, outs, (ctypes.c_void_p * max(1, len(ins)))(),
+                                   (ctypes.c_void_p * max(1, len(outs)))()))
+            else:
+                outs = [TensorSpec.from_json(d) if d else None for d in step["outputs"]]
+                runner = _FallbackRunner(directory / step["model"], step["inputs"], outs)
+                self.steps.append(("fallback", runner, step["node"], step["op"]))
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Run one inference on validated, contiguous inputs; returns fresh output arrays."""
+        with self._lock:
+            env: dict[str, np.ndarray] = dict(self.consts)
+            env.update(feeds)
+            for step in self.steps:
+                if step[0] == "native":
+                    _, fn, ins, outs, in_ptrs, out_ptrs = step
+                    for i, spec in enumerate(ins):
+                        arr = env[spec.name]
+                        if arr.dtype != spec.dtype or not arr.flags.c_contiguous:
+                            arr = env[spec.name] = np.ascontiguousarray(arr, dtype=spec.dtype)
+                        in_ptrs[i] = arr.ctypes.data
+                    for i, spec in enumerate(outs):
+                        arr = np.empty(spec.shape, dtype=spec.dtype)
+                        env[spec.name] = arr
+                        out_ptrs[i] = arr.ctypes.data
+                    fn(self.pool, in_ptrs, out_ptrs, self._arena_ptr, self._scratch_ptr, self._weights_ptr)
+                    self.native_calls += 1
+                else:
+                    step[1].run(env)
+            return [np.array(env[o.name], copy=True) if o.name in feeds or o.name in self.consts
+                    else env[o.name] for o in self.outputs]
+
+    def close(self) -> None:
+        if self.pool is not None and self.lib is not None:
+            self.lib.smelt_destroy_pool(self.pool)
+            self.pool = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
