@@ -118,7 +118,9 @@ static void *smelt_worker_main(void *p) {
     smelt_pool_t *pool = arg->pool;
     int tid = arg->tid;
     free(arg);
-    unsigned seen = atomic_load(&pool->generation);
+    /* generation is 0 when the pool is created; a job may be posted before this thread first
+     * runs, so starting from the current value could miss it and deadlock the caller */
+    unsigned seen = 0;
     for (;;) {
         unsigned g = atomic_load_explicit(&pool->generation, memory_order_acquire);
         if (g == seen) {

@@ -1,0 +1,246 @@
+"""The `smelt` command: compile | run | demo | info."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from smelt.errors import SmeltError
+
+
+def load_model_arg(spec: str, batch: int = 1):
+    """A model path, or a zoo name (``zoo:resnet50`` or a bare zoo name with no file of that name)."""
+    import onnx
+
+    from smelt.frontend import zoo
+
+    if spec.startswith("zoo:") or (not Path(spec).exists() and spec in zoo.list_models()) or \
+            (not Path(spec).exists() and re.match(r"^(lstm|gru)-E\d+", spec)):
+        return zoo.get_model(spec.removeprefix("zoo:"), batch=batch), spec.removeprefix("zoo:")
+    path = Path(spec)
+    if not path.exists():
+        raise SmeltError(f"no model file {spec!r} and no zoo model of that name "
+                         f"(zoo models: {', '.join(zoo.list_models())})")
+    from smelt.frontend.onnx_import import load_model
+
+    proto: onnx.ModelProto = load_model(path)
+    return proto, path.stem
+
+
+def _parse_shapes(items: list[str] | None) -> dict[str, list[int]]:
+    shapes = {}
+    for item in items or []:
+        name, _, dims = item.partition("=")
+        if not dims:
+            raise SmeltError(f"--shape wants name=d0,d1,...; given {item!r}")
+        shapes[name] = [int(d) for d in dims.split(",")]
+    return shapes
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    import smelt
+    from smelt.progress import stage
+
+    proto, name = load_model_arg(args.model)
+    with stage(f"compiling {name}"):
+        model = smelt.compile(proto, threads=args.threads, input_shapes=_parse_shapes(args.shape),
+                              allow_fallback=not args.no_fallback)
+    native = model.native_nodes
+    fallback = model.fallback_report
+    if args.verbose:
+        for node, op in native:
+            print(f"  native    {op:<22} {node}")
+    for f in fallback:
+        print(f"  FALLBACK  {f['op']:<22} {f['node']}   ({f['reason']})")
+    total = len(native) + len(fallback)
+    print(f"{name}: {len(native)}/{total} nodes native, {len(fallback)} through the onnx.reference fallback"
+          f"{'' if fallback else ' (fully native: one native call per inference)'}")
+    print(f"compile time {model.compile_seconds:.2f} s{' (from cache)' if model.from_cache else ''}; "
+          f"arena {model.arena_bytes / 2**20:.2f} MiB; threads {model.threads}")
+    if model.source_path:
+        print(f"generated C: {model.source_path}")
+        if args.emit_c:
+            target = Path(args.emit_c)
+            target.write_text(model.source_path.read_text())
+            print(f"wrote {target}")
+    return 0
+
+
+def _safe_filename(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "output"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import smelt
+
+    proto, name = load_model_arg(args.model)
+    model = smelt.compile(proto, threads=args.threads)
+    inputs = model.get_inputs()
+    feeds = {}
+    for i, item in enumerate(args.input or []):
+        key, sep, path = item.partition("=")
+        if not sep:
+            if i >= len(inputs):
+                raise SmeltError(f"more --input files than model inputs ({[x.name for x in inputs]})")
+            key, path = inputs[i].name, item
+        feeds[key] = np.load(path, allow_pickle=False)
+    outs = model.run(feeds)
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for meta, arr in zip(model.get_outputs(), outs, strict=True):
+        path = out_dir / f"{_safe_filename(meta.name)}.npy"
+        np.save(path, arr)
+        print(f"{meta.name}: shape {list(arr.shape)} {arr.dtype} -> {path}")
+    return 0
+
+
+def _random_feeds(model, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for inp in model.get_inputs():
+        shape = [d if isinstance(d, int) else 1 for d in inp.shape]
+        feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def time_interleaved(fns: dict[str, callable], rounds: int, warmup: int = 3) -> dict[str, list[float]]:
+    """Milliseconds per call of each function, rounds interleaved across engines."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import smelt
+    from smelt.progress import stage
+    from smelt.target import detect
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        ort = None
+        print("onnxruntime is not installed: checking against onnx.reference, no latency comparison "
+              "(pip install -e '.[test]' to get it)", file=sys.stderr)
+    threads = args.threads or detect().physical_cores
+    print(f"smelt demo: {threads} threads, target {detect().describe()}")
+    status = 0
+    for spec in args.models or ["resnet50", "lstm"]:
+        proto, name = load_model_arg(spec)
+        with stage(f"[{name}] compiling"):
+            model = smelt.compile(proto, threads=threads)
+        feeds = _random_feeds(model)
+        ours = model.run(feeds)
+        if ort is not None:
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = threads
+            so.inter_op_num_threads = 1
+            sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            ref = sess.run(None, feeds)
+        else:
+            from onnx.reference import ReferenceEvaluator
+
+            ref = ReferenceEvaluator(proto).run(None, feeds)
+        err = max(float(np.max(np.abs(a - b))) / max(1e-30, float(np.max(np.abs(b)))) for a, b in zip(ours, ref, strict=True))
+        ok = err <= 1e-4
+        status |= 0 if ok else 1
+        fns = {"smelt": lambda m=model, f=feeds: m.run(f)}
+        if ort is not None:
+            fns["onnxruntime"] = lambda s=sess, f=feeds: s.run(None, f)
+        times = time_interleaved(fns, args.rounds)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        line = (f"[{name}] {'OK' if ok else 'MISMATCH'} rel.err {err:.1e}; fallback nodes: "
+                f"{len(model.fallback_nodes)}; compile {model.compile_seconds:.1f} s"
+                f"{' (cached)' if model.from_cache else ''}; smelt {med['smelt']:.3f} ms")
+        if "onnxruntime" in med:
+            line += f", onnxruntime {med['onnxruntime']:.3f} ms (smelt speedup {med['onnxruntime'] / med['smelt']:.2f}x)"
+        print(line, flush=True)
+    return status
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from smelt.codegen.toolchain import cache_dir, find_compiler
+    from smelt.target import detect
+
+    t = detect()
+    print(f"cpu:        {t.model_name}")
+    print(f"isa:        {t.isa} ({t.vector_bits}-bit vectors, {t.vector_registers} vector registers, "
+          f"FMA {'yes' if t.fma else 'no'})")
+    print(f"features:   {' '.join(t.flags)}")
+    print(f"cores:      {t.physical_cores} physical (pinning to CPUs {list(t.core_cpus)})")
+    print(f"caches:     L1d {t.l1d_bytes // 1024} KiB, L2 {t.l2_bytes // 1024} KiB, L3 {t.l3_bytes // 1024} KiB")
+    try:
+        cc = find_compiler()
+        print(f"compiler:   {cc.path} ({cc.identity})")
+    except SmeltError as exc:
+        print(f"compiler:   none ({exc})")
+    print(f"cache dir:  {cache_dir()}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="smelt", description="Optimizing compiler and runtime for "
+                                     "neural-network inference on CPUs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compile", help="compile a model and report which nodes are native",
+                       description="Compile an ONNX model (or zoo:NAME) and print which nodes run natively.")
+    p.add_argument("model", help="path to an .onnx file, or zoo:NAME")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.add_argument("--shape", action="append", metavar="NAME=D0,D1,...",
+                   help="concrete shape for an input with symbolic dimensions")
+    p.add_argument("--emit-c", metavar="PATH", help="also write the generated C to PATH")
+    p.add_argument("--no-fallback", action="store_true", help="fail if any node is not native")
+    p.add_argument("-v", "--verbose", action="store_true", help="list native nodes too")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", help="run a model on .npy inputs and write .npy outputs",
+                       description="Run a model once. Inputs: --input x.npy (in input order) or "
+                       "--input name=x.npy. Outputs are written as OUTPUT_DIR/<output name>.npy.")
+    p.add_argument("model", help="path to an .onnx file, or zoo:NAME")
+    p.add_argument("--input", action="append", metavar="[NAME=]FILE.npy", help="an input tensor")
+    p.add_argument("--output-dir", default=".", help="where to write outputs (default: .)")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("demo", help="compile built-in models, check them against onnxruntime, time them",
+                       description="Compile zoo models (default: resnet50 and lstm), check the results "
+                       "against onnxruntime and print latency beside onnxruntime's.")
+    p.add_argument("models", nargs="*", help="zoo model names (default: resnet50 lstm)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=20, help="timed rounds per engine (default 20)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("info", help="print the detected target, compiler and cache directory",
+                       description="Print the detected CPU target (ISA, vector width, cores, caches), "
+                       "the C compiler and the cache directory.")
+    p.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SmeltError as exc:
+        print(f"smelt: error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"smelt: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,866 @@
+"""Single-precision GEMM: a BLIS-style generator, and the ONNX ``Gemm`` and ``MatMul`` templates.
+
+Template ``f32_gemm_<mr>x<nr>__<isa>``. C[M, N] = A[M, K] . B[K, N], row-major, every size a
+compile-time constant. The loop nest (per thread, over its region of C):
+
+    for jc in N by NC:                      B block (KC x NC) stays in L2
+      for pc in K by KB (balanced KC):      runtime B packed here into per-thread scratch
+        for ic in M by MC:                  runtime A packed here (constant A: prepacked)
+          for ir in MC by MR:               A micro-panel (MR x KB) stays in L1
+            for jr in NC by NR:             B micro-panel streams from L2
+              micro-kernel (MR x NR accumulators in registers); on the last K block the
+              fused epilogue runs over the tile while it is still in L1
+
+Constant operands (weights) are packed once at compile time into panels: A as
+[M/MR][K][MR], B as [N/NR][K][NR], zero padded. Ragged edges use micro-kernel variants
+specialized to the tail's rows and vector count (the last vector stores under a lane mask),
+so no padded rows or columns are ever stored. Micro-kernels: AVX-512 8x48 (24 zmm
+accumulators, 3 B loads and 8 broadcasts per k), AVX2 6x16 (12 ymm accumulators), and a
+portable C 4x16 for other targets. Cache blocking comes from the target: KC keeps the A
+micro-panel within a quarter of L1d, NC keeps the B block within half of L2.
+
+Threads: a node's independent items (batches of a batched MatMul, images x groups of a Conv)
+are split between threads when that balances; otherwise each item's C is cut into a grid of
+thread regions (MR x NR panel granularity) chosen to minimize the busiest thread's estimated
+cost (a region that shares packed-at-runtime B columns with another thread repacks them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from smelt.codegen.emit import BlockEmitter, c_literal
+from smelt.codegen.epilogue import epilogue_doc, epilogue_expr, unary_float_expr
+from smelt.codegen.templates.registry import register
+from smelt.ir.graph import Graph, Node
+from smelt.target import Target
+
+# Below this many multiply-adds a GEMM runs on thread 0 alone (a split costs more than it saves).
+PARALLEL_MIN_MACS = 1 << 16
+
+FLOAT = "float32"
+
+
+# ------------------------------------------------------------------------------------------
+# Target description: vector ISA and cache blocking
+# ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Blocking:
+    """Micro-kernel geometry and cache blocking for one target."""
+
+    isa: str  # "avx512", "avx2" or "scalar" (portable C)
+    vec: int  # floats per vector (portable C: the width of its inner loops)
+    mr: int
+    nr: int
+    kc: int
+    nc: int
+    mc: int
+    fma: bool = True
+
+    @property
+    def nv(self) -> int:
+        return self.nr // self.vec
+
+    @property
+    def tag(self) -> str:
+        return f"{self.mr}x{self.nr}__{self.isa}"
+
+    def kb(self, k: int) -> int:
+        """Balanced K block: ceil(K / ceil(K / KC))."""
+        blocks = max(1, -(-k // self.kc))
+        return -(-k // blocks)
+
+
+# Micro-kernel shapes per ISA (measured on Sapphire Rapids: 8x48, 14x32, 6x64 and 12x32 all
+# reach ~95% of FMA peak on 512^3; 8x48 wastes nothing on channel counts that are multiples of 8).
+KERNEL_SHAPES = {"avx512": (8, 48, 16), "avx2": (6, 16, 8), "scalar": (4, 16, 8)}
+
+
+def blocking_for(target: Target) -> Blocking:
+    isa = target.isa if target.isa in ("avx512", "avx2") else "scalar"
+    mr, nr, vec = KERNEL_SHAPES[isa]
+    l1 = max(16 * 1024, target.l1d_bytes)
+    l2 = max(128 * 1024, target.l2_bytes)
+    kc = (l1 // 4) // (mr * 4)
+    kc = max(64, min(512, kc // 16 * 16))
+    nc = max(4 * nr, ((l2 // 2) // (kc * 4)) // nr * nr)
+    mc = max(4 * mr, ((l2 // 4) // (kc * 4)) // mr * mr)
+    return Blocking(isa, vec, mr, nr, kc, nc, mc, fma=target.fma or isa == "avx512")
+
+
+# ------------------------------------------------------------------------------------------
+# Vector helpers
+# ------------------------------------------------------------------------------------------
+class _V:
+    """C spellings of vector operations for an ISA."""
+
+    def __init__(self, blk: Blocking) -> None:
+        self.isa = blk.isa
+        self.fma = blk.fma
+        if blk.isa == "avx512":
+            self.t, self.p, self.w = "__m512", "_mm512", 16
+        else:
+            self.t, self.p, self.w = "__m256", "_mm256", 8
+
+    def zero(self) -> str:
+        return f"{self.p}_setzero_ps()"
+
+    def set1(self, x: str) -> str:
+        return f"{self.p}_set1_ps({x})"
+
+    def load(self, ptr: str) -> str:
+        return f"{self.p}_load_ps({ptr})"
+
+    def loadu(self, ptr: str) -> str:
+        return f"{self.p}_loadu_ps({ptr})"
+
+    def store(self, ptr: str, v: str) -> str:
+        return f"{self.p}_store_ps({ptr}, {v});"
+
+    def storeu(self, ptr: str, v: str) -> str:
+        return f"{self.p}_storeu_ps({ptr}, {v});"
+
+    def op(self, name: str, a: str, b: str) -> str:
+        return f"{self.p}_{name}_ps({a}, {b})"
+
+    def fmadd(self, a: str, b: str, c: str) -> str:
+        if self.fma:
+            return f"{self.p}_fmadd_ps({a}, {b}, {c})"
+        return self.op("add", self.op("mul", a, b), c)
+
+    def ge_zero_select(self, v: str, if_ge: str, if_lt: str) -> str:
+        """Lane-wise ``v >= 0 ? if_ge : if_lt``."""
+        if self.isa == "avx512":
+            return (f"_mm512_mask_blend_ps(_mm512_cmp_ps_mask({v}, _mm512_setzero_ps(), _CMP_GE_OQ), "
+                    f"{if_lt}, {if_ge})")
+        return f"_mm256_blendv_ps({if_lt}, {if_ge}, _mm256_cmp_ps({v}, _mm256_setzero_ps(), _CMP_GE_OQ))"
+
+
+def _lit(x: float) -> str:
+    return c_literal(x, FLOAT)
+
+
+# ------------------------------------------------------------------------------------------
+# Micro-kernels
+# ------------------------------------------------------------------------------------------
+UKR_SIG = ("(long kc, const float *restrict A, const float *restrict B, float *restrict C, "
+           "long ldc, int accum, int lastn)")
+
+
+def microkernel_source(blk: Blocking, rows: int, nv: int) -> str:
+    """C source of the micro-kernel computing a ``rows`` x ``nv`` vectors tile (function FNAME).
+
+    A is an MR-strided packed micro-panel, B an NR-strided one; ``accum`` adds to C instead of
+    overwriting it; the last vector stores only its first ``lastn`` lanes.
+    """
+    mr, nr = blk.mr, blk.nr
+    lines = [f"static __attribute__((noinline)) void FNAME{UKR_SIG} {{"]
+    if blk.isa == "scalar":
+        cols = nv * blk.vec
+        lines += [
+            f"    float acc[{rows}][{cols}];",
+            f"    for (int r = 0; r < {rows}; ++r) for (int j = 0; j < {cols}; ++j) acc[r][j] = 0.0f;",
+            "    for (long k = 0; k < kc; ++k) {",
+            f"        const float *restrict b = B + k * {nr};",
+            f"        for (int r = 0; r < {rows}; ++r) {{",
+            f"            const float a = A[k * {mr} + r];",
+            f"            for (int j = 0; j < {cols}; ++j) acc[r][j] += a * b[j];",
+            "        }",
+            "    }",
+            f"    const int cols = {(nv - 1) * blk.vec} + lastn;",
+            f"    for (int r = 0; r < {rows}; ++r) {{",
+            "        float *restrict c = C + r * ldc;",
+            "        if (accum) for (int j = 0; j < cols; ++j) c[j] += acc[r][j];",
+            "        else for (int j = 0; j < cols; ++j) c[j] = acc[r][j];",
+            "    }",
+            "}",
+        ]
+        return "\n".join(lines)
+    v = _V(blk)
+    w = v.w
+    for r in range(rows):
+        lines.append("    " + " ".join(f"{v.t} c{r}_{j} = {v.zero()};" for j in range(nv)))
+    lines += ["    #pragma GCC unroll 4", "    for (long k = 0; k < kc; ++k) {"]
+    for j in range(nv):
+        lines.append(f"        const {v.t} b{j} = {v.load(f'B + {j * w}')};")
+    for r in range(rows):
+        lines.append(f"        {{ const {v.t} a = {v.set1(f'A[{r}]')};")
+        lines.append("          " + " ".join(f"c{r}_{j} = {v.fmadd('a', f'b{j}', f'c{r}_{j}')};"
+                                              for j in range(nv)) + " }")
+    lines += [f"        A += {mr}; B += {nr};", "    }"]
+    last = nv - 1
+    if blk.isa == "avx512":
+        lines.append("    const __mmask16 lm = (__mmask16)((1u << lastn) - 1u);")
+
+        def ld(r: int, j: int) -> str:
+            ptr = f"C + {r} * ldc + {j * w}"
+            return f"_mm512_maskz_loadu_ps(lm, {ptr})" if j == last else v.loadu(ptr)
+
+        def st(r: int, j: int) -> str:
+            ptr = f"C + {r} * ldc + {j * w}"
+            return (f"_mm512_mask_storeu_ps({ptr}, lm, c{r}_{j});" if j == last
+                    else v.storeu(ptr, f"c{r}_{j}"))
+    else:
+        lines.append("    const __m256i lm = _mm256_cmpgt_epi32(_mm256_set1_epi32(lastn), "
+                     "_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));")
+
+        def ld(r: int, j: int) -> str:
+            ptr = f"C + {r} * ldc + {j * w}"
+            return f"_mm256_maskload_ps({ptr}, lm)" if j == last else v.loadu(ptr)
+
+        def st(r: int, j: int) -> str:
+            ptr = f"C + {r} * ldc + {j * w}"
+            return (f"_mm256_maskstore_ps({ptr}, lm, c{r}_{j});" if j == last
+                    else v.storeu(ptr, f"c{r}_{j}"))
+    lines.append("    if (accum) {")
+    for r in range(rows):
+        lines.append("        " + " ".join(f"c{r}_{j} = {v.op('add', f'c{r}_{j}', ld(r, j))};"
+                                            for j in range(nv)))
+    lines.append("    }")
+    for r in range(rows):
+        lines.append("    " + " ".join(st(r, j) for j in range(nv)))
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def microkernel(em: BlockEmitter, blk: Blocking, rows: int, nv: int) -> str:
+    return em.function(f"f32_gemm_ukr_{rows}x{nv * blk.vec}__{blk.isa}", microkernel_source(blk, rows, nv),
+                       f"micro-kernel {rows} rows x {nv} vectors of {blk.vec}; A stride {blk.mr}, "
+                       f"B stride {blk.nr}")
+
+
+# ------------------------------------------------------------------------------------------
+# Epilogue (applied per tile of C after its last K block)
+# ------------------------------------------------------------------------------------------
+# An epilogue op: {"op": "Relu"|"Clip"|...} (node.epilogue entries) or a binary op with
+# {"op": "Add"|"Sub"|"Mul"|"Div", "ptr": C pointer expr, "kind": "full"|"row"|"col"|"scalar",
+#  "swap": bool, "scale": float|None} ("row": indexed by the GEMM row + row offset,
+# "col": by the column, "full": by the element's flat index in the output), or
+# {"op": "Scale", "value": float}.
+VECTOR_UNARY = {"Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish"}
+_BIN = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
+
+
+@dataclass
+class TileEpilogue:
+    """How a host node's output tile is finished: GEMM-level ops, then the node's fused chain."""
+
+    ops: list[dict]
+    node: Node | None = None
+    row_mod: int = 0  # "row" channel index is (row % row_mod) when nonzero
+    channel: str = "col"  # what node.epilogue's "channel" broadcast indexes: "row" or "col"
+
+    def all_ops(self) -> list[dict]:
+        ops = list(self.ops)
+        if self.node is not None:
+            ops += self.node.epilogue
+        return ops
+
+    def empty(self) -> bool:
+        return not self.all_ops()
+
+
+def node_epilogue_ops(em: BlockEmitter, node: Node, channel: str) -> list[dict]:
+    """node.epilogue in this module's representation (pointers resolved)."""
+    out = []
+    for step in node.epilogue:
+        if step["op"] in _BIN:
+            kind = {"full": "full", "scalar": "scalar", "channel": channel}[step["broadcast"]]
+            out.append({"op": step["op"], "ptr": em.ptr(step["input"]), "kind": kind,
+                        "swap": bool(step.get("swap")), "scale": None})
+        else:
+            out.append(dict(step))
+    return out
+
+
+def _operand_index(kind: str, flat: str, row: str, col: str) -> str:
+    return {"full": flat, "row": row, "col": col, "scalar": "0"}[kind]
+
+
+def scalar_epilogue(ep: TileEpilogue, em: BlockEmitter, acc: str, flat: str, row: str, col: str) -> str:
+    """C expression: the whole epilogue applied to scalar ``acc``.
+
+    ``flat`` is the element's flat index in the output, ``row``/``col`` its GEMM coordinates
+    (``row`` already includes any per-item row offset and modulo).
+    """
+    expr = acc
+    for op in ep.ops:
+        expr = _scalar_op(op, expr, flat, row, col)
+    if ep.node is not None and ep.node.epilogue:
+        channel = row if ep.channel == "row" else col
+        expr = epilogue_expr(em, ep.node, expr, flat, channel)
+    return expr
+
+
+def _scalar_op(op: dict, expr: str, flat: str, row: str, col: str) -> str:
+    name = op["op"]
+    if name == "Scale":
+        return f"(({expr}) * {_lit(op['value'])})"
+    if name in _BIN:
+        other = f"{op['ptr']}[{_operand_index(op['kind'], flat, row, col)}]"
+        if op.get("scale") is not None:
+            other = f"({_lit(op['scale'])} * {other})"
+        a, b = (other, f"({expr})") if op.get("swap") else (f"({expr})", other)
+        return f"({a} {_BIN[name]} {b})"
+    return unary_float_expr(name, expr, op)
+
+
+def _vector_ok(ep: TileEpilogue) -> bool:
+    return all(op["op"] in _BIN or op["op"] == "Scale" or op["op"] in VECTOR_UNARY for op in ep.all_ops())
+
+
+def _vector_op(v: _V, op: dict, x: str, operand: str | None) -> str:
+    name = op["op"]
+    if name == "Scale":
+        return v.op("mul", x, v.set1(_lit(op["value"])))
+    if name in _BIN:
+        assert operand is not None
+        o = operand
+        if op.get("scale") is not None:
+            o = v.op("mul", v.set1(_lit(op["scale"])), o)
+        fn = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}[name]
+        return v.op(fn, o, x) if op.get("swap") else v.op(fn, x, o)
+    zero = v.zero()
+    if name == "Relu":
+        return v.op("max", x, zero)
+    if name == "Clip":
+        lo, hi = op.get("min", float("-inf")), op.get("max", float("inf"))
+        if lo != float("-inf"):
+            x = v.op("max", x, v.set1(_lit(lo)))
+        if hi != float("inf"):
+            x = v.op("min", x, v.set1(_lit(hi)))
+        return x
+    if name == "LeakyRelu":
+        return v.ge_zero_select(x, x, v.op("mul", v.set1(_lit(op["alpha"])), x))
+    if name == "HardSigmoid":
+        t = v.op("add", v.op("mul", v.set1(_lit(op["alpha"])), x), v.set1(_lit(op["beta"])))
+        return v.op("min", v.op("max", t, zero), v.set1("1.0f"))
+    if name == "HardSwish":
+        t = v.op("add", v.op("mul", x, v.set1("(1.0f / 6.0f)")), v.set1("0.5f"))
+        return v.op("mul", x, v.op("min", v.op("max", t, zero), v.set1("1.0f")))
+    raise KeyError(name)
+
+
+def tile_epilogue_code(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, ldc: int) -> str:
+    """C statements finishing the tile at ``cp`` (``rows`` x ``cols``, row stride ``ldc``).
+
+    In scope: ``float *cp``, ``long coff`` (flat output index of the tile's first element),
+    ``long grow`` (GEMM row of the tile's first row, item row offset included), ``long gcol``,
+    ``long rows``, ``long cols``.
+    """
+    if ep.empty():
+        return ""
+    row = f"((grow + r) % {ep.row_mod})" if ep.row_mod else "(grow + r)"
+    lines = ["for (long r = 0; r < rows; ++r) {", f"    float *restrict cr = cp + r * {ldc};", "    long j = 0;"]
+    if blk.isa != "scalar" and _vector_ok(ep):
+        v = _V(blk)
+        w = v.w
+        ops = list(ep.ops)
+        if ep.node is not None:
+            ops += node_epilogue_ops(em, ep.node, ep.channel)
+        # per-row broadcasts hoisted out of the column loop
+        pre, body = [], []
+        for i, op in enumerate(ops):
+            if op["op"] not in _BIN:
+                continue
+            ptr = op["ptr"]
+            if op["kind"] == "row":
+                pre.append(f"    const {v.t} e{i} = {v.set1(f'{ptr}[{row}]')};")
+            elif op["kind"] == "scalar":
+                pre.append(f"    const {v.t} e{i} = {v.set1(f'{ptr}[0]')};")
+        lines += pre
+        lines.append(f"    for (; j + {w} <= cols; j += {w}) {{")
+        lines.append(f"        {v.t} x = {v.loadu('cr + j')};")
+        for i, op in enumerate(ops):
+            operand = None
+            ptr_ = op.get("ptr")
+            if op["op"] in _BIN:
+                if op["kind"] in ("row", "scalar"):
+                    operand = f"e{i}"
+                elif op["kind"] == "col":
+                    operand = v.loadu(f"{ptr_} + gcol + j")
+                else:
+                    operand = v.loadu(f"{ptr_} + coff + r * {ldc} + j")
+            body.append(f"        x = {_vector_op(v, op, 'x', operand)};")
+        lines += body
+        lines.append(f"        {v.storeu('cr + j', 'x')}")
+        lines.append("    }")
+    expr = scalar_epilogue(ep, em, "cr[j]", f"(coff + r * {ldc} + j)", row, "(gcol + j)")
+    lines.append(f"    for (; j < cols; ++j) cr[j] = {expr};")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------
+# The GEMM problem and its driver
+# ------------------------------------------------------------------------------------------
+@dataclass
+class ConstPacked:
+    """A constant operand packed at compile time (``ptr`` to [items][panels][K][MR or NR])."""
+
+    ptr: str
+
+
+@dataclass
+class Strided:
+    """A runtime matrix: element (i, k) of A (or (k, j) of B) at ``ptr + off + i*s0 + k*s1``."""
+
+    ptr: str
+    s0: int  # stride of the row index (A: m, B: k)
+    s1: int  # stride of the column index (A: k, B: n)
+
+
+@dataclass
+class GemmProblem:
+    """One GEMM node (possibly a batch of independent items) to render."""
+
+    M: int
+    N: int
+    K: int
+    a: ConstPacked | Strided
+    b: object  # ConstPacked | Strided | a conv im2col packer (has .pack_code())
+    y: str  # output pointer expression
+    ldc: int
+    epilogue: TileEpilogue
+    items: int = 1
+    # C statements computing long ao, bo, co, grow0 (A/B/C offsets in floats, row offset for
+    # "row" epilogue operands) from the item index ``it``
+    item_code: str = "const long ao = 0, bo = 0, co = 0, grow0 = 0;"
+    name: str = "gemm"
+    doc: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def pack_const_a(a: np.ndarray, mr: int) -> np.ndarray:
+    """[M, K] -> [ceil(M/MR), K, MR], zero padded."""
+    m, k = a.shape
+    mp = -(-m // mr) * mr
+    buf = np.zeros((mp, k), np.float32)
+    buf[:m] = a
+    return np.ascontiguousarray(buf.reshape(mp // mr, mr, k).transpose(0, 2, 1))
+
+
+def pack_const_b(b: np.ndarray, nr: int) -> np.ndarray:
+    """[K, N] -> [ceil(N/NR), K, NR], zero padded."""
+    k, n = b.shape
+    np_ = -(-n // nr) * nr
+    buf = np.zeros((k, np_), np.float32)
+    buf[:, :n] = b
+    return np.ascontiguousarray(buf.reshape(k, np_ // nr, nr).transpose(1, 0, 2))
+
+
+def _split(total: int, parts: int) -> list[int]:
+    base, rem = divmod(total, parts)
+    return [base + (1 if t < rem else 0) for t in range(parts)]
+
+
+def choose_partition(p: GemmProblem, blk: Blocking, nt: int) -> tuple[str, int]:
+    """("single"|"items"|"grid", pn): how threads divide the work (pn: grid columns)."""
+    if nt <= 1 or p.items * p.M * p.N * p.K < PARALLEL_MIN_MACS:
+        return "single", 1
+    mp, np_ = -(-p.M // blk.mr), -(-p.N // blk.nr)
+    pack_b = not isinstance(p.b, ConstPacked)
+    pack_a = not isinstance(p.a, ConstPacked)
+
+    def cost(rows_panels: int, cols_panels: int, last_m: bool, last_n: bool) -> float:
+        rows = rows_panels * blk.mr - ((-p.M) % blk.mr if last_m else 0)
+        cols = cols_panels * blk.nr - ((-p.N) % blk.nr if last_n else 0)
+        cols_v = -(-cols // blk.vec) * blk.vec
+        c = rows * cols_v / 32.0
+        if pack_b:
+            c += cols * 0.5
+        if pack_a:
+            c += rows * 0.5 * max(1, -(-cols // blk.nc))
+        return c
+
+    best = None
+    for pn in range(1, nt + 1):
+        if nt % pn:
+            continue
+        pm = nt // pn
+        if pm > mp or pn > np_:
+            continue
+        ms, ns = _split(mp, pm), _split(np_, pn)
+        worst = max(cost(ms[i], ns[j], i == pm - 1, j == pn - 1) for i in range(pm) for j in range(pn))
+        total = cost(mp, np_, True, True)
+        eff = total / (nt * worst)
+        if best is None or eff > best[0] + 1e-9:
+            best = (eff, pn)
+    if best is None:
+        best = (1.0 / nt, nt if np_ >= nt else 1)
+    grid_eff, pn = best
+    if p.items >= nt:
+        items_eff = p.items / (nt * -(-p.items // nt))
+        if items_eff >= grid_eff - 1e-9:
+            return "items", 1
+    return "grid", pn
+
+
+def _dispatch(em: BlockEmitter, blk: Blocking, p: GemmProblem) -> str:
+    """Kernel calls by tile shape (only the shapes this problem has)."""
+    m_tail, n_tail = p.M % blk.mr, p.N % blk.nr
+    nv = blk.nv
+
+    def call(rows: int, cols: int) -> str:
+        vecs = -(-cols // blk.vec)
+        lastn = cols - (vecs - 1) * blk.vec
+        fn = microkernel(em, blk, rows, vecs)
+        return f"{fn}(kb, ap, bp, cp, {p.ldc}, pc > 0, {lastn});"
+
+    def by_cols(rows: int) -> str:
+        if not n_tail:
+            return call(rows, blk.nr)
+        return f"if (cols == {blk.nr}) {call(rows, blk.nr)} else {call(rows, n_tail)}"
+
+    del nv
+    if not m_tail:
+        return by_cols(blk.mr)
+    return f"if (rows == {blk.mr}) {{ {by_cols(blk.mr)} }} else {{ {by_cols(m_tail)} }}"
+
+
+def _pack_a_code(p: GemmProblem, blk: Blocking) -> str:
+    """Runtime A block [ic, ic+mb) x [pc, pc+kb) into As as MR-row panels."""
+    a = p.a
+    assert isinstance(a, Strided)
+    mr = blk.mr
+    lines = [f"for (long q = 0; q < mb; q += {mr}) {{",
+             f"    const long rr = SMELT_MIN({mr}, mb - q);",
+             f"    float *restrict d = As + (q / {mr}) * kb * {mr};",
+             f"    const float *restrict s = Abase + ao + (ic + q) * {a.s0}L + pc * {a.s1}L;"]
+    if a.s1 == 1:
+        lines += ["    for (long r = 0; r < rr; ++r) {",
+                  f"        const float *restrict sr = s + r * {a.s0}L;",
+                  f"        for (long k = 0; k < kb; ++k) d[k * {mr} + r] = sr[k];",
+                  "    }"]
+    else:
+        lines += ["    for (long k = 0; k < kb; ++k)",
+                  f"        for (long r = 0; r < rr; ++r) d[k * {mr} + r] = s[k * {a.s1}L + r * {a.s0}L];"]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def pack_b_strided_code(b: Strided, blk: Blocking, base: str = "Bbase + bo") -> str:
+    """Runtime B block [pc, pc+kb) x [jc, jc+nb) into Bs as NR-column panels."""
+    nr = blk.nr
+    lines = [f"for (long q = 0; q < nb; q += {nr}) {{",
+             f"    const long cc = SMELT_MIN({nr}, nb - q);",
+             f"    float *restrict d = Bs + (q / {nr}) * kb * {nr};",
+             f"    const float *restrict s = {base} + pc * {b.s0}L + (jc + q) * {b.s1}L;"]
+    if b.s1 == 1:
+        lines += ["    for (long k = 0; k < kb; ++k) {",
+                  f"        const float *restrict sk = s + k * {b.s0}L;",
+                  f"        float *restrict dk = d + k * {nr};"]
+        if blk.isa == "avx512":
+            nv = blk.nv
+            lines.append(f"        if (cc == {nr}) {{")
+            for j in range(nv):
+                lines.append(f"            _mm512_store_ps(dk + {16 * j}, _mm512_loadu_ps(sk + {16 * j}));")
+            lines.append("        } else {")
+            lines.append("            const unsigned long long m = (1ull << cc) - 1ull;")
+            for j in range(nv):
+                lines.append(f"            _mm512_store_ps(dk + {16 * j}, _mm512_maskz_loadu_ps("
+                             f"(__mmask16)(m >> {16 * j}), sk + {16 * j}));")
+            lines.append("        }")
+        else:
+            lines.append("        for (long j = 0; j < cc; ++j) dk[j] = sk[j];")
+        lines.append("    }")
+    else:
+        lines += ["    for (long j = 0; j < cc; ++j)",
+                  f"        for (long k = 0; k < kb; ++k) d[k * {nr} + j] = s[j * {b.s1}L + k * {b.s0}L];"]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -> None:
+    """Emit the driver function of ``p`` and the step that calls it."""
+    blk = blk or blocking_for(em.target)
+    if p.M == 0 or p.N == 0 or p.items == 0:
+        return
+    nt = max(1, em.n_threads)
+    mode, pn = choose_partition(p, blk, nt)
+    mr, nr = blk.mr, blk.nr
+    mp, np_ = -(-p.M // mr), -(-p.N // nr)
+    kb_max = blk.kb(p.K)
+    pack_b = not isinstance(p.b, ConstPacked)
+    pack_a = not isinstance(p.a, ConstPacked)
+    mc = p.M if not pack_a else min(blk.mc, mp * mr)
+    # per-thread scratch
+    ncr = min(blk.nc, np_ * nr)
+    slots = 1 if mode == "single" else nt
+    lines = ["(void)in; (void)out; (void)arena; (void)scratch; (void)W;",
+             f"if (tid >= {slots}) return;"]
+    if pack_b:
+        bs_floats = kb_max * ncr
+        bs = em.scratch(bs_floats * 4 * slots)
+        lines.append(f"float *restrict Bs = {bs} + (long)tid * {bs_floats};")
+    if pack_a:
+        as_floats = kb_max * -(-mc // mr) * mr
+        as_ = em.scratch(as_floats * 4 * slots)
+        lines.append(f"float *restrict As = {as_} + (long)tid * {as_floats};")
+    a_expr = p.a.ptr
+    b_expr = getattr(p.b, "ptr", "0")
+    lines += [f"const float *restrict Abase = {a_expr};",
+              f"const float *restrict Bbase = {b_expr};",
+              f"float *restrict Y = {p.y};",
+              "(void)Abase; (void)Bbase;",
+              f"long it0 = 0, it1 = {p.items}, pm0 = 0, pm1 = {mp}, pn0 = 0, pn1 = {np_};"]
+    if mode == "items":
+        lines.append(f"smelt_range({p.items}, tid, nt, &it0, &it1);")
+    elif mode == "grid":
+        lines += [f"{{ const int pn = nt == {nt} ? {pn} : 1; const int pm = nt / pn;",
+                  f"  smelt_range({mp}, tid / pn, pm, &pm0, &pm1); smelt_range({np_}, tid % pn, pn, &pn0, &pn1); }}"]
+    else:
+        lines.append("if (tid != 0) return;")
+    lines += ["if (pm0 >= pm1 || pn0 >= pn1) return;",
+              f"const long m0 = pm0 * {mr}, m1 = SMELT_MIN(pm1 * {mr}, {p.M});",
+              f"const long n0 = pn0 * {nr}, n1 = SMELT_MIN(pn1 * {nr}, {p.N});",
+              "for (long it = it0; it < it1; ++it) {",
+              "    " + p.item_code.replace("\n", "\n    "),
+              "    (void)ao; (void)bo; (void)grow0;",
+              f"    for (long jc = n0; jc < n1; jc += {blk.nc}) {{",
+              f"        const long nb = SMELT_MIN({blk.nc}, n1 - jc);",
+              f"        for (long pc = 0; pc < {p.K}; pc += {kb_max}) {{",
+              f"            const long kb = SMELT_MIN({kb_max}, {p.K} - pc);"]
+    inner: list[str] = []
+    if pack_b:
+        if isinstance(p.b, Strided):
+            inner.append(pack_b_strided_code(p.b, blk))
+        else:
+            inner.append(p.b.pack_code(blk))  # type: ignore[attr-defined]
+        inner.append(f"const float *restrict bptr = Bs; const long bps = kb * {nr};")
+    else:
+        inner.append(f"const float *restrict bptr = Bbase + bo + (jc / {nr}) * {p.K * nr}L + pc * {nr};")
+        inner.append(f"const long bps = {p.K * nr}L;")
+    inner += [f"for (long ic = m0; ic < m1; ic += {mc}) {{",
+              f"    const long mb = SMELT_MIN({mc}, m1 - ic);"]
+    if pack_a:
+        inner.append("    " + _pack_a_code(p, blk).replace("\n", "\n    "))
+        inner.append(f"    const float *restrict aptr = As; const long aps = kb * {mr};")
+    else:
+        inner.append(f"    const float *restrict aptr = Abase + ao + (ic / {mr}) * {p.K * mr}L + pc * {mr};")
+        inner.append(f"    const long aps = {p.K * mr}L;")
+    epi = tile_epilogue_code(p.epilogue, em, blk, p.ldc)
+    inner += [f"    for (long ir = 0; ir < mb; ir += {mr}) {{",
+              f"        const long rows = SMELT_MIN({mr}, mb - ir); (void)rows;",
+              f"        const float *restrict ap = aptr + (ir / {mr}) * aps;",
+              f"        for (long jr = 0; jr < nb; jr += {nr}) {{",
+              f"            const long cols = SMELT_MIN({nr}, nb - jr); (void)cols;",
+              f"            const float *restrict bp = bptr + (jr / {nr}) * bps;",
+              f"            float *restrict cp = Y + co + (ic + ir) * {p.ldc}L + jc + jr;",
+              "            " + _dispatch(em, blk, p)]
+    if epi:
+        inner += [f"            if (pc + kb == {p.K}) {{",
+                  f"                const long coff = co + (ic + ir) * {p.ldc}L + jc + jr;",
+                  "                const long grow = grow0 + ic + ir, gcol = jc + jr;",
+                  "                (void)coff; (void)grow; (void)gcol;",
+                  "                " + epi.replace("\n", "\n                "),
+                  "            }"]
+    inner += ["        }", "    }", "}"]
+    lines.append("            " + "\n".join(inner).replace("\n", "\n            "))
+    lines += ["        }", "    }", "}"]
+    body = "\n    ".join(lines)
+    code = ("static void FNAME(int tid, int nt, void *const *in, void *const *out, char *arena, "
+            "char *scratch, const char *W) {\n    " + body + "\n}\n")
+    doc = (f"{p.doc}; M={p.M} N={p.N} K={p.K} items={p.items}; MRxNR={mr}x{nr} KC={kb_max} NC={blk.nc} "
+           f"MC={mc}; A {'prepacked' if not pack_a else 'packed at run time'}, B "
+           f"{'prepacked' if not pack_b else 'packed at run time'}; threads: {mode}"
+           f"{f' pn={pn}' if mode == 'grid' else ''}; {epilogue_doc(p.epilogue.node) if p.epilogue.node else 'no epilogue'}")
+    fname = em.function(f"{p.name}_{blk.tag}", code, doc)
+    em.step(f"{fname}(tid, nt, in, out, arena, scratch, W);")
+
+
+# ------------------------------------------------------------------------------------------
+# ONNX Gemm
+# ------------------------------------------------------------------------------------------
+def _f32(g: Graph, name: str) -> bool:
+    v = g.values[name]
+    return v.dtype is not None and np.dtype(v.dtype) == np.float32
+
+
+def _shape(g: Graph, name: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in g.values[name].shape)
+
+
+def _gemm_c_kind(c_shape: tuple[int, ...], m: int, n: int) -> str | None:
+    if int(np.prod(c_shape, dtype=np.int64)) == 1:
+        return "scalar"
+    if len(c_shape) == 1:
+        return "col" if c_shape[0] == n else None
+    if len(c_shape) == 2:
+        cm, cn = c_shape
+        if (cm, cn) == (m, n):
+            return "full"
+        if cm == 1 and cn == n:
+            return "col"
+        if cm == m and cn == 1:
+            return "row"
+    return None
+
+
+def _check_gemm(node: Node, g: Graph) -> str | None:
+    ins = node.present_inputs()
+    if len(node.inputs) < 2 or not node.inputs[0] or not node.inputs[1]:
+        return "Gemm needs A and B"
+    for name in ins + [node.outputs[0]]:
+        if not _f32(g, name):
+            return f"native Gemm is float32 only ({name!r} is {np.dtype(g.values[name].dtype).name})"
+    a, b = _shape(g, node.inputs[0]), _shape(g, node.inputs[1])
+    if len(a) != 2 or len(b) != 2:
+        return "Gemm needs 2-D A and B"
+    m, k = (a[1], a[0]) if node.attr("transA", 0) else a
+    k2, n = (b[1], b[0]) if node.attr("transB", 0) else b
+    if k != k2:
+        return f"Gemm inner dimensions differ ({k} vs {k2})"
+    if k == 0:
+        return "Gemm with K == 0"
+    if len(node.inputs) > 2 and node.inputs[2] and float(node.attr("beta", 1.0)) != 0.0:
+        if _gemm_c_kind(_shape(g, node.inputs[2]), m, n) is None:
+            return f"Gemm C of shape {_shape(g, node.inputs[2])} does not broadcast to ({m}, {n})"
+    return None
+
+
+@register("Gemm", versions=(9, 11, 13), check=_check_gemm, name="f32_gemm")
+def emit_gemm(node: Node, g: Graph, em: BlockEmitter) -> None:
+    blk = blocking_for(em.target)
+    a_name, b_name = node.inputs[0], node.inputs[1]
+    ta, tb = int(node.attr("transA", 0)), int(node.attr("transB", 0))
+    alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
+    a_shape, b_shape = _shape(g, a_name), _shape(g, b_name)
+    m, k = (a_shape[1], a_shape[0]) if ta else a_shape
+    n = b_shape[0] if tb else b_shape[1]
+    y = node.outputs[0]
+    ops: list[dict] = []
+    if alpha != 1.0:
+        ops.append({"op": "Scale", "value": alpha})
+    c_name = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
+    if c_name is not None and beta != 0.0:
+        kind = _gemm_c_kind(_shape(g, c_name), m, n)
+        c_const = g.const(c_name)
+        if c_const is not None:
+            cc = np.asarray(c_const, np.float32)
+            if beta != 1.0:
+                cc = (np.float32(beta) * cc).astype(np.float32)
+            ptr = em.weight(cc.reshape(-1))
+            ops.append({"op": "Add", "ptr": ptr, "kind": kind, "swap": False, "scale": None})
+        else:
+            ops.append({"op": "Add", "ptr": em.ptr(c_name), "kind": kind, "swap": False,
+                        "scale": None if beta == 1.0 else beta})
+    ep = TileEpilogue(ops, node, channel="col")
+    b_const = g.const(b_name)
+    if b_const is not None:
+        bm = np.asarray(b_const, np.float32)
+        bm = bm.T if tb else bm
+        b_op: object = ConstPacked(em.weight(pack_const_b(bm, blk.nr), key=f"gemm_b:{b_name}:{tb}:{blk.tag}"))
+    else:
+        b_op = Strided(em.ptr(b_name), 1, k) if tb else Strided(em.ptr(b_name), n, 1)
+    a_const = g.const(a_name)
+    if a_const is not None:
+        am = np.asarray(a_const, np.float32)
+        am = am.T if ta else am
+        a_op: ConstPacked | Strided = ConstPacked(em.weight(pack_const_a(am, blk.mr)))
+    else:
+        a_op = Strided(em.ptr(a_name), 1, m) if ta else Strided(em.ptr(a_name), k, 1)
+    p = GemmProblem(m, n, k, a_op, b_op, em.ptr(y), n, ep, name="f32_gemm",
+                    doc=f"Gemm transA={ta} transB={tb} alpha={alpha!r} beta={beta!r}")
+    render_gemm(em, p, blk)
+
+
+# ------------------------------------------------------------------------------------------
+# ONNX MatMul (numpy semantics: 1-D promotion, batch broadcasting)
+# ------------------------------------------------------------------------------------------
+def _check_matmul(node: Node, g: Graph) -> str | None:
+    a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    for name in (a, b, y):
+        if not _f32(g, name):
+            return f"native MatMul is float32 only ({name!r} is {np.dtype(g.values[name].dtype).name})"
+    sa, sb = _shape(g, a), _shape(g, b)
+    if not sa or not sb:
+        return "MatMul of a scalar"
+    ka = sa[-1]
+    kb = sb[0] if len(sb) == 1 else sb[-2]
+    if ka != kb:
+        return f"MatMul inner dimensions differ ({ka} vs {kb})"
+    if ka == 0:
+        return "MatMul with K == 0"
+    try:
+        np.broadcast_shapes(sa[:-2], sb[:-2])
+    except ValueError:
+        return f"MatMul batch dimensions {sa[:-2]} and {sb[:-2]} do not broadcast"
+    return None
+
+
+def _batch_strides(shape: Sequence[int], out: Sequence[int], mat: int) -> list[int]:
+    """Per output batch dim, the operand's element stride (0 where broadcast)."""
+    rank = len(out)
+    padded = [1] * (rank - len(shape)) + list(shape)
+    strides = [0] * rank
+    acc = mat
+    for d in range(rank - 1, -1, -1):
+        strides[d] = acc if padded[d] != 1 else 0
+        acc *= padded[d]
+    return strides
+
+
+@register("MatMul", versions=(1, 9, 13), check=_check_matmul, name="f32_matmul")
+def emit_matmul(node: Node, g: Graph, em: BlockEmitter) -> None:
+    blk = blocking_for(em.target)
+    a_name, b_name, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    sa, sb = _shape(g, a_name), _shape(g, b_name)
+    a_vec, b_vec = len(sa) == 1, len(sb) == 1
+    sa2 = (1, sa[0]) if a_vec else sa
+    sb2 = (sb[0], 1) if b_vec else sb
+    m, k = sa2[-2], sa2[-1]
+    n = sb2[-1]
+    batch = tuple(int(d) for d in np.broadcast_shapes(sa2[:-2], sb2[:-2]))
+    items = int(np.prod(batch, dtype=np.int64)) if batch else 1
+    a_bs = _batch_strides(sa2[:-2], batch, m * k)
+    b_bs = _batch_strides(sb2[:-2], batch, k * n)
+    b_const = g.const(b_name)
+    a_const = g.const(a_name)
+    channel = "row" if b_vec else "col"
+    row_mod = 0
+    # B shared by every batch and A holding every batch contiguously: one GEMM with M*batch rows
+    if items > 1 and not any(b_bs) and a_bs == _batch_strides(batch, batch, m * k):
+        if channel == "row":
+            row_mod = m
+        m, items, batch, a_bs, b_bs = m * items, 1, (), [], []
+    ep = TileEpilogue([], node, row_mod=row_mod, channel=channel)
+    # constant operands: one packed copy per distinct batch index of the operand
+    if b_const is not None:
+        bm = np.asarray(b_const, np.float32).reshape((-1, k, n) if not b_vec else (1, k, 1))
+        packed = np.stack([pack_const_b(x, blk.nr) for x in bm])
+        b_op: object = ConstPacked(em.weight(packed, key=f"matmul_b:{b_name}:{blk.tag}"))
+        b_item_stride = packed[0].size
+    else:
+        b_op = Strided(em.ptr(b_name), n, 1)
+        b_item_stride = k * n
+    if a_const is not None:
+        am = np.asarray(a_const, np.float32).reshape(-1, m, k)
+        packed_a = np.stack([pack_const_a(x, blk.mr) for x in am])
+        a_op: ConstPacked | Strided = ConstPacked(em.weight(packed_a))
+        a_item_stride = packed_a[0].size
+    else:
+        a_op = Strided(em.ptr(a_name), k, 1)
+        a_item_stride = m * k
+    item_code = f"const long ao = 0, bo = 0, co = it * {m * n}L, grow0 = 0;"
+    if items > 1:
+        parts = ["long ao = 0, bo = 0, rem = it;"]
+        for d in range(len(batch) - 1, -1, -1):
+            sub = []
+            if a_bs[d]:
+                sub.append(f"ao += ix * {a_bs[d] // (m * k) * a_item_stride}L;")
+            if b_bs[d]:
+                sub.append(f"bo += ix * {b_bs[d] // (k * n) * b_item_stride}L;")
+            if sub:
+                parts.append(f"{{ const long ix = rem % {batch[d]}; {' '.join(sub)} }}")
+            parts.append(f"rem /= {batch[d]};")
+        parts.append(f"const long co = it * {m * n}L, grow0 = 0; (void)rem;")
+        item_code = "\n".join(parts)
+    p = GemmProblem(m, n, k, a_op, b_op, em.ptr(y), n, ep, items=items, item_code=item_code,
+                    name="f32_matmul", doc=f"MatMul {list(sa)} x {list(sb)}")
+    render_gemm(em, p, blk)
+
+

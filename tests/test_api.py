@@ -1,0 +1,138 @@
+"""The public APIs: InferenceSession parity with onnxruntime, compile(), input checking, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import assert_close, const, make_model, ort_run, tensor
+from onnx import TensorProto, helper
+
+import smelt
+
+
+def _relu_add(opset: int = 17):
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "b"], ["y"], name="add")]
+    return make_model(nodes, [tensor("x", [2, 3]), tensor("b", [3])], [tensor("y", [2, 3])], opset=opset)
+
+
+def test_inference_session_matches_onnxruntime_api():
+    model = _relu_add()
+    sess = smelt.InferenceSession(model.SerializeToString())
+    ins = sess.get_inputs()
+    assert [i.name for i in ins] == ["x", "b"]
+    assert ins[0].shape == [2, 3] and ins[0].type == "tensor(float)"
+    assert [o.name for o in sess.get_outputs()] == ["y"]
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    b = np.arange(3, dtype=np.float32)
+    got = sess.run(None, {"x": x, "b": b})
+    assert_close(got, ort_run(model, {"x": x, "b": b}))
+    assert sess.run(["y"], {"x": x, "b": b})[0].shape == (2, 3)
+    with pytest.raises(ValueError, match="unknown output name 'z'"):
+        sess.run(["z"], {"x": x, "b": b})
+
+
+def test_compile_from_path_bytes_and_proto(tmp_path):
+    model = _relu_add()
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    x = np.ones((2, 3), np.float32)
+    b = -np.ones(3, np.float32)
+    for src in (str(path), path, model.SerializeToString(), model):
+        cm = smelt.compile(src, threads=1)
+        np.testing.assert_array_equal(cm(x, b), np.zeros((2, 3), np.float32))
+        np.testing.assert_array_equal(cm(x=x, b=b), np.zeros((2, 3), np.float32))
+        assert cm.fallback_nodes == []
+        assert cm.source_path is not None and cm.source_path.exists()
+
+
+@pytest.mark.parametrize("feeds, message", [
+    ({"x": np.ones((2, 3), np.float32), "bb": np.ones(3, np.float32)}, "unknown input name 'bb'"),
+    ({"x": np.ones((2, 3), np.float32)}, "missing input 'b'"),
+    ({"x": np.ones((2, 4), np.float32), "b": np.ones(3, np.float32)}, r"input 'x': expected shape \[2, 3\], given \[2, 4\]"),
+    ({"x": np.ones((2, 3, 1), np.float32), "b": np.ones(3, np.float32)}, r"input 'x': expected shape \[2, 3\] \(rank 2\)"),
+    ({"x": np.ones((2, 3), np.float64), "b": np.ones(3, np.float32)}, "input 'x': expected dtype float32.*given float64"),
+])
+def test_bad_inputs_raise_clear_errors(feeds, message):
+    cm = smelt.compile(_relu_add(), threads=1)
+    with pytest.raises(ValueError, match=message):
+        cm.run(feeds)
+
+
+def test_malformed_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "broken.onnx"
+    bad.write_bytes(b"\x08\x07this is not protobuf \xff\xff\xff")
+    with pytest.raises(smelt.ModelLoadError, match="broken.onnx"):
+        smelt.compile(bad)
+    with pytest.raises(smelt.ModelLoadError, match="not found"):
+        smelt.compile(tmp_path / "missing.onnx")
+    with pytest.raises(smelt.ModelLoadError):
+        smelt.InferenceSession(b"garbage bytes")
+
+
+def test_unknown_custom_op_names_op_and_node():
+    node = helper.make_node("FancyOp", ["x"], ["y"], name="my_fancy_node", domain="com.example")
+    model = make_model([node], [tensor("x", [2])], [tensor("y", [2])])
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(smelt.UnsupportedOpError, match=r"my_fancy_node.*FancyOp"):
+        smelt.compile(model)
+
+
+def test_fallback_is_reported_and_correct():
+    # Hardmax has no native template: it runs through onnx.reference between native blocks
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Hardmax", ["r"], ["h"], name="hardmax", axis=1),
+             helper.make_node("Neg", ["h"], ["y"], name="neg")]
+    model = make_model(nodes, [tensor("x", [3, 5])], [tensor("y", [3, 5])])
+    cm = smelt.compile(model, threads=2)
+    assert cm.fallback_nodes == ["hardmax"]
+    x = np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32)
+    assert_close([cm(x)], ort_run(model, {"x": x}))
+    with pytest.raises(smelt.UnsupportedOpError, match=r"hardmax.*Hardmax"):
+        smelt.compile(model, allow_fallback=False)
+
+
+def test_symbolic_batch_specializes_per_shape():
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu")]
+    model = make_model(nodes, [tensor("x", ["N", 4])], [tensor("y", ["N", 4])])
+    cm = smelt.compile(model, threads=1)
+    assert cm.get_inputs()[0].shape == ["N", 4]
+    for n in (1, 3, 1, 7):
+        x = np.random.default_rng(n).standard_normal((n, 4)).astype(np.float32)
+        np.testing.assert_array_equal(cm(x), np.maximum(x, 0))
+    assert len(cm._variants) == 3
+
+
+def test_variant_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(smelt.api, "MAX_VARIANTS", 2)
+    model = make_model([helper.make_node("Neg", ["x"], ["y"])], [tensor("x", ["N"])], [tensor("y", ["N"])])
+    cm = smelt.compile(model, threads=1)
+    for n in range(1, 6):
+        np.testing.assert_array_equal(cm(np.ones(n, np.float32)), -np.ones(n, np.float32))
+    assert len(cm._variants) == 2
+
+
+def test_constant_output_and_passthrough_output():
+    nodes = [helper.make_node("Add", ["c1", "c2"], ["k"], name="const_add"),
+             helper.make_node("Identity", ["x"], ["y"], name="ident")]
+    model = make_model(nodes, [tensor("x", [2])], [tensor("k", [2]), tensor("y", [2])],
+                       initializers=[const("c1", np.ones(2, np.float32)), const("c2", np.ones(2, np.float32))])
+    cm = smelt.compile(model)
+    x = np.array([3, 4], np.float32)
+    k, y = cm(x)
+    np.testing.assert_array_equal(k, [2, 2])
+    np.testing.assert_array_equal(y, x)
+    y[0] = 99  # outputs are fresh arrays, never views of the input
+    assert x[0] == 3
+
+
+def test_int_and_bool_elementwise_native():
+    nodes = [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Greater", ["s", "b"], ["y"])]
+    model = make_model(nodes, [tensor("a", [4], TensorProto.INT32), tensor("b", [4], TensorProto.INT32)],
+                       [tensor("y", [4], TensorProto.BOOL)])
+    cm = smelt.compile(model)
+    a = np.array([1, -2, 3, 0], np.int32)
+    b = np.array([0, 5, -1, 0], np.int32)
+    assert cm.fallback_nodes == []
+    np.testing.assert_array_equal(cm(a, b), (a + b) > b)

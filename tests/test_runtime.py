@@ -1,0 +1,154 @@
+"""Runtime properties: idle cost, concurrent callers, cache reuse and races, name escaping."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import threading
+import time
+
+import numpy as np
+from helpers import make_model, tensor
+from onnx import helper
+
+import smelt
+
+
+def _chain(n_nodes: int = 4, size: int = 1 << 16):
+    nodes, prev = [], "x"
+    for i in range(n_nodes):
+        op = "Relu" if i % 2 == 0 else "Neg"
+        nodes.append(helper.make_node(op, [prev], [f"t{i}"], name=f"n{i}"))
+        prev = f"t{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"]))
+    return make_model(nodes, [tensor("x", [size])], [tensor("y", [size])])
+
+
+def _expected_chain(x, n_nodes):
+    for i in range(n_nodes):
+        x = np.maximum(x, 0) if i % 2 == 0 else -x
+    return x
+
+
+def test_idle_pool_uses_no_cpu():
+    cm = smelt.compile(_chain(), threads=max(2, os.cpu_count() or 1))
+    x = np.ones(1 << 16, np.float32)
+    for _ in range(5):
+        cm(x)
+    time.sleep(1.0)  # the pool spins briefly after a call, then sleeps
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    time.sleep(1.0)
+    used = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+    assert used < 0.05, f"idle model used {used:.1%} of a core"
+
+
+def test_concurrent_callers_get_their_own_answers():
+    cm = smelt.compile(_chain(6), threads=2)
+    errors = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(30):
+            x = rng.standard_normal(1 << 16).astype(np.float32)
+            if not np.array_equal(cm(x), _expected_chain(x, 6)):
+                errors.append(seed)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_one_native_call_per_inference_without_python_between_ops():
+    """The whole graph runs in one foreign call: the Python work per inference does not grow with
+    the number of operators."""
+    import sys
+
+    def python_calls(cm, x):
+        count = 0
+
+        def prof(frame, event, arg):
+            nonlocal count
+            if event == "call":
+                count += 1
+
+        sys.setprofile(prof)
+        try:
+            cm(x)
+        finally:
+            sys.setprofile(None)
+        return count
+
+    small, large = smelt.compile(_chain(2, 64), threads=2), smelt.compile(_chain(40, 64), threads=2)
+    x = np.ones(64, np.float32)
+    small(x), large(x)
+    before = large.native_calls
+    large(x)
+    assert large.native_calls - before == 1
+    assert python_calls(small, x) == python_calls(large, x)
+
+
+def test_second_compile_loads_from_cache_quickly(tmp_path, monkeypatch):
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
+    model = _chain(10)
+    first = smelt.compile(model)
+    assert not first.from_cache
+    start = time.perf_counter()
+    second = smelt.compile(model)
+    elapsed = time.perf_counter() - start
+    assert second.from_cache
+    assert elapsed < 1.0, f"cached compile took {elapsed:.2f} s"
+    x = np.linspace(-1, 1, 1 << 16, dtype=np.float32)
+    np.testing.assert_array_equal(first(x), second(x))
+
+
+def _compile_in_child(cache_dir: str, seed_path: str, queue) -> None:
+    os.environ["SMELT_CACHE_DIR"] = cache_dir
+    import onnx
+
+    import smelt as sm
+
+    cm = sm.compile(onnx.load(seed_path), threads=1)
+    x = np.linspace(-1, 1, 1 << 16, dtype=np.float32)
+    queue.put((str(cm.source_path), float(cm(x).sum())))
+
+
+def test_two_processes_compiling_at_once_both_succeed(tmp_path):
+    import onnx
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_chain(12), str(path))
+    cache = tmp_path / "cache"
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_compile_in_child, args=(str(cache), str(path), queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    results = [queue.get(timeout=5) for _ in procs]
+    assert results[0] == results[1]
+    libs = list((cache / "lib").rglob("*.so"))
+    assert len(libs) == 1
+    assert not list(cache.rglob("*.tmp")) and not list((cache / "models").rglob(".tmp-*"))
+    artifacts = [p for p in (cache / "models").rglob("plan.json")]
+    assert len(artifacts) == 1
+
+
+def test_hostile_names_never_reach_c_unescaped():
+    evil = 'x*/ system("id"); /*'
+    nodes = [helper.make_node("Relu", [evil], ["r*/ exit(1); /*"], name=evil),
+             helper.make_node("Neg", ["r*/ exit(1); /*"], ["y\n#include </etc/passwd>"], name="n2\n#error boom")]
+    model = make_model(nodes, [tensor(evil, [8])], [tensor("y\n#include </etc/passwd>", [8])],
+                       name='g*/ int evil; /*')
+    cm = smelt.compile(model, threads=1)
+    source = cm.source_path.read_text()
+    assert 'system("id")' not in source and "exit(1)" not in source
+    assert "#include </etc/passwd>" not in source and "#error boom" not in source
+    assert not re.search(r"\*/ *int evil", source)
+    x = np.linspace(-1, 1, 8, dtype=np.float32)
+    np.testing.assert_array_equal(cm(x), -np.maximum(x, 0))
