@@ -45,9 +45,14 @@ class CompileOptions:
     force_fallback: frozenset[str] = field(default_factory=frozenset)
     sanitize: bool = False
 
-    def key(self) -> str:
-        return json.dumps([self.threads, self.opt_level, self.allow_fallback, sorted(self.force_fallback),
-                           self.sanitize])
+    def codegen_threads(self, target: Target) -> int:
+        """Threads the generated code is sized for (per-thread scratch). It runs correctly with any
+        pool of up to this many threads, so 1-thread and all-core runs share one library."""
+        return max(self.threads, target.physical_cores)
+
+    def key(self, target: Target) -> str:
+        return json.dumps([self.codegen_threads(target), self.opt_level, self.allow_fallback,
+                           sorted(self.force_fallback), self.sanitize])
 
 
 @functools.lru_cache(maxsize=1)
@@ -96,10 +101,42 @@ def _fallback_model(g: Graph, step: FallbackStep) -> tuple[onnx.ModelProto, list
         elem = onnx_from_np_dtype(v.dtype) if v.dtype is not None else 0
         inputs.append(helper.make_tensor_value_info(name, elem, None))
     outputs = [helper.make_empty_tensor_value_info(o) for o in node.outputs if o]
-    graph = helper.make_graph([node_to_onnx(node)], f"fallback_{node.op}", inputs, outputs, initializer=inits)
+    nodes = [node_to_onnx(node)]
+    if node.epilogue:  # a fused node that falls back still owes its epilogue
+        nodes, extra_inits = _expand_epilogue(node)
+        inits.extend(extra_inits)
+    graph = helper.make_graph(nodes, f"fallback_{node.op}", inputs, outputs, initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in g.opset.items()])
     model.ir_version = max(model.ir_version, 8)
     return model, runtime_inputs
+
+
+def _expand_epilogue(node) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """ONNX nodes equivalent to ``node`` followed by its fused epilogue."""
+    final = node.outputs[0]
+    cur = f"{final}__pre_epilogue"
+    head = node_to_onnx(node)
+    head.output[0] = cur
+    nodes, inits = [head], []
+    for k, step in enumerate(node.epilogue):
+        out = final if k == len(node.epilogue) - 1 else f"{final}__epilogue_{k}"
+        op = step["op"]
+        if op in ("Add", "Sub", "Mul", "Div"):
+            ins = [step["input"], cur] if step.get("swap") else [cur, step["input"]]
+            nodes.append(helper.make_node(op, ins, [out]))
+        elif op == "Clip":
+            lo, hi = f"{out}__min", f"{out}__max"
+            inits += [numpy_helper.from_array(np.array(step["min"], np.float32), lo),
+                      numpy_helper.from_array(np.array(step["max"], np.float32), hi)]
+            nodes.append(helper.make_node("Clip", [cur, lo, hi], [out]))
+        elif op == "SiLU":
+            nodes.append(helper.make_node("Sigmoid", [cur], [f"{out}__sig"]))
+            nodes.append(helper.make_node("Mul", [cur, f"{out}__sig"], [out]))
+        else:
+            attrs = {k: v for k, v in step.items() if k in ("alpha", "beta")}
+            nodes.append(helper.make_node(op, [cur], [out], **attrs))
+        cur = out
+    return nodes, inits
 
 
 def lower(proto: onnx.ModelProto, options: CompileOptions) -> Graph:
@@ -130,7 +167,7 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
     model_bytes = proto.SerializeToString()
     key = toolchain.artifact_key(
         hashlib.sha256(model_bytes).hexdigest(), json.dumps({k: list(v) for k, v in sorted(shapes.items())}),
-        options.key(), smelt_source_digest(), target.key(), compiler.identity,
+        options.key(target), smelt_source_digest(), target.key(), compiler.identity,
     )
     directory = toolchain.cache_dir() / "models" / key[:2] / key
     cached = _load_cached(directory)
@@ -141,7 +178,7 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
     g = lower(specialized, options)
     plan = build_plan(g, options.force_fallback)
     _check_fallbacks(plan, options)
-    module = generate(g, plan, target, options.threads)
+    module = generate(g, plan, target, options.codegen_threads(target))
     lib_path = None
     if plan.native_blocks():
         lib_path = toolchain.build_shared_library(module.source, name=g.name, target=target,
@@ -184,7 +221,7 @@ def _plan_json(g: Graph, plan: ExecutionPlan, module, lib_path: Path | None, opt
         "scratch_bytes": module.scratch_bytes,
         "weights_bytes": int(module.weights.nbytes),
         "lib": str(lib_path) if lib_path else None,
-        "threads": options.threads,
+        "codegen_threads": options.codegen_threads(detect()),
         "native_nodes": [[n.name, n.op] for b in plan.native_blocks() for n in b.nodes],
     }
 

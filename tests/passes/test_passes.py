@@ -1,0 +1,155 @@
+"""Passes: the structure they promise (before/after) and unchanged numerics (vs onnxruntime)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import assert_close, const, make_model, ort_run, tensor
+from onnx import TensorProto, helper
+
+import smelt
+from smelt.compiler import CompileOptions, lower
+from smelt.frontend.onnx_import import specialize_inputs
+
+RNG = np.random.default_rng(42)
+
+
+def _ops(g):
+    return [n.op for n in g.nodes]
+
+
+def _lower(model, shapes=None):
+    return lower(specialize_inputs(model, shapes or {}), CompileOptions(threads=1))
+
+
+def _bn_params(c, prefix):
+    return [const(f"{prefix}.s", RNG.uniform(0.5, 1.5, c).astype(np.float32)),
+            const(f"{prefix}.b", RNG.uniform(-0.2, 0.2, c).astype(np.float32)),
+            const(f"{prefix}.m", RNG.uniform(-0.1, 0.1, c).astype(np.float32)),
+            const(f"{prefix}.v", RNG.uniform(0.5, 2.0, c).astype(np.float32))]
+
+
+def _conv_bn_relu_add_model():
+    c = 5
+    inits = [const("w", RNG.standard_normal((c, 3, 3, 3)).astype(np.float32) * 0.3)] + _bn_params(c, "bn")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("BatchNormalization", ["c", "bn.s", "bn.b", "bn.m", "bn.v"], ["n"], name="bn"),
+             helper.make_node("Relu", ["n"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "skip"], ["y"], name="residual")]
+    return make_model(nodes, [tensor("x", [1, 3, 6, 7]), tensor("skip", [1, c, 6, 7])],
+                      [tensor("y", [1, c, 6, 7])], inits)
+
+
+def test_batchnorm_folds_into_conv_and_epilogues_fuse():
+    g = _lower(_conv_bn_relu_add_model())
+    assert _ops(g) == ["Conv"]
+    assert [e["op"] for e in g.nodes[0].epilogue] == ["Relu", "Add"]
+    assert g.nodes[0].epilogue[1]["broadcast"] == "full"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_conv_bn_relu_add_numerics_unchanged(threads):
+    model = _conv_bn_relu_add_model()
+    feeds = {"x": RNG.standard_normal((1, 3, 6, 7)).astype(np.float32),
+             "skip": RNG.standard_normal((1, 5, 6, 7)).astype(np.float32)}
+    cm = smelt.compile(model, threads=threads)
+    assert cm.fallback_nodes == []
+    assert_close(cm.run(feeds), ort_run(model, feeds))
+
+
+def test_batchnorm_folds_into_gemm_with_transposed_weights():
+    inits = [const("w", RNG.standard_normal((4, 6)).astype(np.float32)),
+             const("bias", RNG.standard_normal(4).astype(np.float32))] + _bn_params(4, "bn")
+    nodes = [helper.make_node("Gemm", ["x", "w", "bias"], ["g"], transB=1, alpha=0.5, beta=2.0),
+             helper.make_node("BatchNormalization", ["g", "bn.s", "bn.b", "bn.m", "bn.v"], ["y"])]
+    model = make_model(nodes, [tensor("x", [3, 6])], [tensor("y", [3, 4])], inits)
+    g = _lower(model)
+    assert _ops(g) == ["Gemm"]
+    x = RNG.standard_normal((3, 6)).astype(np.float32)
+    assert_close(smelt.compile(model).run({"x": x}), ort_run(model, {"x": x}))
+
+
+def test_identity_and_dropout_disappear_and_dead_nodes_go():
+    nodes = [helper.make_node("Identity", ["x"], ["i"]),
+             helper.make_node("Dropout", ["i"], ["d"], name="drop"),
+             helper.make_node("Relu", ["d"], ["y"]),
+             helper.make_node("Neg", ["x"], ["unused"], name="dead")]
+    model = make_model(nodes, [tensor("x", [4])], [tensor("y", [4])])
+    g = _lower(model)
+    assert _ops(g) == ["Relu"]
+    assert g.nodes[0].inputs == ["x"]
+
+
+def test_shape_subgraph_folds_once_input_shapes_are_known():
+    # y = Reshape(x, Concat(Gather(Shape(x), 0), [-1])): a flatten written as shape arithmetic
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+             helper.make_node("Unsqueeze", ["n", "axes"], ["n1"]),
+             helper.make_node("Concat", ["n1", "minus1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    inits = [const("zero", np.array(0, np.int64)), const("axes", np.array([0], np.int64)),
+             const("minus1", np.array([-1], np.int64))]
+    model = make_model(nodes, [tensor("x", ["N", 3, 4])], [tensor("y", ["N", 12])], inits)
+    g = _lower(model, {"x": [2, 3, 4]})
+    assert _ops(g) == ["Reshape"]
+    assert g.values[g.nodes[0].inputs[1]].const.tolist() == [2, -1]
+    assert g.values["y"].shape == (2, 12)
+    cm = smelt.compile(model)
+    x = RNG.standard_normal((5, 3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(cm(x), x.reshape(5, 12))
+    assert cm.fallback_nodes == []
+
+
+def test_silu_and_clip_fuse_into_conv():
+    w = const("w", RNG.standard_normal((4, 2, 1, 1)).astype(np.float32))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Mul", ["c", "s"], ["m"]),
+             helper.make_node("Clip", ["m", "lo", "hi"], ["y"])]
+    model = make_model(nodes, [tensor("x", [1, 2, 3, 3])], [tensor("y", [1, 4, 3, 3])],
+                       [w, const("lo", np.float32(-0.1)), const("hi", np.float32(0.4))])
+    g = _lower(model)
+    assert _ops(g) == ["Conv"] and [e["op"] for e in g.nodes[0].epilogue] == ["SiLU", "Clip"]
+    x = RNG.standard_normal((1, 2, 3, 3)).astype(np.float32)
+    assert_close(smelt.compile(model).run({"x": x}), ort_run(model, {"x": x}))
+
+
+def test_no_fusion_when_intermediate_has_other_readers():
+    w = const("w", RNG.standard_normal((4, 2, 1, 1)).astype(np.float32))
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Add", ["r", "c"], ["y"])]
+    model = make_model(nodes, [tensor("x", [1, 2, 3, 3])], [tensor("y", [1, 4, 3, 3])], [w])
+    g = _lower(model)
+    assert _ops(g) == ["Conv", "Relu", "Add"]
+    assert not g.nodes[0].epilogue
+
+
+def test_verifier_catches_a_broken_graph(monkeypatch):
+    from smelt.errors import VerifyError
+    from smelt.ir.verify import verify
+
+    g = _lower(make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [2])], [tensor("y", [2])]))
+    g.nodes[0].inputs = ["nonexistent"]
+    with pytest.raises(VerifyError, match="nonexistent"):
+        verify(g, "test")
+
+
+def test_debug_mode_runs_the_verifier(monkeypatch):
+    monkeypatch.setenv("SMELT_DEBUG", "1")
+    calls = []
+    import smelt.passes.pipeline as pipeline
+
+    real = pipeline.verify
+    monkeypatch.setattr(pipeline, "verify", lambda g, after="": calls.append(after) or real(g, after))
+    _lower(_conv_bn_relu_add_model())
+    assert "import" in calls and "fuse_epilogues" in calls
+
+
+def test_int_constant_folding_keeps_dtype():
+    nodes = [helper.make_node("Add", ["a", "b"], ["c"]), helper.make_node("Mul", ["x", "c"], ["y"])]
+    model = make_model(nodes, [tensor("x", [3], TensorProto.INT64)], [tensor("y", [3], TensorProto.INT64)],
+                       [const("a", np.array([1, 2, 3], np.int64)), const("b", np.array([1, 1, 1], np.int64))])
+    g = _lower(model)
+    assert _ops(g) == ["Mul"]
+    cm = smelt.compile(model)
+    np.testing.assert_array_equal(cm(np.array([1, 2, 3], np.int64)), [2, 6, 12])
