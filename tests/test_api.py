@@ -136,3 +136,35 @@ def test_int_and_bool_elementwise_native():
     b = np.array([0, 5, -1, 0], np.int32)
     assert cm.fallback_nodes == []
     np.testing.assert_array_equal(cm(a, b), (a + b) > b)
+
+
+@pytest.mark.parametrize("opset", [9, 11, 13, 17, 21])
+def test_opsets(opset):
+    model = _relu_add(opset)
+    x = np.random.default_rng(opset).standard_normal((2, 3)).astype(np.float32)
+    b = np.ones(3, np.float32)
+    np.testing.assert_allclose(smelt.compile(model)(x, b), np.maximum(x, 0) + b, rtol=1e-6)
+
+
+def test_external_data_is_loaded(tmp_path):
+    w = np.random.default_rng(3).standard_normal((64, 64)).astype(np.float32)
+    nodes = [helper.make_node("Add", ["x", "w"], ["y"])]
+    model = make_model(nodes, [tensor("x", [64, 64])], [tensor("y", [64, 64])], initializers=[const("w", w)])
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="ext.bin", size_threshold=0)
+    assert (tmp_path / "ext.bin").exists()
+    x = np.ones((64, 64), np.float32)
+    np.testing.assert_array_equal(smelt.compile(path)(x), x + w)
+
+
+def test_no_compiler_is_a_clear_error(monkeypatch):
+    from smelt.codegen import toolchain
+
+    toolchain.find_compiler.cache_clear()
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    try:
+        with pytest.raises(smelt.CompilerNotFoundError, match="apt install gcc"):
+            toolchain.find_compiler()
+    finally:
+        toolchain.find_compiler.cache_clear()

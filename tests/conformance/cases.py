@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import os
 import re
 import time
 import warnings
@@ -53,6 +54,12 @@ class NodeCase:
     @property
     def expanded(self) -> bool:
         return bool(_EXPANDED.search(self.name))
+
+    @property
+    def tensor_only(self) -> bool:
+        """True when every graph input and output is a tensor (no sequence, optional or map)."""
+        vis = list(self.model.graph.input) + list(self.model.graph.output)
+        return all(vi.type.HasField("tensor_type") for vi in vis)
 
 
 @dataclass
@@ -193,6 +200,11 @@ def run_ort(case: NodeCase) -> str | None:
     return None
 
 
+def smelt_threads() -> int:
+    """Threads for smelt sessions: $SMELT_CONFORMANCE_THREADS, else smelt's default (0)."""
+    return int(os.environ.get("SMELT_CONFORMANCE_THREADS", "0") or 0)
+
+
 def run_smelt(case: NodeCase) -> tuple[str | None, bool | None, list[str]]:
     """Run ``case`` through ``smelt.InferenceSession``.
 
@@ -201,13 +213,16 @@ def run_smelt(case: NodeCase) -> tuple[str | None, bool | None, list[str]]:
     """
     import smelt
 
+    opts = smelt.SessionOptions()
+    opts.intra_op_num_threads = smelt_threads()
+
     native: bool | None = None
     fallback_ops: list[str] = []
     sess = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            sess = smelt.InferenceSession(case.model)
+            sess = smelt.InferenceSession(case.model, opts)
             for inputs, ref_outputs in case.data_sets:
                 try:
                     outs = sess.run(None, feeds_for(case.model, inputs))

@@ -1,19 +1,22 @@
 """Element-wise templates: unary math and activations, binary and ternary ops with broadcasting.
 
 Template ``f32_eltwise_*``: one loop nest from ``codegen.broadcast`` per node; float ops use
-libm (no fast-math: results stay IEEE fp32/fp64); integer ops only where C semantics equal
-ONNX's (integer division and modulo fall back: C's truncation and division by zero differ).
+libm (no fast-math: results stay IEEE fp32/fp64) and propagate NaN like the ONNX reference
+(numpy's maximum/minimum/clip); integer ops only where C semantics equal ONNX's (integer
+division and modulo fall back: C's truncation and division by zero differ). Integer Add, Sub,
+Mul, Neg and Abs wrap like numpy: they compute in unsigned arithmetic, so there is no signed
+overflow (undefined behaviour in C) and no promotion of uint16 to a signed int.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from smelt.codegen.broadcast import elementwise_loop
+from smelt.codegen.broadcast import broadcast_strides, elementwise_loop
 from smelt.codegen.emit import BlockEmitter, c_literal
 from smelt.codegen.templates.registry import register
 from smelt.ir.graph import Graph, Node
-from smelt.ir.types import FLOAT_TYPES, INT_TYPES, has_c_type
+from smelt.ir.types import FLOAT_TYPES, INT_TYPES, c_type, has_c_type
 
 SIGNED = ("int8", "int16", "int32", "int64")
 NUMERIC = FLOAT_TYPES + INT_TYPES
@@ -27,6 +30,17 @@ def _lit(x: float, dtype: str) -> str:
     return c_literal(x, dtype)
 
 
+def _wrap(dtype: str, expr: str) -> str:
+    """``expr`` (written over operands cast with ``U``) evaluated modulo 2^n, as numpy does."""
+    unsigned = "uint64_t" if np.dtype(dtype).itemsize == 8 else "uint32_t"
+    return f"(({c_type(dtype)})({expr.replace('U(', f'({unsigned})(')}))"
+
+
+def _nan_guard(x: str, expr: str) -> str:
+    """``expr``, except NaN in gives NaN out (fmin/fmax would turn it into a number)."""
+    return f"({x} != {x} ? {x} : {expr})"
+
+
 def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
     """C expression of the op applied to ``x``; None when this dtype has no native form."""
     op, fl = node.op, dtype in FLOAT_TYPES
@@ -34,11 +48,17 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
     if op == "Identity":
         return x
     if op == "Relu" and dtype in FLOAT_TYPES + SIGNED:
-        return f"({x} > {zero} ? {x} : {zero})"
-    if op == "Neg" and dtype in FLOAT_TYPES + SIGNED:
+        return f"({x} < {zero} ? {zero} : {x})"  # NaN stays NaN, like numpy.maximum(x, 0)
+    if op == "Neg" and dtype in FLOAT_TYPES:
         return f"(-{x})"
-    if op == "Abs" and dtype in NUMERIC:
-        return f"({x} < 0 ? -{x} : {x})" if dtype in FLOAT_TYPES + SIGNED else x
+    if op == "Neg" and dtype in SIGNED:
+        return _wrap(dtype, f"0u - U({x})")  # -INT_MIN wraps to INT_MIN
+    if op == "Abs" and dtype in FLOAT_TYPES:
+        return f"{_fn('fabs', dtype)}({x})"
+    if op == "Abs" and dtype in SIGNED:
+        return f"({x} < 0 ? {_wrap(dtype, f'0u - U({x})')} : {x})"
+    if op == "Abs" and dtype in INT_TYPES:
+        return x
     if op == "Sign" and dtype in NUMERIC:
         return f"(({x} > 0) - ({x} < 0))" if not fl else f"({x} > {zero} ? {one} : ({x} < {zero} ? -{one} : {x}))"
     if op == "Not" and dtype == "bool":
@@ -65,10 +85,10 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
         "Softsign": f"({x} / ({one} + {f('fabs')}({x})))",
         "LeakyRelu": f"({x} >= {zero} ? {x} : {a('alpha', 0.01)} * {x})",
         "Elu": f"({x} >= {zero} ? {x} : {a('alpha', 1.0)} * ({f('exp')}({x}) - {one}))",
-        "Celu": f"({f('fmax')}({zero}, {x}) + {f('fmin')}({zero}, {a('alpha', 1.0)} * ({f('exp')}({x} / {a('alpha', 1.0)}) - {one})))",
+        "Celu": _nan_guard(x, f"({f('fmax')}({zero}, {x}) + {f('fmin')}({zero}, {a('alpha', 1.0)} * ({f('exp')}({x} / {a('alpha', 1.0)}) - {one})))"),
         "Selu": f"({a('gamma', 1.0507009873554805)} * ({x} > {zero} ? {x} : {a('alpha', 1.6732632423543772)} * ({f('exp')}({x}) - {one})))",
         "ThresholdedRelu": f"({x} > {a('alpha', 1.0)} ? {x} : {zero})",
-        "HardSigmoid": f"{f('fmin')}({one}, {f('fmax')}({zero}, {a('alpha', 0.2)} * {x} + {a('beta', 0.5)}))",
+        "HardSigmoid": _nan_guard(x, f"{f('fmin')}({one}, {f('fmax')}({zero}, {a('alpha', 0.2)} * {x} + {a('beta', 0.5)}))"),
         "HardSwish": f"({x} * {f('fmin')}({one}, {f('fmax')}({zero}, {x} / {_lit(6, dtype)} + {_lit(0.5, dtype)})))",
         "Mish": f"({x} * {f('tanh')}({f('log1p')}({f('exp')}({x}))))",
     }
@@ -160,6 +180,8 @@ def _binary_expr(op: str, a: str, b: str, dt: str) -> str | None:
             return None  # C truncation and division by zero differ from ONNX's integer Div
         if dt == "bool":
             return None
+        if not fl:  # wrap around like numpy; signed overflow would be undefined in C
+            return _wrap(dt, f"U({a}) {ARITH[op]} U({b})")
         return f"({a} {ARITH[op]} {b})"
     if op in COMPARE and dt in NUMERIC + ("bool",):
         return f"({a} {COMPARE[op]} {b})"
@@ -180,10 +202,26 @@ def _binary_expr(op: str, a: str, b: str, dt: str) -> str | None:
 BINARY_OPS = tuple(ARITH) + tuple(COMPARE) + tuple(LOGIC) + ("Max", "Min", "Pow", "PRelu")
 
 
+def _broadcast_error(g: Graph, inputs: list[str], out: str) -> str | None:
+    """Why the inputs do not broadcast to the output's (inferred) shape, or None."""
+    out_shape = g.values[out].shape
+    for name in inputs:
+        try:
+            broadcast_strides(g.values[name].shape, out_shape)
+        except ValueError as exc:
+            return str(exc)
+        if len(g.values[name].shape) > len(out_shape):
+            return f"input {name!r} has a higher rank than the output"
+    return None
+
+
 def _check_binary(node: Node, g: Graph) -> str | None:
     ins = node.present_inputs()
     if len(ins) != 2 or len(node.inputs) != 2:
         return f"native {node.op} takes exactly two inputs"
+    why = _broadcast_error(g, ins, node.outputs[0])
+    if why:
+        return why
     da, db = _dtype(g, ins[0]), _dtype(g, ins[1])
     if da != db or not has_c_type(da):
         return f"native {node.op} needs equal native dtypes (given {da}, {db})"
@@ -212,7 +250,9 @@ def _check_where(node: Node, g: Graph) -> str | None:
     c, a, b = node.inputs
     if _dtype(g, c) != "bool" or _dtype(g, a) != _dtype(g, b) or not has_c_type(_dtype(g, a)):
         return "native Where needs a bool condition and equal native value dtypes"
-    return None
+    if _dtype(g, node.outputs[0]) != _dtype(g, a):
+        return "Where output dtype differs from its inputs'"
+    return _broadcast_error(g, [c, a, b], node.outputs[0])
 
 
 @register("Where", check=_check_where, name="eltwise_where")

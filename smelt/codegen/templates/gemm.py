@@ -38,6 +38,11 @@ from smelt.codegen.templates.registry import register
 from smelt.ir.graph import Graph, Node
 from smelt.target import Target
 
+# Read a run-time B with unit column stride (1x1 conv input, MatMul B) in place (rows ldb
+# apart) instead of packing it: measured slower on ResNet-50 1x1 layers (packed panels stream
+# better), so off; the kernels keep their ldb parameter.
+DIRECT_B = False
+
 # Below this many multiply-adds a GEMM runs on thread 0 alone (a split costs more than it saves).
 PARALLEL_MIN_MACS = 1 << 16
 
@@ -74,6 +79,12 @@ class Blocking:
         return -(-k // blocks)
 
 
+# Software prefetch distance (k iterations) of the micro-kernel's A stream (0: none).
+A_PREFETCH = 64
+KC_L1_FRACTION = 4
+B_PREFETCH = 0
+C_PREFETCH = True
+
 # Micro-kernel shapes per ISA (measured on Sapphire Rapids: 8x48, 14x32, 6x64 and 12x32 all
 # reach ~95% of FMA peak on 512^3; 8x48 wastes nothing on channel counts that are multiples of 8).
 KERNEL_SHAPES = {"avx512": (8, 48, 16), "avx2": (6, 16, 8), "scalar": (4, 16, 8)}
@@ -84,7 +95,7 @@ def blocking_for(target: Target) -> Blocking:
     mr, nr, vec = KERNEL_SHAPES[isa]
     l1 = max(16 * 1024, target.l1d_bytes)
     l2 = max(128 * 1024, target.l2_bytes)
-    kc = (l1 // 4) // (mr * 4)
+    kc = (l1 // KC_L1_FRACTION) // (mr * 4)
     kc = max(64, min(512, kc // 16 * 16))
     nc = max(4 * nr, ((l2 // 2) // (kc * 4)) // nr * nr)
     mc = max(4 * mr, ((l2 // 4) // (kc * 4)) // mr * mr)
@@ -146,54 +157,89 @@ def _lit(x: float) -> str:
 # ------------------------------------------------------------------------------------------
 # Micro-kernels
 # ------------------------------------------------------------------------------------------
-UKR_SIG = ("(long kc, const float *restrict A, const float *restrict B, float *restrict C, "
-           "long ldc, int accum, int lastn)")
+UKR_SIG = ("(long kc, const float *restrict A, const float *restrict B, long ldb, float *restrict C, "
+           "long ldc, int accum, int lastn, int ef, const float *restrict rb, const float *restrict cb, "
+           "const float *restrict fr, long ldf, float lo, float hi)")
+
+# Fused store epilogue of the micro-kernel (``ef`` bits, applied in this order on the last K
+# block): + rb[row], + cb[col], + fr[row * ldf + col], Relu, Clip(lo, hi).
+EF_ROW, EF_COL, EF_FULL, EF_RELU, EF_CLIP = 1, 2, 4, 8, 16
 
 
 def microkernel_source(blk: Blocking, rows: int, nv: int) -> str:
     """C source of the micro-kernel computing a ``rows`` x ``nv`` vectors tile (function FNAME).
 
-    A is an MR-strided packed micro-panel, B an NR-strided one; ``accum`` adds to C instead of
-    overwriting it; the last vector stores only its first ``lastn`` lanes.
+    A is an MR-strided packed micro-panel, B has rows ``ldb`` floats apart (NR when packed);
+    ``accum`` adds to C instead of overwriting it; the last vector loads B and stores C only in
+    its first ``lastn`` lanes (so B may be read in place, up to the end of a matrix).
     """
-    mr, nr = blk.mr, blk.nr
+    mr = blk.mr
     lines = [f"static __attribute__((noinline)) void FNAME{UKR_SIG} {{"]
     if blk.isa == "scalar":
         cols = nv * blk.vec
         lines += [
             f"    float acc[{rows}][{cols}];",
+            f"    const int cols = {(nv - 1) * blk.vec} + lastn;",
             f"    for (int r = 0; r < {rows}; ++r) for (int j = 0; j < {cols}; ++j) acc[r][j] = 0.0f;",
             "    for (long k = 0; k < kc; ++k) {",
-            f"        const float *restrict b = B + k * {nr};",
+            "        const float *restrict b = B + k * ldb;",
             f"        for (int r = 0; r < {rows}; ++r) {{",
             f"            const float a = A[k * {mr} + r];",
-            f"            for (int j = 0; j < {cols}; ++j) acc[r][j] += a * b[j];",
+            "            for (int j = 0; j < cols; ++j) acc[r][j] += a * b[j];",
             "        }",
             "    }",
-            f"    const int cols = {(nv - 1) * blk.vec} + lastn;",
             f"    for (int r = 0; r < {rows}; ++r) {{",
             "        float *restrict c = C + r * ldc;",
-            "        if (accum) for (int j = 0; j < cols; ++j) c[j] += acc[r][j];",
-            "        else for (int j = 0; j < cols; ++j) c[j] = acc[r][j];",
+            "        for (int j = 0; j < cols; ++j) {",
+            "            float x = accum ? c[j] + acc[r][j] : acc[r][j];",
+            "            if (ef & 1) x = x + rb[r];",
+            "            if (ef & 2) x = x + cb[j];",
+            "            if (ef & 4) x = x + fr[r * ldf + j];",
+            "            if (ef & 8) x = SMELT_MAX(x, 0.0f);",
+            "            if (ef & 16) { x = SMELT_MAX(x, lo); x = SMELT_MIN(x, hi); }",
+            "            c[j] = x;",
+            "        }",
             "    }",
             "}",
         ]
         return "\n".join(lines)
     v = _V(blk)
     w = v.w
+    last = nv - 1
+    if blk.isa == "avx512":
+        lines.append("    const __mmask16 lm = (__mmask16)((1u << lastn) - 1u);")
+    else:
+        lines.append("    const __m256i lm = _mm256_cmpgt_epi32(_mm256_set1_epi32(lastn), "
+                     "_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));")
     for r in range(rows):
         lines.append("    " + " ".join(f"{v.t} c{r}_{j} = {v.zero()};" for j in range(nv)))
+    if C_PREFETCH:  # the C tile (and a residual operand) arrive while the K loop runs
+        lines.append(f"    for (int r = 0; r < {rows}; ++r) {{")
+        lines += [f"        _mm_prefetch((const char *)(C + r * ldc + {j * w}), _MM_HINT_T0);" for j in range(nv)]
+        lines.append("        if (ef & 4) {")
+        lines += [f"            _mm_prefetch((const char *)(fr + r * ldf + {j * w}), _MM_HINT_T0);" for j in range(nv)]
+        lines += ["        }", "    }"]
     lines += ["    #pragma GCC unroll 4", "    for (long k = 0; k < kc; ++k) {"]
     for j in range(nv):
-        lines.append(f"        const {v.t} b{j} = {v.load(f'B + {j * w}')};")
+        ptr = f"B + {j * w}"
+        if j < last:
+            ld = v.loadu(ptr)
+        elif blk.isa == "avx512":
+            ld = f"_mm512_maskz_loadu_ps(lm, {ptr})"
+        else:
+            ld = f"_mm256_maskload_ps({ptr}, lm)"
+        lines.append(f"        const {v.t} b{j} = {ld};")
+    if A_PREFETCH:
+        lines.append(f"        _mm_prefetch((const char *)(A + {A_PREFETCH * mr}), _MM_HINT_T0);")
+    if B_PREFETCH:
+        for j in range(nv):
+            lines.append(f"        _mm_prefetch((const char *)(B + {B_PREFETCH} * ldb + {j * w}), _MM_HINT_T0);")
     for r in range(rows):
         lines.append(f"        {{ const {v.t} a = {v.set1(f'A[{r}]')};")
         lines.append("          " + " ".join(f"c{r}_{j} = {v.fmadd('a', f'b{j}', f'c{r}_{j}')};"
                                               for j in range(nv)) + " }")
-    lines += [f"        A += {mr}; B += {nr};", "    }"]
-    last = nv - 1
+    lines += [f"        A += {mr}; B += ldb;", "    }"]
     if blk.isa == "avx512":
-        lines.append("    const __mmask16 lm = (__mmask16)((1u << lastn) - 1u);")
 
         def ld(r: int, j: int) -> str:
             ptr = f"C + {r} * ldc + {j * w}"
@@ -204,8 +250,6 @@ def microkernel_source(blk: Blocking, rows: int, nv: int) -> str:
             return (f"_mm512_mask_storeu_ps({ptr}, lm, c{r}_{j});" if j == last
                     else v.storeu(ptr, f"c{r}_{j}"))
     else:
-        lines.append("    const __m256i lm = _mm256_cmpgt_epi32(_mm256_set1_epi32(lastn), "
-                     "_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));")
 
         def ld(r: int, j: int) -> str:
             ptr = f"C + {r} * ldc + {j * w}"
@@ -220,10 +264,77 @@ def microkernel_source(blk: Blocking, rows: int, nv: int) -> str:
         lines.append("        " + " ".join(f"c{r}_{j} = {v.op('add', f'c{r}_{j}', ld(r, j))};"
                                             for j in range(nv)))
     lines.append("    }")
+
+    def ldp(ptr: str, j: int) -> str:  # a vector of B-row width at ptr (masked when last)
+        if j < last:
+            return v.loadu(ptr)
+        return f"_mm512_maskz_loadu_ps(lm, {ptr})" if blk.isa == "avx512" else f"_mm256_maskload_ps({ptr}, lm)"
+
+    allc = [(r, j) for r in range(rows) for j in range(nv)]
+    lines += ["    if (ef) {", "        if (ef & 1) {"]
+    for r in range(rows):
+        lines.append(f"            {{ const {v.t} e = {v.set1(f'rb[{r}]')}; "
+                     + " ".join(f"c{r}_{j} = {v.op('add', f'c{r}_{j}', 'e')};" for j in range(nv)) + " }")
+    lines += ["        }", "        if (ef & 2) {"]
+    for j in range(nv):
+        lines.append(f"            {{ const {v.t} e = {ldp(f'cb + {j * w}', j)}; "
+                     + " ".join(f"c{r}_{j} = {v.op('add', f'c{r}_{j}', 'e')};" for r in range(rows)) + " }")
+    lines += ["        }", "        if (ef & 4) {"]
+    for r, j in allc:
+        lines.append(f"            c{r}_{j} = {v.op('add', f'c{r}_{j}', ldp(f'fr + {r} * ldf + {j * w}', j))};")
+    lines += ["        }", "        if (ef & 8) {", f"            const {v.t} z = {v.zero()};"]
+    lines += [f"            c{r}_{j} = {v.op('max', f'c{r}_{j}', 'z')};" for r, j in allc]
+    lines += ["        }", "        if (ef & 16) {",
+              f"            const {v.t} l = {v.set1('lo')}, h = {v.set1('hi')};"]
+    lines += [f"            c{r}_{j} = {v.op('min', v.op('max', f'c{r}_{j}', 'l'), 'h')};" for r, j in allc]
+    lines += ["        }", "    }"]
     for r in range(rows):
         lines.append("    " + " ".join(st(r, j) for j in range(nv)))
     lines.append("}")
     return "\n".join(lines)
+
+
+# A ragged N tail of r < 8 columns beyond whole vectors (N = 49, 196, ...) would waste most of a
+# 16-lane vector; there a column kernel vectorizes over M instead: ymm loads of 8 packed A rows
+# from NP panels at once, a broadcast per tail column, NP x r accumulators.
+COL_TAIL_MAX = 7
+
+
+def col_tail(blk: Blocking, n: int) -> tuple[int, int] | None:
+    """(whole vectors, leftover columns) of the N tail when the column kernel takes it."""
+    t = n % blk.nr
+    if blk.isa != "avx512" or blk.mr != 8 or not t or not 0 < t % 16 <= COL_TAIL_MAX:
+        return None
+    return t // 16, t % 16
+
+
+def col_panels(r: int) -> int:
+    return max(1, min(8, 30 // (r + 1)))
+
+
+def colkernel_source(blk: Blocking, npn: int, r: int) -> str:
+    """C[npn*8 rows][r cols] (only ``rows`` rows stored); A: npn MR=8 panels ``aps`` apart."""
+    L = ["static __attribute__((noinline)) void FNAME(long kc, const float *restrict A, long aps, "
+         "const float *restrict B, long ldb, float *restrict C, long ldc, int accum, long rows) {"]
+    for q in range(npn):
+        L.append("    " + " ".join(f"__m256 c{q}_{j} = _mm256_setzero_ps();" for j in range(r)))
+    L.append("    " + " ".join(f"const float *restrict a{q} = A + {q} * aps;" for q in range(npn)))
+    L += ["    for (long k = 0; k < kc; ++k) {"]
+    for q in range(npn):
+        L.append(f"        const __m256 x{q} = _mm256_load_ps(a{q} + k * 8);")
+    for j in range(r):
+        L.append(f"        {{ const __m256 b = _mm256_broadcast_ss(B + k * ldb + {j});")
+        L.append("          " + " ".join(f"c{q}_{j} = _mm256_fmadd_ps(x{q}, b, c{q}_{j});" for q in range(npn)) + " }")
+    L += ["    }", "    float t[8];"]
+    for q in range(npn):
+        for j in range(r):
+            L += [f"    _mm256_storeu_ps(t, c{q}_{j});",
+                  f"    for (long i = 0; i < SMELT_MIN(8, rows - {8 * q}); ++i) {{",
+                  f"        float *restrict c = C + ({8 * q} + i) * ldc + {j};",
+                  "        *c = accum ? *c + t[i] : t[i];",
+                  "    }"]
+    L.append("}")
+    return "\n".join(L)
 
 
 def microkernel(em: BlockEmitter, blk: Blocking, rows: int, nv: int) -> str:
@@ -240,7 +351,34 @@ def microkernel(em: BlockEmitter, blk: Blocking, rows: int, nv: int) -> str:
 #  "swap": bool, "scale": float|None} ("row": indexed by the GEMM row + row offset,
 # "col": by the column, "full": by the element's flat index in the output), or
 # {"op": "Scale", "value": float}.
-VECTOR_UNARY = {"Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish"}
+VECTOR_UNARY = {"Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "SiLU"}
+
+
+def vexp_source(isa: str) -> str:
+    """``static inline`` vector expf (FNAME): Cephes' degree-6 polynomial on x - n*ln2, scaled by
+    2^n; max relative error ~2 ulp over the clamped range (-87.3, 88.0); NaN propagates."""
+    if isa == "avx512":
+        t, p = "__m512", "_mm512"
+        scale = "_mm512_scalef_ps(y, n)"
+        rnd = "_mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"
+    else:
+        t, p = "__m256", "_mm256"
+        scale = ("_mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32("
+                 "_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)))")
+        rnd = "_mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"
+    coefs = ["1.9875691500E-4f", "1.3981999507E-3f", "8.3334519073E-3f", "4.1665795894E-2f",
+             "1.6666665459E-1f", "5.0000001201E-1f"]
+    L = [f"static inline {t} FNAME({t} x) {{",
+         f"    x = {p}_max_ps({p}_set1_ps(-87.3f), {p}_min_ps({p}_set1_ps(88.0f), x));",
+         f"    const {t} n = {rnd};",
+         f"    {t} r = {p}_fnmadd_ps(n, {p}_set1_ps(0.693359375f), x);",
+         f"    r = {p}_fnmadd_ps(n, {p}_set1_ps(-2.12194440e-4f), r);",
+         f"    {t} q = {p}_set1_ps({coefs[0]});"]
+    for c in coefs[1:]:
+        L.append(f"    q = {p}_fmadd_ps(q, r, {p}_set1_ps({c}));")
+    L += [f"    {t} y = {p}_fmadd_ps({p}_mul_ps(q, r), r, {p}_add_ps(r, {p}_set1_ps(1.0f)));",
+          f"    return {scale};", "}"]
+    return "\n".join(L)
 _BIN = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
 
 
@@ -308,11 +446,12 @@ def _scalar_op(op: dict, expr: str, flat: str, row: str, col: str) -> str:
     return unary_float_expr(name, expr, op)
 
 
-def _vector_ok(ep: TileEpilogue) -> bool:
-    return all(op["op"] in _BIN or op["op"] == "Scale" or op["op"] in VECTOR_UNARY for op in ep.all_ops())
+def _vector_ok(ep: TileEpilogue, blk: Blocking) -> bool:
+    ok = VECTOR_UNARY if blk.fma else VECTOR_UNARY - {"Sigmoid", "Tanh", "SiLU"}
+    return all(op["op"] in _BIN or op["op"] == "Scale" or op["op"] in ok for op in ep.all_ops())
 
 
-def _vector_op(v: _V, op: dict, x: str, operand: str | None) -> str:
+def _vector_op(v: _V, op: dict, x: str, operand: str | None, vexp: str = "") -> str:
     name = op["op"]
     if name == "Scale":
         return v.op("mul", x, v.set1(_lit(op["value"])))
@@ -338,10 +477,49 @@ def _vector_op(v: _V, op: dict, x: str, operand: str | None) -> str:
     if name == "HardSigmoid":
         t = v.op("add", v.op("mul", v.set1(_lit(op["alpha"])), x), v.set1(_lit(op["beta"])))
         return v.op("min", v.op("max", t, zero), v.set1("1.0f"))
+    one = v.set1("1.0f")
+    if name == "Sigmoid":  # 1 / (1 + e^-x)
+        return v.op("div", one, v.op("add", one, f"{vexp}({v.op('sub', zero, x)})"))
+    if name == "SiLU":  # x / (1 + e^-x)
+        return v.op("div", x, v.op("add", one, f"{vexp}({v.op('sub', zero, x)})"))
+    if name == "Tanh":  # 1 - 2 / (e^2x + 1)
+        return v.op("sub", one, v.op("div", v.set1("2.0f"), v.op("add", f"{vexp}({v.op('add', x, x)})", one)))
     if name == "HardSwish":
         t = v.op("add", v.op("mul", x, v.set1("(1.0f / 6.0f)")), v.set1("0.5f"))
         return v.op("mul", x, v.op("min", v.op("max", t, zero), v.set1("1.0f")))
     raise KeyError(name)
+
+
+def kernel_epilogue(ep: TileEpilogue, em: BlockEmitter) -> dict | None:
+    """The micro-kernel's fused store epilogue for ``ep`` (``ef`` bits and C argument
+    expressions in terms of ``grow``, ``gcol``, ``coff``), or None when ``ep`` is not of the form
+    [+ row operand] [+ column operand] [+ full operand] [Relu | Clip] (in that order)."""
+    ops = list(ep.ops) + (node_epilogue_ops(em, ep.node, ep.channel) if ep.node is not None else [])
+    if not ops:
+        return None
+    out = {"ef": 0, "rb": "0", "cb": "0", "fr": "0", "lo": "0.0f", "hi": "0.0f"}
+    stage = 0
+    for op in ops:
+        name = op["op"]
+        if name == "Add" and op.get("scale") is None and op["kind"] in ("row", "col", "full"):
+            st = {"row": 1, "col": 2, "full": 3}[op["kind"]]
+            if st <= stage or (op["kind"] == "row" and ep.row_mod):
+                return None
+            stage = st
+            out["ef"] |= {1: EF_ROW, 2: EF_COL, 3: EF_FULL}[st]
+            key, idx = {1: ("rb", "grow"), 2: ("cb", "gcol"), 3: ("fr", "coff")}[st]
+            out[key] = f"{op['ptr']} + {idx}"
+        elif name in ("Relu", "Clip") and stage < 4:
+            stage = 4
+            if name == "Relu":
+                out["ef"] |= EF_RELU
+            else:
+                out["ef"] |= EF_CLIP
+                out["lo"] = _lit(op.get("min", float("-inf")))
+                out["hi"] = _lit(op.get("max", float("inf")))
+        else:
+            return None
+    return out
 
 
 def tile_epilogue_code(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, ldc: int) -> str:
@@ -355,9 +533,12 @@ def tile_epilogue_code(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, ldc: i
         return ""
     row = f"((grow + r) % {ep.row_mod})" if ep.row_mod else "(grow + r)"
     lines = ["for (long r = 0; r < rows; ++r) {", f"    float *restrict cr = cp + r * {ldc};", "    long j = 0;"]
-    if blk.isa != "scalar" and _vector_ok(ep):
+    if blk.isa != "scalar" and _vector_ok(ep, blk):
         v = _V(blk)
         w = v.w
+        vexp = ""
+        if any(op["op"] in ("Sigmoid", "Tanh", "SiLU") for op in ep.all_ops()):
+            vexp = em.function(f"f32_vexp__{blk.isa}", vexp_source(blk.isa), "vector expf")
         ops = list(ep.ops)
         if ep.node is not None:
             ops += node_epilogue_ops(em, ep.node, ep.channel)
@@ -384,7 +565,7 @@ def tile_epilogue_code(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, ldc: i
                     operand = v.loadu(f"{ptr_} + gcol + j")
                 else:
                     operand = v.loadu(f"{ptr_} + coff + r * {ldc} + j")
-            body.append(f"        x = {_vector_op(v, op, 'x', operand)};")
+            body.append(f"        x = {_vector_op(v, op, 'x', operand, vexp)};")
         lines += body
         lines.append(f"        {v.storeu('cr + j', 'x')}")
         lines.append("    }")
@@ -462,7 +643,7 @@ def choose_partition(p: GemmProblem, blk: Blocking, nt: int) -> tuple[str, int]:
     if nt <= 1 or p.items * p.M * p.N * p.K < PARALLEL_MIN_MACS:
         return "single", 1
     mp, np_ = -(-p.M // blk.mr), -(-p.N // blk.nr)
-    pack_b = not isinstance(p.b, ConstPacked)
+    pack_b = not isinstance(p.b, ConstPacked) and not (DIRECT_B and isinstance(p.b, Strided) and p.b.s1 == 1)
     pack_a = not isinstance(p.a, ConstPacked)
 
     def cost(rows_panels: int, cols_panels: int, last_m: bool, last_n: bool) -> float:
@@ -504,15 +685,27 @@ def _dispatch(em: BlockEmitter, blk: Blocking, p: GemmProblem) -> str:
     m_tail, n_tail = p.M % blk.mr, p.N % blk.nr
     nv = blk.nv
 
+    fe = kernel_epilogue(p.epilogue, em)
+    if fe is None:
+        eargs = "0, 0, 0, 0, 0, 0.0f, 0.0f"
+    else:
+        eargs = (f"pc + kb == {p.K} ? {fe['ef']} : 0, {fe['rb']}, {fe['cb']}, {fe['fr']}, {p.ldc}, "
+                 f"{fe['lo']}, {fe['hi']}")
+
     def call(rows: int, cols: int) -> str:
         vecs = -(-cols // blk.vec)
         lastn = cols - (vecs - 1) * blk.vec
         fn = microkernel(em, blk, rows, vecs)
-        return f"{fn}(kb, ap, bp, cp, {p.ldc}, pc > 0, {lastn});"
+        return f"{fn}(kb, ap, bp, ldb, cp, {p.ldc}, pc > 0, {lastn}, {eargs});"
+
+    ct = col_tail(blk, p.N)
 
     def by_cols(rows: int) -> str:
         if not n_tail:
             return call(rows, blk.nr)
+        if ct is not None:
+            return (f"if (cols == {blk.nr}) {call(rows, blk.nr)}"
+                    + (f" else {call(rows, 16 * ct[0])}" if ct[0] else ""))
         return f"if (cols == {blk.nr}) {call(rows, blk.nr)} else {call(rows, n_tail)}"
 
     del nv
@@ -585,6 +778,8 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
     mp, np_ = -(-p.M // mr), -(-p.N // nr)
     kb_max = blk.kb(p.K)
     pack_b = not isinstance(p.b, ConstPacked)
+    direct_b = DIRECT_B and isinstance(p.b, Strided) and p.b.s1 == 1
+    pack_b = pack_b and not direct_b
     pack_a = not isinstance(p.a, ConstPacked)
     mc = p.M if not pack_a else min(blk.mc, mp * mr)
     # per-thread scratch
@@ -596,6 +791,10 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
         bs_floats = kb_max * ncr
         bs = em.scratch(bs_floats * 4 * slots)
         lines.append(f"float *restrict Bs = {bs} + (long)tid * {bs_floats};")
+    if hasattr(p.b, "table_bytes"):
+        tb = -(-p.b.table_bytes(blk) // 64) * 64  # type: ignore[attr-defined]
+        ts = em.scratch(tb * slots, "uint8")
+        lines.append(f"char *restrict Ts = (char *){ts} + (long)tid * {tb};")
     if pack_a:
         as_floats = kb_max * -(-mc // mr) * mr
         as_ = em.scratch(as_floats * 4 * slots)
@@ -625,15 +824,19 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
               f"        for (long pc = 0; pc < {p.K}; pc += {kb_max}) {{",
               f"            const long kb = SMELT_MIN({kb_max}, {p.K} - pc);"]
     inner: list[str] = []
-    if pack_b:
+    if direct_b:
+        assert isinstance(p.b, Strided)
+        inner.append(f"const float *restrict bptr = Bbase + bo + pc * {p.b.s0}L + jc; const long bps = {nr};")
+        inner.append(f"const long ldb = {p.b.s0};")
+    elif pack_b:
         if isinstance(p.b, Strided):
             inner.append(pack_b_strided_code(p.b, blk))
         else:
             inner.append(p.b.pack_code(blk))  # type: ignore[attr-defined]
-        inner.append(f"const float *restrict bptr = Bs; const long bps = kb * {nr};")
+        inner.append(f"const float *restrict bptr = Bs; const long bps = kb * {nr}; const long ldb = {nr};")
     else:
         inner.append(f"const float *restrict bptr = Bbase + bo + (jc / {nr}) * {p.K * nr}L + pc * {nr};")
-        inner.append(f"const long bps = {p.K * nr}L;")
+        inner.append(f"const long bps = {p.K * nr}L; const long ldb = {nr};")
     inner += [f"for (long ic = m0; ic < m1; ic += {mc}) {{",
               f"    const long mb = SMELT_MIN({mc}, m1 - ic);"]
     if pack_a:
@@ -647,18 +850,50 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
               f"        const long rows = SMELT_MIN({mr}, mb - ir); (void)rows;",
               f"        const float *restrict ap = aptr + (ir / {mr}) * aps;",
               f"        for (long jr = 0; jr < nb; jr += {nr}) {{",
-              f"            const long cols = SMELT_MIN({nr}, nb - jr); (void)cols;",
+              f"            long cols = SMELT_MIN({nr}, nb - jr); (void)cols;",
               f"            const float *restrict bp = bptr + (jr / {nr}) * bps;",
               f"            float *restrict cp = Y + co + (ic + ir) * {p.ldc}L + jc + jr;",
+              f"            const long coff = co + (ic + ir) * {p.ldc}L + jc + jr;",
+              "            const long grow = grow0 + ic + ir, gcol = jc + jr;",
+              "            (void)coff; (void)grow; (void)gcol;",
               "            " + _dispatch(em, blk, p)]
-    if epi:
-        inner += [f"            if (pc + kb == {p.K}) {{",
-                  f"                const long coff = co + (ic + ir) * {p.ldc}L + jc + jr;",
-                  "                const long grow = grow0 + ic + ir, gcol = jc + jr;",
-                  "                (void)coff; (void)grow; (void)gcol;",
+    ct = col_tail(blk, p.N)
+    if epi and kernel_epilogue(p.epilogue, em) is None:
+        if ct is not None:  # the tail panel's leftover columns are finished below
+            inner.append(f"            if (cols != {nr}) cols = {16 * ct[0]};")
+        inner += [f"            if (pc + kb == {p.K} && cols > 0) {{",
                   "                " + epi.replace("\n", "\n                "),
                   "            }"]
-    inner += ["        }", "    }", "}"]
+    inner.append("        }")
+    if ct is not None:
+        # the leftover tail columns of a group of npn row panels, right after the group's last
+        # panel (its A panels are still in cache)
+        v, r = ct
+        npn = col_panels(r)
+        calls = []
+        for q in range(npn, 0, -1):
+            fn = em.function(f"f32_gemm_colukr_{8 * q}x{r}__avx512", colkernel_source(blk, q, r),
+                             f"column kernel: {q} A panels x {r} tail columns")
+            calls.append(f"{'if' if q == npn else 'else if'} (rows > {8 * (q - 1)}) "
+                         f"{fn}(kb, ap, aps, bp, ldb, cp, {p.ldc}, pc > 0, rows);")
+        inner += [f"        if (jc + nb == {p.N} && ((ir / {mr}) % {npn} == {npn - 1} || ir + {mr} >= mb)) {{",
+                  f"            const long g0 = ir / {8 * npn} * {8 * npn};",
+                  f"            const long jr = (nb - 1) / {nr} * {nr}, c0 = jr + {16 * v};",
+                  f"            const float *restrict bp = bptr + (jr / {nr}) * bps + {16 * v};",
+                  f"            const long rows = SMELT_MIN({8 * npn}, mb - g0);",
+                  f"            const float *restrict ap = aptr + (g0 / {mr}) * aps;",
+                  f"            float *restrict cp = Y + co + (ic + g0) * {p.ldc}L + jc + c0;",
+                  "            " + "\n            ".join(calls)]
+        if epi:
+            inner += [f"            if (pc + kb == {p.K}) {{",
+                      f"                const long coff = co + (ic + g0) * {p.ldc}L + jc + c0;",
+                      f"                const long grow = grow0 + ic + g0, gcol = jc + c0, cols = {r};",
+                      "                (void)coff; (void)grow; (void)gcol;",
+                      "                " + epi.replace("\n", "\n                "),
+                      "            }"]
+        inner.append("        }")
+    inner.append("    }")
+    inner += ["}"]
     lines.append("            " + "\n".join(inner).replace("\n", "\n            "))
     lines += ["        }", "    }", "}"]
     body = "\n    ".join(lines)
@@ -666,7 +901,7 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
             "char *scratch, const char *W) {\n    " + body + "\n}\n")
     doc = (f"{p.doc}; M={p.M} N={p.N} K={p.K} items={p.items}; MRxNR={mr}x{nr} KC={kb_max} NC={blk.nc} "
            f"MC={mc}; A {'prepacked' if not pack_a else 'packed at run time'}, B "
-           f"{'prepacked' if not pack_b else 'packed at run time'}; threads: {mode}"
+           f"{'read in place' if direct_b else 'packed at run time' if pack_b else 'prepacked'}; threads: {mode}"
            f"{f' pn={pn}' if mode == 'grid' else ''}; {epilogue_doc(p.epilogue.node) if p.epilogue.node else 'no epilogue'}")
     fname = em.function(f"{p.name}_{blk.tag}", code, doc)
     em.step(f"{fname}(tid, nt, in, out, arena, scratch, W);")

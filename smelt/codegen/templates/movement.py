@@ -27,6 +27,13 @@ def _check_reshape(node: Node, g: Graph) -> str | None:
     x, y = node.inputs[0], node.outputs[0]
     if not _native(g, x) or g.values[x].size != g.values[y].size:
         return "reshape needs a native dtype and equal element counts"
+    if g.values[y].dtype != g.values[x].dtype:
+        return "reshape output dtype differs from its input's"
+    # Reshape's shape and (opset >= 13) Squeeze/Unsqueeze's axes: the output shape must come
+    # from a constant, not only from a declared output shape the run-time operand may contradict
+    operands = [i for i in node.inputs[1:] if i]
+    if any(g.values[i].const is None for i in operands):
+        return f"{node.op}'s shape/axes operand is known only at run time"
     return None
 
 

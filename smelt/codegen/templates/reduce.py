@@ -69,6 +69,31 @@ def decompose(index: str, dims: list[tuple[int, int]], acc: str, indent: str = "
     return lines
 
 
+# -- shared kernel plumbing -----------------------------------------------------------------------
+
+KERNEL_PARAMS = ("int tid, int nt, void *const *in, void *const *out, char *arena, char *scratch, "
+                 "const char *W")
+
+
+def wide_vectors(em: BlockEmitter) -> str:
+    """Function attribute asking gcc for 512-bit vectors on AVX-512 targets (it prefers 256)."""
+    return '__attribute__((target("prefer-vector-width=512"))) ' if em.target.isa == "avx512" else ""
+
+
+def emit_kernel(em: BlockEmitter, base: str, body: str, doc: str = "", wide: bool = False) -> None:
+    """Render ``body`` as its own (non-inlined) kernel function and call it as the node's step.
+
+    Inside ``body`` the step's names are in scope (``tid``, ``nt`` and what ``em.ptr`` and
+    ``em.scratch`` expressions refer to). Separate functions keep gcc's time linear in the number
+    of nodes and let identical nodes share one kernel.
+    """
+    code = (f"static {wide_vectors(em) if wide else ''}__attribute__((noinline)) void FNAME({KERNEL_PARAMS}) {{\n"
+            "    (void)tid; (void)nt; (void)in; (void)out; (void)arena; (void)scratch; (void)W;\n    "
+            + body.strip().replace("\n", "\n    ") + "\n}\n")
+    fname = em.function(base, code, doc)
+    em.step(f"{fname}(tid, nt, in, out, arena, scratch, W);")
+
+
 # -- shared row helpers ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -121,7 +146,7 @@ def row_reduce_fn(em: BlockEmitter, kind: str, dtype: str) -> str:
     upd = lambda a, v: c.update.format(a=a, v=v)  # noqa: E731
     mrg = lambda a, b: c.merge.format(a=a, b=b)  # noqa: E731
     vcast = f"({acc_t})" if acc_t != t else ""
-    code = f"""static inline {acc_t} FNAME(const {t} *restrict x, long n) {{
+    code = f"""static {wide_vectors(em)}{acc_t} FNAME(const {t} *restrict x, long n) {{
     {acc_t} acc[{lanes}];
     for (int j = 0; j < {lanes}; ++j) acc[j] = {c.init};
     long i = 0;
@@ -137,16 +162,53 @@ def row_reduce_fn(em: BlockEmitter, kind: str, dtype: str) -> str:
     return em.function(f"row_{kind}_{dtype}", code, f"lane-parallel {kind} of a contiguous run")
 
 
+EXPF_SOURCE = """\
+static inline float FNAME(float x) {
+    /* Cody-Waite reduction, Cephes' minimax polynomial, 2^k in two steps (reaches denormals):
+     * max error ~1.0 ulp over the normal range; inf, -inf, NaN and underflow to 0 exact.
+     * Branch-free, so loops calling it vectorize (glibc's expf does not without fast-math). */
+    float xc = x > -103.972084f ? x : -103.972084f; /* maxps, then minps */
+    xc = xc < 88.7228394f ? xc : 88.7228394f;
+    float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = xc - k * 0.693359375f;
+    r = r - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    int32_t ki = (int32_t)k, k1 = ki >> 1, k2 = ki - k1;
+    int32_t b1 = (k1 + 127) << 23, b2 = (k2 + 127) << 23;
+    float s1, s2;
+    memcpy(&s1, &b1, 4);
+    memcpy(&s2, &b2, 4);
+    y = y * s1 * s2;
+    y = x > -103.972084f ? y : 0.0f;
+    y = x < 88.7228394f ? y : INFINITY;
+    return x == x ? y : x;
+}
+"""
+
+
+def exp_fn(em: BlockEmitter, dtype: str) -> str:
+    """Name of a C exp for the element type: a vectorizable expf for float32, libm exp else."""
+    if dtype == "float32":
+        return em.function("smelt_expf", EXPF_SOURCE, "vectorizable expf")
+    return fn_suffix("exp", dtype)
+
+
 def row_expsum_fn(em: BlockEmitter, dtype: str, store: bool) -> str:
     """``T FNAME([T *y,] const T *x, long n, T m)``: sum of exp(x - m) (stored to y if ``store``)."""
     t = c_type(dtype)
-    exp = fn_suffix("exp", dtype)
-    lanes = 8
+    exp = exp_fn(em, dtype)
+    lanes = LANES.get(dtype, 16) // 2
     sig = f"{t} *restrict y, const {t} *restrict x, long n, {t} m" if store else \
         f"const {t} *restrict x, long n, {t} m"
     st = "y[i + j] = e; " if store else ""
     st1 = "y[i] = e; " if store else ""
-    code = f"""static inline {t} FNAME({sig}) {{
+    code = f"""static {wide_vectors(em)}{t} FNAME({sig}) {{
     {t} acc[{lanes}] = {{0}};
     long i = 0;
     for (; i + {lanes} <= n; i += {lanes})
@@ -180,7 +242,8 @@ REDUCE_OPS: dict[str, tuple[str, str, bool]] = {
 _V_MAXMIN = (11, 12, 13, 18, 20)
 _V_COMMON = (11, 13, 18)
 REDUCE_VERSIONS = {op: _V_COMMON for op in REDUCE_OPS}
-REDUCE_VERSIONS.update(ReduceSum=(11, 13), ReduceMax=_V_MAXMIN, ReduceMin=_V_MAXMIN)
+REDUCE_VERSIONS.update(ReduceSum=(11, 13), ReduceMax=_V_MAXMIN, ReduceMin=_V_MAXMIN,
+                       ReduceLogSum=_V_COMMON + (28,), ReduceLogSumExp=_V_COMMON + (28,))
 INT_SUMS = ("int32", "int64", "uint32", "uint64")
 INT_MAXMIN = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool")
 
@@ -249,8 +312,6 @@ def groups(shape: tuple[int, ...], axes: list[int]) -> list[list[int]]:
     return merged
 
 
-@register(tuple(REDUCE_OPS), versions=sorted({v for vs in REDUCE_VERSIONS.values() for v in vs}),
-          check=_check_reduce, name="reduce")
 def emit_reduce(node: Node, g: Graph, em: BlockEmitter) -> None:
     x, y = node.inputs[0], node.outputs[0]
     xv = g.values[x]
@@ -258,7 +319,7 @@ def emit_reduce(node: Node, g: Graph, em: BlockEmitter) -> None:
     axes, _ = reduce_axes(node, g)
     if not axes:
         if node.attr("noop_with_empty_axes", 0):
-            em.step(copy_step(em, em.ptr(x), em.ptr(y), g.values[y].nbytes))
+            emit_kernel(em, "reduce_noop_copy", copy_step(em, em.ptr(x), em.ptr(y), g.values[y].nbytes))
             return
         axes = list(range(len(xv.shape)))
     kind, final, _ = REDUCE_OPS[node.op]
@@ -274,9 +335,15 @@ def emit_reduce(node: Node, g: Graph, em: BlockEmitter) -> None:
         grps.append([1, 1, 1])  # nothing to reduce: each output reduces one element
     parallel = xv.size >= PARALLEL_MIN_ELEMS
     if grps[-1][1]:
-        em.step(head + _reduce_inner(em, head, kind, fin, dt, grps, parallel))
+        emit_kernel(em, f"{node.op}_{dt}_inner", head + _reduce_inner(em, head, kind, fin, dt, grps, parallel),
+                    f"{node.op} over contiguous runs, groups {grps}")
     else:
-        em.step(head + _reduce_outer(em, kind, fin, dt, grps, parallel))
+        emit_kernel(em, f"{node.op}_{dt}_outer", head + _reduce_outer(em, kind, fin, dt, grps, parallel),
+                    f"{node.op} along a kept inner dim, groups {grps}")
+
+
+for _op in REDUCE_OPS:
+    register(_op, versions=REDUCE_VERSIONS[_op], check=_check_reduce, name="reduce")(emit_reduce)
 
 
 def _reduce_inner(em: BlockEmitter, head: str, kind: str, fin: str, dt: str,
@@ -323,7 +390,7 @@ def _reduce_inner(em: BlockEmitter, head: str, kind: str, fin: str, dt: str,
         lines += decompose("o", kept, "base")
         lines.append(f"    P[o * {em.n_threads} + tid] = {fn}(X + base + lb, le - lb);")
         lines.append("}")
-        em.step(head + "\n".join(lines))
+        emit_kernel(em, f"reduce_{kind}_{dt}_split", head + "\n".join(lines), "per-thread partials")
         lines = [f"{acc_t} *P = ({acc_t} *){parts};",
                  f"if (tid == 0) for (long o = 0; o < {n_out}; ++o) {{",
                  f"    {acc_t} a = {c.init};",
@@ -374,7 +441,7 @@ def _reduce_outer(em: BlockEmitter, kind: str, fin: str, dt: str, grps: list[lis
     if kind == "lse":
         cmax = combine_for("max", dt)
         scratch = em.scratch(em.n_threads * inner * np.dtype(dt).itemsize, dt)
-        exp, log = fn_suffix("exp", dt), fn_suffix("log", dt)
+        exp, log = exp_fn(em, dt), fn_suffix("log", dt)
         lines.append(f"    {t} *restrict S = {scratch} + (long)tid * {inner};")
         lines.append(f"    for (long i = i0; i < i1; ++i) {{ Yr[i] = {cmax.init}; S[i] = 0; }}")
         lines.append(f"    for (long q = 0; q < {n_q}; ++q) {{ long off = base;")
@@ -447,12 +514,18 @@ def emit_arg(node: Node, g: Graph, em: BlockEmitter) -> None:
     parallel = g.values[x].size >= PARALLEL_MIN_ELEMS
     lines = [f"const {t} *restrict X = {em.ptr(x)};", f"int64_t *restrict Y = (void *){em.ptr(y)};"]
     if inner == 1:
+        # two vectorizable passes: the extreme value (NaN-propagating), then its first/last index
+        fext = row_reduce_fn(em, "max" if node.op == "ArgMax" else "min", dt)
+        scan = (f"for (long l = {length - 1}; l >= 0; --l)" if last else f"for (long l = 0; l < {length}; ++l)")
         lines.append(work_range(outer, parallel))
         lines.append("for (long o = wb; o < we; ++o) {")
         lines.append(f"    const {t} *restrict xr = X + o * {length};")
-        lines.append(f"    {t} best = xr[0]; long bi = 0;")
-        lines.append(f"    for (long l = 1; l < {length}; ++l) {{ {t} v = xr[l]; "
-                     f"if ({arg_better(node.op, dt, last, 'v', 'best')}) {{ best = v; bi = l; }} }}")
+        lines.append(f"    const {t} m = {fext}(xr, {length}); long bi = 0;")
+        if dt in FLOAT_TYPES:
+            lines.append(f"    if (m != m) {{ {scan} if (xr[l] != xr[l]) {{ bi = l; break; }} }}")
+            lines.append(f"    else {scan} if (xr[l] == m) {{ bi = l; break; }}")
+        else:
+            lines.append(f"    {scan} if (xr[l] == m) {{ bi = l; break; }}")
         lines.append("    Y[o] = bi;")
         lines.append("}")
     else:
@@ -473,4 +546,4 @@ def emit_arg(node: Node, g: Graph, em: BlockEmitter) -> None:
                      "B[i] = up ? v : B[i]; yr[i] = up ? l : yr[i]; }")
         lines.append("    }")
         lines.append("}")
-    em.step("\n".join(lines))
+    emit_kernel(em, f"{node.op}_{dt}", "\n".join(lines), f"{node.op} over [{outer}, {length}, {inner}]")

@@ -1,0 +1,484 @@
+"""ONNX ``Conv`` (float32, 1-D/2-D/3-D): GEMM on NCHW with im2col fused into B packing, and a
+direct depthwise loop.
+
+Templates:
+- ``f32_conv<S>d_1x1_gemm_<mr>x<nr>__<isa>``: 1x1, stride 1, no padding: per image and group,
+  Y[oc, hw] = W[oc, ic] . X[ic, hw]; X rows are packed straight into NR-column panels.
+- ``f32_conv<S>d_im2col_gemm_<mr>x<nr>__<isa>``: any other conv (strides, pads, dilations,
+  groups): the B panels of the implicit im2col matrix (rows (ic, kd, kh, kw), columns the
+  flattened output positions) are packed straight from the image into per-thread scratch, one
+  K x NC block at a time (PyDTNN-style), so the full im2col matrix never exists. Each panel is
+  cut into output-row segments once; for every K row a segment is one masked unaligned load per
+  vector (stride 1) or one masked gather (stride > 1) on AVX-512, a zero-fill plus copy loop
+  elsewhere. Padding lanes are masked off, never read.
+- ``f32_conv<S>d_depthwise_direct``: group == C and one input channel per group (1-D/2-D): a
+  direct loop per output plane, accumulating each (kh, kw) tap over a whole output row with
+  compile-time bounds for the valid columns (vectorized by the compiler).
+
+Weights are reordered at compile time: per group, W[oc, ic*kd*kh*kw] packed into MR-row panels
+of the GEMM micro-kernel ([G][OC/G/MR][K][MR]). The bias and the fused epilogue (channel =
+output channel = GEMM row) run on each C tile right after its last K block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from smelt.codegen.emit import BlockEmitter
+from smelt.codegen.epilogue import epilogue_doc
+from smelt.codegen.templates.gemm import (
+    Blocking,
+    ConstPacked,
+    GemmProblem,
+    Strided,
+    TileEpilogue,
+    blocking_for,
+    pack_const_a,
+    render_gemm,
+    tile_epilogue_code,
+)
+from smelt.codegen.templates.registry import register
+from smelt.ir.graph import Graph, Node
+
+# Below this many multiply-adds a depthwise conv runs on thread 0 alone.
+DW_PARALLEL_MIN_MACS = 1 << 15
+
+
+class ConvGeometry:
+    """Sizes, strides and begin-pads of one Conv node (spatial rank S)."""
+
+    def __init__(self, node: Node, g: Graph) -> None:
+        x, w = node.inputs[0], node.inputs[1]
+        xs = tuple(int(d) for d in g.values[x].shape)
+        ws = tuple(int(d) for d in g.values[w].shape)
+        self.batch, self.c = xs[0], xs[1]
+        self.ins = list(xs[2:])
+        self.oc, self.cg = ws[0], ws[1]
+        self.ks = list(ws[2:])
+        s = len(self.ins)
+        self.rank = s
+        self.group = int(node.attr("group", 1))
+        self.strides = [int(v) for v in (node.attr("strides") or [1] * s)]
+        self.dils = [int(v) for v in (node.attr("dilations") or [1] * s)]
+        auto_pad = node.attr("auto_pad", "NOTSET")
+        if isinstance(auto_pad, bytes):
+            auto_pad = auto_pad.decode()
+        self.auto_pad = auto_pad
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            self.outs = [-(-i // st) for i, st in zip(self.ins, self.strides, strict=True)]
+            begins, ends = [], []
+            for i, o, k, st, d in zip(self.ins, self.outs, self.ks, self.strides, self.dils, strict=True):
+                total = max(0, (o - 1) * st + (k - 1) * d + 1 - i)
+                b = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+                begins.append(b)
+                ends.append(total - b)
+            self.pads = begins + ends
+        else:
+            self.pads = [0] * (2 * s) if auto_pad == "VALID" else [int(v) for v in (node.attr("pads") or [0] * (2 * s))]
+            self.outs = [
+                (i + self.pads[d] + self.pads[d + s] - ((k - 1) * dl + 1)) // st + 1
+                for d, (i, k, st, dl) in enumerate(zip(self.ins, self.ks, self.strides, self.dils, strict=True))
+            ]
+        self.pb = self.pads[:s]
+        self.ihw = int(np.prod(self.ins, dtype=np.int64))
+        self.ohw = int(np.prod(self.outs, dtype=np.int64))
+        self.ksp = int(np.prod(self.ks, dtype=np.int64))
+        self.ocg = self.oc // self.group if self.group else 0
+
+    @property
+    def is_pointwise(self) -> bool:
+        return all(k == 1 for k in self.ks) and all(st == 1 for st in self.strides) and not any(self.pads)
+
+    @property
+    def is_depthwise(self) -> bool:
+        return self.group > 1 and self.group == self.c and self.cg == 1 and self.rank <= 2
+
+    def describe(self) -> str:
+        return (f"C={self.c} OC={self.oc} in={self.ins} out={self.outs} k={self.ks} s={self.strides} "
+                f"pads={self.pads} d={self.dils} group={self.group} auto_pad={self.auto_pad}")
+
+
+def _check_conv(node: Node, g: Graph) -> str | None:
+    ins = node.present_inputs()
+    for name in ins + [node.outputs[0]]:
+        v = g.values[name]
+        if v.dtype is None or np.dtype(v.dtype) != np.float32:
+            return f"native Conv is float32 only ({name!r} is {np.dtype(v.dtype).name if v.dtype else '?'})"
+    if g.const(node.inputs[1]) is None:
+        return "native Conv needs constant weights (they are packed at compile time)"
+    xs, ws = g.values[node.inputs[0]].shape, g.values[node.inputs[1]].shape
+    if len(xs) < 3 or len(xs) > 5 or len(ws) != len(xs):
+        return f"native Conv handles 1-D to 3-D convolutions (input rank {len(xs)})"
+    try:
+        geo = ConvGeometry(node, g)
+    except (TypeError, ValueError) as exc:
+        return f"unsupported Conv attributes: {exc}"
+    if geo.auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        return f"unknown auto_pad {geo.auto_pad!r}"
+    if node.attr("kernel_shape") and [int(k) for k in node.attr("kernel_shape")] != geo.ks:
+        return "kernel_shape attribute disagrees with the weights"
+    if geo.group < 1 or geo.c % geo.group or geo.oc % geo.group or geo.c // geo.group != geo.cg:
+        return f"inconsistent group={geo.group} for C={geo.c}, W {list(ws)}"
+    if min(geo.strides + geo.dils) < 1 or min(geo.pads) < 0:
+        return "Conv strides and dilations must be positive and pads non-negative"
+    if geo.cg * geo.ksp == 0:
+        return "Conv with an empty kernel"
+    out = tuple(g.values[node.outputs[0]].shape)
+    if out != (geo.batch, geo.oc, *geo.outs):
+        return f"Conv output shape {out} differs from the computed {(geo.batch, geo.oc, *geo.outs)}"
+    if len(node.inputs) > 2 and node.inputs[2] and tuple(g.values[node.inputs[2]].shape) != (geo.oc,):
+        return "Conv bias must have shape [OC]"
+    return None
+
+
+class Im2col:
+    """B operand of a conv GEMM: the implicit im2col matrix of one (image, group) item.
+
+    Per NR-column panel, the output positions are cut into output-row segments; then for each
+    kernel offset t = (kd, kh, kw) a table says where each lane reads (a channel-relative
+    offset): on AVX-512 with stride 1 as a few (offset, 64-bit lane mask) runs (adjacent
+    output rows merge into one run when they are contiguous in the image), otherwise as one
+    int32 offset per lane (-1 = padding). Every K row (c, t) of the panel is then one masked
+    load per run and vector (or one masked gather per vector) from channel c.
+    """
+
+    def __init__(self, ptr: str, geo: ConvGeometry) -> None:
+        self.ptr = ptr
+        self.geo = geo
+
+    def _runs(self, blk: Blocking) -> bool:
+        return blk.isa == "avx512" and self.geo.strides[-1] in (1, 2)
+
+    def _nseg(self, blk: Blocking) -> int:
+        return -(-blk.nr // self.geo.outs[-1]) + 1
+
+    def table_bytes(self, blk: Blocking) -> int:
+        """Per-thread scratch for the per-panel tables."""
+        ksp = self.geo.ksp
+        if self._runs(blk):
+            return ksp * self._nseg(blk) * 16 + ksp * 4 + 64
+        return ksp * blk.nr * 4 + 64
+
+    def pack_code(self, blk: Blocking) -> str:
+        """Pack rows [pc, pc+kb) x columns [jc, jc+nb) into Bs (NR-column panels)."""
+        geo, nr = self.geo, blk.nr
+        s = geo.rank
+        ow, sw, pw = geo.outs[-1], geo.strides[-1], geo.pb[-1]
+        nseg = self._nseg(blk)
+        ksp = geo.ksp
+        L = ["{", "    const float *restrict X = Bbase + bo;"]
+        if self._runs(blk):
+            L += [f"    long *restrict toff = (long *)Ts; unsigned long long *restrict tmask = "
+                  f"(unsigned long long *)(Ts + {ksp * nseg * 8});",
+                  f"    int *restrict tn = (int *)(Ts + {ksp * nseg * 16});"]
+        else:
+            L.append("    int *restrict tidx = (int *)Ts;")
+        L.append(f"    int sj[{nseg}], sl[{nseg}]; long sw0[{nseg}];")
+        for d in range(s - 1):
+            L.append(f"    long so{d}[{nseg}];")
+        L += [f"    for (long q = 0; q < nb; q += {nr}) {{",
+              f"        const long cc = SMELT_MIN({nr}, nb - q);",
+              f"        float *restrict d = Bs + (q / {nr}) * kb * {nr};",
+              "        int ns = 0;",
+              f"        {{ long n = jc + q, r = n / {ow}, ow = n % {ow}; int j = 0;",
+              "          while (j < cc) {",
+              f"            const int len = (int)SMELT_MIN(cc - j, {ow} - ow);",
+              f"            sj[ns] = j; sl[ns] = len; sw0[ns] = ow * {sw} - {pw};"]
+        if s > 1:
+            L.append("            long rr = r;")
+            for d in reversed(range(s - 1)):
+                L.append(f"            so{d}[ns] = (rr % {geo.outs[d]}) * {geo.strides[d]} - {geo.pb[d]}; "
+                         f"rr /= {geo.outs[d]};")
+        L += ["            ++ns; j += len; ow = 0; ++r;",
+              "          }",
+              "        }",
+              "        { long t = 0;"]
+        ind = "          "
+        for d in range(s):
+            L.append(f"{ind}for (long kz{d} = 0; kz{d} < {geo.ks[d]}; ++kz{d})")
+        L.append(ind + "{")
+        L.append(ind + "    " + self._table_entry(blk).replace("\n", "\n" + ind + "    "))
+        L += [ind + "    ++t;", ind + "}", "        }",
+              f"        long c = pc / {ksp}, t = pc % {ksp};",
+              "        for (long kk = 0; kk < kb; ++kk) {",
+              f"            float *restrict dk = d + kk * {nr};",
+              f"            const float *restrict xc = X + c * {geo.ihw}L;",
+              "            " + self._row(blk).replace("\n", "\n            "),
+              f"            if (++t == {ksp}) {{ t = 0; ++c; }}",
+              "        }",
+              "    }",
+              "}"]
+        return "\n".join(L)
+
+    def _outer(self) -> list[str]:
+        """Statements computing the segment's input row offset ``ro``; `continue` when padding."""
+        geo = self.geo
+        s = geo.rank
+        if s == 1:
+            return ["const long ro = 0;"]
+        L = []
+        for d in range(s - 1):
+            L.append(f"const long i{d} = so{d}[u] + kz{d} * {geo.dils[d]};")
+            L.append(f"if ((unsigned long)i{d} >= {geo.ins[d]}ul) continue;")
+        expr = "i0"
+        for d in range(1, s - 1):
+            expr = f"({expr} * {geo.ins[d]} + i{d})"
+        L.append(f"const long ro = {expr} * {geo.ins[-1]}L;")
+        return L
+
+    def _table_entry(self, blk: Blocking) -> str:
+        geo, nr = self.geo, blk.nr
+        s = geo.rank
+        iw, sw, dw = geo.ins[-1], geo.strides[-1], geo.dils[-1]
+        nseg = self._nseg(blk)
+        L = []
+        if self._runs(blk):
+            L += [f"long *restrict to = toff + t * {nseg}; unsigned long long *restrict tm = tmask + t * {nseg};",
+                  "int cnt = 0;",
+                  "for (int u = 0; u < ns; ++u) {"]
+            L += ["    " + x for x in self._outer()]
+            L += [f"    const long iws = sw0[u] + kz{s - 1} * {dw};",
+                  f"    if (iws >= {iw}) continue;",
+                  f"    const long lo = sj[u] + (iws < 0 ? (-iws + {sw - 1}) / {sw} : 0);",
+                  f"    const long hi = SMELT_MIN((long)(sj[u] + sl[u]), sj[u] + ({iw} - iws + {sw - 1}) / {sw});",
+                  "    if (lo >= hi) continue;",
+                  "    const unsigned long long m = (hi >= 64 ? ~0ull : ((1ull << hi) - 1ull)) & ~((1ull << lo) - 1ull);",
+                  f"    const long off = ro + iws - (long)sj[u] * {sw};",
+                  "    if (cnt && to[cnt - 1] == off) tm[cnt - 1] |= m;",
+                  "    else { to[cnt] = off; tm[cnt] = m; ++cnt; }",
+                  "}",
+                  "tn[t] = cnt;"]
+        elif blk.isa == "avx512":
+            nv = blk.nv
+            L += [f"int *restrict ti = tidx + t * {nr};",
+                  " ".join(f"__m512i x{j} = _mm512_set1_epi32(-1);" for j in range(nv)),
+                  "for (int u = 0; u < ns; ++u) {"]
+            L += ["    " + x for x in self._outer()]
+            L += [f"    const long iws = sw0[u] + kz{s - 1} * {dw};",
+                  "    const unsigned long long sm = ((1ull << sl[u]) - 1ull) << sj[u];",
+                  f"    const __m512i iw0 = _mm512_set1_epi32((int)(iws - (long)sj[u] * {sw}));",
+                  "    const __m512i rov = _mm512_set1_epi32((int)ro);"]
+            for j in range(nv):
+                lanes = ", ".join(str((16 * j + e) * sw) for e in range(16))
+                L += [f"    {{ const __m512i iwv = _mm512_add_epi32(iw0, _mm512_setr_epi32({lanes}));",
+                      f"      const __mmask16 ok = (__mmask16)(sm >> {16 * j}) & "
+                      "_mm512_cmpge_epi32_mask(iwv, _mm512_setzero_si512()) & "
+                      f"_mm512_cmplt_epi32_mask(iwv, _mm512_set1_epi32({iw}));",
+                      f"      x{j} = _mm512_mask_add_epi32(x{j}, ok, iwv, rov); }}"]
+            L.append("}")
+            L += [f"_mm512_storeu_si512((void *)(ti + {16 * j}), x{j});" for j in range(nv)]
+        else:
+            L += [f"int *restrict ti = tidx + t * {nr};",
+                  f"for (int j = 0; j < {nr}; ++j) ti[j] = -1;",
+                  "for (int u = 0; u < ns; ++u) {"]
+            L += ["    " + x for x in self._outer()]
+            L += [f"    const long iws = sw0[u] + kz{s - 1} * {dw};",
+                  "    for (int e = 0; e < sl[u]; ++e) {",
+                  f"        const long iwx = iws + (long)e * {sw};",
+                  f"        if ((unsigned long)iwx < {iw}ul) ti[sj[u] + e] = (int)(ro + iwx);",
+                  "    }",
+                  "}"]
+        return "\n".join(L)
+
+    def _row(self, blk: Blocking) -> str:
+        nr = blk.nr
+        nseg = self._nseg(blk)
+        if self._runs(blk):
+            nv = blk.nv
+            L = [" ".join(f"__m512 v{j} = _mm512_setzero_ps();" for j in range(nv)),
+                 f"const long *restrict to = toff + t * {nseg}; const unsigned long long *restrict tm = "
+                 f"tmask + t * {nseg};",
+                 "const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);"
+                 " (void)even;",
+                 "for (int i = 0; i < tn[t]; ++i) {",
+                 "    const float *src = (const float *)((uintptr_t)xc + (uintptr_t)(to[i] * 4));",
+                 "    const unsigned long long m = tm[i];"]
+            if self.geo.strides[-1] == 1:
+                for j in range(nv):
+                    L.append(f"    v{j} = _mm512_mask_loadu_ps(v{j}, (__mmask16)(m >> {16 * j}), src + {16 * j});")
+            else:  # stride 2: two masked loads of the 32-float window, keep the even lanes
+                for j in range(nv):
+                    L += [f"    {{ const unsigned mj = (unsigned)(m >> {16 * j}) & 0xFFFFu;",
+                          "      if (mj) {",
+                          f"        const __m512 lo = _mm512_maskz_loadu_ps((__mmask16)_pdep_u32(mj & 0xFFu, 0x5555u), src + {32 * j});",
+                          f"        const __m512 hi = _mm512_maskz_loadu_ps((__mmask16)_pdep_u32(mj >> 8, 0x5555u), src + {32 * j + 16});",
+                          f"        v{j} = _mm512_mask_mov_ps(v{j}, (__mmask16)mj, _mm512_permutex2var_ps(lo, even, hi));",
+                          "      } }"]
+            L.append("}")
+            L += [f"_mm512_store_ps(dk + {16 * j}, v{j});" for j in range(nv)]
+            return "\n".join(L)
+        if blk.isa == "avx512":
+            L = [f"const int *restrict ti = tidx + t * {nr};"]
+            for j in range(blk.nv):
+                L += [f"{{ const __m512i idx = _mm512_loadu_si512((const void *)(ti + {16 * j}));",
+                      "  const __mmask16 ok = _mm512_cmpge_epi32_mask(idx, _mm512_setzero_si512());",
+                      f"  _mm512_store_ps(dk + {16 * j}, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), ok, idx, xc, 4)); }}"]
+            return "\n".join(L)
+        return "\n".join([f"const int *restrict ti = tidx + t * {nr};",
+                          f"for (int j = 0; j < {nr}; ++j) {{ const int o = ti[j]; dk[j] = o >= 0 ? xc[o] : 0.0f; }}"])
+
+
+def _epilogue(node: Node, g: Graph, em: BlockEmitter) -> TileEpilogue:
+    ops = []
+    if len(node.inputs) > 2 and node.inputs[2]:
+        ops.append({"op": "Add", "ptr": em.ptr(node.inputs[2]), "kind": "row", "swap": False, "scale": None})
+    return TileEpilogue(ops, node, channel="row")
+
+
+@register("Conv", versions=(1, 11, 22), check=_check_conv, name="f32_conv")
+def emit_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
+    geo = ConvGeometry(node, g)
+    if geo.is_depthwise:
+        _emit_depthwise(node, g, em, geo)
+        return
+    blk = blocking_for(em.target)
+    w = np.asarray(g.const(node.inputs[1]), np.float32)
+    k = geo.cg * geo.ksp
+    wg = w.reshape(geo.group, geo.ocg, k)
+    packed = np.stack([pack_const_a(wg[i], blk.mr) for i in range(geo.group)])
+    a_op = ConstPacked(em.weight(packed, key=f"conv_w:{node.inputs[1]}:{geo.group}:{blk.tag}"))
+    x_ptr = em.ptr(node.inputs[0])
+    if geo.is_pointwise:
+        b_op: object = Strided(x_ptr, geo.ihw, 1)
+        kind = "1x1"
+    else:
+        b_op = Im2col(x_ptr, geo)
+        kind = "im2col"
+    items = geo.batch * geo.group
+    gsz = packed[0].size
+    item_code = (f"const long bi = it / {geo.group}, gi = it % {geo.group};\n"
+                 f"const long ao = gi * {gsz}L, bo = bi * {geo.c * geo.ihw}L + gi * {geo.cg * geo.ihw}L;\n"
+                 f"const long co = bi * {geo.oc * geo.ohw}L + gi * {geo.ocg * geo.ohw}L, grow0 = gi * {geo.ocg}L;")
+    p = GemmProblem(geo.ocg, geo.ohw, k, a_op, b_op, em.ptr(node.outputs[0]), geo.ohw, _epilogue(node, g, em),
+                    items=items, item_code=item_code, name=f"f32_conv{geo.rank}d_{kind}_gemm",
+                    doc=f"Conv {geo.describe()}")
+    render_gemm(em, p, blk)
+
+
+def _emit_depthwise(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry) -> None:
+    blk = blocking_for(em.target)
+    ins, outs, ks = list(geo.ins), list(geo.outs), list(geo.ks)
+    strides, dils, pb = list(geo.strides), list(geo.dils), list(geo.pb)
+    if geo.rank == 1:
+        ins, outs, ks, strides, dils, pb = [1] + ins, [1] + outs, [1] + ks, [1] + strides, [1] + dils, [0] + pb
+    ih, iw = ins
+    oh_, ow = outs
+    kh, kw = ks
+    sh, sw = strides
+    dh, dw = dils
+    ph, pw = pb
+    mult = geo.oc // geo.group
+    w = np.asarray(g.const(node.inputs[1]), np.float32).reshape(geo.oc, kh * kw)
+    wptr = em.weight(w)
+    planes = geo.batch * geo.oc
+    macs = planes * geo.ohw * kh * kw
+    ep = _epilogue(node, g, em)
+    L = ["(void)in; (void)out; (void)arena; (void)scratch; (void)W;",
+         f"const float *restrict X = {em.ptr(node.inputs[0])};",
+         f"float *restrict Y = {em.ptr(node.outputs[0])};",
+         f"const float *restrict Wt = {wptr};",
+         "long p0, p1;"]
+    if macs < DW_PARALLEL_MIN_MACS:
+        L.append(f"if (tid != 0) return; p0 = 0; p1 = {planes};")
+    else:
+        L.append(f"smelt_range({planes}, tid, nt, &p0, &p1);")
+    L += ["for (long pl = p0; pl < p1; ++pl) {",
+          f"    const long bi = pl / {geo.oc}, oc = pl % {geo.oc}, gi = oc / {mult};",
+          f"    const float *restrict x = X + (bi * {geo.c} + gi) * {ih * iw}L;",
+          f"    float *restrict y = Y + pl * {oh_ * ow}L;",
+          f"    const float *restrict wk = Wt + oc * {kh * kw};",
+          f"    for (long oh = 0; oh < {oh_}; ++oh) {{",
+          f"        float *restrict yr = y + oh * {ow};"]
+    if blk.isa == "avx512":
+        L += ["        " + x for x in _dw_row_avx512(ih, iw, ow, kh, kw, sh, sw, dh, dw, ph, pw)]
+    else:
+        L += [f"        for (long o = 0; o < {ow}; ++o) yr[o] = 0.0f;",
+              f"        for (int kh = 0; kh < {kh}; ++kh) {{",
+              f"            const long ih = oh * {sh} - {ph} + kh * {dh};",
+              f"            if ((unsigned long)ih >= {ih}ul) continue;",
+              f"            const float *restrict xr = x + ih * {iw};"]
+        for kx in range(kw):
+            off = kx * dw - pw
+            # valid output columns: 0 <= o*sw + off < iw
+            lo = (-off + sw - 1) // sw if off < 0 else 0
+            hi = min(ow, (iw - 1 - off) // sw + 1) if iw - 1 - off >= 0 else 0
+            if hi <= lo:
+                continue
+            L.append(f"            {{ const float wv = wk[kh * {kw} + {kx}];")
+            L.append(f"              for (long o = {lo}; o < {hi}; ++o) yr[o] += wv * xr[o * {sw} + ({off})]; }}")
+        L.append("        }")
+    epi = tile_epilogue_code(ep, em, blk, ow)
+    if epi:
+        L += ["        {",
+              f"            float *cp = yr; const long coff = pl * {oh_ * ow}L + oh * {ow}, grow = oc, gcol = 0;",
+              f"            const long rows = 1, cols = {ow}; (void)coff; (void)gcol; (void)grow;",
+              "            " + epi.replace("\n", "\n            "),
+              "        }"]
+    L += ["    }", "}"]
+    code = ("static void FNAME(int tid, int nt, void *const *in, void *const *out, char *arena, "
+            "char *scratch, const char *W) {\n    " + "\n    ".join(L) + "\n}\n")
+    doc = f"depthwise Conv {geo.describe()} multiplier={mult}; {epilogue_doc(node)}"
+    fname = em.function(f"f32_conv{geo.rank}d_depthwise_direct", code, doc)
+    em.step(f"{fname}(tid, nt, in, out, arena, scratch, W);")
+
+
+DW_CHUNKS = 8  # output vectors accumulated in registers at once by the AVX-512 depthwise row
+
+
+def _dw_row_avx512(ih: int, iw: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int,
+                   ph: int, pw: int) -> list[str]:
+    """One depthwise output row (``yr``) in registers: 16 outputs per vector, every tap's lane
+    mask (padding, row end) a compile-time constant."""
+    L = []
+    chunks = -(-ow // 16)
+    for g0 in range(0, chunks, DW_CHUNKS):
+        group = list(range(g0, min(chunks, g0 + DW_CHUNKS)))
+        L.append("{ " + " ".join(f"__m512 a{c} = _mm512_setzero_ps();" for c in group))
+        L += [f"  for (int kh = 0; kh < {kh}; ++kh) {{",
+              f"    const long ih = oh * {sh} - {ph} + kh * {dh};",
+              f"    if ((unsigned long)ih >= {ih}ul) continue;",
+              f"    const uintptr_t xr = (uintptr_t)(x + ih * {iw});",
+              f"    const float *restrict wr = wk + kh * {kw};"]
+        for kx in range(kw):
+            off = kx * dw - pw
+            taps = []
+            for c in group:
+                mask = 0
+                for lane in range(16):
+                    o = 16 * c + lane
+                    if o < ow and 0 <= o * sw + off < iw:
+                        mask |= 1 << lane
+                if mask:
+                    taps.append((c, mask, 16 * c * sw + off))
+            if not taps:
+                continue
+            L.append(f"    {{ const __m512 wv = _mm512_set1_ps(wr[{kx}]);")
+            for c, mask, base in taps:
+                src = f"(const float *)(xr + (uintptr_t)({base}L * 4))"
+                if sw == 1:
+                    xv = (f"_mm512_loadu_ps({src})" if mask == 0xFFFF
+                          else f"_mm512_maskz_loadu_ps((__mmask16){mask:#x}, {src})")
+                elif sw == 2:
+                    lo = sum(1 << (2 * b) for b in range(8) if mask >> b & 1)
+                    hi = sum(1 << (2 * b) for b in range(8) if mask >> (8 + b) & 1)
+                    xv = (f"_mm512_maskz_permutex2var_ps((__mmask16){mask:#x}, "
+                          f"_mm512_maskz_loadu_ps((__mmask16){lo:#x}, {src}), DW_EVEN, "
+                          f"_mm512_maskz_loadu_ps((__mmask16){hi:#x}, {src} + 16))")
+                else:
+                    idx = ", ".join(str(e * sw) for e in range(16))
+                    xv = (f"_mm512_mask_i32gather_ps(_mm512_setzero_ps(), (__mmask16){mask:#x}, "
+                          f"_mm512_setr_epi32({idx}), {src}, 4)")
+                L.append(f"      a{c} = _mm512_fmadd_ps(wv, {xv}, a{c});")
+            L.append("    }")
+        L.append("  }")
+        for c in group:
+            n = min(16, ow - 16 * c)
+            if n == 16:
+                L.append(f"  _mm512_storeu_ps(yr + {16 * c}, a{c});")
+            else:
+                L.append(f"  _mm512_mask_storeu_ps(yr + {16 * c}, (__mmask16){(1 << n) - 1:#x}, a{c});")
+        L.append("}")
+    if sw == 2:
+        L.insert(0, "const __m512i DW_EVEN = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, "
+                    "26, 28, 30);")
+    return L

@@ -1,0 +1,117 @@
+"""Softmax and LogSoftmax along one axis (opset 13+) or over the 2-D coercion (opset 11).
+
+Template ``softmax``: the input is viewed as [outer, L, inner]. With inner == 1 each row is
+contiguous: max (lane-parallel, NaN-propagating), then exp(x - max) stored and summed in one
+pass (a vectorizable expf, ~1 ulp), then a scaling by the sum's reciprocal. With inner > 1 the same three
+passes run along the strided axis, vectorized across the inner dimension with per-thread scratch
+rows for the running max and sum. Numerically stable: exp never sees a positive argument.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from smelt.codegen.broadcast import PARALLEL_MIN_ELEMS
+from smelt.codegen.emit import BlockEmitter
+from smelt.codegen.templates.reduce import (
+    dtype_name,
+    emit_kernel,
+    exp_fn,
+    fn_suffix,
+    inner_chunks,
+    row_expsum_fn,
+    row_reduce_fn,
+    work_range,
+)
+from smelt.codegen.templates.registry import register
+from smelt.frontend.onnx_import import op_version
+from smelt.ir.graph import Graph, Node
+from smelt.ir.types import FLOAT_TYPES, c_type
+
+# Hardmax stays a fallback op (tests/test_api.py uses it as the example of one); the
+# [outer, L, inner] loops below would serve it with a first-index argmax per row.
+OPS = ("Softmax", "LogSoftmax")
+
+
+def _view(node: Node, g: Graph) -> tuple[int, int, int]:
+    """[outer, L, inner] of the normalized view."""
+    shape = [int(d) for d in g.values[node.inputs[0]].shape] or [1]
+    rank = len(shape)
+    coerce = op_version(g, node) < 13
+    axis = node.attr("axis", 1 if coerce else -1)
+    axis = axis + rank if axis < 0 else axis
+    prod = lambda dims: int(np.prod(dims, dtype=np.int64))  # noqa: E731
+    if coerce:
+        return prod(shape[:axis]), prod(shape[axis:]), 1
+    return prod(shape[:axis]), shape[axis], prod(shape[axis + 1:])
+
+
+def _check(node: Node, g: Graph) -> str | None:
+    x = node.inputs[0]
+    dt = dtype_name(g, x)
+    if dt not in FLOAT_TYPES or dtype_name(g, node.outputs[0]) != dt:
+        return f"{node.op} is native for float types only"
+    rank = max(1, len(g.values[x].shape))
+    axis = node.attr("axis", 1 if op_version(g, node) < 13 else -1)
+    if not -rank <= axis < rank:
+        return f"axis {axis} out of range for rank {rank}"
+    if g.values[x].size == 0:
+        return "empty tensor"
+    return None
+
+
+@register(OPS, versions=(11, 13), check=_check, name="softmax")
+def emit_softmax(node: Node, g: Graph, em: BlockEmitter) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    dt = dtype_name(g, x)
+    t = c_type(dt)
+    outer, length, inner = _view(node, g)
+    parallel = g.values[x].size >= PARALLEL_MIN_ELEMS
+    log = fn_suffix("log", dt)
+    lines = [f"const {t} *restrict X = {em.ptr(x)};", f"{t} *restrict Y = (void *){em.ptr(y)};"]
+    if inner == 1:
+        fmax = row_reduce_fn(em, "max", dt)
+        lines.append(work_range(outer, parallel))
+        lines.append("for (long o = wb; o < we; ++o) {")
+        lines.append(f"    const {t} *restrict xr = X + o * {length}; {t} *restrict yr = Y + o * {length};")
+        if node.op == "Softmax":
+            fexp = row_expsum_fn(em, dt, store=True)
+            lines += [f"    {t} m = {fmax}(xr, {length});",
+                      f"    const {t} r = 1 / {fexp}(yr, xr, {length}, m);",
+                      f"    for (long l = 0; l < {length}; ++l) yr[l] *= r;"]
+        else:
+            fexp = row_expsum_fn(em, dt, store=False)
+            lines += [f"    {t} m = {fmax}(xr, {length});",
+                      f"    {t} ls = {log}({fexp}(xr, {length}, m));",
+                      f"    for (long l = 0; l < {length}; ++l) yr[l] = (xr[l] - m) - ls;"]
+        lines.append("}")
+    else:
+        nch = inner_chunks(outer, inner, em.n_threads) if parallel else 1
+        cs = -(-inner // nch)
+        scratch = em.scratch(em.n_threads * 2 * inner * np.dtype(dt).itemsize, dt)
+        exp = exp_fn(em, dt)
+        lines.append(work_range(outer * nch, parallel))
+        lines.append(f"{t} *restrict M = {scratch} + (long)tid * {2 * inner}; {t} *restrict S = M + {inner};")
+        lines.append("for (long w = wb; w < we; ++w) {")
+        lines.append(f"    long o = w / {nch}, i0 = (w % {nch}) * {cs}, i1 = SMELT_MIN({inner}, i0 + {cs});")
+        lines.append(f"    const {t} *restrict xo = X + o * {length * inner}; {t} *restrict yo = Y + o * {length * inner};")
+        lines.append("    for (long i = i0; i < i1; ++i) { M[i] = xo[i]; S[i] = 0; }")
+        lines.append(f"    for (long l = 1; l < {length}; ++l) {{ const {t} *restrict xr = xo + l * {inner};")
+        lines.append("        for (long i = i0; i < i1; ++i) "
+                     "M[i] = (xr[i] > M[i] || xr[i] != xr[i]) ? xr[i] : M[i]; }")
+        lines.append(f"    for (long l = 0; l < {length}; ++l) {{ const {t} *restrict xr = xo + l * {inner}; "
+                     f"{t} *restrict yr = yo + l * {inner};")
+        if node.op == "Softmax":
+            lines.append(f"        for (long i = i0; i < i1; ++i) {{ {t} e = {exp}(xr[i] - M[i]); yr[i] = e; S[i] += e; }} }}")
+            lines.append("    for (long i = i0; i < i1; ++i) S[i] = 1 / S[i];")
+            lines.append(f"    for (long l = 0; l < {length}; ++l) {{ {t} *restrict yr = yo + l * {inner};")
+            lines.append("        for (long i = i0; i < i1; ++i) yr[i] *= S[i]; }")
+        else:
+            lines.append(f"        for (long i = i0; i < i1; ++i) S[i] += {exp}(xr[i] - M[i]); }}")
+            lines.append(f"    for (long i = i0; i < i1; ++i) S[i] = {log}(S[i]);")
+            lines.append(f"    for (long l = 0; l < {length}; ++l) {{ const {t} *restrict xr = xo + l * {inner}; "
+                         f"{t} *restrict yr = yo + l * {inner};")
+            lines.append("        for (long i = i0; i < i1; ++i) yr[i] = (xr[i] - M[i]) - S[i]; }")
+        lines.append("}")
+    emit_kernel(em, f"{node.op.lower()}_{dt}", "\n".join(lines),
+                f"{node.op} over [{outer}, {length}, {inner}]", wide=True)

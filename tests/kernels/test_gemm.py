@@ -1,0 +1,306 @@
+"""Gemm and MatMul templates against onnxruntime: every ragged edge of the blocked GEMM.
+
+Sizes sit below, at and above each block of the AVX-512 kernel (MR=8, NR=48, KC=384 split in
+balanced blocks, NC=672, MC=336 for run-time packed A), plus M/N/K = 1. Many independent cases
+share one multi-output model so that one C compile covers them; each model runs at 1 and 2
+threads (one library serves both) and is also generated for the AVX2 and portable-C kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from helpers import const, make_model, ort_run, tensor
+from onnx import helper
+
+import smelt
+from smelt.target import detect
+
+RNG = np.random.default_rng(1234)
+
+
+def _rand(*shape) -> np.ndarray:
+    return RNG.uniform(-1, 1, shape).astype(np.float32)
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    nodes: list
+    inputs: list
+    inits: list
+    output: str
+    feeds: dict
+
+
+def gemm_case(name, m, n, k, ta=0, tb=0, alpha=1.0, beta=1.0, c=None, c_const=True, b_const=True,
+              a_const=False, post=()) -> Case:
+    p = name
+    a_shape = (k, m) if ta else (m, k)
+    b_shape = (n, k) if tb else (k, n)
+    inputs, inits, feeds = [], [], {}
+
+    def operand(nm, shape, is_const):
+        arr = _rand(*shape)
+        if is_const:
+            inits.append(const(nm, arr))
+        else:
+            inputs.append(tensor(nm, list(shape)))
+            feeds[nm] = arr
+
+    operand(f"{p}_a", a_shape, a_const)
+    operand(f"{p}_b", b_shape, b_const)
+    ins = [f"{p}_a", f"{p}_b"]
+    if c is not None:
+        c_shape = {"scalar": (), "1": (1,), "n": (n,), "1n": (1, n), "m1": (m, 1), "mn": (m, n),
+                   "11": (1, 1)}[c]
+        operand(f"{p}_c", c_shape, c_const)
+        ins.append(f"{p}_c")
+    attrs = {}
+    if ta:
+        attrs["transA"] = 1
+    if tb:
+        attrs["transB"] = 1
+    if alpha != 1.0:
+        attrs["alpha"] = alpha
+    if beta != 1.0:
+        attrs["beta"] = beta
+    nodes = [helper.make_node("Gemm", ins, [f"{p}_g"], **attrs)]
+    out = _post(nodes, inputs, inits, feeds, f"{p}_g", p, post, (m, n), channel_axis=1)
+    return Case(name, nodes, inputs, inits, out, feeds)
+
+
+def _post(nodes, inputs, inits, feeds, cur, p, post, out_shape, channel_axis) -> str:
+    """Append element-wise ops the fuse pass folds into the producer."""
+    for i, op in enumerate(post):
+        nxt = f"{p}_e{i}"
+        if op in ("Relu", "Sigmoid", "Tanh", "HardSwish"):
+            nodes.append(helper.make_node(op, [cur], [nxt]))
+        elif op == "LeakyRelu":
+            nodes.append(helper.make_node(op, [cur], [nxt], alpha=0.1))
+        elif op == "HardSigmoid":
+            nodes.append(helper.make_node(op, [cur], [nxt], alpha=0.3, beta=0.4))
+        elif op == "Clip":
+            inits += [const(f"{nxt}_lo", np.float32(-0.5)), const(f"{nxt}_hi", np.float32(0.7))]
+            nodes.append(helper.make_node("Clip", [cur, f"{nxt}_lo", f"{nxt}_hi"], [nxt]))
+        elif op == "SiLU":
+            nodes.append(helper.make_node("Sigmoid", [cur], [f"{nxt}_s"]))
+            nodes.append(helper.make_node("Mul", [cur, f"{nxt}_s"], [nxt]))
+        else:  # "Add:full", "Sub:channel:swap", "Mul:scalar", "Div:channel", "Add:full:input"
+            parts = op.split(":")
+            kind, swap, runtime = parts[1], "swap" in parts, "input" in parts
+            if kind == "full":
+                shape = out_shape
+            elif kind == "channel":
+                shape = tuple(d if a == channel_axis else 1 for a, d in enumerate(out_shape))
+                shape = shape[channel_axis:]  # numpy-style trailing broadcast
+            else:
+                shape = (1,)
+            arr = _rand(*shape)
+            if parts[0] == "Div":
+                arr = np.where(np.abs(arr) < 0.2, 0.5, arr).astype(np.float32)
+            if runtime:
+                inputs.append(tensor(f"{nxt}_o", list(shape)))
+                feeds[f"{nxt}_o"] = arr
+            else:
+                inits.append(const(f"{nxt}_o", arr))
+            ins = [f"{nxt}_o", cur] if swap else [cur, f"{nxt}_o"]
+            nodes.append(helper.make_node(parts[0], ins, [nxt]))
+        cur = nxt
+    return cur
+
+
+def matmul_case(name, a_shape, b_shape, b_const=False, a_const=False, post=(), channel_axis=None) -> Case:
+    p = name
+    inputs, inits, feeds = [], [], {}
+    for nm, shape, is_const in ((f"{p}_a", a_shape, a_const), (f"{p}_b", b_shape, b_const)):
+        arr = _rand(*shape)
+        if is_const:
+            inits.append(const(nm, arr))
+        else:
+            inputs.append(tensor(nm, list(shape)))
+            feeds[nm] = arr
+    nodes = [helper.make_node("MatMul", [f"{p}_a", f"{p}_b"], [f"{p}_m"])]
+    out_shape = np.matmul(np.zeros(a_shape, np.float32), np.zeros(b_shape, np.float32)).shape
+    axis = len(out_shape) - 1 if channel_axis is None else channel_axis
+    out = _post(nodes, inputs, inits, feeds, f"{p}_m", p, post, out_shape, axis)
+    return Case(name, nodes, inputs, inits, out, feeds)
+
+
+GEMM_CASES = [
+    # block edges: MR=8, NR=48, KC=384, NC=672; M/N/K = 1
+    gemm_case("g1x1x1", 1, 1, 1),
+    gemm_case("g_fc", 1, 1000, 64, c="n", post=("Relu",)),
+    gemm_case("g7x47x5", 7, 47, 5),
+    gemm_case("g8x48x16", 8, 48, 16, c="1n"),
+    gemm_case("g9x49x17", 9, 49, 17, c="mn"),
+    gemm_case("g17x97x385", 17, 97, 385, c="m1"),
+    gemm_case("g16x96x768", 16, 96, 768, c="scalar"),
+    gemm_case("g37x673x20", 37, 673, 20, c="n", post=("Relu",)),
+    gemm_case("g3x1345x9", 3, 1345, 9),
+    # run-time B (packed per call), run-time A beyond MC
+    gemm_case("g_rtb", 23, 101, 53, b_const=False, c="n", c_const=False),
+    gemm_case("g_rta_big", 339, 50, 30, b_const=False),
+    gemm_case("g_consta", 13, 50, 30, a_const=True, b_const=False),
+    # transposes, alpha/beta, C kinds
+    gemm_case("g_tA", 11, 53, 19, ta=1, c="mn"),
+    gemm_case("g_tB", 11, 53, 19, tb=1, c="n"),
+    gemm_case("g_tAtB", 11, 53, 19, ta=1, tb=1, alpha=0.5, beta=2.0, c="1n"),
+    gemm_case("g_tB_rt", 12, 50, 21, tb=1, b_const=False, alpha=-1.5),
+    gemm_case("g_tA_rt_b", 10, 60, 19, ta=1, tb=1, b_const=False, c="m1", c_const=False, beta=0.25),
+    gemm_case("g_beta0", 5, 20, 7, c="mn", beta=0.0),
+    gemm_case("g_c11", 5, 20, 7, c="11", beta=-2.0),
+    gemm_case("g_c1", 5, 20, 7, c="1", c_const=False),
+    gemm_case("g_cmn_rt", 9, 50, 7, c="mn", c_const=False, alpha=2.0, beta=0.5, post=("Relu",)),
+    # fused epilogues (vector path and scalar fallbacks)
+    gemm_case("g_relu", 20, 70, 33, c="n", post=("Relu",)),
+    gemm_case("g_clip", 20, 70, 33, post=("Clip",)),
+    gemm_case("g_add_full", 20, 70, 33, c="n", post=("Add:full:input", "Relu")),
+    gemm_case("g_sub_ch", 20, 70, 33, post=("Sub:channel:swap", "LeakyRelu")),
+    gemm_case("g_mul_sc", 20, 70, 33, post=("Mul:scalar", "HardSigmoid")),
+    gemm_case("g_div_ch", 20, 70, 33, post=("Div:channel", "HardSwish")),
+    gemm_case("g_sigmoid", 20, 70, 33, post=("Sigmoid",)),
+    gemm_case("g_silu", 20, 70, 33, c="n", post=("SiLU",)),
+    gemm_case("g_tanh_add", 20, 70, 33, post=("Tanh", "Add:channel")),
+]
+
+MATMUL_CASES = [
+    matmul_case("m_vec_mat", (37,), (37, 50)),
+    matmul_case("m_mat_vec", (20, 37), (37,)),
+    matmul_case("m_vec_vec", (37,), (37,)),
+    matmul_case("m_batched", (2, 3, 9, 17), (2, 3, 17, 49)),
+    matmul_case("m_bcast_a", (2, 1, 9, 17), (3, 17, 50)),
+    matmul_case("m_bcast_b", (4, 9, 17), (1, 17, 20)),
+    matmul_case("m_shared_b", (3, 5, 17), (17, 50), b_const=True, post=("Add:channel", "Relu")),
+    matmul_case("m_a2d_bbatch", (9, 17), (3, 17, 20)),
+    matmul_case("m_const_b_batched", (2, 9, 17), (2, 17, 50), b_const=True),
+    matmul_case("m_const_a", (9, 17), (17, 20), a_const=True),
+    matmul_case("m_big", (65, 400), (400, 100), b_const=True, post=("Add:full",)),
+    matmul_case("m_vec_chan", (3, 6, 17), (17,), post=("Add:channel",)),
+    matmul_case("m_1x1", (1, 1), (1, 1)),
+]
+
+
+def _model(cases: list[Case]):
+    nodes, inputs, inits, outputs, feeds = [], [], [], [], {}
+    for c in cases:
+        nodes += c.nodes
+        inputs += c.inputs
+        inits += c.inits
+        outputs.append(helper.make_tensor_value_info(c.output, 1, None))
+        feeds.update(c.feeds)
+    return make_model(nodes, inputs, outputs, inits), feeds
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("smelt-cache")
+
+
+def _isa_target(isa: str):
+    real = detect()
+    if isa == "native":
+        return real
+    if isa == "avx2":
+        if "avx2" not in real.flags or real.arch != "x86_64":
+            pytest.skip("host has no AVX2")
+        return dataclasses.replace(real, isa="avx2", vector_bits=256, vector_registers=16)
+    return dataclasses.replace(real, isa="scalar", vector_bits=32, vector_registers=16)
+
+
+def _check(cases: list[Case], isa: str, monkeypatch, cache) -> None:
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    model, feeds = _model(cases)
+    want = ort_run(model, feeds)
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        assert compiled.fallback_nodes == []
+        assert f"__{target.isa}_" in compiled.source_path.read_text()  # the kernels asked for
+        got = compiled.run(feeds)
+        for c, g, w in zip(cases, got, want, strict=True):
+            assert g.shape == w.shape, (c.name, g.shape, w.shape)
+            scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
+            err = float(np.max(np.abs(g.astype(np.float64) - w))) if w.size else 0.0
+            assert err <= 1e-4 * scale, f"{c.name} ({isa}, threads={threads}): max abs error {err}"
+        compiled.close()
+
+
+def test_fused_graphs_have_no_standalone_epilogue(monkeypatch, cache):
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    case = gemm_case("fuse", 4, 40, 8, c="n", post=("Relu",))
+    model, feeds = _model([case])
+    compiled = smelt.compile(model, threads=2)
+    assert [op for _, op in compiled.native_nodes] == ["Gemm"]
+    src = compiled.source_path.read_text()
+    assert "template: f32_gemm_" in src
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
+def test_gemm(isa, monkeypatch, cache):
+    _check(GEMM_CASES if isa == "native" else GEMM_CASES[::2], isa, monkeypatch, cache)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
+def test_matmul(isa, monkeypatch, cache):
+    _check(MATMUL_CASES, isa, monkeypatch, cache)
+
+
+def test_large_gemm_both_runtime(monkeypatch, cache):
+    """Square GEMM with several K blocks, both operands packed at run time, two threads."""
+    _check([matmul_case("sq", (200, 800), (800, 300)), gemm_case("sq_c", 130, 700, 400, c="n")],
+           "native", monkeypatch, cache)
+
+
+def test_non_float_falls_back(monkeypatch, cache):
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])],
+                       [tensor("a", [3, 4], 6), tensor("b", [4, 5], 6)], [tensor("y", [3, 5], 6)])
+    compiled = smelt.compile(model, threads=1)
+    assert compiled.fallback_nodes
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    b = np.arange(20, dtype=np.int32).reshape(4, 5)
+    np.testing.assert_array_equal(compiled(a, b), a @ b)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_vector_exp_epilogues_accuracy(isa, monkeypatch, cache):
+    """Sigmoid / Tanh / SiLU epilogues use a vector expf: check them over a wide range."""
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    xs = np.concatenate([np.linspace(-100, 100, 2001), np.linspace(-1e-3, 1e-3, 101),
+                         [0.0, -0.0, 87.5, -87.5, 89.0, -89.0, 1e-30, -1e-30]]).astype(np.float32)
+    n = xs.size
+    nodes, outputs = [], []
+    for op in ("Sigmoid", "Tanh", "SiLU"):
+        nodes.append(helper.make_node("Gemm", ["one", "xs"], [f"g_{op}"]))
+        if op == "SiLU":
+            nodes += [helper.make_node("Sigmoid", [f"g_{op}"], [f"s_{op}"]),
+                      helper.make_node("Mul", [f"g_{op}", f"s_{op}"], [f"y_{op}"])]
+        else:
+            nodes.append(helper.make_node(op, [f"g_{op}"], [f"y_{op}"]))
+        outputs.append(tensor(f"y_{op}", [1, n]))
+    model = make_model(nodes, [tensor("one", [1, 1])], outputs, [const("xs", xs.reshape(1, n))])
+    compiled = smelt.compile(model, threads=1)
+    assert [op for _, op in compiled.native_nodes] == ["Gemm"] * 3
+    assert "template: f32_vexp__" in compiled.source_path.read_text()
+    got = compiled.run({"one": np.ones((1, 1), np.float32)})
+    x = xs.astype(np.float64)
+    sig = 1.0 / (1.0 + np.exp(-x))
+    for g, w in zip(got, (sig, np.tanh(x), x * sig), strict=True):
+        g = g.reshape(-1).astype(np.float64)
+        assert np.all(np.abs(g - w) <= 1e-6 * np.maximum(1.0, np.abs(w)) + 1e-7), np.max(np.abs(g - w))
+
+
+def test_direct_b_variant(monkeypatch, tmp_path):
+    """The (disabled by default) in-place B reading path: kernels read run-time B rows directly."""
+    from smelt.codegen.templates import gemm
+
+    monkeypatch.setattr(gemm, "DIRECT_B", True)
+    by_name = {c.name: c for c in GEMM_CASES + MATMUL_CASES}
+    cases = [by_name[n] for n in ("g_rtb", "g_rta_big", "m_batched", "m_bcast_a")]
+    _check(cases + [matmul_case("d_tail", (17, 30), (30, 49))], "native", monkeypatch, tmp_path)

@@ -1,0 +1,350 @@
+"""Native LSTM / GRU / RNN templates against onnxruntime.
+
+Each test builds one ONNX model holding many independent recurrent nodes (one per case, its own
+inputs and weights), so one compile covers many configurations. The reference is onnxruntime
+running an equivalent model: onnxruntime rejects layout=1, so there a case is rewritten as
+Transpose -> the layout-0 node -> Transpose. Every model runs natively at threads=1 and 2
+(fallback_nodes == []); tolerance: max abs error <= 1e-5 * max(1, max |ref|).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import smelt
+from smelt.codegen.templates.rnn import vmath_source
+from smelt.codegen.toolchain import RUNTIME_HEADER, arch_flags, find_compiler
+from smelt.target import detect
+
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+OPSET = 14
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "smelt-rnn-cache"))
+
+
+@dataclass
+class Case:
+    op: str
+    T: int
+    B: int
+    E: int  # input size
+    H: int
+    direction: str = "forward"
+    layout: int = 0
+    seq: str | list[int] | None = None  # None, "rand" (includes 0 and T when B >= 3) or explicit
+    init: bool = False
+    peep: bool = False
+    bias: bool = True
+    attrs: dict = field(default_factory=dict)
+    outputs: tuple[str, ...] = ("Y", "Y_h", "Y_c")
+    runtime_weights: bool = False  # W, R, B, P as graph inputs (as in the ONNX backend tests)
+    seq_const: bool = False  # sequence_lens as an initializer
+
+
+def _node_and_data(case: Case, p: str, rng: np.random.Generator, layout: int):
+    D = 2 if case.direction == "bidirectional" else 1
+    G, T, B, E, H = GATES[case.op], case.T, case.B, case.E, case.H
+    k = 1.5 / np.sqrt(max(H, E))
+    consts = {f"{p}W": rng.uniform(-k, k, (D, G * H, E)).astype(np.float32),
+              f"{p}R": rng.uniform(-k, k, (D, G * H, H)).astype(np.float32)}
+    if case.bias:
+        consts[f"{p}B"] = rng.uniform(-0.5, 0.5, (D, 2 * G * H)).astype(np.float32)
+    if case.peep:
+        consts[f"{p}P"] = rng.uniform(-0.5, 0.5, (D, 3 * H)).astype(np.float32)
+    feeds = {f"{p}X": rng.standard_normal((T, B, E) if layout == 0 else (B, T, E)).astype(np.float32)}
+    if case.seq is not None:
+        if case.seq == "rand":
+            lens = rng.integers(0, T + 1, B)
+            if B >= 3:
+                lens[0], lens[-1] = 0, T
+        else:
+            lens = np.asarray(case.seq)
+        (consts if case.seq_const else feeds)[f"{p}L"] = lens.astype(np.int32)
+    sshape = (D, B, H) if layout == 0 else (B, D, H)
+    if case.init:
+        feeds[f"{p}h0"] = (0.5 * rng.standard_normal(sshape)).astype(np.float32)
+        if case.op == "LSTM":
+            feeds[f"{p}c0"] = (0.5 * rng.standard_normal(sshape)).astype(np.float32)
+    ins = [f"{p}X", f"{p}W", f"{p}R", f"{p}B" if case.bias else "", f"{p}L" if case.seq is not None else "",
+           f"{p}h0" if case.init else "", f"{p}c0" if case.init and case.op == "LSTM" else "",
+           f"{p}P" if case.peep else ""]
+    ins = ins[:8 if case.op == "LSTM" else 6]
+    while ins[-1] == "":
+        ins.pop()
+    names = ["Y", "Y_h", "Y_c"][:3 if case.op == "LSTM" else 2]
+    outs = [f"{p}{n}" if n in case.outputs else "" for n in names]
+    while outs[-1] == "":
+        outs.pop()
+    attrs = dict(case.attrs)
+    if layout:
+        attrs["layout"] = 1
+    node = helper.make_node(case.op, ins, outs, hidden_size=H, direction=case.direction, **attrs)
+    return node, consts, feeds, [o for o in outs if o]
+
+
+def _models(cases: list[Case], seed: int = 0):
+    """(smelt model, reference model, feeds, output names) for a list of cases."""
+    rng = np.random.default_rng(seed)
+    nodes, ref_nodes, inits, ref_inits, g_in, r_in, outs, feeds = [], [], [], [], [], [], [], {}
+
+    def vi(name, arr):
+        return helper.make_tensor_value_info(name, TensorProto.INT32 if arr.dtype == np.int32 else TensorProto.FLOAT,
+                                             list(arr.shape))
+
+    for ci, case in enumerate(cases):
+        p = f"c{ci}_"
+        node, consts, fd, case_outs = _node_and_data(case, p, rng, case.layout)
+        nodes.append(node)
+        outs += case_outs
+        feeds.update(fd)
+        if case.runtime_weights:
+            feeds.update(consts)
+        else:
+            inits += [numpy_helper.from_array(v, k) for k, v in consts.items()]
+            ref_inits += [numpy_helper.from_array(v, k) for k, v in consts.items()]
+        for k, v in (fd | consts if case.runtime_weights else fd).items():
+            g_in.append(vi(k, v))
+            r_in.append(vi(k, v))
+        if case.layout == 0:
+            ref_nodes.append(node)
+            continue
+        # onnxruntime has no layout=1: transpose around a layout-0 node
+        rnode = onnx.NodeProto()
+        rnode.CopyFrom(node)
+        del rnode.attribute[:]
+        rnode.attribute.extend([a for a in node.attribute if a.name != "layout"])
+        for i, name in enumerate(rnode.input):
+            if name and name.endswith(("X", "h0", "c0")):
+                ref_nodes.append(helper.make_node("Transpose", [name], [name + "_t"], perm=[1, 0, 2]))
+                rnode.input[i] = name + "_t"
+        for i, name in enumerate(rnode.output):
+            if name:
+                perm = [2, 0, 1, 3] if name.endswith("_Y") else [1, 0, 2]
+                ref_nodes.append(helper.make_node("Transpose", [name + "_t"], [name], perm=perm))
+                rnode.output[i] = name + "_t"
+        ref_nodes.insert(len(ref_nodes) - sum(1 for o in rnode.output if o), rnode)
+    g_out = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs]
+
+    def model(ns, ins, its):
+        m = helper.make_model(helper.make_graph(ns, "rnn_cases", ins, g_out, its),
+                              opset_imports=[helper.make_opsetid("", OPSET)])
+        m.ir_version = 8
+        return m
+
+    return model(nodes, g_in, inits), model(ref_nodes, r_in, ref_inits), feeds, outs
+
+
+def _check(cases: list[Case], threads=(1, 2), seed: int = 0) -> None:
+    model, ref_model, feeds, outs = _models(cases, seed)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    ref = ort.InferenceSession(ref_model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(outs, feeds)
+    for th in threads:
+        compiled = smelt.compile(model, threads=th)
+        assert compiled.fallback_nodes == [], compiled.fallback_report
+        got = compiled.run(feeds)
+        for _ in range(2):  # run again: state must not leak between calls
+            got = compiled.run(feeds)
+        compiled.close()
+        for name, a, b in zip(outs, got, ref, strict=True):
+            assert a.shape == b.shape, (name, a.shape, b.shape)
+            err = float(np.abs(a - b).max()) if a.size else 0.0
+            bound = 1e-5 * max(1.0, float(np.abs(b).max()) if b.size else 0.0)
+            ci = int(name[1:name.index("_")])
+            assert err <= bound, f"threads={th} {name}: {cases[ci]} max abs err {err:.3g} > {bound:.3g}"
+
+
+# --------------------------------------------------------------------------------------------
+def _matrix(op: str) -> list[Case]:
+    lstm = op == "LSTM"
+    cases = []
+    # directions x layouts, with variable lengths (incl. 0 and T), initial states, peepholes
+    for direction in ("forward", "reverse", "bidirectional"):
+        for layout in (0, 1):
+            cases.append(Case(op, 5, 3, 4, 7, direction, layout, seq="rand", init=True, peep=lstm))
+    # hidden sizes below / at / above the 16-lane block and the thread split
+    for H in (1, 16, 33, 64, 130):
+        cases.append(Case(op, 3, 1 if H != 33 else 3, 5, H, "bidirectional" if H in (16, 130) else "forward"))
+    # one direction split over two threads (weight-centric: each owns half the hidden blocks)
+    cases.append(Case(op, 3, 2, 5, 130, "forward", seq=[3, 1], init=True, peep=lstm))
+    # constant sequence_lens: all full (masks dropped at compile time) and variable
+    cases.append(Case(op, 3, 3, 4, 5, "bidirectional", seq=[3, 3, 3], seq_const=True))
+    cases.append(Case(op, 3, 3, 4, 5, "reverse", seq=[2, 0, 3], seq_const=True))
+    # batch sizes (register tiles of up to 6-8 rows), sequence length 1
+    cases.append(Case(op, 4, 20, 6, 17, "forward", seq="rand", init=True))
+    cases.append(Case(op, 1, 3, 3, 9, "reverse", init=True))
+    cases.append(Case(op, 1, 20, 3, 40, "bidirectional", 1, seq="rand", init=True, peep=lstm))
+    # clip, no bias, omitted outputs
+    cases.append(Case(op, 6, 2, 5, 12, "bidirectional", attrs={"clip": 0.4}, seq=[6, 3], init=True, peep=lstm))
+    cases.append(Case(op, 4, 3, 8, 20, "reverse", bias=False, outputs=("Y_h",)))
+    cases.append(Case(op, 4, 3, 8, 20, "forward", 1, outputs=("Y",), seq=[0, 0, 0]))
+    if lstm:
+        cases.append(Case(op, 5, 2, 3, 18, "bidirectional", attrs={"input_forget": 1}, init=True, peep=True))
+        cases.append(Case(op, 4, 3, 5, 10, "forward", outputs=("Y_c",), seq="rand"))
+    if op == "GRU":
+        for direction in ("forward", "bidirectional"):
+            cases.append(Case(op, 5, 3, 4, 19, direction, seq="rand", init=True, attrs={"linear_before_reset": 1}))
+        cases.append(Case(op, 3, 20, 6, 70, "reverse", 1, attrs={"linear_before_reset": 1, "clip": 0.7}))
+    return cases
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_attribute_matrix(op):
+    _check(_matrix(op))
+
+
+ACTS = [("HardSigmoid", "LeakyRelu", "ThresholdedRelu"), ("Affine", "ScaledTanh", "Elu"),
+        ("Softsign", "Softplus", "Relu"), ("Tanh", "Sigmoid", "HardSigmoid")]
+
+
+def test_activations():
+    cases = []
+    for i, acts in enumerate(ACTS):
+        alpha = [0.3, 0.7, 1.1, 0.9, 0.4, 0.6][: 2 + i]  # fewer values than takers: defaults apply
+        beta = [0.2, 0.4, 0.1]
+        for op, n in (("LSTM", 3), ("GRU", 2), ("RNN", 1)):
+            attrs = {"activations": list(acts[:n]), "activation_alpha": alpha, "activation_beta": beta}
+            cases.append(Case(op, 4, 2, 3, 9, attrs=attrs, seq=[4, 2], init=True))
+    # per-direction activations (bidirectional: 2 sets)
+    cases.append(Case("LSTM", 4, 2, 3, 9, "bidirectional",
+                      attrs={"activations": ["Sigmoid", "Tanh", "Tanh", "HardSigmoid", "Softsign", "Elu"],
+                             "activation_alpha": [0.25], "activation_beta": [0.45]}))
+    cases.append(Case("GRU", 4, 2, 3, 9, "bidirectional",
+                      attrs={"activations": ["Sigmoid", "Tanh", "Sigmoid", "LeakyRelu"], "linear_before_reset": 1}))
+    cases.append(Case("RNN", 4, 2, 3, 9, "bidirectional", attrs={"activations": ["Relu", "Affine"],
+                                                                   "activation_alpha": [0.5], "activation_beta": [0.1]}))
+    _check(cases)
+
+
+def test_runtime_weights():
+    """W, R, B and P fed at run time are packed by a first step, with the compile-time layout."""
+    cases = [Case("LSTM", 5, 3, 6, 21, "bidirectional", seq="rand", init=True, peep=True, runtime_weights=True),
+             Case("GRU", 4, 2, 5, 18, "forward", runtime_weights=True),
+             Case("GRU", 4, 2, 5, 35, "bidirectional", 1, attrs={"linear_before_reset": 1}, seq=[1, 4],
+                  runtime_weights=True),
+             Case("RNN", 3, 3, 70, 4, "reverse", bias=False, runtime_weights=True),
+             Case("LSTM", 2, 1, 67, 3, "forward", runtime_weights=True, bias=False)]
+    _check(cases)
+
+
+def test_oversubscribed_threads():
+    """More threads than cores: direction groups of several threads with their own barriers."""
+    cases = [Case("LSTM", 4, 20, 16, 130, "bidirectional", seq="rand", init=True, peep=True),
+             Case("GRU", 3, 8, 16, 160, "forward"),
+             Case("RNN", 3, 8, 8, 200, "bidirectional", 1)]
+    _check(cases, threads=(3, 4))
+
+
+def _backend_cases(monkeypatch) -> list[tuple[str, onnx.NodeProto, list, list]]:
+    """The ONNX backend node tests for these ops, from the generators onnx ships."""
+    import importlib
+
+    found = []
+    for mod_name in ("lstm", "gru", "rnn"):
+        mod = importlib.import_module(f"onnx.backend.test.case.node.{mod_name}")
+        monkeypatch.setattr(mod, "expect", lambda node, inputs, outputs, name, **kw: found.append(
+            (name, node, list(inputs), list(outputs))))
+        for cls in vars(mod).values():
+            if isinstance(cls, type) and cls.__module__ == mod.__name__:
+                for attr in dir(cls):
+                    if attr.startswith("export"):
+                        getattr(cls, attr)()
+    return found
+
+
+def test_onnx_backend_cases(monkeypatch):
+    """The ONNX backend node tests (test_lstm_*, test_gru_*, test_*rnn_*) merged into one model."""
+    nodes, inputs, outputs, feeds, expected = [], [], [], {}, {}
+    cases = _backend_cases(monkeypatch)
+    assert len(cases) >= 15, [c[0] for c in cases]
+    for name, src_node, ins, outs in cases:
+        p = name + "__"
+        node = onnx.NodeProto()
+        node.CopyFrom(src_node)
+        in_names = [n for n in node.input if n]
+        out_names = [n for n in node.output if n]
+        node.input[:] = [p + n if n else "" for n in node.input]
+        node.output[:] = [p + n if n else "" for n in node.output]
+        nodes.append(node)
+        for n, arr in zip(in_names, ins, strict=True):
+            feeds[p + n] = arr
+            elem = TensorProto.INT32 if arr.dtype == np.int32 else TensorProto.FLOAT
+            inputs.append(helper.make_tensor_value_info(p + n, elem, list(arr.shape)))
+        for n, arr in zip(out_names, outs, strict=True):
+            expected[p + n] = arr
+            outputs.append(helper.make_tensor_value_info(p + n, TensorProto.FLOAT, None))
+    model = helper.make_model(helper.make_graph(nodes, "backend", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    compiled = smelt.compile(model, threads=2)
+    assert compiled.fallback_nodes == [], compiled.fallback_report
+    got = compiled.run(feeds)
+    for vi, a in zip(outputs, got, strict=True):
+        b = expected[vi.name]
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(b).max())), err_msg=vi.name)
+
+
+def _vmath_lib(tmp_path, extra: list[str]) -> ctypes.CDLL:
+    src = tmp_path / "vmath.c"
+    src.write_text('#include "smelt_rt.h"\n' + vmath_source("t") + r"""
+void eval_all(const float *x, float *sg, float *th, long n) {
+    for (long i = 0; i < n; i += 16) {
+        t_v v = t_loadu(x + i);
+        t_storeu(sg + i, t_sigmoid(v));
+        t_storeu(th + i, t_tanh(v));
+    }
+}""")
+    so = tmp_path / f"vmath{len(extra)}.so"
+    subprocess.run([find_compiler().path, "-O3", "-std=gnu11", *arch_flags(detect()), *extra, "-shared", "-fPIC",
+                    "-I", str(RUNTIME_HEADER.parent), str(src), "-o", str(so), "-lm"], check=True)
+    return ctypes.CDLL(str(so))
+
+
+@pytest.mark.parametrize("variant", ["native", "no-avx512"])
+def test_vector_math_accuracy(tmp_path, variant):
+    """Vectorized sigmoid / tanh vs libm in double: max abs error < 5e-7 (measured ~1e-7)."""
+    if variant == "native" and "avx512f" not in detect().flags:
+        pytest.skip("no AVX-512 on this machine")
+    lib = _vmath_lib(tmp_path, [] if variant == "native" else ["-mno-avx512f"])
+    x = np.concatenate([np.linspace(-30, 30, 600_001, dtype=np.float32),
+                        np.linspace(-1, 1, 200_001, dtype=np.float32),
+                        np.array([0.0, -0.0, 1e-30, -1e-30, 1e-8, 88, -88, 100, -100, 1e30, -1e30], np.float32)])
+    x = np.concatenate([x, np.zeros((-x.size) % 16, np.float32)])
+    sg, th = np.empty_like(x), np.empty_like(x)
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    lib.eval_all(ptr(x), ptr(sg), ptr(th), ctypes.c_long(x.size))
+    xd = x.astype(np.float64)
+    with np.errstate(over="ignore"):
+        ref_sg = 1.0 / (1.0 + np.exp(-xd))
+    ref_th = np.tanh(xd)
+    assert np.abs(sg - ref_sg).max() < 5e-7
+    assert np.abs(th - ref_th).max() < 5e-7
+    small = (np.abs(x) < 1) & (x != 0)
+    assert (np.abs(th - ref_th) / np.abs(ref_th))[small].max() < 1e-6  # tanh keeps relative accuracy near 0
+    assert np.all((sg >= 0) & (sg <= 1)) and np.all(np.abs(th) <= 1)
+
+
+def test_checks_reject_with_reason():
+    """Non-float32 data falls back with a reason rather than failing."""
+    x = helper.make_tensor_value_info("X", TensorProto.DOUBLE, [2, 1, 3])
+    w = numpy_helper.from_array(np.zeros((1, 8, 3)), "W")
+    r = numpy_helper.from_array(np.zeros((1, 8, 2)), "R")
+    node = helper.make_node("LSTM", ["X", "W", "R"], ["", "Y_h"], hidden_size=2)
+    m = helper.make_model(helper.make_graph([node], "g", [x], [helper.make_tensor_value_info("Y_h", TensorProto.DOUBLE,
+                                                                                            None)], [w, r]),
+                          opset_imports=[helper.make_opsetid("", OPSET)])
+    m.ir_version = 8
+    compiled = smelt.compile(m, threads=1)
+    assert len(compiled.fallback_nodes) == 1
+    assert "float32" in compiled.fallback_report[0]["reason"]
