@@ -72,7 +72,7 @@ class CompiledModel:
         for name, _, shape in self._inputs:
             if name not in shapes and shape is not None and all(isinstance(d, int) for d in shape):
                 shapes[name] = shape
-        if len(shapes) == len(self._inputs):
+        if len(shapes) == len([i for i in self._inputs if i[1] is not None]):
             self._variant(self._key(shapes))
 
     # -- inputs ----------------------------------------------------------------------
@@ -99,6 +99,9 @@ class CompiledModel:
         checked = {}
         for name, dtype, shape in self._inputs:
             arr = feeds[name]
+            if dtype is None:  # a sequence or optional input: only the fallback can consume it
+                checked[name] = arr
+                continue
             if not isinstance(arr, np.ndarray):
                 arr = np.asarray(arr)
             if dtype is not None and arr.dtype != dtype:
@@ -116,7 +119,7 @@ class CompiledModel:
                         if bound.setdefault(want, got) != got:
                             raise ValueError(f"input {name!r}: dimension {want!r} must be the same size "
                                              f"everywhere; given shape {list(arr.shape)}")
-            checked[name] = np.ascontiguousarray(arr)
+            checked[name] = np.asarray(arr, order="C")  # keeps 0-d arrays 0-d
         return checked
 
     # -- variants --------------------------------------------------------------------
@@ -144,7 +147,7 @@ class CompiledModel:
     # -- running ---------------------------------------------------------------------
     def run(self, feeds: Mapping[str, Any]) -> list[np.ndarray]:
         arrays = self._check_feed(feeds)
-        art = self._variant(self._key({k: a.shape for k, a in arrays.items()}))
+        art = self._variant(self._key({k: a.shape for k, a in arrays.items() if isinstance(a, np.ndarray)}))
         return art.run(arrays)
 
     def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | list[np.ndarray]:

@@ -150,13 +150,11 @@ def _check_fallbacks(plan: ExecutionPlan, options: CompileOptions) -> None:
         if not options.allow_fallback and step.node.name not in options.force_fallback:
             raise UnsupportedOpError(step.node.op, step.node.name, f"no native kernel ({step.reason}) "
                                      "and fallback is disabled (allow_fallback=False)")
-        if step.node.domain not in ("", "ai.onnx", "ai.onnx.ml"):
-            raise UnsupportedOpError(step.node.op, step.node.name,
-                                     f"custom domain {step.node.domain!r} has no native template and "
-                                     "onnx.reference cannot run it")
         if not onnx.defs.has(step.node.op, step.node.domain):
+            where = f"domain {step.node.domain!r}" if step.node.domain else "the ONNX standard"
             raise UnsupportedOpError(step.node.op, step.node.name,
-                                     "not an ONNX operator smelt or onnx.reference knows")
+                                     f"not an operator of {where} that smelt or onnx.reference knows "
+                                     "(custom ops have no native template and cannot fall back)")
 
 
 def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: CompileOptions,
@@ -204,6 +202,7 @@ def _plan_json(g: Graph, plan: ExecutionPlan, module, lib_path: Path | None, opt
                 "ext_inputs": [_spec_json(g.values[n]) for n in step.ext_inputs],
                 "ext_outputs": [_spec_json(g.values[n]) for n in step.ext_outputs],
                 "nodes": [[n.name, n.op] for n in step.nodes],
+                "step_nodes": module.step_nodes[step.index],
             })
         else:
             outs = [(_spec_json(g.values[o]) if g.values[o].is_static else None) for o in step.node.outputs if o]

@@ -168,3 +168,16 @@ def test_no_compiler_is_a_clear_error(monkeypatch):
             toolchain.find_compiler()
     finally:
         toolchain.find_compiler.cache_clear()
+
+
+def test_gather_index_out_of_range_raises_naming_the_node():
+    nodes = [helper.make_node("Gather", ["data", "idx"], ["y"], name="lookup", axis=0)]
+    model = make_model(nodes, [tensor("data", [5, 3]), tensor("idx", [2], TensorProto.INT64)],
+                       [tensor("y", [2, 3])])
+    cm = smelt.compile(model, threads=2)
+    assert cm.fallback_nodes == []
+    data = np.arange(15, dtype=np.float32).reshape(5, 3)
+    np.testing.assert_array_equal(cm(data, np.array([4, -5], np.int64)), data[[4, 0]])
+    with pytest.raises(smelt.SmeltError, match=r"'lookup' \(Gather\).*out of range"):
+        cm(data, np.array([1, 5], np.int64))
+    np.testing.assert_array_equal(cm(data, np.array([0, 1], np.int64)), data[[0, 1]])  # still usable

@@ -187,30 +187,49 @@ typedef struct {{
     char *arena;
     char *scratch;
     const char *W;
+    atomic_int status; /* 0, or 1 + the step that called SMELT_FAIL() */
 }} smelt_ctx_t;
+
+/* A kernel that meets invalid input (an index out of range) calls SMELT_FAIL(): the inference
+ * finishes its steps, then the entry returns the failing step and Python raises naming the node. */
+static _Thread_local int smelt_tls_error;
+#define SMELT_FAIL() (smelt_tls_error = 1)
 """
 
 
 def render_block(block: BlockSource) -> str:
-    lines = [f"static void smelt_body_{block.index}(void *vctx, int tid, int nt) {{",
-             "    const smelt_ctx_t *c = (const smelt_ctx_t *)vctx;",
-             "    void *const *in = c->in; void *const *out = c->out;",
-             "    char *arena = c->arena; char *scratch = c->scratch; const char *W = c->W;",
-             "    (void)in; (void)out; (void)arena; (void)scratch; (void)W;"]
+    """A block: one function per step (gcc compiles many small functions far faster than one huge
+    one), a body calling them with a barrier between, and the exported entry.
+
+    A step reports a run-time failure (e.g. an index out of range) with SMELT_FAIL(); the body
+    records which step failed and the entry returns its number + 1 (0 = success).
+    """
+    k = block.index
+    lines = []
     for i, step in enumerate(block.steps):
-        lines.append(f"    /* [{i}] {c_comment_text(step.node.op)} {c_comment_text(step.node.name)} */")
-        lines.append(f"    SMELT_PROFILE_BEGIN({i});")
+        lines.append(f"/* block {k} step {i}: {c_comment_text(step.node.op)} {c_comment_text(step.node.name)} */")
+        lines.append(f"static __attribute__((noinline)) void smelt_b{k}_s{i}(smelt_ctx_t *c, int tid, int nt) {{")
+        lines.append("    void *const *in = c->in; void *const *out = c->out;")
+        lines.append("    char *arena = c->arena; char *scratch = c->scratch; const char *W = c->W;")
+        lines.append("    (void)in; (void)out; (void)arena; (void)scratch; (void)W; (void)tid; (void)nt;")
         lines.append("    { " + step.code.strip().replace("\n", "\n      ") + " }")
+        lines.append("}")
+    lines.append(f"static void smelt_body_{k}(void *vctx, int tid, int nt) {{")
+    lines.append("    smelt_ctx_t *c = (smelt_ctx_t *)vctx;")
+    for i in range(len(block.steps)):
+        lines.append(f"    SMELT_PROFILE_BEGIN({i});")
+        lines.append(f"    smelt_b{k}_s{i}(c, tid, nt);")
+        lines.append(f"    if (smelt_tls_error) {{ atomic_store(&c->status, {i + 1}); smelt_tls_error = 0; }}")
         lines.append(f"    SMELT_PROFILE_END({i});")
         if i + 1 < len(block.steps):
             lines.append("    smelt_barrier(c->pool, nt);")
     lines.append("}")
     lines.append(
-        f"SMELT_EXPORT int smelt_block_{block.index}(void *pool, void *const *in, void *const *out, "
+        f"SMELT_EXPORT int smelt_block_{k}(void *pool, void *const *in, void *const *out, "
         "char *arena, char *scratch, const char *W) {\n"
-        "    smelt_ctx_t ctx = {(smelt_pool_t *)pool, in, out, arena, scratch, W};\n"
-        f"    smelt_pool_run((smelt_pool_t *)pool, smelt_body_{block.index}, &ctx);\n"
-        "    return 0;\n}\n"
+        "    smelt_ctx_t ctx = {(smelt_pool_t *)pool, in, out, arena, scratch, W, 0};\n"
+        f"    smelt_pool_run((smelt_pool_t *)pool, smelt_body_{k}, &ctx);\n"
+        "    return atomic_load(&ctx.status);\n}\n"
     )
     return "\n".join(lines)
 
@@ -220,6 +239,7 @@ class GeneratedModule:
     source: str
     weights: np.ndarray
     scratch_bytes: int
+    step_nodes: dict[int, list[list[str]]]  # block index -> [node name, op] per step
 
 
 def generate(g: Graph, plan: ExecutionPlan, target: Target, n_threads: int) -> GeneratedModule:
@@ -238,4 +258,5 @@ def generate(g: Graph, plan: ExecutionPlan, target: Target, n_threads: int) -> G
                             target=c_comment_text(target.isa))]
     parts += [code for _, code in functions.values()]
     parts += [render_block(b) for b in blocks]
-    return GeneratedModule("\n".join(parts), weights.to_bytes(), scratch)
+    step_nodes = {b.index: [[st.node.name, st.node.op] for st in b.steps] for b in blocks}
+    return GeneratedModule("\n".join(parts), weights.to_bytes(), scratch, step_nodes)

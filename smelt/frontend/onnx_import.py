@@ -63,12 +63,17 @@ def _upgrade_opset(proto: onnx.ModelProto) -> onnx.ModelProto:
     try:
         from onnx import version_converter
 
-        return version_converter.convert_version(proto, MIN_OPSET)
+        upgraded = version_converter.convert_version(proto, MIN_OPSET)
     except Exception as exc:
         raise ModelLoadError(
             f"the model uses opset {version}; smelt supports {MIN_OPSET} to {MAX_TESTED_OPSET} "
             f"and onnx's version converter could not upgrade it: {exc}"
         ) from exc
+    if model_input_specs(upgraded) != model_input_specs(proto):
+        # the converter changed the interface (e.g. Scan-8's batch axis): keep the original
+        # opset; templates only accept the operator versions they implement
+        return proto
+    return upgraded
 
 
 def model_input_specs(proto: onnx.ModelProto) -> list[tuple[str, np.dtype | None, Shape | None]]:

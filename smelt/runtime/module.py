@@ -59,6 +59,9 @@ class _FallbackRunner:
         feeds = {name: env[name] for name in self.inputs}
         results = self.evaluator.run(None, feeds)
         for spec, name, value in zip(self.outputs, self.model.graph.output, results, strict=False):
+            if value is None or isinstance(value, list):  # optional / sequence values pass through
+                env[name.name] = value
+                continue
             arr = np.asarray(value)
             if spec is not None and spec.shape and arr.shape != spec.shape:
                 raise SmeltError(
@@ -110,7 +113,7 @@ class LoadedArtifact:
                 ins = [TensorSpec.from_json(d) for d in step["ext_inputs"]]
                 outs = [TensorSpec.from_json(d) for d in step["ext_outputs"]]
                 self.steps.append(("native", fn, ins, outs, (ctypes.c_void_p * max(1, len(ins)))(),
-                                   (ctypes.c_void_p * max(1, len(outs)))()))
+                                   (ctypes.c_void_p * max(1, len(outs)))(), step["step_nodes"]))
             else:
                 outs = [TensorSpec.from_json(d) if d else None for d in step["outputs"]]
                 runner = _FallbackRunner(directory / step["model"], step["inputs"], outs)
@@ -123,21 +126,27 @@ class LoadedArtifact:
             env.update(feeds)
             for step in self.steps:
                 if step[0] == "native":
-                    _, fn, ins, outs, in_ptrs, out_ptrs = step
+                    _, fn, ins, outs, in_ptrs, out_ptrs, step_nodes = step
                     for i, spec in enumerate(ins):
                         arr = env[spec.name]
                         if arr.dtype != spec.dtype or not arr.flags.c_contiguous:
-                            arr = env[spec.name] = np.ascontiguousarray(arr, dtype=spec.dtype)
+                            arr = env[spec.name] = np.asarray(arr, dtype=spec.dtype, order="C")
                         in_ptrs[i] = arr.ctypes.data
                     for i, spec in enumerate(outs):
                         arr = np.empty(spec.shape, dtype=spec.dtype)
                         env[spec.name] = arr
                         out_ptrs[i] = arr.ctypes.data
-                    fn(self.pool, in_ptrs, out_ptrs, self._arena_ptr, self._scratch_ptr, self._weights_ptr)
+                    status = fn(self.pool, in_ptrs, out_ptrs, self._arena_ptr, self._scratch_ptr,
+                                self._weights_ptr)
                     self.native_calls += 1
+                    if status:
+                        node, op = step_nodes[status - 1]
+                        raise SmeltError(f"node {node!r} ({op}) failed at run time: an input is invalid "
+                                         "for it (for example an index out of range)")
                 else:
                     step[1].run(env)
-            return [np.array(env[o.name], copy=True) if o.name in feeds or o.name in self.consts
+            return [np.array(env[o.name], copy=True)
+                    if (o.name in feeds or o.name in self.consts) and isinstance(env[o.name], np.ndarray)
                     else env[o.name] for o in self.outputs]
 
     def close(self) -> None:

@@ -264,16 +264,18 @@ def test_gather() -> None:
     check(cases, feeds, opset=13)
 
 
-def test_gather_runtime_index_out_of_range_gives_zeros() -> None:
+def test_gather_runtime_index_out_of_range_raises() -> None:
     cases = Cases()
     cases.add("Gather", ["x", "idx"], axis=1)
     model = build_model(cases, {"x": randn(2, 5, 3), "idx": ints(0, 1, 2, 3)}, 13)
     compiled = smelt.compile(model, threads=2)
     assert compiled.fallback_nodes == []
     x = randn(2, 5, 3)
-    got = compiled.run({"x": x, "idx": ints(-6, 5, 1 << 40, -1)})[0]
-    assert np.array_equal(got[:, :3], np.zeros((2, 3, 3), np.float32))
-    assert np.array_equal(got[:, 3], x[:, 4])
+    for bad in (ints(-6, 0, 0, 0), ints(0, 5, 0, 0), ints(0, 0, 1 << 40, 0)):
+        with pytest.raises(smelt.SmeltError, match="Gather.*out of range"):
+            compiled.run({"x": x, "idx": bad})
+    got = compiled.run({"x": x, "idx": ints(-5, 4, 1, -1)})[0]
+    assert np.array_equal(got, x[:, [0, 4, 1, 4]])
 
 
 def test_pad() -> None:

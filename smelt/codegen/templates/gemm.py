@@ -176,21 +176,25 @@ def microkernel_source(blk: Blocking, rows: int, nv: int) -> str:
     mr = blk.mr
     lines = [f"static __attribute__((noinline)) void FNAME{UKR_SIG} {{"]
     if blk.isa == "scalar":
-        cols = nv * blk.vec
+        # portable C: every loop bound a constant (the packed B panel is NR wide), so the
+        # compiler keeps acc in vector registers
+        width = nv * blk.vec
         lines += [
-            f"    float acc[{rows}][{cols}];",
-            f"    const int cols = {(nv - 1) * blk.vec} + lastn;",
-            f"    for (int r = 0; r < {rows}; ++r) for (int j = 0; j < {cols}; ++j) acc[r][j] = 0.0f;",
+            f"    float acc[{rows}][{width}];",
+            f"    const int ncols = {(nv - 1) * blk.vec} + lastn;",
+            f"    for (int r = 0; r < {rows}; ++r) for (int j = 0; j < {width}; ++j) acc[r][j] = 0.0f;",
             "    for (long k = 0; k < kc; ++k) {",
             "        const float *restrict b = B + k * ldb;",
+            f"        #pragma GCC unroll {rows}",
             f"        for (int r = 0; r < {rows}; ++r) {{",
             f"            const float a = A[k * {mr} + r];",
-            "            for (int j = 0; j < cols; ++j) acc[r][j] += a * b[j];",
+            f"            #pragma GCC unroll {width}",
+            f"            for (int j = 0; j < {width}; ++j) acc[r][j] += a * b[j];",
             "        }",
             "    }",
             f"    for (int r = 0; r < {rows}; ++r) {{",
             "        float *restrict c = C + r * ldc;",
-            "        for (int j = 0; j < cols; ++j) {",
+            "        for (int j = 0; j < ncols; ++j) {",
             "            float x = accum ? c[j] + acc[r][j] : acc[r][j];",
             "            if (ef & 1) x = x + rb[r];",
             "            if (ef & 2) x = x + cb[j];",
@@ -778,7 +782,7 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
     mp, np_ = -(-p.M // mr), -(-p.N // nr)
     kb_max = blk.kb(p.K)
     pack_b = not isinstance(p.b, ConstPacked)
-    direct_b = DIRECT_B and isinstance(p.b, Strided) and p.b.s1 == 1
+    direct_b = DIRECT_B and blk.isa != "scalar" and isinstance(p.b, Strided) and p.b.s1 == 1
     pack_b = pack_b and not direct_b
     pack_a = not isinstance(p.a, ConstPacked)
     mc = p.M if not pack_a else min(blk.mc, mp * mr)

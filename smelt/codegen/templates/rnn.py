@@ -57,8 +57,8 @@ GEMM_MR = 6  # GEMM rows per register tile
 GEMM_KC = 128  # GEMM K block: a 64-column panel slice of 32 KiB stays in L1
 ACC_BUDGET = 24  # accumulator registers a recurrence tile may use
 # Minimum multiply-adds per thread per time step before splitting the recurrence pays for a
-# barrier (~0.2 us on this class of machine): 64 hidden units x 4 gates x 64 inputs.
-REC_MIN_MACS = 64 * 4 * 64
+# cross-core sync (~0.25 us on this class of machine); see _rec_threads.
+REC_MIN_MACS = 16384
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DEFAULT_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"], "RNN": ["tanh"]}
@@ -463,11 +463,12 @@ def gemm_code(cfg: RnnConfig) -> str:
     nvs = ([4] if n_panels > 1 else []) + [nv_last]
     kc = K if K <= GEMM_KC else GEMM_KC
     tiles = []
-    for mr, nv in sorted({(m, v) for m in (mr_full, mr_tail) for v in nvs}):
+    for mr, nv, first in sorted({(m, v, f) for m in (mr_full, mr_tail) for v in nvs
+                                 for f in ((True,) if kc == K else (True, False))}):
         width = nv * VL
-        lines = [f"static inline __attribute__((always_inline)) void FNAME_t{mr}x{nv}("
-                 "const float *restrict X, float *restrict XW, const float *restrict wp, "
-                 "const float *restrict bias, long m0, long col, long k0, long k1) {"]
+        lines = [f"static inline __attribute__((always_inline)) void FNAME_t{mr}x{nv}{'f' if first else 'a'}("
+                 "const float *X, float *XW, const float *wp, const float *bias, long m0, long col, long k0, "
+                 "long k1) {", "    (void)bias;"]
         for m in range(mr):
             lines.append(f"    const float *x{m} = X + (m0 + {m}) * {K}L;")
             if cfg.layout == 0:
@@ -476,7 +477,8 @@ def gemm_code(cfg: RnnConfig) -> str:
                 lines.append(f"    float *o{m} = XW + (((m0 + {m}) % {T}) * {B}L + (m0 + {m}) / {T}) * {N}L + col;")
         for v in range(nv):
             for m in range(mr):
-                lines.append(f"    VX_v a{m}_{v} = k0 == 0 ? VX_load(bias + col + {v * VL}) : VX_load(o{m} + {v * VL});")
+                src = f"bias + col + {v * VL}" if first else f"o{m} + {v * VL}"
+                lines.append(f"    VX_v a{m}_{v} = VX_load({src});")
         lines.append("    #pragma GCC unroll 4")
         lines.append("    for (long k = k0; k < k1; ++k) {")
         for m in range(mr):
@@ -494,13 +496,18 @@ def gemm_code(cfg: RnnConfig) -> str:
 
     def dispatch(nv: int) -> str:
         args = "(X, XW, wp, bias, mb * " + str(GEMM_MR) + ", col, k0, k1);"
+
+        def one(mr: int) -> str:
+            if kc == K:
+                return f"FNAME_t{mr}x{nv}f{args}"
+            return f"{{ if (k0 == 0) FNAME_t{mr}x{nv}f{args} else FNAME_t{mr}x{nv}a{args} }}"
+
         if mr_tail == mr_full:
-            return f"FNAME_t{mr_full}x{nv}{args}"
-        return f"if (mb < {n_mb - 1}) FNAME_t{GEMM_MR}x{nv}{args} else FNAME_t{mr_tail}x{nv}{args}"
+            return one(mr_full)
+        return f"if (mb < {n_mb - 1}) {one(GEMM_MR)} else {one(mr_tail)}"
 
     body = f"""
-static void FNAME(const float *restrict X, float *restrict XW, const float *restrict Wp,
-                  const float *restrict bias, int tid, int nt) {{
+static void FNAME(const float *X, float *XW, const float *Wp, const float *bias, int tid, int nt) {{
     long lo, hi;
     smelt_range({n_panels * n_mb}L, tid, nt, &lo, &hi);
     if (lo >= hi) return;
@@ -672,10 +679,9 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "") -> str:
     if nb_max == 1:
         body = f"for (; hb < hb1; ++hb) {{\n{body}\n}}"
     return f"""
-static void FNAME(const float *restrict Rp, const float *restrict xw, const float *restrict hp,
-                  float *restrict hn, float *restrict cs, const float *restrict pp,
-                  const float *restrict rbh, float *restrict zb, float *restrict rh, float *restrict y,
-                  const int32_t *restrict slen, int t, int hb0, int hb1) {{
+static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, float *cs,
+                  const float *pp, const float *rbh, float *zb, float *rh, float *y,
+                  const int32_t *slen, int t, int hb0, int hb1) {{
     (void)xw; (void)hn; (void)cs; (void)pp; (void)rbh; (void)zb; (void)rh; (void)y; (void)slen; (void)t;
     int hb = hb0;
 {body}
@@ -686,10 +692,18 @@ static void FNAME(const float *restrict Rp, const float *restrict xw, const floa
 # --------------------------------------------------------------------------------------------
 # threads
 # --------------------------------------------------------------------------------------------
-def _rec_threads(cfg: RnnConfig, units: int) -> int:
-    """Most threads worth using for the recurrence of a group owning ``units`` hidden blocks."""
+def _rec_threads(cfg: RnnConfig, units: int, l1_bytes: int) -> int:
+    """Most threads worth using for the recurrence of a group owning ``units`` hidden blocks.
+
+    A split costs one cross-core sync per step (~0.25 us here). It pays when each thread keeps
+    REC_MIN_MACS multiply-adds per step, or half that when the group's R does not fit in 3/4 of
+    L1 (a split then moves each slice closer to L1). Measured at 2 threads, B=1, T=100: LSTM
+    H=32: 13 us on 1 thread vs 35 us on 2; H=64 (R 64 KiB): 51 vs 43; GRU H=64 (48 KiB): 26 vs 42.
+    """
     macs = cfg.B * cfg.G * VL * cfg.H * units  # per time step, the whole group
-    return max(1, min(units, macs // REC_MIN_MACS))
+    r_bytes = cfg.G * VL * cfg.H * units * 4
+    min_macs = REC_MIN_MACS if r_bytes <= l1_bytes * 3 // 4 else REC_MIN_MACS // 2
+    return max(1, min(units, macs // min_macs))
 
 
 # --------------------------------------------------------------------------------------------
@@ -827,8 +841,8 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     else:
         cells_a = [fn("rnn_cell", cell_code(cfg, d), f"{cfg.op} cell, direction {d}") for d in range(D)]
         cells_b = []
-    max_one = _rec_threads(cfg, D * nhb)
-    max_split = _rec_threads(cfg, nhb)
+    max_one = _rec_threads(cfg, D * nhb, em.target.l1d_bytes)
+    max_split = _rec_threads(cfg, nhb, em.target.l1d_bytes)
     y = em.ptr(cfg.y) if cfg.y else "(float *)0"
     slen = em.ptr(cfg.seq) if cfg.seq else "(const int32_t *)0"
     ydir = (B * H, D * B * H) if cfg.layout == 0 else (H, D * H)  # (d stride, t stride) of Y

@@ -11,9 +11,8 @@ through an offset table. So a Slice of the last axis is one memcpy per row and a
 of H and W is fill / memcpy / fill per row, with no per-element index arithmetic.
 
 ``gather_rt``: Gather with run-time int32/int64 indices copies one slab per index; an index
-outside [-n, n) is not clamped (that would be wrong) but yields a zero-filled slab, and the
-kernel never reads out of bounds. ONNX calls such an index an error; the native code has no
-error channel, so the zeros are what a model with a bad index gets here.
+outside [-n, n) is never read: the kernel calls SMELT_FAIL(), and the inference raises an error
+naming the node (ONNX calls such an index an error, as onnxruntime does).
 
 ``cast``: element conversions whose C semantics equal ONNX's: from integer or bool types to
 anything, float to float, and float to bool (x != 0). Float to integer is left to the fallback
@@ -349,7 +348,7 @@ def emit_gather(node: Node, g: Graph, em: BlockEmitter) -> None:
          f"    const long o = w / {k}; long j = (long)I[w % {k}];",
          f"    if (j < 0) j += {n};",
          f"    {t} *restrict yr = Y + w * {inner};",
-         f"    if ((unsigned long)j >= {n}ul) memset(yr, 0, {inner * item});  /* bad index: zeros */",
+         f"    if ((unsigned long)j >= {n}ul) {{ memset(yr, 0, {inner * item}); SMELT_FAIL(); }}  /* reported */",
          f"    else memcpy(yr, X + (o * {n} + j) * {inner}, {inner * item});",
          "}"]
     emit_kernel(em, f"gather_rt_{dt}", "\n".join(L), f"Gather {ds} axis {axis}, {k} run-time indices")

@@ -2,9 +2,10 @@
 
 Template ``softmax``: the input is viewed as [outer, L, inner]. With inner == 1 each row is
 contiguous: max (lane-parallel, NaN-propagating), then exp(x - max) stored and summed in one
-pass (a vectorizable expf, ~1 ulp), then a scaling by the sum's reciprocal. With inner > 1 the same three
-passes run along the strided axis, vectorized across the inner dimension with per-thread scratch
-rows for the running max and sum. Numerically stable: exp never sees a positive argument.
+pass (a vectorizable expf, ~1 ulp), then a scaling by the sum's reciprocal. With inner > 1 the
+same three passes run along the strided axis, vectorized across the inner dimension with
+per-thread scratch rows for the running max and sum. Numerically stable: exp never sees a
+positive argument. Kernels ask gcc for 512-bit vectors on AVX-512 targets.
 """
 
 from __future__ import annotations
