@@ -56,6 +56,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.verbose:
         for node, op in native:
             print(f"  native    {op:<22} {node}")
+    else:
+        counts: dict[str, int] = {}
+        for _, op in native:
+            counts[op] = counts.get(op, 0) + 1
+        if counts:
+            print("  native:   " + ", ".join(f"{op} x{n}" for op, n in sorted(counts.items()))
+                  + "   (-v lists every node)")
     for f in fallback:
         print(f"  FALLBACK  {f['op']:<22} {f['node']}   ({f['reason']})")
     total = len(native) + len(fallback)

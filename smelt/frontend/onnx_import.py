@@ -144,7 +144,6 @@ def to_ir(proto: onnx.ModelProto) -> Graph:
         arr = numpy_helper.to_array(init)
         g.add_value(Value(init.name, arr.dtype, tuple(arr.shape), const=arr))
     for sparse in proto.graph.sparse_initializer:
-        arr = numpy_helper.to_array(sparse.values)  # densified by onnx.reference only; rare
         raise ModelLoadError(f"sparse initializer {sparse.values.name!r} is not supported")
     for vi in list(proto.graph.input) + list(proto.graph.value_info) + list(proto.graph.output):
         if vi.name in g.values:
