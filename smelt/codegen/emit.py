@@ -20,12 +20,13 @@ from smelt.ir.graph import Graph, Node
 from smelt.ir.types import c_type
 from smelt.target import Target
 
-_SAFE = re.compile(r"[^A-Za-z0-9_.:\-\[\]]")
+# Never '*' or '/' (no way to close the comment) and no line breaks or backslashes.
+_SAFE = re.compile(r"[^A-Za-z0-9_.:\-\[\] ,=;()+<>']")
 
 
-def c_comment_text(text: str) -> str:
+def c_comment_text(text: str, limit: int = 400) -> str:
     """Make arbitrary text (node names come from untrusted files) safe inside a C comment."""
-    return _SAFE.sub("?", text)[:120]
+    return _SAFE.sub("?", text)[:limit]
 
 
 def c_identifier(text: str) -> str:

@@ -140,6 +140,8 @@ CONV2D_CASES = [
     conv_case("dw_same", (1, 32, 14, 14), 32, (3, 3), group=32, auto_pad="SAME_UPPER", post=("Relu",)),
     conv_case("dw_valid_s2", (1, 3, 8, 9), 3, (3, 2), group=3, strides=[2, 3]),
     conv_case("dw_big", (1, 64, 30, 30), 64, (3, 3), group=64, **PAD1, post=("chan_mul", "Relu")),
+    conv_case("dw_big_s2", (2, 8, 41, 40), 8, (3, 3), group=8, strides=[2, 2], **PAD1, post=("residual",)),
+    conv_case("dw_wide", (1, 2, 3, 150), 2, (3, 3), group=2, **PAD1, post=("Sigmoid",)),
 ]
 
 CONV_ND_CASES = [
@@ -191,11 +193,17 @@ def _check(cases: list[Case], isa: str, monkeypatch, cache) -> None:
     monkeypatch.setattr("smelt.compiler.detect", lambda: target)
     model, feeds = _model(cases)
     want = ort_run(model, feeds)
+    first = None
     for threads in (1, 2):
         compiled = smelt.compile(model, threads=threads)
         assert compiled.fallback_nodes == []
         assert [op for _, op in compiled.native_nodes] == ["Conv"] * len(cases)  # epilogues fused
         got = compiled.run(feeds)
+        if first is None:
+            first = got
+        else:  # every element is accumulated in the same order whatever the thread split
+            for c, a, b in zip(cases, first, got, strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=c.name)
         for c, g, w in zip(cases, got, want, strict=True):
             assert g.shape == w.shape, (c.name, g.shape, w.shape)
             scale = max(1.0, float(np.max(np.abs(w))))

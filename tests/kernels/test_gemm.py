@@ -1,7 +1,8 @@
 """Gemm and MatMul templates against onnxruntime: every ragged edge of the blocked GEMM.
 
 Sizes sit below, at and above each block of the AVX-512 kernel (MR=8, NR=48, KC=384 split in
-balanced blocks, NC=672, MC=336 for run-time packed A), plus M/N/K = 1. Many independent cases
+balanced blocks, NC=672, MC=336 for run-time packed A), plus M/N/K = 1; run-time A is read in
+place (row-major) or packed (transposed: whole when small, per block beyond 2 MB). Many independent cases
 share one multi-output model so that one C compile covers them; each model runs at 1 and 2
 threads (one library serves both) and is also generated for the AVX2 and portable-C kernels.
 """
@@ -144,6 +145,8 @@ GEMM_CASES = [
     gemm_case("g_rtb", 23, 101, 53, b_const=False, c="n", c_const=False),
     gemm_case("g_rta_big", 339, 50, 30, b_const=False),
     gemm_case("g_consta", 13, 50, 30, a_const=True, b_const=False),
+    # transposed run-time A beyond 2 MB: packed per (MC x KC) block, not whole
+    gemm_case("g_tA_huge", 1100, 40, 520, ta=1, c="n"),
     # transposes, alpha/beta, C kinds
     gemm_case("g_tA", 11, 53, 19, ta=1, c="mn"),
     gemm_case("g_tB", 11, 53, 19, tb=1, c="n"),
@@ -216,11 +219,17 @@ def _check(cases: list[Case], isa: str, monkeypatch, cache) -> None:
     monkeypatch.setattr("smelt.compiler.detect", lambda: target)
     model, feeds = _model(cases)
     want = ort_run(model, feeds)
+    first = None
     for threads in (1, 2):
         compiled = smelt.compile(model, threads=threads)
         assert compiled.fallback_nodes == []
         assert f"__{target.isa}_" in compiled.source_path.read_text()  # the kernels asked for
         got = compiled.run(feeds)
+        if first is None:
+            first = got
+        else:  # every element is accumulated in the same order whatever the thread split
+            for c, a, b in zip(cases, first, got, strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=c.name)
         for c, g, w in zip(cases, got, want, strict=True):
             assert g.shape == w.shape, (c.name, g.shape, w.shape)
             scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0

@@ -1,23 +1,26 @@
-"""ONNX ``Conv`` (float32, 1-D/2-D/3-D): GEMM on NCHW with im2col fused into B packing, and a
-direct depthwise loop.
+"""ONNX ``Conv`` (float32, 1-D/2-D/3-D): GEMM on NCHW with im2col fused into B packing, and
+direct depthwise kernels.
 
-Templates:
+Templates (all strides, pads, dilations, auto_pad modes, groups, optional bias, fused epilogue
+with channel = output channel = GEMM row):
 - ``f32_conv<S>d_1x1_gemm_<mr>x<nr>__<isa>``: 1x1, stride 1, no padding: per image and group,
   Y[oc, hw] = W[oc, ic] . X[ic, hw]; X rows are packed straight into NR-column panels.
-- ``f32_conv<S>d_im2col_gemm_<mr>x<nr>__<isa>``: any other conv (strides, pads, dilations,
-  groups): the B panels of the implicit im2col matrix (rows (ic, kd, kh, kw), columns the
-  flattened output positions) are packed straight from the image into per-thread scratch, one
-  K x NC block at a time (PyDTNN-style), so the full im2col matrix never exists. Each panel is
-  cut into output-row segments once; for every K row a segment is one masked unaligned load per
-  vector (stride 1) or one masked gather (stride > 1) on AVX-512, a zero-fill plus copy loop
-  elsewhere. Padding lanes are masked off, never read.
-- ``f32_conv<S>d_depthwise_direct``: group == C and one input channel per group (1-D/2-D): a
-  direct loop per output plane, accumulating each (kh, kw) tap over a whole output row with
-  compile-time bounds for the valid columns (vectorized by the compiler).
+- ``f32_conv<S>d_im2col_gemm_<mr>x<nr>__<isa>``: any other conv. The B panels of the implicit
+  im2col matrix (rows (ic, kd, kh, kw), columns the flattened output positions) are packed
+  straight from the image, one KC x NC block at a time into per-thread scratch (PyDTNN-style),
+  so the full im2col matrix never exists. Per panel, a table gives for every kernel offset
+  where each lane reads: on AVX-512 at stride 1 or 2 a few (offset, lane mask) runs (output
+  rows that are contiguous in the image merge into one run), so a K row is one masked load
+  per vector and run (stride 2: two loads and an even-lane permute); otherwise per-lane
+  offsets (masked gathers, or a plain loop on other targets). Padding lanes are never read.
+- ``f32_conv<S>d_depthwise_direct``: group == C, one input channel per group (1-D/2-D), any
+  channel multiplier. AVX-512: a plane of up to 256 outputs is one block of registers (16
+  flat outputs per vector) with every tap's lane mask and offsets compile-time constants;
+  larger planes go row by row (up to 8 vectors per row in registers). The epilogue is applied
+  to the accumulators before the masked store. Other targets: compiler-vectorized row loops.
 
 Weights are reordered at compile time: per group, W[oc, ic*kd*kh*kw] packed into MR-row panels
-of the GEMM micro-kernel ([G][OC/G/MR][K][MR]). The bias and the fused epilogue (channel =
-output channel = GEMM row) run on each C tile right after its last K block.
+of the GEMM micro-kernel ([G][OC/G/MR][K][MR]). Images and groups are the GEMM's items.
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from smelt.codegen.templates.gemm import (
     Strided,
     TileEpilogue,
     blocking_for,
+    define,
     pack_const_a,
     render_gemm,
     tile_epilogue_code,
+    vector_epilogue_stmts,
 )
 from smelt.codegen.templates.registry import register
 from smelt.ir.graph import Graph, Node
@@ -386,11 +391,27 @@ def _emit_depthwise(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry) -
           f"    const long bi = pl / {geo.oc}, oc = pl % {geo.oc}, gi = oc / {mult};",
           f"    const float *restrict x = X + (bi * {geo.c} + gi) * {ih * iw}L;",
           f"    float *restrict y = Y + pl * {oh_ * ow}L;",
-          f"    const float *restrict wk = Wt + oc * {kh * kw};",
-          f"    for (long oh = 0; oh < {oh_}; ++oh) {{",
-          f"        float *restrict yr = y + oh * {ow};"]
-    if blk.isa == "avx512":
-        L += ["        " + x for x in _dw_row_avx512(ih, iw, ow, kh, kw, sh, sw, dh, dw, ph, pw)]
+          f"    const float *restrict wk = Wt + oc * {kh * kw};"]
+    flat = blk.isa == "avx512" and oh_ * ow <= 16 * DW_FLAT_CHUNKS
+
+    def finish(acc: str, n: int, flat_off: str) -> list[str]:
+        """The epilogue on an accumulator before its (masked) store."""
+        mask = None if n == 16 else f"(__mmask16){(1 << n) - 1:#x}"
+        return vector_epilogue_stmts(ep, em, blk, acc, mask, flat_off, "oc", "0") or []
+
+    epi_in_regs = blk.isa == "avx512" and (
+        ep.empty() or vector_epilogue_stmts(ep, em, blk, "a", None, "0", "oc", "0") is not None)
+    if flat:
+        L += ["    " + x for x in _dw_plane_avx512(ih, iw, oh_, ow, kh, kw, sh, sw, dh, dw, ph, pw,
+                                                    finish if epi_in_regs else None)]
+    else:
+        L += [f"    for (long oh = 0; oh < {oh_}; ++oh) {{",
+              f"        float *restrict yr = y + oh * {ow};"]
+    if flat:
+        pass
+    elif blk.isa == "avx512":
+        L += ["        " + x for x in _dw_row_avx512(ih, iw, oh_, ow, kh, kw, sh, sw, dh, dw, ph, pw,
+                                                     finish if epi_in_regs else None)]
     else:
         L += [f"        for (long o = 0; o < {ow}; ++o) yr[o] = 0.0f;",
               f"        for (int kh = 0; kh < {kh}; ++kh) {{",
@@ -408,25 +429,115 @@ def _emit_depthwise(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry) -
             L.append(f"              for (long o = {lo}; o < {hi}; ++o) yr[o] += wv * xr[o * {sw} + ({off})]; }}")
         L.append("        }")
     epi = tile_epilogue_code(ep, em, blk, ow)
-    if epi:
-        L += ["        {",
-              f"            float *cp = yr; const long coff = pl * {oh_ * ow}L + oh * {ow}, grow = oc, gcol = 0;",
-              f"            const long rows = 1, cols = {ow}; (void)coff; (void)gcol; (void)grow;",
-              "            " + epi.replace("\n", "\n            "),
-              "        }"]
-    L += ["    }", "}"]
+    if epi and not epi_in_regs:
+        if flat:
+            L += ["    {",
+                  f"        float *cp = y; const long coff = pl * {oh_ * ow}L, grow = oc, gcol = 0;",
+                  f"        const long rows = 1, cols = {oh_ * ow}; (void)coff; (void)gcol; (void)grow;",
+                  "        " + epi.replace("\n", "\n        "),
+                  "    }"]
+        else:
+            L += ["        {",
+                  f"            float *cp = yr; const long coff = pl * {oh_ * ow}L + oh * {ow}, grow = oc, gcol = 0;",
+                  f"            const long rows = 1, cols = {ow}; (void)coff; (void)gcol; (void)grow;",
+                  "            " + epi.replace("\n", "\n            "),
+                  "        }"]
+    if not flat:
+        L.append("    }")
+    L.append("}")
     code = ("static void FNAME(int tid, int nt, void *const *in, void *const *out, char *arena, "
             "char *scratch, const char *W) {\n    " + "\n    ".join(L) + "\n}\n")
     doc = f"depthwise Conv {geo.describe()} multiplier={mult}; {epilogue_doc(node)}"
-    fname = em.function(f"f32_conv{geo.rank}d_depthwise_direct", code, doc)
+    fname = define(em, f"f32_conv{geo.rank}d_depthwise_direct", code, doc)
     em.step(f"{fname}(tid, nt, in, out, arena, scratch, W);")
 
 
 DW_CHUNKS = 8  # output vectors accumulated in registers at once by the AVX-512 depthwise row
+DW_FLAT_CHUNKS = 16  # planes up to 16 vectors (256 outputs) run as one flat register block
 
 
-def _dw_row_avx512(ih: int, iw: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int,
-                   ph: int, pw: int) -> list[str]:
+def _dw_tap(src: str, mask: int, sw: int, lanes: list[int] | None = None) -> str:
+    """A vector of input taps: ``lanes`` (offsets from src, per lane) or src + lane * sw."""
+    if lanes is None:
+        if sw == 1:
+            return (f"_mm512_loadu_ps({src})" if mask == 0xFFFF
+                    else f"_mm512_maskz_loadu_ps((__mmask16){mask:#x}, {src})")
+        if sw == 2:
+            lo = sum(1 << (2 * b) for b in range(8) if mask >> b & 1)
+            hi = sum(1 << (2 * b) for b in range(8) if mask >> (8 + b) & 1)
+            return (f"_mm512_maskz_permutex2var_ps((__mmask16){mask:#x}, "
+                    f"_mm512_maskz_loadu_ps((__mmask16){lo:#x}, {src}), DW_EVEN, "
+                    f"_mm512_maskz_loadu_ps((__mmask16){hi:#x}, {src} + 16))")
+        lanes = [e * sw for e in range(16)]
+    idx = ", ".join(str(x) for x in lanes)
+    return (f"_mm512_mask_i32gather_ps(_mm512_setzero_ps(), (__mmask16){mask:#x}, "
+            f"_mm512_setr_epi32({idx}), {src}, 4)")
+
+
+def _dw_store(c: int, n: int, dst: str, finish, flat_off: str) -> list[str]:
+    L = ["  " + x for x in (finish(f"a{c}", n, flat_off) if finish else [])]
+    if n == 16:
+        L.append(f"  _mm512_storeu_ps({dst}, a{c});")
+    else:
+        L.append(f"  _mm512_mask_storeu_ps({dst}, (__mmask16){(1 << n) - 1:#x}, a{c});")
+    return L
+
+
+def _dw_plane_avx512(ih: int, iw: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int,
+                     dw: int, ph: int, pw: int, finish) -> list[str]:
+    """A whole (small) depthwise output plane in registers: 16 consecutive flat outputs per
+    vector; for every tap the lanes' input offsets are compile-time constants (a masked load
+    when they are contiguous, two loads and a permute at stride 2, else a gather)."""
+    n_out = oh * ow
+    chunks = -(-n_out // 16)
+    L = ["{ const uintptr_t xb = (uintptr_t)x;",
+         "  " + " ".join(f"__m512 a{c} = _mm512_setzero_ps();" for c in range(chunks))]
+    uses_even = False
+    for ky in range(kh):
+        for kx in range(kw):
+            taps = []
+            for c in range(chunks):
+                offs = []
+                for lane in range(16):
+                    o = 16 * c + lane
+                    if o >= n_out:
+                        offs.append(None)
+                        continue
+                    y, xx = divmod(o, ow)
+                    iy, ix = y * sh - ph + ky * dh, xx * sw - pw + kx * dw
+                    offs.append(iy * iw + ix if 0 <= iy < ih and 0 <= ix < iw else None)
+                valid = [i for i, v in enumerate(offs) if v is not None]
+                if not valid:
+                    continue
+                mask = sum(1 << i for i in valid)
+                base = offs[valid[0]] - valid[0]
+                if all(offs[i] == base + i for i in valid):
+                    taps.append((c, _dw_tap(f"(const float *)(xb + (uintptr_t)({base}L * 4))", mask, 1)))
+                    continue
+                base2 = offs[valid[0]] - 2 * valid[0]
+                if all(offs[i] == base2 + 2 * i for i in valid):
+                    uses_even = True
+                    taps.append((c, _dw_tap(f"(const float *)(xb + (uintptr_t)({base2}L * 4))", mask, 2)))
+                    continue
+                lanes = [v if v is not None else 0 for v in offs]
+                taps.append((c, _dw_tap("(const float *)xb", mask, 0, lanes)))
+            if not taps:
+                continue
+            L.append(f"  {{ const __m512 wv = _mm512_set1_ps(wk[{ky * kw + kx}]);")
+            for c, xv in taps:
+                L.append(f"    a{c} = _mm512_fmadd_ps(wv, {xv}, a{c});")
+            L.append("  }")
+    for c in range(chunks):
+        L += _dw_store(c, min(16, n_out - 16 * c), f"y + {16 * c}", finish, f"pl * {n_out}L + {16 * c}")
+    L.append("}")
+    if uses_even:
+        L.insert(0, "const __m512i DW_EVEN = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, "
+                    "26, 28, 30);")
+    return L
+
+
+def _dw_row_avx512(ih: int, iw: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int,
+                   dw: int, ph: int, pw: int, finish=None) -> list[str]:
     """One depthwise output row (``yr``) in registers: 16 outputs per vector, every tap's lane
     mask (padding, row end) a compile-time constant."""
     L = []
@@ -455,28 +566,12 @@ def _dw_row_avx512(ih: int, iw: int, ow: int, kh: int, kw: int, sh: int, sw: int
             L.append(f"    {{ const __m512 wv = _mm512_set1_ps(wr[{kx}]);")
             for c, mask, base in taps:
                 src = f"(const float *)(xr + (uintptr_t)({base}L * 4))"
-                if sw == 1:
-                    xv = (f"_mm512_loadu_ps({src})" if mask == 0xFFFF
-                          else f"_mm512_maskz_loadu_ps((__mmask16){mask:#x}, {src})")
-                elif sw == 2:
-                    lo = sum(1 << (2 * b) for b in range(8) if mask >> b & 1)
-                    hi = sum(1 << (2 * b) for b in range(8) if mask >> (8 + b) & 1)
-                    xv = (f"_mm512_maskz_permutex2var_ps((__mmask16){mask:#x}, "
-                          f"_mm512_maskz_loadu_ps((__mmask16){lo:#x}, {src}), DW_EVEN, "
-                          f"_mm512_maskz_loadu_ps((__mmask16){hi:#x}, {src} + 16))")
-                else:
-                    idx = ", ".join(str(e * sw) for e in range(16))
-                    xv = (f"_mm512_mask_i32gather_ps(_mm512_setzero_ps(), (__mmask16){mask:#x}, "
-                          f"_mm512_setr_epi32({idx}), {src}, 4)")
-                L.append(f"      a{c} = _mm512_fmadd_ps(wv, {xv}, a{c});")
+                L.append(f"      a{c} = _mm512_fmadd_ps(wv, {_dw_tap(src, mask, sw)}, a{c});")
             L.append("    }")
         L.append("  }")
         for c in group:
-            n = min(16, ow - 16 * c)
-            if n == 16:
-                L.append(f"  _mm512_storeu_ps(yr + {16 * c}, a{c});")
-            else:
-                L.append(f"  _mm512_mask_storeu_ps(yr + {16 * c}, (__mmask16){(1 << n) - 1:#x}, a{c});")
+            L += _dw_store(c, min(16, ow - 16 * c), f"yr + {16 * c}", finish,
+                           f"pl * {oh * ow}L + oh * {ow} + {16 * c}")
         L.append("}")
     if sw == 2:
         L.insert(0, "const __m512i DW_EVEN = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, "

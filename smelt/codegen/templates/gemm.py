@@ -1,28 +1,43 @@
 """Single-precision GEMM: a BLIS-style generator, and the ONNX ``Gemm`` and ``MatMul`` templates.
 
-Template ``f32_gemm_<mr>x<nr>__<isa>``. C[M, N] = A[M, K] . B[K, N], row-major, every size a
-compile-time constant. The loop nest (per thread, over its region of C):
+Templates ``f32_gemm_<mr>x<nr>__<isa>`` / ``f32_matmul_<mr>x<nr>__<isa>`` (and, through
+``render_gemm``, the Conv templates of conv.py). C[M, N] = A[M, K] . B[K, N], row-major, every
+size a compile-time constant. The loop nest, per thread over its region of C:
 
-    for jc in N by NC:                      B block (KC x NC) stays in L2
-      for pc in K by KB (balanced KC):      runtime B packed here into per-thread scratch
-        for ic in M by MC:                  runtime A packed here (constant A: prepacked)
-          for ir in MC by MR:               A micro-panel (MR x KB) stays in L1
-            for jr in NC by NR:             B micro-panel streams from L2
-              micro-kernel (MR x NR accumulators in registers); on the last K block the
-              fused epilogue runs over the tile while it is still in L1
+    for jc in N by NC:                       B block (KB x NC) stays in L2
+      for pc in K by KB (KC, balanced):      run-time B packed here (per-thread scratch)
+        for ic in M by MC:                   run-time transposed A packed here
+          for ir in MC by MR:                A micro-panel (MR x KB) stays in L1
+            for jr in NC by NR:              B micro-panel streams from L2
+              micro-kernel: MR x NR accumulators in registers; on the last K block the
+              epilogue is applied before the store
 
-Constant operands (weights) are packed once at compile time into panels: A as
-[M/MR][K][MR], B as [N/NR][K][NR], zero padded. Ragged edges use micro-kernel variants
-specialized to the tail's rows and vector count (the last vector stores under a lane mask),
-so no padded rows or columns are ever stored. Micro-kernels: AVX-512 8x48 (24 zmm
-accumulators, 3 B loads and 8 broadcasts per k), AVX2 6x16 (12 ymm accumulators), and a
-portable C 4x16 for other targets. Cache blocking comes from the target: KC keeps the A
-micro-panel within a quarter of L1d, NC keeps the B block within half of L2.
+Operands: constant ones (weights) are packed once at compile time, A as [M/MR][K][MR], B as
+[N/NR][K][NR] (zero padded); a run-time row-major A is read in place (the kernel broadcasts
+from MR rows ``lda`` apart); a transposed one is packed (whole, once per item, when small); a
+run-time B is packed into NR-column panels, by a generic strided packer or by conv.py's
+im2col packer. Ragged edges use micro-kernel variants specialized to the tail's rows and
+vector count (the last vector loads and stores under a lane mask), so padding is never
+stored; an N tail of 1-7 columns past whole vectors (N = 49, 196, ...) goes to a column kernel
+that vectorizes over M instead (8 rows per ymm, NP row panels at once).
+
+Micro-kernels: AVX-512 8x48 (24 zmm accumulators; per k 3 B loads, 8 broadcasts, 24 FMAs;
+software prefetch of the A stream and of the C tile), AVX2 6x16 (12 ymm), portable C 4x16 with
+constant loop bounds (compiler-vectorized). Cache blocking from the target: KC keeps the A
+micro-panel in a quarter of L1d, NC the B block in a quarter of L2.
+
+Epilogue: bias / Gemm C / alpha and the node's fused chain. When it has the form [+ row
+operand] [+ column operand] [+ same-shape operand] [Relu | Clip] it is applied in registers
+by the micro-kernel's store; otherwise by a pass over the L1-hot tile (vector ops, masked tail;
+Sigmoid/Tanh/SiLU use a vector expf), or per element via ``epilogue_expr`` on the portable
+target.
 
 Threads: a node's independent items (batches of a batched MatMul, images x groups of a Conv)
 are split between threads when that balances; otherwise each item's C is cut into a grid of
 thread regions (MR x NR panel granularity) chosen to minimize the busiest thread's estimated
-cost (a region that shares packed-at-runtime B columns with another thread repacks them).
+cost (threads sharing run-time packed B columns each pack them). Each thread packs into its
+own slice of scratch. Results are bitwise identical for any thread count (every C element is
+accumulated in the same order).
 """
 
 from __future__ import annotations
@@ -79,11 +94,23 @@ class Blocking:
         return -(-k // blocks)
 
 
-# Software prefetch distance (k iterations) of the micro-kernel's A stream (0: none).
+# Read a run-time row-major A in place (the micro-kernel broadcasts from MR rows lda apart)
+# instead of packing it into MR-interleaved panels.
+DIRECT_A = True
+
+# Run-time A operands up to this size are packed whole once (per item) rather than per block.
+PREPACK_A_BYTES = 2 << 20
+
+# Software prefetch distance (k iterations) of the micro-kernel's A stream (0: none): weights
+# stream from DRAM in a whole network (ResNet-50 stage 4: +30% on its layers, cold cache).
 A_PREFETCH = 64
-KC_L1_FRACTION = 4
-B_PREFETCH = 0
+# The micro-kernel prefetches its C tile (and a residual operand) before the K loop.
 C_PREFETCH = True
+
+# Cache blocking: the A micro-panel (MR x KC) takes 1/KC_L1_FRACTION of L1d; the B block
+# (KC x NC) 1/NC_L2_FRACTION of L2 (leaving room for the conv input image and C).
+KC_L1_FRACTION = 4
+NC_L2_FRACTION = 4
 
 # Micro-kernel shapes per ISA (measured on Sapphire Rapids: 8x48, 14x32, 6x64 and 12x32 all
 # reach ~95% of FMA peak on 512^3; 8x48 wastes nothing on channel counts that are multiples of 8).
@@ -97,7 +124,7 @@ def blocking_for(target: Target) -> Blocking:
     l2 = max(128 * 1024, target.l2_bytes)
     kc = (l1 // KC_L1_FRACTION) // (mr * 4)
     kc = max(64, min(512, kc // 16 * 16))
-    nc = max(4 * nr, ((l2 // 2) // (kc * 4)) // nr * nr)
+    nc = max(4 * nr, ((l2 // NC_L2_FRACTION) // (kc * 4)) // nr * nr)
     mc = max(4 * mr, ((l2 // 4) // (kc * 4)) // mr * mr)
     return Blocking(isa, vec, mr, nr, kc, nc, mc, fma=target.fma or isa == "avx512")
 
@@ -154,10 +181,17 @@ def _lit(x: float) -> str:
     return c_literal(x, FLOAT)
 
 
+def define(em: BlockEmitter, base: str, code: str, doc: str) -> str:
+    """``em.function`` plus a readable parameter comment inside the code (``doc`` is built only
+    from numbers and fixed words, never from model-provided names)."""
+    text = doc.replace("*/", "* /").replace("/*", "/ *")
+    return em.function(base, f"/* {base}: {text} */\n{code}", doc)
+
+
 # ------------------------------------------------------------------------------------------
 # Micro-kernels
 # ------------------------------------------------------------------------------------------
-UKR_SIG = ("(long kc, const float *restrict A, const float *restrict B, long ldb, float *restrict C, "
+UKR_SIG = ("(long kc, const float *restrict A, long lda, const float *restrict B, long ldb, float *restrict C, "
            "long ldc, int accum, int lastn, int ef, const float *restrict rb, const float *restrict cb, "
            "const float *restrict fr, long ldf, float lo, float hi)")
 
@@ -166,7 +200,7 @@ UKR_SIG = ("(long kc, const float *restrict A, const float *restrict B, long ldb
 EF_ROW, EF_COL, EF_FULL, EF_RELU, EF_CLIP = 1, 2, 4, 8, 16
 
 
-def microkernel_source(blk: Blocking, rows: int, nv: int) -> str:
+def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False) -> str:
     """C source of the micro-kernel computing a ``rows`` x ``nv`` vectors tile (function FNAME).
 
     A is an MR-strided packed micro-panel, B has rows ``ldb`` floats apart (NR when packed);
@@ -187,7 +221,7 @@ def microkernel_source(blk: Blocking, rows: int, nv: int) -> str:
             "        const float *restrict b = B + k * ldb;",
             f"        #pragma GCC unroll {rows}",
             f"        for (int r = 0; r < {rows}; ++r) {{",
-            f"            const float a = A[k * {mr} + r];",
+            ("            const float a = A[r * lda + k];" if direct_a else f"            const float a = A[k * {mr} + r];"),
             f"            #pragma GCC unroll {width}",
             f"            for (int j = 0; j < {width}; ++j) acc[r][j] += a * b[j];",
             "        }",
@@ -233,16 +267,13 @@ def microkernel_source(blk: Blocking, rows: int, nv: int) -> str:
         else:
             ld = f"_mm256_maskload_ps({ptr}, lm)"
         lines.append(f"        const {v.t} b{j} = {ld};")
-    if A_PREFETCH:
+    if A_PREFETCH and not direct_a:
         lines.append(f"        _mm_prefetch((const char *)(A + {A_PREFETCH * mr}), _MM_HINT_T0);")
-    if B_PREFETCH:
-        for j in range(nv):
-            lines.append(f"        _mm_prefetch((const char *)(B + {B_PREFETCH} * ldb + {j * w}), _MM_HINT_T0);")
     for r in range(rows):
-        lines.append(f"        {{ const {v.t} a = {v.set1(f'A[{r}]')};")
+        lines.append(f"        {{ const {v.t} a = {v.set1(f'A[{r} * lda + k]' if direct_a else f'A[{r}]')};")
         lines.append("          " + " ".join(f"c{r}_{j} = {v.fmadd('a', f'b{j}', f'c{r}_{j}')};"
                                               for j in range(nv)) + " }")
-    lines += [f"        A += {mr}; B += ldb;", "    }"]
+    lines += ["        B += ldb;" if direct_a else f"        A += {mr}; B += ldb;", "    }"]
     if blk.isa == "avx512":
 
         def ld(r: int, j: int) -> str:
@@ -341,10 +372,12 @@ def colkernel_source(blk: Blocking, npn: int, r: int) -> str:
     return "\n".join(L)
 
 
-def microkernel(em: BlockEmitter, blk: Blocking, rows: int, nv: int) -> str:
-    return em.function(f"f32_gemm_ukr_{rows}x{nv * blk.vec}__{blk.isa}", microkernel_source(blk, rows, nv),
-                       f"micro-kernel {rows} rows x {nv} vectors of {blk.vec}; A stride {blk.mr}, "
-                       f"B stride {blk.nr}")
+def microkernel(em: BlockEmitter, blk: Blocking, rows: int, nv: int, direct_a: bool = False) -> str:
+    kind = "ukrA" if direct_a else "ukr"
+    a_doc = "A read in place (rows lda apart)" if direct_a else f"A packed (stride {blk.mr})"
+    return define(em, f"f32_gemm_{kind}_{rows}x{nv * blk.vec}__{blk.isa}",
+                  microkernel_source(blk, rows, nv, direct_a),
+                  f"micro-kernel {rows} rows x {nv} vectors of {blk.vec}; {a_doc}; B rows ldb apart")
 
 
 # ------------------------------------------------------------------------------------------
@@ -494,6 +527,13 @@ def _vector_op(v: _V, op: dict, x: str, operand: str | None, vexp: str = "") -> 
     raise KeyError(name)
 
 
+def describe_epilogue(ep: TileEpilogue) -> str:
+    pre = [op["op"] + (f"({op['kind']})" if "kind" in op else f"({op['value']!r})") for op in ep.ops]
+    node = epilogue_doc(ep.node) if ep.node is not None and ep.node.epilogue else ""
+    parts = ([f"first {' -> '.join(pre)}"] if pre else []) + ([node] if node else [])
+    return "; ".join(parts) if parts else "no epilogue"
+
+
 def kernel_epilogue(ep: TileEpilogue, em: BlockEmitter) -> dict | None:
     """The micro-kernel's fused store epilogue for ``ep`` (``ef`` bits and C argument
     expressions in terms of ``grow``, ``gcol``, ``coff``), or None when ``ep`` is not of the form
@@ -526,55 +566,84 @@ def kernel_epilogue(ep: TileEpilogue, em: BlockEmitter) -> dict | None:
     return out
 
 
+def _masked_load(v: _V, ptr: str, mask: str | None) -> str:
+    if mask is None:
+        return v.loadu(ptr)
+    if v.isa == "avx512":
+        return f"_mm512_maskz_loadu_ps({mask}, {ptr})"
+    return f"_mm256_maskload_ps({ptr}, {mask})"
+
+
+def _masked_store(v: _V, ptr: str, x: str, mask: str | None) -> str:
+    if mask is None:
+        return v.storeu(ptr, x)
+    if v.isa == "avx512":
+        return f"_mm512_mask_storeu_ps({ptr}, {mask}, {x});"
+    return f"_mm256_maskstore_ps({ptr}, {mask}, {x});"
+
+
+def lane_mask(v: _V, n: str) -> str:
+    """C expression: the ISA's mask of the first ``n`` lanes (0 <= n <= width)."""
+    if v.isa == "avx512":
+        return f"(__mmask16)((1u << ({n})) - 1u)"
+    return f"_mm256_cmpgt_epi32(_mm256_set1_epi32((int)({n})), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))"
+
+
+def vector_epilogue_stmts(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, x: str, mask: str | None,
+                          flat: str, row: str, col: str) -> list[str] | None:
+    """Statements applying the whole epilogue to vector register ``x`` whose lane 0 is the output
+    element at flat index ``flat``, GEMM row ``row`` and column ``col`` (consecutive lanes:
+    consecutive columns); ``mask`` limits operand loads. None when some op has no vector form."""
+    if blk.isa == "scalar" or not _vector_ok(ep, blk):
+        return None
+    v = _V(blk)
+    vexp = ""
+    if any(op["op"] in ("Sigmoid", "Tanh", "SiLU") for op in ep.all_ops()):
+        vexp = define(em, f"f32_vexp__{blk.isa}", vexp_source(blk.isa), "vector expf")
+    ops = list(ep.ops) + (node_epilogue_ops(em, ep.node, ep.channel) if ep.node is not None else [])
+    out = []
+    for op in ops:
+        operand = None
+        if op["op"] in _BIN:
+            ptr = op["ptr"]
+            operand = {"row": lambda p=ptr: v.set1(f"{p}[{row}]"),
+                       "scalar": lambda p=ptr: v.set1(f"{p}[0]"),
+                       "col": lambda p=ptr: _masked_load(v, f"{p} + {col}", mask),
+                       "full": lambda p=ptr: _masked_load(v, f"{p} + {flat}", mask)}[op["kind"]]()
+        out.append(f"{x} = {_vector_op(v, op, x, operand, vexp)};")
+    return out
+
+
 def tile_epilogue_code(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, ldc: int) -> str:
     """C statements finishing the tile at ``cp`` (``rows`` x ``cols``, row stride ``ldc``).
 
     In scope: ``float *cp``, ``long coff`` (flat output index of the tile's first element),
     ``long grow`` (GEMM row of the tile's first row, item row offset included), ``long gcol``,
-    ``long rows``, ``long cols``.
+    ``long rows``, ``long cols``. Vector ISAs run the ragged end of a row under a lane mask.
     """
     if ep.empty():
         return ""
     row = f"((grow + r) % {ep.row_mod})" if ep.row_mod else "(grow + r)"
-    lines = ["for (long r = 0; r < rows; ++r) {", f"    float *restrict cr = cp + r * {ldc};", "    long j = 0;"]
+    lines = ["for (long r = 0; r < rows; ++r) {", f"    float *restrict cr = cp + r * {ldc};"]
     if blk.isa != "scalar" and _vector_ok(ep, blk):
         v = _V(blk)
         w = v.w
-        vexp = ""
-        if any(op["op"] in ("Sigmoid", "Tanh", "SiLU") for op in ep.all_ops()):
-            vexp = em.function(f"f32_vexp__{blk.isa}", vexp_source(blk.isa), "vector expf")
-        ops = list(ep.ops)
-        if ep.node is not None:
-            ops += node_epilogue_ops(em, ep.node, ep.channel)
-        # per-row broadcasts hoisted out of the column loop
-        pre, body = [], []
-        for i, op in enumerate(ops):
-            if op["op"] not in _BIN:
-                continue
-            ptr = op["ptr"]
-            if op["kind"] == "row":
-                pre.append(f"    const {v.t} e{i} = {v.set1(f'{ptr}[{row}]')};")
-            elif op["kind"] == "scalar":
-                pre.append(f"    const {v.t} e{i} = {v.set1(f'{ptr}[0]')};")
-        lines += pre
-        lines.append(f"    for (; j + {w} <= cols; j += {w}) {{")
-        lines.append(f"        {v.t} x = {v.loadu('cr + j')};")
-        for i, op in enumerate(ops):
-            operand = None
-            ptr_ = op.get("ptr")
-            if op["op"] in _BIN:
-                if op["kind"] in ("row", "scalar"):
-                    operand = f"e{i}"
-                elif op["kind"] == "col":
-                    operand = v.loadu(f"{ptr_} + gcol + j")
-                else:
-                    operand = v.loadu(f"{ptr_} + coff + r * {ldc} + j")
-            body.append(f"        x = {_vector_op(v, op, 'x', operand, vexp)};")
-        lines += body
-        lines.append(f"        {v.storeu('cr + j', 'x')}")
-        lines.append("    }")
-    expr = scalar_epilogue(ep, em, "cr[j]", f"(coff + r * {ldc} + j)", row, "(gcol + j)")
-    lines.append(f"    for (; j < cols; ++j) cr[j] = {expr};")
+        full = vector_epilogue_stmts(ep, em, blk, "x", None, f"coff + r * {ldc} + j", row, "gcol + j")
+        tail = vector_epilogue_stmts(ep, em, blk, "x", "m", f"coff + r * {ldc} + j", row, "gcol + j")
+        assert full is not None and tail is not None
+        lines += ["    long j = 0;",
+                  f"    for (; j + {w} <= cols; j += {w}) {{",
+                  f"        {v.t} x = {v.loadu('cr + j')};"]
+        lines += ["        " + x for x in full]
+        lines += [f"        {v.storeu('cr + j', 'x')}", "    }",
+                  "    if (j < cols) {",
+                  f"        const {'__mmask16' if v.isa == 'avx512' else '__m256i'} m = {lane_mask(v, 'cols - j')};",
+                  f"        {v.t} x = {_masked_load(v, 'cr + j', 'm')};"]
+        lines += ["        " + x for x in tail]
+        lines += [f"        {_masked_store(v, 'cr + j', 'x', 'm')}", "    }"]
+    else:
+        expr = scalar_epilogue(ep, em, "cr[j]", f"(coff + r * {ldc} + j)", row, "(gcol + j)")
+        lines.append(f"    for (long j = 0; j < cols; ++j) cr[j] = {expr};")
     lines.append("}")
     return "\n".join(lines)
 
@@ -648,7 +717,7 @@ def choose_partition(p: GemmProblem, blk: Blocking, nt: int) -> tuple[str, int]:
         return "single", 1
     mp, np_ = -(-p.M // blk.mr), -(-p.N // blk.nr)
     pack_b = not isinstance(p.b, ConstPacked) and not (DIRECT_B and isinstance(p.b, Strided) and p.b.s1 == 1)
-    pack_a = not isinstance(p.a, ConstPacked)
+    pack_a = not isinstance(p.a, ConstPacked) and not (DIRECT_A and isinstance(p.a, Strided) and p.a.s1 == 1)
 
     def cost(rows_panels: int, cols_panels: int, last_m: bool, last_n: bool) -> float:
         rows = rows_panels * blk.mr - ((-p.M) % blk.mr if last_m else 0)
@@ -684,7 +753,8 @@ def choose_partition(p: GemmProblem, blk: Blocking, nt: int) -> tuple[str, int]:
     return "grid", pn
 
 
-def _dispatch(em: BlockEmitter, blk: Blocking, p: GemmProblem) -> str:
+def _dispatch(em: BlockEmitter, blk: Blocking, p: GemmProblem, direct_a: bool,
+              ct: tuple[int, int] | None) -> str:
     """Kernel calls by tile shape (only the shapes this problem has)."""
     m_tail, n_tail = p.M % blk.mr, p.N % blk.nr
     nv = blk.nv
@@ -699,10 +769,8 @@ def _dispatch(em: BlockEmitter, blk: Blocking, p: GemmProblem) -> str:
     def call(rows: int, cols: int) -> str:
         vecs = -(-cols // blk.vec)
         lastn = cols - (vecs - 1) * blk.vec
-        fn = microkernel(em, blk, rows, vecs)
-        return f"{fn}(kb, ap, bp, ldb, cp, {p.ldc}, pc > 0, {lastn}, {eargs});"
-
-    ct = col_tail(blk, p.N)
+        fn = microkernel(em, blk, rows, vecs, direct_a)
+        return f"{fn}(kb, ap, lda, bp, ldb, cp, {p.ldc}, pc > 0, {lastn}, {eargs});"
 
     def by_cols(rows: int) -> str:
         if not n_tail:
@@ -785,12 +853,17 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
     direct_b = DIRECT_B and blk.isa != "scalar" and isinstance(p.b, Strided) and p.b.s1 == 1
     pack_b = pack_b and not direct_b
     pack_a = not isinstance(p.a, ConstPacked)
-    mc = p.M if not pack_a else min(blk.mc, mp * mr)
+    direct_a = DIRECT_A and blk.isa != "scalar" and isinstance(p.a, Strided) and p.a.s1 == 1
+    pack_a = pack_a and not direct_a
+    # a run-time A small enough is packed whole, once per item, instead of per (jc, pc) block
+    prepack_a = pack_a and mp * mr * p.K * 4 <= PREPACK_A_BYTES
+    mc = p.M if not pack_a or prepack_a else min(blk.mc, mp * mr)
     # per-thread scratch
     ncr = min(blk.nc, np_ * nr)
     slots = 1 if mode == "single" else nt
     lines = ["(void)in; (void)out; (void)arena; (void)scratch; (void)W;",
-             f"if (tid >= {slots}) return;"]
+             f"if (tid >= {slots}) return;",
+             f"const int nu = nt < {slots} ? nt : {slots}; /* threads with a scratch slice */"]
     if pack_b:
         bs_floats = kb_max * ncr
         bs = em.scratch(bs_floats * 4 * slots)
@@ -800,7 +873,7 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
         ts = em.scratch(tb * slots, "uint8")
         lines.append(f"char *restrict Ts = (char *){ts} + (long)tid * {tb};")
     if pack_a:
-        as_floats = kb_max * -(-mc // mr) * mr
+        as_floats = (p.K if prepack_a else kb_max) * -(-mc // mr) * mr
         as_ = em.scratch(as_floats * 4 * slots)
         lines.append(f"float *restrict As = {as_} + (long)tid * {as_floats};")
     a_expr = p.a.ptr
@@ -811,19 +884,22 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
               "(void)Abase; (void)Bbase;",
               f"long it0 = 0, it1 = {p.items}, pm0 = 0, pm1 = {mp}, pn0 = 0, pn1 = {np_};"]
     if mode == "items":
-        lines.append(f"smelt_range({p.items}, tid, nt, &it0, &it1);")
+        lines.append(f"smelt_range({p.items}, tid, nu, &it0, &it1);")
     elif mode == "grid":
-        lines += [f"{{ const int pn = nt == {nt} ? {pn} : 1; const int pm = nt / pn;",
+        lines += [f"{{ const int pn = nu == {nt} ? {pn} : 1; const int pm = nu / pn;",
                   f"  smelt_range({mp}, tid / pn, pm, &pm0, &pm1); smelt_range({np_}, tid % pn, pn, &pn0, &pn1); }}"]
     else:
-        lines.append("if (tid != 0) return;")
+        lines.append("if (tid != 0) return; (void)nu;")
     lines += ["if (pm0 >= pm1 || pn0 >= pn1) return;",
               f"const long m0 = pm0 * {mr}, m1 = SMELT_MIN(pm1 * {mr}, {p.M});",
               f"const long n0 = pn0 * {nr}, n1 = SMELT_MIN(pn1 * {nr}, {p.N});",
               "for (long it = it0; it < it1; ++it) {",
               "    " + p.item_code.replace("\n", "\n    "),
-              "    (void)ao; (void)bo; (void)grow0;",
-              f"    for (long jc = n0; jc < n1; jc += {blk.nc}) {{",
+              "    (void)ao; (void)bo; (void)grow0;"]
+    if prepack_a and not direct_a:
+        lines += [f"    {{ const long ic = m0, mb = m1 - m0, pc = 0, kb = {p.K};",
+                  "      " + _pack_a_code(p, blk).replace("\n", "\n      "), "    }"]
+    lines += [f"    for (long jc = n0; jc < n1; jc += {blk.nc}) {{",
               f"        const long nb = SMELT_MIN({blk.nc}, n1 - jc);",
               f"        for (long pc = 0; pc < {p.K}; pc += {kb_max}) {{",
               f"            const long kb = SMELT_MIN({kb_max}, {p.K} - pc);"]
@@ -843,13 +919,22 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
         inner.append(f"const long bps = {p.K * nr}L; const long ldb = {nr};")
     inner += [f"for (long ic = m0; ic < m1; ic += {mc}) {{",
               f"    const long mb = SMELT_MIN({mc}, m1 - ic);"]
-    if pack_a:
+    if direct_a:
+        assert isinstance(p.a, Strided)
+        inner.append(f"    const float *restrict aptr = Abase + ao + ic * {p.a.s0}L + pc;")
+        inner.append(f"    const long aps = {mr * p.a.s0}L, lda = {p.a.s0};")
+    elif prepack_a:
+        inner.append(f"    const float *restrict aptr = As + ((ic - m0) / {mr}) * {p.K * mr}L + pc * {mr};")
+        inner.append(f"    const long aps = {p.K * mr}L, lda = 0;")
+    elif pack_a:
         inner.append("    " + _pack_a_code(p, blk).replace("\n", "\n    "))
-        inner.append(f"    const float *restrict aptr = As; const long aps = kb * {mr};")
+        inner.append(f"    const float *restrict aptr = As; const long aps = kb * {mr}, lda = 0;")
     else:
         inner.append(f"    const float *restrict aptr = Abase + ao + (ic / {mr}) * {p.K * mr}L + pc * {mr};")
-        inner.append(f"    const long aps = {p.K * mr}L;")
+        inner.append(f"    const long aps = {p.K * mr}L, lda = 0;")
     epi = tile_epilogue_code(p.epilogue, em, blk, p.ldc)
+    ct = None if direct_a else col_tail(blk, p.N)  # the column kernel reads packed A panels
+    inner.append("    (void)lda;")
     inner += [f"    for (long ir = 0; ir < mb; ir += {mr}) {{",
               f"        const long rows = SMELT_MIN({mr}, mb - ir); (void)rows;",
               f"        const float *restrict ap = aptr + (ir / {mr}) * aps;",
@@ -860,8 +945,7 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
               f"            const long coff = co + (ic + ir) * {p.ldc}L + jc + jr;",
               "            const long grow = grow0 + ic + ir, gcol = jc + jr;",
               "            (void)coff; (void)grow; (void)gcol;",
-              "            " + _dispatch(em, blk, p)]
-    ct = col_tail(blk, p.N)
+              "            " + _dispatch(em, blk, p, direct_a, ct)]
     if epi and kernel_epilogue(p.epilogue, em) is None:
         if ct is not None:  # the tail panel's leftover columns are finished below
             inner.append(f"            if (cols != {nr}) cols = {16 * ct[0]};")
@@ -876,7 +960,7 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
         npn = col_panels(r)
         calls = []
         for q in range(npn, 0, -1):
-            fn = em.function(f"f32_gemm_colukr_{8 * q}x{r}__avx512", colkernel_source(blk, q, r),
+            fn = define(em, f"f32_gemm_colukr_{8 * q}x{r}__avx512", colkernel_source(blk, q, r),
                              f"column kernel: {q} A panels x {r} tail columns")
             calls.append(f"{'if' if q == npn else 'else if'} (rows > {8 * (q - 1)}) "
                          f"{fn}(kb, ap, aps, bp, ldb, cp, {p.ldc}, pc > 0, rows);")
@@ -904,10 +988,11 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
     code = ("static void FNAME(int tid, int nt, void *const *in, void *const *out, char *arena, "
             "char *scratch, const char *W) {\n    " + body + "\n}\n")
     doc = (f"{p.doc}; M={p.M} N={p.N} K={p.K} items={p.items}; MRxNR={mr}x{nr} KC={kb_max} NC={blk.nc} "
-           f"MC={mc}; A {'prepacked' if not pack_a else 'packed at run time'}, B "
+           f"MC={mc}; A {'read in place' if direct_a else 'prepacked' if not pack_a else 'packed whole at run time' if prepack_a else 'packed at run time'}, B "
            f"{'read in place' if direct_b else 'packed at run time' if pack_b else 'prepacked'}; threads: {mode}"
-           f"{f' pn={pn}' if mode == 'grid' else ''}; {epilogue_doc(p.epilogue.node) if p.epilogue.node else 'no epilogue'}")
-    fname = em.function(f"{p.name}_{blk.tag}", code, doc)
+           f"{f' pn={pn}' if mode == 'grid' else ''}; {describe_epilogue(p.epilogue)}"
+           f"{' (fused into the micro-kernel store)' if kernel_epilogue(p.epilogue, em) else ''}")
+    fname = define(em, f"{p.name}_{blk.tag}", code, doc)
     em.step(f"{fname}(tid, nt, in, out, arena, scratch, W);")
 
 
