@@ -1,8 +1,15 @@
 """Time smelt's native LSTM / GRU / RNN against onnxruntime (same thread count).
 
 Each case is a one-node model with constant weights (as PyTorch exports them); both engines
-run it interleaved and the median (and best) latency of many runs is reported. smelt's time
-includes its Python call overhead (~10-20 us per call).
+run it interleaved, in alternating blocks of BLOCK timed runs, and the median (and best)
+latency is reported. smelt's time includes its Python call overhead (~10-20 us per call).
+
+Why blocks and a pause: both engines' worker threads spin-wait after a run (smelt:
+$SMELT_SPIN_US, 2 ms by default; onnxruntime's intra-op workers: >10 ms here), so on a 2-core
+machine strictly alternating runs makes one engine's spinning workers steal a core from the
+other's run (measured: a 50 us GRU took 2.4 ms in 99% of runs right after onnxruntime runs,
+0.05 ms after a 50 ms pause). So each switch sleeps GAP seconds and the first SETTLE runs after
+it are run but not timed.
 
     python benchmarks/bench_rnn.py [--threads 1 2] [--runs 200] [--only lstm]
 """
@@ -22,6 +29,9 @@ from onnx import TensorProto, helper, numpy_helper
 import smelt
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+BLOCK = 10  # timed runs per engine before switching to the other
+SETTLE = 3  # untimed runs after each switch
+GAP = 0.05  # seconds of pause at each switch, for the other engine's workers to stop spinning
 # name, op, E (input size), H, B, T, direction, extra attributes
 CASES = [
     ("lstm_64_b1_t100", "LSTM", 64, 64, 1, 100, "forward", {}),
@@ -66,13 +76,14 @@ def bench(name: str, model: onnx.ModelProto, feeds: dict, threads: int, runs: in
         compiled.run(feeds)
         sess.run(None, feeds)
     ts, to = [], []
-    for _ in range(runs):
-        t = time.perf_counter()
-        compiled.run(feeds)
-        ts.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        sess.run(None, feeds)
-        to.append(time.perf_counter() - t)
+    for _ in range(max(1, runs // BLOCK)):  # interleaved blocks of runs (see the module doc)
+        for fn, times in ((lambda: compiled.run(feeds), ts), (lambda: sess.run(None, feeds), to)):
+            time.sleep(GAP)
+            for i in range(BLOCK + SETTLE):
+                t = time.perf_counter()
+                fn()
+                if i >= SETTLE:
+                    times.append(time.perf_counter() - t)
     ms, mo = np.median(ts) * 1e3, np.median(to) * 1e3
     print(f"{name:20s} threads={threads}  smelt {ms:7.3f} ms (best {min(ts) * 1e3:7.3f})   "
           f"ort {mo:7.3f} ms (best {min(to) * 1e3:7.3f})   speedup {mo / ms:5.2f}x   err {err:.1e}", flush=True)

@@ -85,7 +85,14 @@ def arch_flags(target: Target) -> list[str]:
 def compile_flags(target: Target, *, sanitize: bool | None = None) -> list[str]:
     """Flags for a model's shared library. No -ffast-math: fp32 semantics stay IEEE."""
     sanitize = sanitize_enabled() if sanitize is None else sanitize
-    flags = ["-std=gnu11", "-fPIC", "-shared", "-pthread", "-fno-strict-aliasing", "-fvisibility=hidden"]
+    flags = ["-std=gnu11", "-fPIC", "-shared", "-pthread", "-fno-strict-aliasing", "-fvisibility=hidden",
+             # gcc 12's predictive commoning at -O3 was seen storing to elements of an output
+             # slice it had loaded early, racing with the thread that owns them
+             "-fno-predictive-commoning",
+             # gcc 12 at -O1 and above summarised some step functions (a tid-guarded loop
+             # storing through a pointer loaded from the context) as free of side effects and
+             # deleted their calls (tests/test_toolchain.py); these IPA analyses make that deduction
+             "-fno-ipa-pure-const", "-fno-ipa-modref"]
     flags += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
               "-fno-sanitize-recover=undefined"] if sanitize else ["-O3"]
     return flags + arch_flags(target)

@@ -335,7 +335,8 @@ def test_vector_math_accuracy(tmp_path, variant):
     assert np.abs(sg - ref_sg).max() < 5e-7
     assert np.abs(th - ref_th).max() < 5e-7
     small = (np.abs(x) < 1) & (x != 0)
-    assert (np.abs(th - ref_th) / np.abs(ref_th))[small].max() < 1e-6  # tanh keeps relative accuracy near 0
+    rel = np.abs(th - ref_th)[small] / np.abs(ref_th[small])
+    assert rel.max() < 1e-6  # tanh keeps relative accuracy near 0
     assert np.all((sg >= 0) & (sg <= 1)) and np.all(np.abs(th) <= 1)
 
 
@@ -378,3 +379,16 @@ def test_unread_outputs_and_chained_nodes():
         assert compiled.fallback_nodes == [], compiled.fallback_report
         got = compiled.run(feeds)[0]
         assert float(np.abs(got - ref).max()) <= 1e-5 * max(1.0, float(np.abs(ref).max()))
+
+
+def test_invalid_sequence_lens_raise():
+    """Lengths outside [0, T] are an error, as in onnxruntime (0 itself is valid)."""
+    from smelt.errors import SmeltError
+
+    model, _, feeds, _ = _models([Case("LSTM", 4, 3, 3, 5, seq=[1, 2, 3])])
+    compiled = smelt.compile(model, threads=2)
+    assert compiled.fallback_nodes == []
+    compiled.run(feeds)
+    for bad in ([5, 0, 1], [-1, 2, 4]):
+        with pytest.raises(SmeltError):
+            compiled.run({**feeds, "c0_L": np.array(bad, np.int32)})

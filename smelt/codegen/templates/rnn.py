@@ -41,7 +41,8 @@ order by the functions that take them, with ORT's defaults (LeakyRelu 0.01, Hard
 rejects a single set for bidirectional; so does ``check``); clip bounds every gate
 pre-activation (after bias and peephole); ``input_forget`` sets f = 1 - i; with
 ``sequence_lens`` a batch row is active at time t iff t < len (both directions), Y is zero
-where inactive, the state freezes, and Y_h / Y_c are zero for rows of length 0 (ORT accepts 0).
+where inactive, the state freezes, and Y_h / Y_c are zero for rows of length 0 (ORT accepts 0);
+lengths outside [0, T] make the inference fail (SMELT_FAIL), as ORT rejects them.
 Layout 1 (batch-major) is native too (ORT itself rejects it).
 
 Vector math (``_VMATH``): under ``__AVX512F__`` exp is a Cephes-style degree-6 polynomial with
@@ -861,6 +862,9 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     init.append(f"  {CB}")
     init.append("}")
     init.append(f"if (tid == 0) memset((void *){flags}, 0, {nflags * 64});")
+    if cfg.seq:  # onnxruntime rejects lengths outside [0, T]; run on (clamped), but report it
+        init.append(f"if (tid == 0) {{ const int32_t *L = {em.ptr(cfg.seq)};\n"
+                    f"  for (long b = 0; b < {B}; ++b) if (L[b] < 0 || L[b] > {T}) SMELT_FAIL(); }}")
     em.step(f"{gemm}({em.ptr(cfg.x)}, {xw}, {wp}, {bx}, tid, nt);\n" + "\n".join(init))
 
     # ---- step 2: the recurrence ----
