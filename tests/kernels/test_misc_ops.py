@@ -12,6 +12,7 @@ import itertools
 import numpy as np
 import onnx
 import pytest
+from node_cases import Cases, assert_close, build_model, check, oracle  # noqa: F401
 from onnx import helper, numpy_helper
 
 import smelt
@@ -20,83 +21,6 @@ ort = pytest.importorskip("onnxruntime")
 
 RNG = np.random.default_rng(20261123)
 
-
-# -- harness (as in test_pool_norm.py) -------------------------------------------------------------
-
-class Cases:
-    """Single-node cases collected into one model."""
-
-    def __init__(self) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.outputs: list[str] = []
-        self.inits: dict[str, np.ndarray] = {}
-
-    def add(self, op: str, inputs: list[str], consts: tuple = (), n_out: int = 1, **attrs) -> list[str]:
-        names = list(inputs)
-        for c in consts:
-            if c is None:
-                names.append("")
-                continue
-            cname = f"c{len(self.inits)}"
-            self.inits[cname] = np.asarray(c)
-            names.append(cname)
-        outs = [f"{op.lower()}_{len(self.nodes)}_{k}" for k in range(n_out)]
-        self.nodes.append(helper.make_node(op, names, outs, name=f"{op}_{len(self.nodes)}", **attrs))
-        self.outputs += outs
-        return outs
-
-
-def build_model(cases: Cases, feeds: dict[str, np.ndarray], opset: int = 17) -> onnx.ModelProto:
-    inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
-              for k, v in feeds.items()]
-    graph = helper.make_graph(cases.nodes, "cases", inputs,
-                              [helper.make_empty_tensor_value_info(o) for o in cases.outputs],
-                              initializer=[numpy_helper.from_array(v, k) for k, v in cases.inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
-    del model.graph.output[:]
-    model.graph.output.extend(types[o] for o in cases.outputs)
-    return model
-
-
-def oracle(model: onnx.ModelProto, feeds: dict[str, np.ndarray], kind: str = "ort") -> list[np.ndarray]:
-    if kind == "ort":
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        return [np.asarray(r) for r in sess.run(None, feeds)]
-    from onnx.reference import ReferenceEvaluator
-
-    return [np.asarray(r) for r in ReferenceEvaluator(model).run(None, feeds)]
-
-
-def assert_close(name: str, got: np.ndarray, want: np.ndarray) -> None:
-    assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, want.shape, got.dtype, want.dtype)
-    if want.dtype.kind != "f":
-        np.testing.assert_array_equal(got, want, err_msg=name)
-        return
-    finite = np.abs(want[np.isfinite(want)])
-    tol = 1e-5 * max(1.0, float(finite.max()) if finite.size else 1.0)
-    same = (got == want) | (np.isnan(got) & np.isnan(want))
-    with np.errstate(invalid="ignore"):
-        err = np.where(same, 0.0, np.abs(got.astype(np.float64) - want.astype(np.float64)))
-    assert not (err > tol).any(), f"{name}: max error {np.nanmax(err):.3g} > {tol:.3g} at {np.argwhere(err > tol)[:3].tolist()}"
-
-
-def check(cases: Cases, feeds: dict[str, np.ndarray], opset: int = 17, kind: str = "ort",
-          fallback: tuple[str, ...] = ()) -> None:
-    """Compare all outputs at 1 and 2 threads; only the nodes named in ``fallback`` may fall back."""
-    model = build_model(cases, feeds, opset)
-    want = oracle(model, feeds, kind)
-    for threads in (1, 2):
-        compiled = smelt.compile(model, threads=threads)
-        assert sorted(compiled.fallback_nodes) == sorted(fallback), compiled.fallback_report
-        got = compiled.run(feeds)
-        for name, g, w in zip(cases.outputs, got, want, strict=True):
-            assert_close(f"{name} (threads={threads})", g, w)
-        compiled.close()
 
 
 def randn(*shape: int, dtype=np.float32, scale: float = 1.0) -> np.ndarray:
