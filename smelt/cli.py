@@ -6,7 +6,6 @@ import argparse
 import re
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -116,22 +115,9 @@ def _random_feeds(model, seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
-def time_interleaved(fns: dict[str, callable], rounds: int, warmup: int = 3) -> dict[str, list[float]]:
-    """Milliseconds per call of each function, rounds interleaved across engines."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append((time.perf_counter() - t0) * 1e3)
-    return times
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     import smelt
+    from smelt.bench.timing import time_interleaved
     from smelt.progress import stage
     from smelt.target import detect
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import re
 import threading
@@ -105,38 +104,39 @@ def test_second_compile_loads_from_cache_quickly(tmp_path, monkeypatch):
     np.testing.assert_array_equal(first(x), second(x))
 
 
-def _compile_in_child(cache_dir: str, seed_path: str, queue) -> None:
-    os.environ["SMELT_CACHE_DIR"] = cache_dir
-    import onnx
-
-    import smelt as sm
-
-    cm = sm.compile(onnx.load(seed_path), threads=1)
-    x = np.linspace(-1, 1, 1 << 16, dtype=np.float32)
-    queue.put((str(cm.source_path), float(cm(x).sum())))
+_CHILD = """
+import os, sys
+import numpy as np
+import onnx
+import smelt
+cm = smelt.compile(onnx.load(sys.argv[1]), threads=1)
+x = np.linspace(-1, 1, 1 << 16, dtype=np.float32)
+print(cm.source_path, float(cm(x).sum()))
+"""
 
 
 def test_two_processes_compiling_at_once_both_succeed(tmp_path):
+    import subprocess
+    import sys
+
     import onnx
 
     path = tmp_path / "m.onnx"
     onnx.save(_chain(12), str(path))
     cache = tmp_path / "cache"
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_compile_in_child, args=(str(cache), str(path), queue)) for _ in range(2)]
+    env = dict(os.environ, SMELT_CACHE_DIR=str(cache))
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    results = []
     for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
-    results = [queue.get(timeout=5) for _ in procs]
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        results.append(out.strip())
     assert results[0] == results[1]
     libs = list((cache / "lib").rglob("*.so"))
     assert len(libs) == 1
     assert not list(cache.rglob("*.tmp")) and not list((cache / "models").rglob(".tmp-*"))
-    artifacts = [p for p in (cache / "models").rglob("plan.json")]
-    assert len(artifacts) == 1
+    assert len(list((cache / "models").rglob("plan.json"))) == 1
 
 
 def test_hostile_names_never_reach_c_unescaped():
