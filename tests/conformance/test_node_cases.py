@@ -36,8 +36,21 @@ def test_zoo_op_case(case: NodeCase) -> None:
         pytest.fail(f"{_describe(case, native, fallback_ops)}: {error}", pytrace=False)
 
 
+# Cases smelt fails only because its fallback, onnx.reference, fails them (listed in
+# docs/conformance.md). strict: when onnx.reference is fixed, the xfail turns into a failure.
+FALLBACK_ORACLE_BUGS = {
+    "test_if_opt": "onnx.reference nests the If's optional(sequence) output in an extra list",
+    "test_scan_sum": "onnx.reference cannot run opset-8 Scan (and upgrading it changes the inputs)",
+}
+
+
+def _params() -> list:
+    return [pytest.param(c, id=c.name, marks=pytest.mark.xfail(strict=True, reason=FALLBACK_ORACLE_BUGS[c.name]))
+            if c.name in FALLBACK_ORACLE_BUGS else pytest.param(c, id=c.name) for c in all_cases()]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", all_cases(), ids=lambda c: c.name)
+@pytest.mark.parametrize("case", _params())
 def test_node_case(case: NodeCase) -> None:
     ort_error = run_ort(case)
     if ort_error is not None:
