@@ -54,7 +54,7 @@ def main() -> None:
         assert err <= 1e-4, f"{name}: relative error {err}"
         times = time_interleaved({"smelt": lambda c=cm, f=feeds: c.run(f),
                                   "ort": lambda s=sess, f=feeds: s.run(None, f)},
-                                 args.rounds, warmup=5)
+                                 args.rounds, warmup=5, block=5, settle=0.05)
         (sm, siqr), (om, oiqr) = median_and_spread(times["smelt"]), median_and_spread(times["ort"])
         print(f"| {name} | {sm:.3f} ({siqr:.3f}) | {om:.3f} ({oiqr:.3f}) | {om / sm:.2f}x | {cold} |", flush=True)
 

@@ -213,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "against onnxruntime and print latency beside onnxruntime's.")
     p.add_argument("models", nargs="*", help="zoo model names (default: resnet50 lstm)")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--rounds", type=int, default=20, help="timed rounds per engine (default 20)")
+    p.add_argument("--rounds", type=int, default=10,
+                   help="interleaved rounds; each times 5 calls per engine (default 10)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("info", help="print the detected target, compiler and cache directory",

@@ -7,17 +7,29 @@ import time
 from collections.abc import Callable
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 3) -> dict[str, list[float]]:
-    """Milliseconds per call of each function; each round calls every engine once, in turn."""
+def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int = 3, block: int = 5,
+                     settle: float = 0.05) -> dict[str, list[float]]:
+    """Milliseconds per call of each function, engines interleaved in blocks.
+
+    Each round gives every engine, in turn, ``block`` timed calls after one untimed call. Between
+    engines the process idles ``settle`` seconds: engines keep their worker threads spinning for
+    a while after a call (onnxruntime for 10+ ms), and a peer's spinning threads would otherwise
+    sit on the cores the next engine's pinned workers need, which measures contention, not the
+    engine.
+    """
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            if settle:
+                time.sleep(settle)
             fn()
-            times[name].append((time.perf_counter() - start) * 1e3)
+            for _ in range(block):
+                start = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - start) * 1e3)
     return times
 
 
