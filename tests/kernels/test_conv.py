@@ -10,31 +10,15 @@ multi-output model per test so one C compile covers many.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 from helpers import const, make_model, ort_run, tensor
+from kernel_models import Case, _isa_target, _model, _rand
 from onnx import helper
 
 import smelt
-from smelt.target import detect
 
 RNG = np.random.default_rng(4321)
-
-
-def _rand(*shape) -> np.ndarray:
-    return RNG.uniform(-1, 1, shape).astype(np.float32)
-
-
-@dataclasses.dataclass
-class Case:
-    name: str
-    nodes: list
-    inputs: list
-    inits: list
-    output: str
-    feeds: dict
 
 
 def _out_shape(xs, oc, ks, attrs) -> tuple:
@@ -158,33 +142,6 @@ CONV_ND_CASES = [
     conv_case("c3d_dw", (1, 4, 4, 5, 6), 4, (3, 3, 3), group=4, pads=[1] * 6),
     conv_case("c3d_same", (1, 2, 5, 5, 5), 3, (2, 2, 2), auto_pad="SAME_LOWER"),
 ]
-
-
-def _model(cases: list[Case]):
-    nodes, inputs, inits, outputs, feeds = [], [], [], [], {}
-    for c in cases:
-        nodes += c.nodes
-        inputs += c.inputs
-        inits += c.inits
-        outputs.append(helper.make_tensor_value_info(c.output, 1, None))
-        feeds.update(c.feeds)
-    return make_model(nodes, inputs, outputs, inits), feeds
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("smelt-cache")
-
-
-def _isa_target(isa: str):
-    real = detect()
-    if isa == "native":
-        return real
-    if isa == "avx2":
-        if "avx2" not in real.flags or real.arch != "x86_64":
-            pytest.skip("host has no AVX2")
-        return dataclasses.replace(real, isa="avx2", vector_bits=256, vector_registers=16)
-    return dataclasses.replace(real, isa="scalar", vector_bits=32, vector_registers=16)
 
 
 def _check(cases: list[Case], isa: str, monkeypatch, cache) -> None:
