@@ -62,8 +62,6 @@ class CompiledModel:
                                       sanitize_enabled())
         self._inputs = model_input_specs(self.proto)
         self._outputs = model_output_specs(self.proto)
-        if not self._inputs and not self.proto.graph.input:
-            pass  # a model with no inputs is legal: it computes constants
         self._variants: OrderedDict[tuple, LoadedArtifact] = OrderedDict()
         self._builds: dict[tuple, BuildResult] = {}
         self._lock = threading.Lock()
