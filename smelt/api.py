@@ -102,7 +102,7 @@ class CompiledModel:
                 continue
             if not isinstance(arr, np.ndarray):
                 arr = np.asarray(arr)
-            if dtype is not None and arr.dtype != dtype:
+            if arr.dtype != dtype:
                 raise ValueError(f"input {name!r}: expected dtype {np.dtype(dtype).name} "
                                  f"({onnx_type_string(dtype)}), given {arr.dtype.name}")
             if shape is not None:

@@ -133,7 +133,7 @@ def _expand_epilogue(node) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]
             nodes.append(helper.make_node("Sigmoid", [cur], [f"{out}__sig"]))
             nodes.append(helper.make_node("Mul", [cur, f"{out}__sig"], [out]))
         else:
-            attrs = {k: v for k, v in step.items() if k in ("alpha", "beta")}
+            attrs = {key: val for key, val in step.items() if key in ("alpha", "beta")}
             nodes.append(helper.make_node(op, [cur], [out], **attrs))
         cur = out
     return nodes, inits
@@ -181,7 +181,7 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
     if plan.native_blocks():
         lib_path = toolchain.build_shared_library(module.source, name=g.name, target=target,
                                                   sanitize=options.sanitize)
-    meta = _plan_json(g, plan, module, lib_path, options)
+    meta = _plan_json(g, plan, module, lib_path, options, target)
     _write_artifact(directory, g, plan, meta, module.weights)
     result = _load_cached(directory)
     assert result is not None
@@ -192,7 +192,8 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
     return result
 
 
-def _plan_json(g: Graph, plan: ExecutionPlan, module, lib_path: Path | None, options: CompileOptions) -> dict:
+def _plan_json(g: Graph, plan: ExecutionPlan, module, lib_path: Path | None, options: CompileOptions,
+               target: Target) -> dict:
     steps = []
     fallback_nodes = []
     for i, step in enumerate(plan.steps):
@@ -220,7 +221,7 @@ def _plan_json(g: Graph, plan: ExecutionPlan, module, lib_path: Path | None, opt
         "scratch_bytes": module.scratch_bytes,
         "weights_bytes": int(module.weights.nbytes),
         "lib": str(lib_path) if lib_path else None,
-        "codegen_threads": options.codegen_threads(detect()),
+        "codegen_threads": options.codegen_threads(target),
         "native_nodes": [[n.name, n.op] for b in plan.native_blocks() for n in b.nodes],
     }
 

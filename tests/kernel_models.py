@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers import make_model
+from helpers import make_model, ort_run
 from onnx import helper
 
 from smelt.target import detect
@@ -52,3 +52,32 @@ def _isa_target(isa: str):
     return dataclasses.replace(real, isa="scalar", vector_bits=32, vector_registers=16)
 
 
+def check_cases(cases: list[Case], isa: str, monkeypatch, cache, check_compiled) -> None:
+    """Compile the cases for ``isa`` at 1 and 2 threads and compare every output with onnxruntime.
+
+    ``check_compiled(compiled, target)`` adds the caller's structural assertions.
+    """
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    model, feeds = _model(cases)
+    want = ort_run(model, feeds)
+    first = None
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        assert compiled.fallback_nodes == []
+        check_compiled(compiled, target)
+        got = compiled.run(feeds)
+        if first is None:
+            first = got
+        else:  # every element is accumulated in the same order whatever the thread split
+            for c, a, b in zip(cases, first, got, strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=c.name)
+        for c, g, w in zip(cases, got, want, strict=True):
+            assert g.shape == w.shape, (c.name, g.shape, w.shape)
+            scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
+            err = float(np.max(np.abs(g.astype(np.float64) - w))) if w.size else 0.0
+            assert err <= 1e-4 * scale, f"{c.name} ({isa}, threads={threads}): max abs error {err}"
+        compiled.close()

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import const, make_model, ort_run, tensor
-from kernel_models import Case, _isa_target, _model, _rand
+from helpers import const, make_model, tensor
+from kernel_models import Case, _isa_target, _model, _rand, check_cases
 from onnx import helper
 
 import smelt
@@ -171,28 +171,10 @@ MATMUL_CASES = [
 
 
 def _check(cases: list[Case], isa: str, monkeypatch, cache) -> None:
-    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
-    target = _isa_target(isa)
-    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
-    model, feeds = _model(cases)
-    want = ort_run(model, feeds)
-    first = None
-    for threads in (1, 2):
-        compiled = smelt.compile(model, threads=threads)
-        assert compiled.fallback_nodes == []
+    def structure(compiled, target):
         assert f"__{target.isa}_" in compiled.source_path.read_text()  # the kernels asked for
-        got = compiled.run(feeds)
-        if first is None:
-            first = got
-        else:  # every element is accumulated in the same order whatever the thread split
-            for c, a, b in zip(cases, first, got, strict=True):
-                np.testing.assert_array_equal(a, b, err_msg=c.name)
-        for c, g, w in zip(cases, got, want, strict=True):
-            assert g.shape == w.shape, (c.name, g.shape, w.shape)
-            scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
-            err = float(np.max(np.abs(g.astype(np.float64) - w))) if w.size else 0.0
-            assert err <= 1e-4 * scale, f"{c.name} ({isa}, threads={threads}): max abs error {err}"
-        compiled.close()
+
+    check_cases(cases, isa, monkeypatch, cache, structure)
 
 
 def test_fused_graphs_have_no_standalone_epilogue(monkeypatch, cache):
