@@ -180,7 +180,49 @@ def cmd_info(args: argparse.Namespace) -> int:
     except SmeltError as exc:
         print(f"compiler:   none ({exc})")
     print(f"cache dir:  {cache_dir()}")
+    if args.peak:
+        from smelt.bench.peak import format_peak, load_or_measure_peak
+
+        print(format_peak(load_or_measure_peak(measure=True, progress=True)))
     return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from smelt.bench import report as rep
+    from smelt.bench.engines import parse_engines
+    from smelt.bench.harness import run_bench
+    from smelt.bench.suites import suite_models
+    from smelt.target import detect
+
+    if bool(args.model) == bool(args.suite):
+        raise SmeltError("give either MODEL or --suite cnn|rnn")
+    if args.instances is not None and args.threads_per_instance is None:
+        args.threads_per_instance = max(1, detect().physical_cores // args.instances)
+    models = suite_models(args.suite) if args.suite else [args.model]
+    peers = parse_engines(args.against)
+    threads = args.threads or detect().physical_cores
+    result = run_bench(models, peers, threads, batch=args.batch, rounds=args.rounds, warmup=args.warmup,
+                       tolerance=args.tolerance, shapes=_parse_shapes(args.shape), instances=args.instances,
+                       threads_per_instance=args.threads_per_instance, duration=args.duration,
+                       command=args.command_line)
+    if args.suite:
+        print(f"suite {args.suite}: {len(models)} models, {result['settings']['threads']} threads, "
+              f"batch {args.batch}, peak {result['machine']['peak_gflops']} GFLOPS")
+        print(rep.format_suite(result, markdown=args.markdown))
+    else:
+        print(rep.format_model(result["models"][0], markdown=args.markdown))
+    if args.json:
+        rep.write_json(result, args.json)
+        print(f"wrote {args.json}")
+    if args.chart:
+        if args.suite:
+            rep.write_speedup_chart(result, args.chart, None)
+        else:
+            rep.write_latency_chart(result["models"][0], args.chart)
+        print(f"wrote {args.chart}")
+    mismatched = [m["model"] for m in result["models"]
+                  if any(e["status"] in ("mismatch", "error") for e in m["engines"].values())]
+    return 1 if mismatched else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -219,13 +261,42 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="print the detected target, compiler and cache directory",
                        description="Print the detected CPU target (ISA, vector width, cores, caches), "
-                       "the C compiler and the cache directory.")
+                       "the C compiler and the cache directory; with --peak, measure the fp32 peak.")
+    p.add_argument("--peak", action="store_true",
+                   help="measure the fp32 peak (FMA register loop at 1 and all threads, numpy sgemm) "
+                   "and store it for bench/profile")
     p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("bench", help="time smelt against onnxruntime, OpenVINO and PyTorch",
+                       description="Check outputs against smelt's, then time smelt and its peers interleaved "
+                       "in one process, same inputs and thread count. Peers that are not installed are "
+                       "skipped with a note.")
+    p.add_argument("model", nargs="?", help="an .onnx path or a zoo name (zoo:resnet50, "
+                   "zoo:lstm-E256-H256-B1-T100, ...)")
+    p.add_argument("--suite", choices=["cnn", "rnn"], help="the zoo CNNs, or DeepCPU's Table 1 LSTM+GRU shapes")
+    p.add_argument("--against", default=None, metavar="PEERS",
+                   help="comma-separated peers (default: onnxruntime,openvino,torch)")
+    p.add_argument("--threads", type=int, default=None, help="threads for every engine (default: physical cores)")
+    p.add_argument("--batch", type=int, default=1, help="batch size for zoo models / symbolic batch dims")
+    p.add_argument("--rounds", type=int, default=20, help="interleaved rounds, each 5 timed calls per engine")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls per engine before the rounds")
+    p.add_argument("--tolerance", type=float, default=1e-4,
+                   help="max relative error vs smelt before a peer counts as a mismatch (default 1e-4)")
+    p.add_argument("--shape", action="append", metavar="NAME=D0,D1,...", help="concrete input shape")
+    p.add_argument("--instances", type=int, default=None,
+                   help="also measure throughput of K instances on disjoint cores")
+    p.add_argument("--threads-per-instance", type=int, default=None, help="threads of each instance")
+    p.add_argument("--duration", type=float, default=2.0, help="seconds per throughput window (default 2)")
+    p.add_argument("--json", metavar="OUT", help="write the full report as JSON")
+    p.add_argument("--chart", metavar="OUT.png", help="write a chart (latency per engine, or suite speedups)")
+    p.add_argument("--markdown", action="store_true", help="print tables as markdown")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.command_line = ["smelt", *(sys.argv[1:] if argv is None else argv)]
     try:
         return args.func(args)
     except SmeltError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -39,3 +39,24 @@ def stage(desc: str, enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         print(f" {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+
+
+def counter(desc: str, total: int, enabled: bool = True) -> Callable[[int], None]:
+    """A callback ``tick(i)`` that advances a progress bar of ``total`` steps; closes at the end."""
+    if not enabled:
+        return lambda i: None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        def tick_plain(i: int) -> None:
+            print(f"{desc}: {i + 1}/{total}", file=sys.stderr, flush=True)
+
+        return tick_plain
+    bar = tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+
+    def tick(i: int) -> None:
+        bar.update(1)
+        if i + 1 >= total:
+            bar.close()
+
+    return tick

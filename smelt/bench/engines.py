@@ -1,0 +1,179 @@
+"""The engines `smelt bench` compares: smelt itself and its peers, behind one small interface.
+
+Every engine gets the same ONNX model, the same input arrays and the same thread count, and
+answers with a list of numpy arrays in graph-output order, so the harness can check outputs
+before timing anything. A peer that is not installed raises :class:`EngineUnavailable`: the
+harness reports it as skipped, with the reason and how to install it, and goes on.
+
+Thread settings follow what each peer's documentation recommends for latency at a fixed thread
+count: onnxruntime's intra-op pool (inter-op 1, sequential execution); OpenVINO's LATENCY hint
+with ``INFERENCE_NUM_THREADS`` and f32 inference precision (it would otherwise pick bf16 on
+AMX machines, which changes the numbers); ``torch.set_num_threads`` under ``inference_mode``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+PEERS = ("onnxruntime", "openvino", "torch")
+INSTALL_HINT = 'pip install -e ".[peers]"'
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot run here (not installed, or no definition for this model)."""
+
+
+@dataclass
+class BenchModel:
+    """A model as every engine sees it: the proto, its concrete input arrays, its zoo name."""
+
+    name: str
+    proto: onnx.ModelProto
+    feeds: dict[str, np.ndarray]
+    zoo_name: str | None = None  # set for built-in models: PyTorch then runs the zoo's definition
+    output_names: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.output_names:
+            self.output_names = [o.name for o in self.proto.graph.output]
+
+
+@dataclass
+class Runner:
+    """A prepared engine: ``run(feeds)`` returns the outputs in graph-output order."""
+
+    engine: str
+    version: str
+    run: Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]
+    close: Callable[[], None] = lambda: None
+    details: dict = field(default_factory=dict)  # settings worth recording in the report
+
+
+def _smelt(model: BenchModel, threads: int) -> Runner:
+    import smelt
+
+    compiled = smelt.compile(model.proto, threads=threads,
+                             input_shapes={k: v.shape for k, v in model.feeds.items()})
+    return Runner("smelt", smelt.__version__, compiled.run, compiled.close,
+                  {"fallback_nodes": len(compiled.fallback_nodes),
+                   "compile_seconds": round(compiled.compile_seconds, 3),
+                   "from_cache": compiled.from_cache,
+                   "arena_bytes": compiled.arena_bytes})
+
+
+def _onnxruntime(model: BenchModel, threads: int) -> Runner:
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise EngineUnavailable(f"onnxruntime is not installed ({INSTALL_HINT})") from exc
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    sess = ort.InferenceSession(model.proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = model.output_names
+
+    def run(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        return sess.run(names, dict(feeds))
+
+    return Runner("onnxruntime", ort.__version__, run, details={"intra_op_num_threads": threads})
+
+
+def _openvino(model: BenchModel, threads: int) -> Runner:
+    try:
+        import openvino as ov
+    except ImportError as exc:
+        raise EngineUnavailable(f"openvino is not installed ({INSTALL_HINT})") from exc
+    core = ov.Core()
+    # OpenVINO reads ONNX from a file; external data would need the file's directory, so the
+    # proto (weights inline) goes through a private temporary file.
+    with tempfile.TemporaryDirectory(prefix="smelt-ov-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        onnx.save(model.proto, str(path))
+        ov_model = core.read_model(str(path))
+    ov_model.reshape({name: list(arr.shape) for name, arr in model.feeds.items()})
+    config = {
+        "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_NUM_THREADS": threads,
+        "NUM_STREAMS": 1,
+        "INFERENCE_PRECISION_HINT": "f32",
+    }
+    compiled = core.compile_model(ov_model, "CPU", config)
+    request = compiled.create_infer_request()
+    by_name = {}
+    for i, port in enumerate(compiled.outputs):
+        for n in port.get_names():
+            by_name[n] = i
+    try:
+        order = [by_name[n] for n in model.output_names]
+    except KeyError as exc:
+        raise EngineUnavailable(f"openvino renamed output {exc} of the model") from exc
+
+    def run(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        request.infer(dict(feeds))
+        return [request.get_output_tensor(i).data.copy() for i in order]
+
+    # ov.__version__ carries the build tag ("2026.4.1-22982-e213a14-releases/..."): keep the release.
+    return Runner("openvino", ov.__version__.split("-")[0], run, details={
+        k: str(compiled.get_property(k)) for k in ("INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT",
+                                                   "PERFORMANCE_HINT")})
+
+
+def _torch(model: BenchModel, threads: int) -> Runner:
+    try:
+        import torch
+    except ImportError as exc:
+        raise EngineUnavailable(f"torch is not installed ({INSTALL_HINT}; torch==2.13.0)") from exc
+    from smelt.frontend.zoo import torch_models
+
+    if model.zoo_name is None or not torch_models.has_torch_definition(model.zoo_name):
+        raise EngineUnavailable(f"no PyTorch definition for {model.name!r} (only zoo models have one)")
+    module = torch_models.torch_model_for(model.zoo_name, model.proto)
+    input_names = [i.name for i in model.proto.graph.input
+                   if i.name not in {t.name for t in model.proto.graph.initializer}]
+
+    def run(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        # torch's thread count is process-wide and other code may change it between calls.
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        with torch.inference_mode():
+            outs = module(*[torch.from_numpy(feeds[n]) for n in input_names])
+        if isinstance(outs, torch.Tensor):
+            outs = (outs,)
+        return [o.numpy() for o in outs]
+
+    torch.set_num_threads(threads)
+    return Runner("torch", torch.__version__, run, details={"num_threads": threads, "mode": "eager"})
+
+
+ENGINES: dict[str, Callable[[BenchModel, int], Runner]] = {
+    "smelt": _smelt,
+    "onnxruntime": _onnxruntime,
+    "openvino": _openvino,
+    "torch": _torch,
+}
+
+ALIASES = {"ort": "onnxruntime", "ov": "openvino", "pytorch": "torch"}
+
+
+def parse_engines(spec: str | None) -> list[str]:
+    """``"onnxruntime,openvino"`` → canonical peer names; unknown names are an error."""
+    if spec is None:
+        return list(PEERS)
+    names = []
+    for raw in spec.split(","):
+        name = ALIASES.get(raw.strip().lower(), raw.strip().lower())
+        if not name:
+            continue
+        if name not in ENGINES or name == "smelt":
+            raise ValueError(f"unknown peer engine {raw.strip()!r}; choose from {', '.join(PEERS)}")
+        if name not in names:
+            names.append(name)
+    return names
+

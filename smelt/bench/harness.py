@@ -1,0 +1,359 @@
+"""`smelt bench`: smelt against its peers on one model, fairly, with outputs checked first.
+
+The protocol, in order, for one model:
+
+1. Every engine is prepared with the same ONNX model, the same thread count and the same input
+   arrays. A peer that is not installed (or, for PyTorch, has no definition of the model) is
+   reported as skipped; one that fails to load the model is reported with its error.
+2. Each peer's outputs are compared with smelt's: the relative error is max|peer - smelt| over
+   max|smelt|, per output, worst output. A peer above the tolerance is reported as a mismatch and
+   is not timed: a fast wrong answer is not a data point.
+3. All engines that agree are warmed up, then timed in rounds, interleaved (see
+   :func:`smelt.bench.timing.time_interleaved`): machine noise lands on every engine alike.
+4. The report holds, per engine, the median and interquartile range in ms, the relative error,
+   smelt's speedup over it, GFLOPS and their share of this machine's measured peak.
+
+The report is a plain dict that :mod:`smelt.bench.report` validates, prints and charts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import platform
+import re
+import statistics
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from smelt.bench.engines import ENGINES, BenchModel, EngineUnavailable, Runner
+from smelt.bench.timing import median_and_spread, time_interleaved
+from smelt.errors import SmeltError
+
+SCHEMA_VERSION = 1
+DEFAULT_TOLERANCE = 1e-4
+
+EngineFactory = Callable[[BenchModel, int], Runner]
+
+
+# ----------------------------------------------------------------------------- the model
+def resolve_model(spec: str, batch: int = 1, shapes: Mapping[str, Sequence[int]] | None = None,
+                  seed: int = 0) -> BenchModel:
+    """An ONNX path or a zoo name (``zoo:resnet50``, ``lstm-E256-H256-B1-T100``) with inputs.
+
+    Symbolic input dimensions are fixed from ``shapes``; failing that, a symbolic leading
+    dimension is the batch. Inputs are seeded random data, the same for every engine.
+    """
+    from smelt.frontend import zoo
+    from smelt.frontend.onnx_import import load_model, model_input_specs
+
+    zoo_name = None
+    path = Path(spec)
+    if spec.startswith("zoo:") or not path.exists():
+        try:
+            proto = zoo.get_model(spec, batch=batch, seed=seed)
+        except ValueError as exc:
+            if spec.startswith("zoo:"):
+                raise
+            raise SmeltError(f"no model file {spec!r} and no zoo model of that name: {exc}") from None
+        name = spec.removeprefix("zoo:")
+        zoo_name = name.lower()
+    else:
+        proto = load_model(path)
+        name = path.stem
+    shapes = dict(shapes or {})
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for inp_name, dtype, shape in model_input_specs(proto):
+        if inp_name in shapes:
+            dims = [int(d) for d in shapes[inp_name]]
+        elif shape is None:
+            raise SmeltError(f"input {inp_name!r} of {name} has no shape; give --shape {inp_name}=d0,d1,...")
+        else:
+            dims = []
+            for axis, d in enumerate(shape):
+                if isinstance(d, int):
+                    dims.append(d)
+                elif axis == 0:
+                    dims.append(batch)
+                else:
+                    raise SmeltError(f"input {inp_name!r} of {name} has symbolic dimension {d!r} at axis "
+                                     f"{axis}; give --shape {inp_name}=d0,d1,...")
+        feeds[inp_name] = _random_array(rng, dims, dtype, inp_name)
+    if shapes or any(not all(isinstance(d, int) for d in (s or ())) for _, _, s in model_input_specs(proto)):
+        from smelt.frontend.onnx_import import specialize_inputs
+
+        proto = specialize_inputs(proto, {k: v.shape for k, v in feeds.items()})
+    return BenchModel(name, proto, feeds, zoo_name)
+
+
+def _random_array(rng: np.random.Generator, dims: list[int], dtype: np.dtype | None, name: str) -> np.ndarray:
+    dtype = np.dtype(dtype or np.float32)
+    if dtype.kind == "f":
+        return rng.standard_normal(dims).astype(dtype)
+    if dtype.kind in "iu":
+        # Index-like inputs (token ids, gather indices): 0 is valid for every table size.
+        return np.zeros(dims, dtype)
+    if dtype.kind == "b":
+        return np.ones(dims, dtype)
+    raise SmeltError(f"input {name!r}: cannot make benchmark data of dtype {dtype}")
+
+
+def model_flops(model: BenchModel) -> int:
+    """Multiply-adds × 2 of the model's convolutions, GEMMs and recurrent ops at its input shapes."""
+    from smelt.frontend.onnx_import import to_ir
+    from smelt.ir.ops import flops
+    from smelt.passes.shape_inference import infer_shapes
+
+    g = infer_shapes(to_ir(model.proto))
+    return int(sum(flops(node, g) for node in g.nodes))
+
+
+def relative_error(reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> float:
+    """Worst, over outputs, of max|got - reference| / max|reference|; inf on a shape mismatch."""
+    if len(reference) != len(got):
+        return math.inf
+    worst = 0.0
+    for ref, out in zip(reference, got, strict=True):
+        ref = np.asarray(ref)
+        out = np.asarray(out)
+        if ref.shape != out.shape:
+            return math.inf
+        if ref.size == 0:
+            continue
+        ref64, out64 = ref.astype(np.float64), out.astype(np.float64)
+        if not np.all(np.isfinite(out64) == np.isfinite(ref64)):
+            return math.inf
+        finite = np.isfinite(ref64)
+        scale = float(np.max(np.abs(ref64[finite]), initial=0.0))
+        diff = float(np.max(np.abs(out64[finite] - ref64[finite]), initial=0.0))
+        worst = max(worst, diff / scale if scale > 0 else diff)
+    return worst
+
+
+# ----------------------------------------------------------------------------- the machine
+def machine_info(threads: int, measure_peak: bool | None = None, progress: bool = True) -> dict:
+    """CPU, ISA, cores and the measured fp32 peak for ``threads`` threads (None if unavailable)."""
+    from smelt.target import detect
+
+    t = detect()
+    info = {"cpu": t.model_name, "isa": t.isa, "cores": t.physical_cores, "python": platform.python_version(),
+            "peak_gflops": None, "peak": None}
+    try:
+        from smelt.bench.peak import load_or_measure_peak
+
+        peak = load_or_measure_peak(measure=measure_peak, progress=progress)
+        info["peak_gflops"] = round(peak.peak_gflops(threads), 1)
+        info["peak"] = peak.to_dict()
+    except (ImportError, SmeltError) as exc:
+        print(f"note: no machine peak ({exc}); GFLOPS shares omitted", file=sys.stderr)
+    return info
+
+
+# ----------------------------------------------------------------------------- one model
+def _prepare(names: Sequence[str], model: BenchModel, threads: int,
+             factories: Mapping[str, EngineFactory]) -> tuple[dict[str, Runner], dict[str, dict]]:
+    runners: dict[str, Runner] = {}
+    results: dict[str, dict] = {}
+    for name in names:
+        try:
+            runners[name] = factories[name](model, threads)
+            results[name] = {"status": "ok", "version": runners[name].version,
+                             "details": runners[name].details}
+        except EngineUnavailable as exc:
+            results[name] = {"status": "skipped", "reason": str(exc)}
+        except Exception as exc:  # a peer failing on a model is a result, not a crash
+            if name == "smelt":
+                raise
+            results[name] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+    return runners, results
+
+
+def bench_model(model: BenchModel, peers: Sequence[str], threads: int, rounds: int = 20, warmup: int = 3,
+                block: int = 5, tolerance: float = DEFAULT_TOLERANCE, peak_gflops: float | None = None,
+                factories: Mapping[str, EngineFactory] | None = None, progress: bool = True) -> dict:
+    """Check and time smelt and ``peers`` on ``model``; the report entry for this model."""
+    from smelt.progress import stage
+
+    factories = dict(ENGINES if factories is None else factories)
+    with stage(f"[{model.name}] preparing smelt, {', '.join(peers) or 'no peers'}", enabled=progress):
+        runners, results = _prepare(["smelt", *peers], model, threads, factories)
+    for name, res in results.items():
+        if res["status"] != "ok" and progress:
+            print(f"[{model.name}] {name} {res['status']}: {res['reason']}", file=sys.stderr)
+    try:
+        reference = runners["smelt"].run(model.feeds)
+        results["smelt"]["rel_error"] = 0.0
+        for name in peers:
+            if results[name]["status"] != "ok":
+                continue
+            try:
+                err = relative_error(reference, runners[name].run(model.feeds))
+            except Exception as exc:
+                results[name].update(status="error", reason=f"{type(exc).__name__}: {exc}")
+                continue
+            results[name]["rel_error"] = err if math.isfinite(err) else None
+            if not err <= tolerance:
+                results[name].update(status="mismatch",
+                                     reason=f"outputs differ from smelt's: relative error {err:.2e} > "
+                                            f"tolerance {tolerance:.0e}; not timed")
+                if progress:
+                    print(f"[{model.name}] {name} MISMATCH: {results[name]['reason']}", file=sys.stderr)
+        timed = {name: (lambda r=runners[name]: r.run(model.feeds))
+                 for name in ["smelt", *peers] if results[name]["status"] == "ok"}
+        on_round = None
+        if progress:
+            from smelt.progress import counter
+
+            on_round = counter(f"[{model.name}] timing {len(timed)} engines", rounds)
+        samples = time_interleaved(timed, rounds, warmup=warmup, block=block, on_round=on_round)
+    finally:
+        for r in runners.values():
+            r.close()
+    return summarize(model, results, samples, threads, peak_gflops, model_flops(model), rounds, block)
+
+
+def summarize(model: BenchModel, results: dict[str, dict], samples: Mapping[str, list[float]], threads: int,
+              peak_gflops: float | None, flops: int, rounds: int, block: int) -> dict:
+    """Fill medians, spreads, speedups, GFLOPS and peak shares into the per-engine results."""
+    batch = _batch_of(model)
+    for name, times in samples.items():
+        med, iqr = median_and_spread(times)
+        res = results[name]
+        res.update(median_ms=med, spread_ms=iqr, min_ms=min(times),
+                   p90_ms=statistics.quantiles(times, n=10)[-1] if len(times) >= 2 else times[0],
+                   samples=len(times), items_per_s=batch * 1e3 / med)
+        res["gflops"] = flops / (med * 1e-3) / 1e9 if flops else None
+        res["peak_share"] = res["gflops"] / peak_gflops if res["gflops"] and peak_gflops else None
+    smelt_ms = results["smelt"].get("median_ms")
+    best_peer, best_ms = None, math.inf
+    for name, res in results.items():
+        if "median_ms" not in res:
+            for key in ("median_ms", "spread_ms", "smelt_speedup", "gflops", "peak_share"):
+                res.setdefault(key, None)
+            res.setdefault("rel_error", None)
+            continue
+        res["smelt_speedup"] = res["median_ms"] / smelt_ms if smelt_ms else None
+        if name != "smelt" and res["median_ms"] < best_ms:
+            best_peer, best_ms = name, res["median_ms"]
+    return {
+        "model": model.name,
+        "batch": batch,
+        "inputs": {k: list(v.shape) for k, v in model.feeds.items()},
+        "flops": flops,
+        "threads": threads,
+        "rounds": rounds,
+        "block": block,
+        "engines": results,
+        "best_peer": best_peer,
+        "speedup_vs_best_peer": best_ms / smelt_ms if best_peer and smelt_ms else None,
+    }
+
+
+def _batch_of(model: BenchModel) -> int:
+    """Items per call: the leading dimension of the first input (the batch, for time-major RNNs
+    the second one)."""
+    if not model.feeds:
+        return 1
+    first = next(iter(model.feeds.values()))
+    if first.ndim == 0:
+        return 1
+    if model.zoo_name and re.match(r"^(lstm|gru)", model.zoo_name) and first.ndim == 3:
+        return int(first.shape[1])
+    return int(first.shape[0])
+
+
+# ----------------------------------------------------------------------------- the report
+def new_report(command: Sequence[str], machine: dict, settings: dict) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "smelt bench",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join(command),
+        "machine": machine,
+        "settings": settings,
+        "models": [],
+        "summary": {},
+    }
+
+
+def geomean(values: Sequence[float]) -> float | None:
+    vals = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def finish_report(report: dict) -> dict:
+    """Geomean speedups over each peer and over the best peer, across the report's models."""
+    peers = sorted({n for m in report["models"] for n in m["engines"] if n != "smelt"})
+    per_peer = {}
+    for peer in peers:
+        per_peer[peer] = geomean([m["engines"][peer].get("smelt_speedup") for m in report["models"]
+                                  if peer in m["engines"]])
+    best = [m["speedup_vs_best_peer"] for m in report["models"] if m.get("speedup_vs_best_peer")]
+    report["summary"] = {
+        "models": len(report["models"]),
+        "geomean_speedup": per_peer,
+        "geomean_speedup_vs_best_peer": geomean(best),
+        "min_speedup_vs_best_peer": min(best) if best else None,
+    }
+    return report
+
+
+
+# ----------------------------------------------------------------------------- a run
+def run_bench(models: Sequence[str], peers: Sequence[str], threads: int, *, batch: int = 1, rounds: int = 20,
+              warmup: int = 3, block: int = 5, tolerance: float = DEFAULT_TOLERANCE,
+              shapes: Mapping[str, Sequence[int]] | None = None, instances: int | None = None,
+              threads_per_instance: int | None = None, duration: float = 2.0, measure_peak: bool | None = None,
+              command: Sequence[str] = (), factories: Mapping[str, EngineFactory] | None = None,
+              progress: bool = True) -> dict:
+    """Benchmark each of ``models`` (paths or zoo names) against ``peers``; the full report.
+
+    A model smelt cannot compile is reported with its error and the run goes on, so one broken
+    model does not cost a whole suite. With ``instances`` the single-instance latency run uses
+    ``threads_per_instance`` threads, and a multi-instance throughput run follows it.
+    """
+    from smelt.progress import track
+
+    if instances is not None:
+        threads = threads_per_instance or 1
+    machine = machine_info(threads, measure_peak, progress)
+    settings = {"threads": threads, "batch": batch, "rounds": rounds, "warmup": warmup, "block": block,
+                "tolerance": tolerance, "peers": list(peers), "instances": instances,
+                "threads_per_instance": threads_per_instance if instances else None,
+                "duration_s": duration if instances else None}
+    report = new_report(command, machine, settings)
+    for spec in track(models, "models", total=len(models), enabled=progress and len(models) > 1):
+        try:
+            model = resolve_model(spec, batch, shapes)
+            entry = bench_model(model, peers, threads, rounds, warmup, block, tolerance,
+                                machine["peak_gflops"], factories, progress)
+        except SmeltError as exc:
+            print(f"[{spec}] smelt failed: {exc}", file=sys.stderr)
+            report["models"].append(_failed_entry(spec, peers, threads, rounds, block, str(exc)))
+            continue
+        if instances is not None:
+            ok = [n for n, e in entry["engines"].items() if e["status"] == "ok"]
+            from smelt.bench.throughput import measure_throughput
+
+            entry["throughput"] = measure_throughput(model, ok, instances, threads_per_instance or 1,
+                                                     duration=duration, rounds=max(1, min(rounds, 3)),
+                                                     batch=entry["batch"], progress=progress)
+        report["models"].append(entry)
+        if progress and len(models) > 1:
+            from smelt.bench.report import format_model
+
+            print(format_model(entry), file=sys.stderr, flush=True)
+    return finish_report(report)
+
+
+def _failed_entry(spec: str, peers: Sequence[str], threads: int, rounds: int, block: int, reason: str) -> dict:
+    blank = {"median_ms": None, "spread_ms": None, "rel_error": None, "smelt_speedup": None, "gflops": None,
+             "peak_share": None}
+    engines = {"smelt": {"status": "error", "reason": reason, **blank}}
+    engines.update({p: {"status": "skipped", "reason": "smelt failed on this model", **blank} for p in peers})
+    return {"model": spec, "batch": 0, "inputs": {}, "flops": 0, "threads": threads, "rounds": rounds,
+            "block": block, "engines": engines, "best_peer": None, "speedup_vs_best_peer": None}

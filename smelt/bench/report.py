@@ -1,0 +1,290 @@
+"""The `smelt bench` report: its JSON schema, text/markdown tables and speedup charts.
+
+The JSON is the contract other tools (CI dashboards, the docs) read, so its shape is pinned by
+:data:`REPORT_SCHEMA` (JSON Schema draft 2020-12) and checked by the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+_NUM = {"type": ["number", "null"]}
+
+ENGINE_SCHEMA = {
+    "type": "object",
+    "required": ["status", "median_ms", "spread_ms", "rel_error", "smelt_speedup", "gflops", "peak_share"],
+    "properties": {
+        "status": {"enum": ["ok", "mismatch", "skipped", "error"]},
+        "reason": {"type": "string"},
+        "version": {"type": "string"},
+        "median_ms": _NUM,
+        "spread_ms": {**_NUM, "description": "interquartile range of the per-call times"},
+        "min_ms": _NUM,
+        "p90_ms": _NUM,
+        "samples": {"type": "integer"},
+        "items_per_s": _NUM,
+        "rel_error": {**_NUM, "description": "max|engine - smelt| / max|smelt|, worst output"},
+        "smelt_speedup": {**_NUM, "description": "this engine's median / smelt's median (>1: smelt faster)"},
+        "gflops": _NUM,
+        "peak_share": {**_NUM, "description": "gflops / the machine's measured fp32 peak at these threads"},
+        "details": {"type": "object"},
+        "throughput": {"type": "object"},
+    },
+    "allOf": [
+        {"if": {"properties": {"status": {"const": "ok"}}},
+         "then": {"properties": {"median_ms": {"type": "number"}, "spread_ms": {"type": "number"}}}},
+        {"if": {"properties": {"status": {"enum": ["skipped", "error", "mismatch"]}}},
+         "then": {"required": ["reason"], "properties": {"median_ms": {"type": "null"}}}},
+    ],
+}
+
+THROUGHPUT_SCHEMA = {
+    "type": "object",
+    "required": ["instances", "threads_per_instance", "items_per_s", "latency_median_ms", "latency_max_ms"],
+    "properties": {
+        "instances": {"type": "integer", "minimum": 1},
+        "threads_per_instance": {"type": "integer", "minimum": 1},
+        "cpus": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+        "items_per_s": {"type": "number"},
+        "latency_median_ms": {"type": "number"},
+        "latency_p99_ms": {"type": "number"},
+        "latency_max_ms": {"type": "number"},
+        "calls": {"type": "integer"},
+    },
+}
+
+REPORT_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "smelt bench report",
+    "type": "object",
+    "required": ["schema_version", "tool", "date", "command", "machine", "settings", "models", "summary"],
+    "properties": {
+        "schema_version": {"const": 1},
+        "tool": {"const": "smelt bench"},
+        "date": {"type": "string"},
+        "command": {"type": "string"},
+        "machine": {
+            "type": "object",
+            "required": ["cpu", "isa", "cores", "peak_gflops"],
+            "properties": {"cores": {"type": "integer"}, "peak_gflops": _NUM,
+                           "peak": {"type": ["object", "null"]}},
+        },
+        "settings": {
+            "type": "object",
+            "required": ["threads", "rounds", "warmup", "block", "tolerance", "peers"],
+        },
+        "models": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["model", "batch", "inputs", "flops", "threads", "engines", "best_peer",
+                             "speedup_vs_best_peer"],
+                "properties": {
+                    "model": {"type": "string"},
+                    "batch": {"type": "integer"},
+                    "flops": {"type": "integer"},
+                    "engines": {"type": "object", "required": ["smelt"],
+                                "additionalProperties": ENGINE_SCHEMA},
+                    "best_peer": {"type": ["string", "null"]},
+                    "speedup_vs_best_peer": _NUM,
+                    "throughput": {"type": "object", "additionalProperties": {"anyOf": [
+                        THROUGHPUT_SCHEMA,
+                        {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+                    ]}},
+                },
+            },
+        },
+        "summary": {
+            "type": "object",
+            "required": ["models", "geomean_speedup", "geomean_speedup_vs_best_peer"],
+            "properties": {"geomean_speedup": {"type": "object", "additionalProperties": _NUM},
+                           "geomean_speedup_vs_best_peer": _NUM},
+        },
+    },
+}
+
+
+def validate(report: dict) -> None:
+    """Raise ``jsonschema.ValidationError`` if ``report`` breaks the schema (needs jsonschema)."""
+    import jsonschema
+
+    jsonschema.validate(report, REPORT_SCHEMA)
+
+
+def write_json(report: dict, path: str | Path) -> None:
+    def clean(x):  # JSON has no inf/nan: record them as null rather than invalid JSON
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [clean(v) for v in x]
+        return x
+
+    Path(path).write_text(json.dumps(clean(report), indent=2) + "\n")
+
+
+# ----------------------------------------------------------------------------- tables
+def _fmt(x: float | None, spec: str, none: str = "-") -> str:
+    return none if x is None else format(x, spec)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool, align_left: int = 1) -> str:
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |",
+                 "|" + "|".join("---" if i < align_left else "---:" for i in range(len(header))) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i < align_left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def format_model(entry: dict, markdown: bool = False) -> str:
+    """One model: a row per engine with median, spread, error, speedup, GFLOPS, share of peak."""
+    head = (f"{entry['model']}: batch {entry['batch']}, {entry['threads']} threads, "
+            f"{entry['rounds']} rounds x {entry['block']} calls, {entry['flops'] / 1e9:.2f} GFLOP per call")
+    rows = []
+    for name, e in entry["engines"].items():
+        if e["status"] != "ok":
+            err = f"{e['rel_error']:.1e}" if e.get("rel_error") is not None else "-"
+            rows.append([name, e.get("version", "-"), e["status"].upper(), "-", err, "-", "-", "-"])
+            continue
+        rows.append([name, e.get("version", "-"), f"{e['median_ms']:.3f}", f"{e['spread_ms']:.3f}",
+                     "0" if name == "smelt" else f"{e['rel_error']:.1e}",
+                     f"{e['smelt_speedup']:.2f}x", _fmt(e["gflops"], ".1f"),
+                     _fmt(e["peak_share"] and 100 * e["peak_share"], ".0f") + ("%" if e["peak_share"] else "")])
+    table = _table(["engine", "version", "median ms", "IQR ms", "rel.err", "smelt speedup", "GFLOPS",
+                    "% peak"], rows, markdown, align_left=2)
+    notes = [f"  {n}: {e['reason']}" for n, e in entry["engines"].items() if e["status"] != "ok"]
+    tail = (f"best peer: {entry['best_peer']}; smelt speedup over it {entry['speedup_vs_best_peer']:.2f}x"
+            if entry["best_peer"] else "no peer timed")
+    parts = [head, table, *notes, tail]
+    for engine, tp in (entry.get("throughput") or {}).items():
+        if "error" in tp:
+            parts.append(f"throughput {engine}: failed: {tp['error']}")
+            continue
+        parts.append(f"throughput {engine}: {tp['instances']} instances x {tp['threads_per_instance']} threads: "
+                     f"{tp['items_per_s']:.1f} items/s, latency median {tp['latency_median_ms']:.3f} ms, "
+                     f"worst {tp['latency_max_ms']:.3f} ms")
+    return "\n".join(parts)
+
+
+def format_suite(report: dict, markdown: bool = False) -> str:
+    """Many models: one row each, smelt's median, each peer's median and smelt's speedup over it."""
+    peers = [p for p in report["settings"]["peers"]]
+    header = ["model", "smelt ms", *(f"{p} ms" for p in peers), *(f"vs {p}" for p in peers), "vs best",
+              "smelt GFLOPS", "% peak"]
+    rows = []
+    for m in report["models"]:
+        s = m["engines"]["smelt"]
+        cells = [m["model"], _fmt(s["median_ms"], ".3f")]
+        for p in peers:
+            e = m["engines"].get(p, {})
+            cells.append(_fmt(e.get("median_ms"), ".3f", e.get("status", "-")))
+        for p in peers:
+            cells.append(_fmt(m["engines"].get(p, {}).get("smelt_speedup"), ".2f") + "x"
+                         if m["engines"].get(p, {}).get("smelt_speedup") else "-")
+        cells.append(_fmt(m["speedup_vs_best_peer"], ".2f") + "x" if m["speedup_vs_best_peer"] else "-")
+        cells.append(_fmt(s["gflops"], ".1f"))
+        cells.append(_fmt(s["peak_share"] and 100 * s["peak_share"], ".0f") + ("%" if s["peak_share"] else ""))
+        rows.append(cells)
+    summ = report["summary"]
+    geo = ["geomean", "", *["" for _ in peers],
+           *[(_fmt(summ["geomean_speedup"].get(p), ".2f") + "x") if summ["geomean_speedup"].get(p) else "-"
+             for p in peers],
+           (_fmt(summ["geomean_speedup_vs_best_peer"], ".2f") + "x") if summ["geomean_speedup_vs_best_peer"]
+           else "-", "", ""]
+    rows.append(geo)
+    return _table(header, rows, markdown)
+
+
+# ----------------------------------------------------------------------------- charts
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise RuntimeError("--chart needs matplotlib (pip install matplotlib)") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+PEER_COLORS = {"onnxruntime": "#4C72B0", "openvino": "#DD8452", "torch": "#C44E52"}
+
+
+def write_speedup_chart(report: dict, path: str | Path, title: str | None = None) -> None:
+    """Horizontal grouped bars: smelt's speedup over each peer, per model, with a line at 1×.
+
+    The NeoCPU and DeepCPU papers present their Table 2 / Table 1 this way: one bar per
+    (model, peer), right of the line means smelt is faster.
+    """
+    plt = _pyplot()
+    models = report["models"]
+    peers = [p for p in report["settings"]["peers"]
+             if any(m["engines"].get(p, {}).get("smelt_speedup") for m in models)]
+    n = len(models)
+    fig_h = max(2.5, 0.32 * n * max(1, len(peers)) ** 0.5 + 1.5)
+    fig, ax = plt.subplots(figsize=(9, fig_h))
+    bar_h = 0.8 / max(1, len(peers))
+    best_x = 1.0
+    for j, peer in enumerate(peers):
+        ys, xs = [], []
+        for i, m in enumerate(models):
+            sp = m["engines"].get(peer, {}).get("smelt_speedup")
+            if sp:
+                ys.append(i + (j - (len(peers) - 1) / 2) * bar_h)
+                xs.append(sp)
+        best_x = max([best_x, *xs])
+        geo = report["summary"]["geomean_speedup"].get(peer)
+        label = f"vs {peer}" + (f" (geomean {geo:.2f}x)" if geo else "")
+        ax.barh(ys, xs, height=bar_h, color=PEER_COLORS.get(peer), label=label)
+        for y, x in zip(ys, xs, strict=True):
+            ax.text(x, y, f" {x:.2f}", va="center", fontsize=7)
+    ax.axvline(1.0, color="black", lw=1)
+    ax.set_yticks(range(n), [m["model"] for m in models], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, best_x * 1.15)
+    ax.set_xlabel("smelt speedup (peer latency / smelt latency; >1 = smelt faster)")
+    s = report["settings"]
+    geo_best = report["summary"].get("geomean_speedup_vs_best_peer")
+    ax.set_title(title or (f"smelt vs peers, {s['threads']} threads, batch {s.get('batch', 1)}"
+                           + (f"; geomean vs best peer {geo_best:.2f}x" if geo_best else "")), fontsize=10)
+    if peers:
+        ax.legend(loc="lower right", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_latency_chart(entry: dict, path: str | Path) -> None:
+    """One model: median latency per engine with interquartile whiskers, speedups annotated."""
+    plt = _pyplot()
+    names = [n for n, e in entry["engines"].items() if e["status"] == "ok"]
+    meds = [entry["engines"][n]["median_ms"] for n in names]
+    iqrs = [entry["engines"][n]["spread_ms"] / 2 for n in names]
+    fig, ax = plt.subplots(figsize=(7, 1.0 + 0.6 * len(names)))
+    colors = ["#55A868" if n == "smelt" else PEER_COLORS.get(n, "#8C8C8C") for n in names]
+    ax.barh(range(len(names)), meds, xerr=iqrs, color=colors, capsize=3)
+    for i, n in enumerate(names):
+        e = entry["engines"][n]
+        note = f" {e['median_ms']:.3f} ms" + ("" if n == "smelt" else f"  (smelt {e['smelt_speedup']:.2f}x)")
+        ax.text(meds[i] + iqrs[i] + 0.01 * max(meds), i, note, va="center", fontsize=8)
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(m + q for m, q in zip(meds, iqrs, strict=True)) * 1.5)
+    ax.set_xlabel("median latency per call, ms (whiskers: interquartile range)")
+    ax.set_title(f"{entry['model']}, batch {entry['batch']}, {entry['threads']} threads", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,262 @@
+"""`smelt bench` harness logic on tiny models: interleaving, checking, skipping, the JSON contract.
+
+Nothing here asserts on a measured time: the machine is shared, so speed belongs in
+benchmarks. Rounds are 2 and timing windows a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from helpers import const, make_model, tensor
+from onnx import helper
+
+from smelt.bench import harness, report
+from smelt.bench.engines import ENGINES, BenchModel, EngineUnavailable, Runner, parse_engines
+from smelt.bench.suites import CNN_SUITE, rnn_suite, suite_models
+from smelt.bench.timing import time_interleaved
+from smelt.frontend import zoo
+
+jsonschema = pytest.importorskip("jsonschema")
+
+FAKE_MACHINE = {"cpu": "test", "isa": "avx512", "cores": 2, "python": "3", "peak_gflops": 100.0,
+                "peak": None}
+
+
+def _tiny_model(batch: int | str = 1) -> onnx.ModelProto:
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("Relu", ["h"], ["y"], name="relu")]
+    return make_model(nodes, [tensor("x", [batch, 16])], [tensor("y", [batch, 8])], [const("w", w)])
+
+
+@pytest.fixture
+def tiny(tmp_path) -> str:
+    path = tmp_path / "tiny.onnx"
+    onnx.save(_tiny_model("N"), str(path))
+    return str(path)
+
+
+@pytest.fixture
+def no_peak(monkeypatch):
+    monkeypatch.setattr(harness, "machine_info", lambda *a, **k: dict(FAKE_MACHINE))
+
+
+def _numpy_engine(name: str, scale: float = 1.0, calls: list | None = None):
+    """A fake peer computing the tiny model with numpy (``scale`` != 1 makes it wrong)."""
+
+    def factory(model: BenchModel, threads: int) -> Runner:
+        w = onnx.numpy_helper.to_array(model.proto.graph.initializer[0])
+
+        def run(feeds):
+            if calls is not None:
+                calls.append(name)
+            return [np.maximum(feeds["x"] @ w, 0) * scale]
+
+        return Runner(name, "0", run)
+
+    return factory
+
+
+def _absent(model: BenchModel, threads: int) -> Runner:
+    raise EngineUnavailable("absent is not installed")
+
+
+def _broken(model: BenchModel, threads: int) -> Runner:
+    raise RuntimeError("cannot read this model")
+
+
+# ----------------------------------------------------------------------------- timing
+def test_time_interleaved_gives_each_engine_one_block_per_round_rotating():
+    log: list[str] = []
+    fns = {n: (lambda n=n: log.append(n)) for n in "abc"}
+    times = time_interleaved(fns, rounds=3, warmup=1, block=2, settle=0)
+    assert {k: len(v) for k, v in times.items()} == {"a": 6, "b": 6, "c": 6}
+    body = log[3:]  # after one warm-up call each
+    blocks = [body[i:i + 3] for i in range(0, len(body), 3)]  # 1 untimed + 2 timed calls per block
+    assert all(len(set(b)) == 1 for b in blocks), "an engine's block was interrupted by another engine"
+    order = [b[0] for b in blocks]
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+
+
+def test_time_interleaved_reports_rounds():
+    seen = []
+    time_interleaved({"a": lambda: None}, rounds=4, warmup=0, block=1, settle=0, on_round=seen.append)
+    assert seen == [0, 1, 2, 3]
+
+
+# ----------------------------------------------------------------------------- checking
+def test_relative_error():
+    a = [np.array([1.0, -2.0, 4.0], np.float32)]
+    assert harness.relative_error(a, a) == 0.0
+    assert harness.relative_error(a, [a[0] + np.float32(0.004)]) == pytest.approx(1e-3, rel=1e-3)
+    assert harness.relative_error(a, [a[0][:2]]) == math.inf
+    assert harness.relative_error(a, [np.array([1.0, np.nan, 4.0])]) == math.inf
+    assert harness.relative_error(a, []) == math.inf
+
+
+def test_mismatch_is_reported_and_not_timed_missing_and_broken_peers_do_not_crash():
+    calls: list[str] = []
+    factories = {"smelt": ENGINES["smelt"], "good": _numpy_engine("good", calls=calls),
+                 "wrong": _numpy_engine("wrong", scale=1.5, calls=calls), "absent": _absent, "broken": _broken}
+    model = BenchModel(
+        "tiny", _tiny_model(), {"x": np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)})
+    entry = harness.bench_model(model, ["good", "wrong", "absent", "broken"], threads=1, rounds=2, warmup=1,
+                                block=2, peak_gflops=100.0, factories=factories, progress=False)
+    eng = entry["engines"]
+    assert eng["smelt"]["status"] == "ok" and eng["good"]["status"] == "ok"
+    assert eng["good"]["rel_error"] < 1e-5 and eng["good"]["median_ms"] > 0
+    assert eng["wrong"]["status"] == "mismatch" and eng["wrong"]["rel_error"] == pytest.approx(0.5, rel=1e-5)
+    assert eng["wrong"]["median_ms"] is None and "not timed" in eng["wrong"]["reason"]
+    assert calls.count("wrong") == 1, "a mismatching engine was timed"
+    assert calls.count("good") == 1 + 1 + 2 * (1 + 2)  # check, warm-up, 2 rounds of 1 + 2 calls
+    assert eng["absent"] == {**eng["absent"], "status": "skipped", "reason": "absent is not installed"}
+    assert eng["broken"]["status"] == "error" and "cannot read this model" in eng["broken"]["reason"]
+    assert entry["best_peer"] == "good"
+    assert entry["speedup_vs_best_peer"] == pytest.approx(eng["good"]["median_ms"] / eng["smelt"]["median_ms"])
+    assert entry["flops"] == 2 * 16 * 8
+    rep = harness.finish_report(harness.new_report(["smelt", "bench"], FAKE_MACHINE,
+                                                   {"threads": 1, "rounds": 2, "warmup": 1, "block": 2,
+                                                    "tolerance": 1e-4, "peers": ["good", "wrong"]}))
+    rep["models"].append(entry)
+    report.validate(harness.finish_report(rep))
+    assert "MISMATCH" in report.format_model(entry)
+
+
+def test_smelt_failure_in_a_suite_is_recorded_and_the_run_goes_on(no_peak):
+    def smelt_fails(model, threads):
+        from smelt.errors import SmeltError
+
+        raise SmeltError("cannot compile tiny")
+
+    factories = {"smelt": smelt_fails, "onnxruntime": ENGINES["onnxruntime"]}
+    rep = harness.run_bench(["zoo:lstm-E8-H8-B1-T2"], ["onnxruntime"], 1, rounds=2, factories=factories,
+                            progress=False)
+    report.validate(rep)
+    assert rep["models"][0]["engines"]["smelt"]["status"] == "error"
+    assert "cannot compile tiny" in rep["models"][0]["engines"]["smelt"]["reason"]
+
+
+# ----------------------------------------------------------------------------- the CLI and JSON
+def test_cli_bench_json_with_a_missing_peer(tiny, tmp_path, monkeypatch, no_peak, capsys):
+    pytest.importorskip("onnxruntime")
+    from smelt import cli
+
+    monkeypatch.setitem(sys.modules, "openvino", None)  # importing it now raises ImportError
+    out = tmp_path / "r.json"
+    rc = cli.main(["bench", tiny, "--against", "onnxruntime,openvino", "--rounds", "2", "--warmup", "1",
+                   "--batch", "3", "--threads", "1", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    data = json.loads(out.read_text())
+    report.validate(data)
+    m = data["models"][0]
+    assert m["inputs"] == {"x": [3, 16]} and m["batch"] == 3
+    ort = m["engines"]["onnxruntime"]
+    assert ort["status"] == "ok" and ort["rel_error"] <= 1e-5
+    for key in ("median_ms", "spread_ms", "rel_error", "smelt_speedup", "gflops", "peak_share"):
+        assert isinstance(ort[key], float), key
+    ov = m["engines"]["openvino"]
+    assert ov["status"] == "skipped" and "openvino is not installed" in ov["reason"]
+    assert data["command"].startswith("smelt bench")
+    assert "SKIPPED" in text and "smelt speedup" in text
+
+
+def test_schema_rejects_a_report_missing_per_engine_fields():
+    entry = {"model": "m", "batch": 1, "inputs": {}, "flops": 0, "threads": 1, "engines":
+             {"smelt": {"status": "ok", "median_ms": 1.0}}, "best_peer": None, "speedup_vs_best_peer": None}
+    rep = harness.new_report([], FAKE_MACHINE, {"threads": 1, "rounds": 1, "warmup": 0, "block": 1,
+                                                "tolerance": 1e-4, "peers": []})
+    rep["models"].append(entry)
+    with pytest.raises(jsonschema.ValidationError):
+        report.validate(harness.finish_report(rep))
+
+
+def test_unknown_peer_and_bad_arguments_give_clear_errors(tiny, capsys):
+    from smelt import cli
+
+    with pytest.raises(ValueError, match="unknown peer engine 'tensorrt'"):
+        parse_engines("onnxruntime,tensorrt")
+    assert parse_engines("ort, ov,pytorch") == ["onnxruntime", "openvino", "torch"]
+    assert cli.main(["bench"]) == 2
+    assert "give either MODEL or --suite" in capsys.readouterr().err
+    assert cli.main(["bench", "zoo:nonexistent"]) == 2
+    assert "unknown zoo model" in capsys.readouterr().err
+
+
+def test_torch_is_skipped_for_a_model_without_a_torch_definition(tiny):
+    pytest.importorskip("torch")
+    model = harness.resolve_model(tiny)
+    with pytest.raises(EngineUnavailable, match="no PyTorch definition"):
+        ENGINES["torch"](model, 1)
+
+
+# ----------------------------------------------------------------------------- models and suites
+def test_resolve_model_fixes_symbolic_batch_and_names_unresolvable_dims(tiny, tmp_path):
+    m = harness.resolve_model(tiny, batch=4)
+    assert m.feeds["x"].shape == (4, 16) and m.zoo_name is None
+    dims = [d.dim_value for d in m.proto.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [4, 16]
+    odd = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [1, "L"])], [tensor("y", [1, "L"])])
+    path = tmp_path / "odd.onnx"
+    onnx.save(odd, str(path))
+    from smelt.errors import SmeltError
+
+    with pytest.raises(SmeltError, match="symbolic dimension 'L' at axis 1; give --shape x="):
+        harness.resolve_model(str(path))
+    assert harness.resolve_model(str(path), shapes={"x": [1, 5]}).feeds["x"].shape == (1, 5)
+    r = harness.resolve_model("zoo:lstm-E8-H8-B2-T3")
+    assert r.zoo_name == "lstm-e8-h8-b2-t3" and harness._batch_of(r) == 2
+
+
+def test_suites():
+    assert suite_models("cnn") == list(CNN_SUITE) and len(CNN_SUITE) == 7
+    names = rnn_suite()
+    assert len(names) == 30 and sum(n.startswith("gru") for n in names) == 15
+    assert all(zoo.parse_rnn_name(n) is not None for n in names)
+    with pytest.raises(ValueError, match="unknown suite 'nlp'"):
+        suite_models("nlp")
+
+
+# ----------------------------------------------------------------------------- charts, throughput
+def test_charts_are_written(tmp_path):
+    pytest.importorskip("matplotlib")
+    factories = {"smelt": ENGINES["smelt"], "good": _numpy_engine("good")}
+    model = BenchModel("tiny", _tiny_model(), {"x": np.ones((1, 16), np.float32)})
+    entry = harness.bench_model(model, ["good"], 1, rounds=2, warmup=0, block=1, factories=factories,
+                                progress=False)
+    rep = harness.new_report([], FAKE_MACHINE, {"threads": 1, "rounds": 2, "warmup": 0, "block": 1,
+                                                "tolerance": 1e-4, "peers": ["good"]})
+    rep["models"] += [entry, {**entry, "model": "tiny2"}]
+    harness.finish_report(rep)
+    report.write_speedup_chart(rep, tmp_path / "suite.png")
+    report.write_latency_chart(entry, tmp_path / "one.png")
+    for name in ("suite.png", "one.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "geomean" in report.format_suite(rep) and report.format_suite(rep, markdown=True).startswith("| model")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+def test_throughput_runs_instances_on_disjoint_cores():
+    pytest.importorskip("onnxruntime")
+    from smelt.bench.throughput import core_sets, measure_throughput
+    from smelt.errors import SmeltError
+
+    with pytest.raises(SmeltError, match="only 2 physical cores"):
+        core_sets(3, 1, cpus=[0, 1])
+    assert core_sets(2, 1, cpus=[4, 6]) == [[4], [6]]
+    model = BenchModel("tiny", _tiny_model(), {"x": np.ones((1, 16), np.float32)})
+    res = measure_throughput(model, ["smelt", "onnxruntime"], 2, 1, duration=0.2, rounds=1, progress=False)
+    for engine in ("smelt", "onnxruntime"):
+        r = res[engine]
+        assert r["instances"] == 2 and r["calls"] > 0 and r["items_per_s"] > 0
+        assert r["latency_max_ms"] >= r["latency_median_ms"] > 0
+        assert sorted(c for cpus in r["cpus"] for c in cpus) == sorted(set(c for cpus in r["cpus"] for c in cpus))
+        jsonschema.validate(r, report.THROUGHPUT_SCHEMA)
