@@ -232,7 +232,7 @@ def write_speedup_chart(report: dict, path: str | Path, title: str | None = None
     peers = [p for p in report["settings"]["peers"]
              if any(m["engines"].get(p, {}).get("smelt_speedup") for m in models)]
     n = len(models)
-    fig_h = max(2.5, 0.32 * n * max(1, len(peers)) ** 0.5 + 1.5)
+    fig_h = max(2.5, 0.25 * n * max(1, len(peers)) ** 0.5 + 1.2)
     fig, ax = plt.subplots(figsize=(9, fig_h))
     bar_h = 0.8 / max(1, len(peers))
     best_x = 1.0
@@ -251,7 +251,7 @@ def write_speedup_chart(report: dict, path: str | Path, title: str | None = None
             ax.text(x, y, f" {x:.2f}", va="center", fontsize=7)
     ax.axvline(1.0, color="black", lw=1)
     ax.set_yticks(range(n), [m["model"] for m in models], fontsize=8)
-    ax.invert_yaxis()
+    ax.set_ylim(n - 0.5, -0.5)  # first model on top, no empty margin
     ax.set_xlim(0, best_x * 1.15)
     ax.set_xlabel("smelt speedup (peer latency / smelt latency; >1 = smelt faster)")
     s = report["settings"]
