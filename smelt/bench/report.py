@@ -283,7 +283,13 @@ def write_latency_chart(entry: dict, path: str | Path) -> None:
     ax.invert_yaxis()
     ax.set_xlim(0, max(m + q for m, q in zip(meds, iqrs, strict=True)) * 1.5)
     ax.set_xlabel("median latency per call, ms (whiskers: interquartile range)")
-    ax.set_title(f"{entry['model']}, batch {entry['batch']}, {entry['threads']} threads", fontsize=10)
+    title = f"{entry['model']}, batch {entry['batch']}, {entry['threads']} threads"
+    smelt = entry["engines"]["smelt"]
+    if smelt.get("gflops"):
+        title += f"; smelt {smelt['gflops']:.0f} GFLOPS"
+        if smelt.get("peak_share"):
+            title += f" = {100 * smelt['peak_share']:.0f}% of measured peak"
+    ax.set_title(title, fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

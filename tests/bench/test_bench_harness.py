@@ -27,6 +27,11 @@ jsonschema = pytest.importorskip("jsonschema")
 
 FAKE_MACHINE = {"cpu": "test", "isa": "avx512", "cores": 2, "python": "3", "peak_gflops": 100.0,
                 "peak": None}
+FAKE_PEAK = {"isa": "avx512", "vector_bits": 512, "cores": 2, "kernel": "avx512-fma", "accumulators": 24,
+             "flops_per_iter": 768, "fma_gflops_1t": 220.0, "fma_gflops_all": 440.0, "fma_gflops_1t_max": 225.0,
+             "fma_gflops_all_max": 450.0, "sgemm_gflops": 300.0, "sgemm_gflops_max": 310.0, "sgemm_n": 2048,
+             "sgemm_threads": 2, "measured_at": "2026-11-22T07:09:28+00:00", "target_key": "test",
+             "compiler": "cc", "samples": {}}
 
 
 def _tiny_model(batch: int | str = 1) -> onnx.ModelProto:
@@ -260,3 +265,19 @@ def test_throughput_runs_instances_on_disjoint_cores():
         assert r["latency_max_ms"] >= r["latency_median_ms"] > 0
         assert sorted(c for cpus in r["cpus"] for c in cpus) == sorted(set(c for cpus in r["cpus"] for c in cpus))
         jsonschema.validate(r, report.THROUGHPUT_SCHEMA)
+
+
+def test_cli_info_peak_prints_the_measured_peak(monkeypatch, capsys):
+    from smelt import cli
+    from smelt.bench import peak
+
+    calls = []
+
+    def fake(measure=None, progress=True, **kw):
+        calls.append(measure)
+        return peak.PeakResult.from_dict(FAKE_PEAK)
+
+    monkeypatch.setattr(peak, "load_or_measure_peak", fake)
+    assert cli.main(["info", "--peak"]) == 0
+    out = capsys.readouterr().out
+    assert calls == [True] and "GFLOPS" in out and "cache dir" in out
