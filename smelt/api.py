@@ -23,7 +23,7 @@ from smelt.codegen.toolchain import sanitize_enabled, source_path_for
 from smelt.compiler import BuildResult, CompileOptions, build
 from smelt.frontend.onnx_import import ModelLike, load_model, model_input_specs, model_output_specs
 from smelt.ir.types import onnx_type_string
-from smelt.runtime.module import LoadedArtifact
+from smelt.runtime.module import LoadedArtifact, ProfileCounters
 from smelt.target import detect
 
 MAX_VARIANTS = int(os.environ.get("SMELT_MAX_VARIANTS", "8"))
@@ -50,16 +50,22 @@ class CompiledModel:
 
     Attributes: ``fallback_nodes`` (nodes run by the onnx.reference fallback, [] when all are
     native), ``arena_bytes`` (intermediate memory), ``source_path`` (the generated C),
-    ``compile_seconds`` and ``from_cache`` (of the most recent build).
+    ``compile_seconds`` and ``from_cache`` (of the most recent build), ``plan`` (the compiled
+    plan: steps, their nodes and schedules).
+
+    ``profile=True`` builds the instrumented variant (a separate cached library) that times every
+    step inside the native code: read with ``profile_counters()``, zero with ``profile_reset()``
+    (the counters live in the library, so models loaded from the same cached library share them).
+    ``smelt.bench.profile.run_profile`` turns that into a report.
     """
 
     def __init__(self, model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
                  allow_fallback: bool = True, input_shapes: Mapping[str, Sequence[int]] | None = None,
-                 force_fallback: Sequence[str] = ()) -> None:
+                 force_fallback: Sequence[str] = (), profile: bool = False) -> None:
         self.proto: onnx.ModelProto = load_model(model)
         self.threads = _resolve_threads(threads)
         self.options = CompileOptions(self.threads, opt_level, allow_fallback, frozenset(force_fallback),
-                                      sanitize_enabled())
+                                      sanitize_enabled(), profile)
         self._inputs = model_input_specs(self.proto)
         self._outputs = model_output_specs(self.proto)
         self._variants: OrderedDict[tuple, LoadedArtifact] = OrderedDict()
@@ -195,6 +201,28 @@ class CompiledModel:
         return self._builds[self._last].from_cache if self._last in self._builds else False
 
     @property
+    def plan(self) -> dict:
+        """The current variant's plan.json: steps with their nodes, ``step_info`` (schedule,
+        FLOPs, fused epilogue per step), arena/scratch/weights sizes ({} before compiling)."""
+        art = self._current()
+        return {} if art is None else art.meta
+
+    # -- profiling (profile=True) ----------------------------------------------------
+    def _profiled(self) -> LoadedArtifact:
+        art = self._current()
+        if art is None:
+            raise ValueError("the model has not been compiled yet: run it (or give input_shapes) first")
+        return art
+
+    def profile_counters(self) -> ProfileCounters:
+        """Per-step timings of the current variant since the last reset (needs profile=True)."""
+        return self._profiled().profile_counters()
+
+    def profile_reset(self) -> None:
+        """Zero the current variant's timing counters (needs profile=True)."""
+        self._profiled().profile_reset()
+
+    @property
     def native_calls(self) -> int:
         """Native entry calls made so far (one per native block per inference)."""
         return sum(a.native_calls for a in self._variants.values())
@@ -207,15 +235,16 @@ class CompiledModel:
 
 def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1, allow_fallback: bool = True,
             input_shapes: Mapping[str, Sequence[int]] | None = None,
-            force_fallback: Sequence[str] = ()) -> CompiledModel:
+            force_fallback: Sequence[str] = (), profile: bool = False) -> CompiledModel:
     """Compile an ONNX model (path, bytes or ModelProto) for this CPU.
 
     ``threads``: worker threads including the caller (default: physical cores).
     ``input_shapes``: concrete shapes for symbolic inputs, to compile ahead of the first call.
     ``allow_fallback``: when False, a node with no native template is an error.
+    ``profile``: build the instrumented variant that times each step (``profile_counters()``).
     """
     return CompiledModel(model, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
-                         input_shapes=input_shapes, force_fallback=force_fallback)
+                         input_shapes=input_shapes, force_fallback=force_fallback, profile=profile)
 
 
 class SessionOptions:

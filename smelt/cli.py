@@ -225,6 +225,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if mismatched else 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    import json
+
+    from smelt.bench.harness import resolve_model
+    from smelt.bench.profile import run_profile
+
+    model = resolve_model(args.model, args.batch, _parse_shapes(args.shape))
+    report = run_profile(model.proto, model.feeds, threads=args.threads, rounds=args.rounds, progress=True,
+                         name=model.name)
+    print(report.format_table(top=args.top))
+    if args.html:
+        report.write_html(args.html)
+        print(f"wrote {args.html}")
+    if args.chart:
+        report.write_chart(args.chart)
+        print(f"wrote {args.chart}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="smelt", description="Optimizing compiler and runtime for "
                                      "neural-network inference on CPUs.")
@@ -291,6 +313,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chart", metavar="OUT.png", help="write a chart (latency per engine, or suite speedups)")
     p.add_argument("--markdown", action="store_true", help="print tables as markdown")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("profile", help="time per node and per op class, measured inside the native code",
+                       description="Compile an instrumented build (timestamps around every kernel call) and "
+                       "report time per node and per op class, GFLOPS and share of peak per conv/GEMM, "
+                       "the kernel and schedule each uses, arena size and compile time, beside the "
+                       "end-to-end latency of the normal build.")
+    p.add_argument("model", help="an .onnx path or a zoo name (zoo:resnet50, ...)")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.add_argument("--batch", type=int, default=1, help="batch size for zoo models / symbolic batch dims")
+    p.add_argument("--shape", action="append", metavar="NAME=D0,D1,...", help="concrete input shape")
+    p.add_argument("--rounds", type=int, default=50, help="timed calls of each build (default 50)")
+    p.add_argument("--top", type=int, default=None, help="list only the N slowest nodes")
+    p.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML report with a chart")
+    p.add_argument("--chart", metavar="OUT.png", help="write a PNG chart of per-node and per-class time")
+    p.add_argument("--json", metavar="OUT.json", help="write the profile as JSON")
+    p.set_defaults(func=cmd_profile)
     return parser
 
 

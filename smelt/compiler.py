@@ -26,11 +26,12 @@ import onnx
 from onnx import helper, numpy_helper
 
 from smelt.codegen import toolchain
-from smelt.codegen.emit import generate
+from smelt.codegen.emit import epilogue_ops, generate
 from smelt.codegen.plan import ExecutionPlan, FallbackStep, NativeBlock, build_plan
 from smelt.errors import UnsupportedOpError
 from smelt.frontend.onnx_import import node_to_onnx, specialize_inputs, to_ir
 from smelt.ir.graph import Graph, Value
+from smelt.ir.ops import flops
 from smelt.ir.types import onnx_from_np_dtype
 from smelt.passes.pipeline import run_passes
 from smelt.runtime.module import TensorSpec
@@ -44,6 +45,9 @@ class CompileOptions:
     allow_fallback: bool = True
     force_fallback: frozenset[str] = field(default_factory=frozenset)
     sanitize: bool = False
+    # instrumented build: per-step timestamps in the native code (``smelt profile``); a separate
+    # artifact and library, so the ordinary build carries no profiling code
+    profile: bool = False
 
     def codegen_threads(self, target: Target) -> int:
         """Threads the generated code is sized for (per-thread scratch). It runs correctly with any
@@ -52,7 +56,7 @@ class CompileOptions:
 
     def key(self, target: Target) -> str:
         return json.dumps([self.codegen_threads(target), self.opt_level, self.allow_fallback,
-                           sorted(self.force_fallback), self.sanitize])
+                           sorted(self.force_fallback), self.sanitize, self.profile])
 
 
 @functools.lru_cache(maxsize=1)
@@ -176,12 +180,14 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
     g = lower(specialized, options)
     plan = build_plan(g, options.force_fallback)
     _check_fallbacks(plan, options)
-    module = generate(g, plan, target, options.codegen_threads(target))
+    module = generate(g, plan, target, options.codegen_threads(target), profile=options.profile)
     lib_path = None
     if plan.native_blocks():
         lib_path = toolchain.build_shared_library(module.source, name=g.name, target=target,
                                                   sanitize=options.sanitize)
     meta = _plan_json(g, plan, module, lib_path, options, target)
+    # kept in the artifact so a report on a cached build can still say what compiling cost
+    meta["compile_seconds"] = round(time.perf_counter() - start, 3)
     _write_artifact(directory, g, plan, meta, module.weights)
     result = _load_cached(directory)
     assert result is not None
@@ -204,11 +210,13 @@ def _plan_json(g: Graph, plan: ExecutionPlan, module, lib_path: Path | None, opt
                 "ext_outputs": [_spec_json(g.values[n]) for n in step.ext_outputs],
                 "nodes": [[n.name, n.op] for n in step.nodes],
                 "step_nodes": module.step_nodes[step.index],
+                "step_info": module.step_info[step.index],
             })
         else:
             outs = [(_spec_json(g.values[o]) if g.values[o].is_static else None) for o in step.node.outputs if o]
             steps.append({"kind": "fallback", "model": f"fallback_{i}.onnx", "node": step.node.name,
-                          "op": step.node.op, "reason": step.reason, "outputs": outs})
+                          "op": step.node.op, "reason": step.reason, "outputs": outs,
+                          "flops": int(flops(step.node, g)), "epilogue": epilogue_ops(step.node)})
             fallback_nodes.append({"node": step.node.name, "op": step.node.op, "reason": step.reason})
     return {
         "model": g.name,
@@ -222,6 +230,7 @@ def _plan_json(g: Graph, plan: ExecutionPlan, module, lib_path: Path | None, opt
         "weights_bytes": int(module.weights.nbytes),
         "lib": str(lib_path) if lib_path else None,
         "codegen_threads": options.codegen_threads(target),
+        "profile": options.profile,
         "native_nodes": [[n.name, n.op] for b in plan.native_blocks() for n in b.nodes],
     }
 

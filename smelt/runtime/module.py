@@ -7,6 +7,10 @@ native model is a single native block: ``run`` makes exactly one foreign call pe
 Concurrency: one ``LoadedArtifact`` has one arena and one pool, so calls are serialized by a
 lock; concurrent callers are safe and are served one after the other (each inference already
 uses every core). For parallel throughput, load several instances (``smelt bench --instances``).
+
+An instrumented artifact (compiled with ``profile=True``) also keeps per-step timings: the native
+code's counters (see the "Instrumented build" section of ``csrc/smelt_rt.h``), and the time of
+each fallback step, measured here. ``profile_counters()`` reads them all, in execution order.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import json
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +39,44 @@ class TensorSpec:
     @staticmethod
     def from_json(d: dict) -> TensorSpec:
         return TensorSpec(d["name"], np.dtype(d["dtype"]), tuple(d["shape"]))
+
+
+# Header words of a block's counter array (smelt_rt.h: SMELT_PROF_*).
+_PROF_CALLS, _PROF_TICKS, _PROF_NS, _PROF_STEPS, _PROF_THREADS, _PROF_STRIDE, _PROF_HEADER = 0, 1, 2, 3, 4, 5, 8
+
+
+@dataclass(frozen=True)
+class ProfiledStep:
+    """One step of the plan, in execution order: a native step (``block`` >= 0, ``step`` its
+    index in the block) or a fallback node (``block`` None)."""
+
+    block: int | None
+    step: int
+    node: str
+    op: str
+
+
+@dataclass
+class ProfileCounters:
+    """Cumulative timings of an instrumented artifact since its last reset.
+
+    ``seconds[i]``: wall time of step i summed over its calls; a native step's runs on thread 0
+    from the end of the previous step's barrier to the end of its own (so it includes waiting
+    for the slowest thread). ``busy[i, t]``: thread t's time on step i, barrier wait excluded (a
+    fallback step: all on thread 0). ``block_seconds[k]``: wall time of native block k's entry
+    (its steps plus the pool's dispatch and join). ``calls``: inferences run.
+    Subtracting two snapshots gives the timings of the calls between them.
+    """
+
+    steps: list[ProfiledStep]
+    calls: int
+    seconds: np.ndarray  # [steps] float64
+    busy: np.ndarray  # [steps, threads] float64
+    block_seconds: np.ndarray  # [native blocks] float64
+
+    def __sub__(self, other: ProfileCounters) -> ProfileCounters:
+        return ProfileCounters(self.steps, self.calls - other.calls, self.seconds - other.seconds,
+                               self.busy - other.busy, self.block_seconds - other.block_seconds)
 
 
 def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
@@ -100,6 +143,10 @@ class LoadedArtifact:
             self.pool = ctypes.c_void_p(self.lib.smelt_create_pool(n_threads, cpu_arr))
         self.n_threads = n_threads
         self.native_calls = 0
+        self.profiling = bool(meta.get("profile"))
+        self._prof_views: list[np.ndarray] = []  # per native block, a view of its C counters
+        self._fallback_ns: dict[int, int] = {}  # fallback step index -> ns summed over calls
+        self._profile_calls = 0
         self.steps: list[tuple] = []
         self.consts: dict[str, np.ndarray] = {}
         if (directory / "consts.npz").exists():
@@ -118,13 +165,28 @@ class LoadedArtifact:
                 outs = [TensorSpec.from_json(d) if d else None for d in step["outputs"]]
                 runner = _FallbackRunner(directory / step["model"], step["inputs"], outs)
                 self.steps.append(("fallback", runner, step["node"], step["op"]))
+        if self.profiling and self.lib is not None:
+            self._bind_profile_counters()
+
+    def _bind_profile_counters(self) -> None:
+        """numpy views of every block's counter array (it lives in the library's data)."""
+        lib = self.lib
+        assert lib is not None
+        lib.smelt_profile_counters.restype = ctypes.POINTER(ctypes.c_uint64)
+        lib.smelt_profile_counters.argtypes = [ctypes.c_int]
+        lib.smelt_profile_reset.restype = None
+        for k in range(lib.smelt_profile_blocks()):
+            ptr = lib.smelt_profile_counters(k)
+            header = np.ctypeslib.as_array(ptr, shape=(_PROF_HEADER,))
+            steps, threads, stride = (int(header[i]) for i in (_PROF_STEPS, _PROF_THREADS, _PROF_STRIDE))
+            self._prof_views.append(np.ctypeslib.as_array(ptr, shape=(_PROF_HEADER + stride * (1 + threads),)))
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Run one inference on validated, contiguous inputs; returns fresh output arrays."""
         with self._lock:
             env: dict[str, np.ndarray] = dict(self.consts)
             env.update(feeds)
-            for step in self.steps:
+            for si, step in enumerate(self.steps):
                 if step[0] == "native":
                     _, fn, ins, outs, in_ptrs, out_ptrs, step_nodes = step
                     for i, spec in enumerate(ins):
@@ -143,11 +205,71 @@ class LoadedArtifact:
                         node, op = step_nodes[status - 1]
                         raise SmeltError(f"node {node!r} ({op}) failed at run time: an input is invalid "
                                          "for it (for example an index out of range)")
+                elif self.profiling:  # timed here: the node runs in Python
+                    start = time.perf_counter_ns()
+                    step[1].run(env)
+                    self._fallback_ns[si] = self._fallback_ns.get(si, 0) + time.perf_counter_ns() - start
                 else:
                     step[1].run(env)
+            if self.profiling:
+                self._profile_calls += 1
             return [np.array(env[o.name], copy=True)
                     if (o.name in feeds or o.name in self.consts) and isinstance(env[o.name], np.ndarray)
                     else env[o.name] for o in self.outputs]
+
+    # -- profiling (instrumented artifacts) -------------------------------------------
+    def _require_profiling(self) -> None:
+        if not self.profiling:
+            raise SmeltError("this model was not compiled for profiling; compile it with profile=True")
+
+    def profile_reset(self) -> None:
+        """Zero every timing counter (native and fallback)."""
+        self._require_profiling()
+        with self._lock:
+            if self.lib is not None:
+                self.lib.smelt_profile_reset()
+            self._fallback_ns.clear()
+            self._profile_calls = 0
+
+    def profile_counters(self) -> ProfileCounters:
+        """A snapshot of the timings since the last reset (see ``ProfileCounters``)."""
+        self._require_profiling()
+        with self._lock:  # not in the middle of an inference
+            raw = [v.copy() for v in self._prof_views]
+            fallback_ns = dict(self._fallback_ns)
+            calls = self._profile_calls
+        # native ticks -> seconds: the entries' CLOCK_MONOTONIC_RAW total over their tick total
+        ticks = sum(int(r[_PROF_TICKS]) for r in raw)
+        ns = sum(int(r[_PROF_NS]) for r in raw)
+        sec_per_tick = ns / ticks * 1e-9 if ticks else 0.0
+        threads = max([int(r[_PROF_THREADS]) for r in raw] + [1])
+        steps: list[ProfiledStep] = []
+        seconds: list[float] = []
+        busy: list[np.ndarray] = []
+        k = -1  # native block index
+        for si, step in enumerate(self.steps):
+            if step[0] == "native":
+                k += 1
+                r = raw[k]
+                n, nthr, stride = int(r[_PROF_STEPS]), int(r[_PROF_THREADS]), int(r[_PROF_STRIDE])
+                wall = r[_PROF_HEADER : _PROF_HEADER + n].astype(np.float64) * sec_per_tick
+                rows = r[_PROF_HEADER + stride :].reshape(nthr, stride)[:, :n].T.astype(np.float64) * sec_per_tick
+                for i, (node, op) in enumerate(step[6]):
+                    steps.append(ProfiledStep(k, i, node, op))
+                    seconds.append(float(wall[i]))
+                    b = np.zeros(threads)
+                    b[:nthr] = rows[i]
+                    busy.append(b)
+            else:
+                t = fallback_ns.get(si, 0) * 1e-9
+                steps.append(ProfiledStep(None, 0, step[2], step[3]))
+                seconds.append(t)
+                b = np.zeros(threads)
+                b[0] = t
+                busy.append(b)
+        block_seconds = np.array([int(r[_PROF_NS]) * 1e-9 for r in raw], dtype=np.float64)
+        return ProfileCounters(steps, calls, np.array(seconds, dtype=np.float64),
+                               np.array(busy, dtype=np.float64).reshape(len(steps), threads), block_seconds)
 
     def close(self) -> None:
         if self.pool is not None and self.lib is not None:

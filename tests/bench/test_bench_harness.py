@@ -281,3 +281,18 @@ def test_cli_info_peak_prints_the_measured_peak(monkeypatch, capsys):
     assert cli.main(["info", "--peak"]) == 0
     out = capsys.readouterr().out
     assert calls == [True] and "GFLOPS" in out and "cache dir" in out
+
+
+def test_cli_profile_writes_table_html_and_json(tiny, tmp_path, monkeypatch, capsys):
+    from smelt import cli
+    from smelt.bench import profile
+
+    monkeypatch.setattr(profile, "_peak", lambda threads, progress: (100.0, "test peak"))
+    out_json, out_html = tmp_path / "p.json", tmp_path / "p.html"
+    assert cli.main(["profile", tiny, "--batch", "2", "--rounds", "3", "--threads", "1",
+                     "--json", str(out_json), "--html", str(out_html)]) == 0
+    text = capsys.readouterr().out
+    assert "mm" in text and "Relu" in text and "sum of node times" in text  # relu fused into mm
+    data = json.loads(out_json.read_text())
+    assert data["model"] == "tiny" and len(data["nodes"]) >= 1
+    assert "<html" in out_html.read_text().lower()

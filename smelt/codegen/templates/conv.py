@@ -346,9 +346,14 @@ def emit_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
     if geo.is_pointwise:
         b_op: object = Strided(x_ptr, geo.ihw, 1)
         kind = "1x1"
+        em.schedule(algorithm="conv 1x1 as GEMM on NCHW (image rows are B)")
     else:
         b_op = Im2col(x_ptr, geo)
         kind = "im2col"
+        em.schedule(algorithm="conv im2col fused into B packing (CONV_GEMM)"
+                    + (", masked-load runs" if b_op._runs(blk) else ", gathers" if blk.isa == "avx512" else ""))
+    em.schedule(layout=f"NCHW; weights packed [G][OC/{blk.mr}][K][{blk.mr}]",
+                shape=f"{geo.ks} kernel, stride {geo.strides}, group {geo.group}")
     items = geo.batch * geo.group
     gsz = packed[0].size
     item_code = (f"const long bi = it / {geo.group}, gi = it % {geo.group};\n"
@@ -449,6 +454,12 @@ def _emit_depthwise(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry) -
             "char *scratch, const char *W) {\n    " + "\n    ".join(L) + "\n}\n")
     doc = f"depthwise Conv {geo.describe()} multiplier={mult}; {epilogue_doc(node)}"
     fname = define(em, f"f32_conv{geo.rank}d_depthwise_direct", code, doc)
+    em.schedule(algorithm="depthwise direct" + (
+        " (whole plane in registers)" if flat else " (row by row in registers)" if blk.isa == "avx512" else ""),
+        kernel=f"f32_conv{geo.rank}d_depthwise_direct", layout="NCHW",
+        threads="thread 0 only" if macs < DW_PARALLEL_MIN_MACS else "planes split over threads",
+        epilogue_at="in registers" if epi_in_regs and not ep.empty() else "row pass" if epi else "",
+        shape=f"{geo.ks} kernel, stride {geo.strides}, multiplier {mult}")
     em.step(f"{fname}(tid, nt, in, out, arena, scratch, W);")
 
 

@@ -993,6 +993,15 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
            f"{f' pn={pn}' if mode == 'grid' else ''}; {describe_epilogue(p.epilogue)}"
            f"{' (fused into the micro-kernel store)' if kernel_epilogue(p.epilogue, em) else ''}")
     fname = define(em, f"{p.name}_{blk.tag}", code, doc)
+    a_how = "A read in place" if direct_a else "A prepacked" if not pack_a else "A packed at run time"
+    b_how = "B read in place" if direct_b else "B packed at run time" if pack_b else "B prepacked"
+    em.schedule(kernel=f"{p.name}_{blk.tag}",
+                gemm=f"M={p.M} N={p.N} K={p.K}" + (f" x {p.items} items" if p.items > 1 else ""),
+                micro_kernel=f"{mr}x{nr} {blk.isa}",
+                blocking=f"MC={mc} KC={kb_max} NC={blk.nc}; {a_how}, {b_how}",
+                threads=f"{mode}{f' pn={pn}' if mode == 'grid' else ''} (sized for {nt})",
+                epilogue_at=("in the micro-kernel store" if kernel_epilogue(p.epilogue, em)
+                             else "tile pass" if not p.epilogue.empty() else ""))
     em.step(f"{fname}(tid, nt, in, out, arena, scratch, W);")
 
 
@@ -1089,6 +1098,9 @@ def emit_gemm(node: Node, g: Graph, em: BlockEmitter) -> None:
         a_op = Strided(em.ptr(a_name), 1, m) if ta else Strided(em.ptr(a_name), k, 1)
     p = GemmProblem(m, n, k, a_op, b_op, em.ptr(y), n, ep, name="f32_gemm",
                     doc=f"Gemm transA={ta} transB={tb} alpha={alpha!r} beta={beta!r}")
+    em.schedule(algorithm="BLIS-style GEMM",
+                layout=f"row-major{' A^T' if ta else ''}{' B^T' if tb else ''}"
+                       f"{'; B packed [N/NR][K][NR] at compile time' if b_const is not None else ''}")
     render_gemm(em, p, blk)
 
 
@@ -1185,6 +1197,9 @@ def emit_matmul(node: Node, g: Graph, em: BlockEmitter) -> None:
         item_code = "\n".join(parts)
     p = GemmProblem(m, n, k, a_op, b_op, em.ptr(y), n, ep, items=items, item_code=item_code,
                     name="f32_matmul", doc=f"MatMul {list(sa)} x {list(sb)}")
+    em.schedule(algorithm="BLIS-style GEMM",
+                layout="row-major" + ("; constant B packed [N/NR][K][NR] at compile time"
+                                      if b_const is not None else ""))
     render_gemm(em, p, blk)
 
 

@@ -956,6 +956,10 @@ if (lid < nact) {{
         {CB}
     }}
 }}""")
+    em.schedule(algorithm=f"{cfg.op}: input projection of all {T} steps hoisted into one GEMM, "
+                          "recurrence split by hidden-unit blocks (DeepCPU)",
+                threads=f"up to {max_one} threads on the recurrence ({nhb} hidden blocks)",
+                layout=f"gates fused, hidden padded to {Hp}")
     em.step(f"""float *y = {y}; const int32_t *slen = {slen}; (void)y; (void)slen;
 {assign}
 if (lid < nact) {{

@@ -208,10 +208,81 @@ static void smelt_pool_run(smelt_pool_t *pool, smelt_job_fn fn, void *ctx) {
     pthread_mutex_unlock(&pool->run_lock);
 }
 
-/* Profiling hooks: an instrumented build defines these to take timestamps per node. */
-#ifndef SMELT_PROFILE_BEGIN
-#define SMELT_PROFILE_BEGIN(i) ((void)0)
-#define SMELT_PROFILE_END(i) ((void)0)
+#ifdef SMELT_PROFILE
+/* Instrumented build (`smelt.compile(..., profile=True)`, `smelt profile`); the generated source
+ * defines SMELT_PROFILE only then, so an ordinary build contains none of this.
+ *
+ * What is measured, per native block (one exported entry):
+ *  - wall time per step on thread 0, from the end of the previous step's barrier to the end of
+ *    this step's barrier (the last step: to the return of the join in the entry). The barrier is
+ *    where the wait for the slowest thread shows up, so it belongs to the step; and the steps of
+ *    a block tile its wall time, leaving only the pool's dispatch outside them;
+ *  - busy time per step and thread: from the same start to the moment that thread finished the
+ *    step, barrier wait excluded (the spread between threads is the step's load imbalance);
+ *  - the entry's wall time and call count.
+ * Timestamps are TSC ticks on x86 (rdtsc, a few ns; no system call whatever the clock source)
+ * and CLOCK_MONOTONIC_RAW ns elsewhere. The entry also reads CLOCK_MONOTONIC_RAW on entry and
+ * exit, so ns per tick is the ratio of the two totals: calibrated on the run itself.
+ *
+ * Counters of a block: one uint64_t array, 64-byte aligned, so each thread writes only its own
+ * cache lines:
+ *   [0, SMELT_PROF_HEADER)       header: calls, ticks, ns, steps, threads, stride
+ *   [HEADER, HEADER + stride)    per step: thread 0's wall ticks
+ *   then threads rows of stride  per thread and step: busy ticks
+ * Counters live in the library (static), so every model loaded from one .so shares them. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+static inline uint64_t smelt_prof_ticks(void) { return __rdtsc(); }
+#else
+static inline uint64_t smelt_prof_ticks(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 #endif
+
+static inline uint64_t smelt_prof_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+enum {
+    SMELT_PROF_CALLS, SMELT_PROF_TICKS, SMELT_PROF_NS, /* cumulative */
+    SMELT_PROF_STEPS, SMELT_PROF_THREADS, SMELT_PROF_STRIDE, /* geometry, set at compile time */
+    SMELT_PROF_HEADER = 8
+};
+#define SMELT_PROF_STRIDE_OF(steps) ((((steps) + 7) / 8) * 8)
+#define SMELT_PROF_WORDS(steps, threads) (SMELT_PROF_HEADER + SMELT_PROF_STRIDE_OF(steps) * (1 + (threads)))
+
+/* This thread finished step i, which started at t. */
+static inline void smelt_prof_busy(uint64_t *p, int i, int tid, uint64_t t) {
+    if (tid < (int)p[SMELT_PROF_THREADS])
+        p[SMELT_PROF_HEADER + p[SMELT_PROF_STRIDE] * (uint64_t)(1 + tid) + (uint64_t)i] += smelt_prof_ticks() - t;
+}
+
+/* Every thread left step i's barrier: thread 0 adds the step's wall time. Returns the start of
+ * the next step. */
+static inline uint64_t smelt_prof_step(uint64_t *p, int i, int tid, uint64_t t) {
+    const uint64_t now = smelt_prof_ticks();
+    if (tid == 0) p[SMELT_PROF_HEADER + i] += now - t;
+    return now;
+}
+
+/* In the entry, after the join: the last step (started at last_t on thread 0) ends here. */
+static inline void smelt_prof_block_done(uint64_t *p, int last, uint64_t last_t, uint64_t t0, uint64_t ns0) {
+    const uint64_t t1 = smelt_prof_ticks(), ns1 = smelt_prof_ns();
+    if (last >= 0) p[SMELT_PROF_HEADER + last] += t1 - last_t;
+    p[SMELT_PROF_CALLS] += 1;
+    p[SMELT_PROF_TICKS] += t1 - t0;
+    p[SMELT_PROF_NS] += ns1 - ns0;
+}
+
+static inline void smelt_prof_reset(uint64_t *p) {
+    const uint64_t words = SMELT_PROF_WORDS(p[SMELT_PROF_STEPS], p[SMELT_PROF_THREADS]);
+    p[SMELT_PROF_CALLS] = p[SMELT_PROF_TICKS] = p[SMELT_PROF_NS] = 0;
+    memset(p + SMELT_PROF_HEADER, 0, (words - SMELT_PROF_HEADER) * sizeof(uint64_t));
+}
+#endif /* SMELT_PROFILE */
 
 #endif /* SMELT_RT_H */
