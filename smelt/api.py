@@ -61,7 +61,8 @@ class CompiledModel:
 
     def __init__(self, model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
                  allow_fallback: bool = True, input_shapes: Mapping[str, Sequence[int]] | None = None,
-                 force_fallback: Sequence[str] = (), profile: bool = False) -> None:
+                 force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False) -> None:
+        self.progress = progress  # a progress bar on stderr while a variant compiles
         self.proto: onnx.ModelProto = load_model(model)
         self.threads = _resolve_threads(threads)
         self.options = CompileOptions(self.threads, opt_level, allow_fallback, frozenset(force_fallback),
@@ -134,7 +135,7 @@ class CompiledModel:
                 self._variants.move_to_end(key)
                 self._last = key
                 return art
-            result = build(self.proto, dict(key), self.options)
+            result = build(self.proto, dict(key), self.options, progress=self.progress)
             art = LoadedArtifact(result.directory, result.lib_path, self.threads, list(detect().core_cpus))
             self._variants[key] = art
             self._builds[key] = result
@@ -235,16 +236,18 @@ class CompiledModel:
 
 def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1, allow_fallback: bool = True,
             input_shapes: Mapping[str, Sequence[int]] | None = None,
-            force_fallback: Sequence[str] = (), profile: bool = False) -> CompiledModel:
+            force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False) -> CompiledModel:
     """Compile an ONNX model (path, bytes or ModelProto) for this CPU.
 
     ``threads``: worker threads including the caller (default: physical cores).
     ``input_shapes``: concrete shapes for symbolic inputs, to compile ahead of the first call.
     ``allow_fallback``: when False, a node with no native template is an error.
     ``profile``: build the instrumented variant that times each step (``profile_counters()``).
+    ``progress``: show a progress bar on stderr while compiling (cache hits show nothing).
     """
     return CompiledModel(model, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
-                         input_shapes=input_shapes, force_fallback=force_fallback, profile=profile)
+                         input_shapes=input_shapes, force_fallback=force_fallback, profile=profile,
+                         progress=progress)
 
 
 class SessionOptions:

@@ -44,12 +44,10 @@ def _parse_shapes(items: list[str] | None) -> dict[str, list[int]]:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     import smelt
-    from smelt.progress import stage
 
     proto, name = load_model_arg(args.model)
-    with stage(f"compiling {name}"):
-        model = smelt.compile(proto, threads=args.threads, input_shapes=_parse_shapes(args.shape),
-                              allow_fallback=not args.no_fallback)
+    model = smelt.compile(proto, threads=args.threads, input_shapes=_parse_shapes(args.shape),
+                          allow_fallback=not args.no_fallback, progress=True)
     native = model.native_nodes
     fallback = model.fallback_report
     if args.verbose:
@@ -86,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import smelt
 
     proto, name = load_model_arg(args.model)
-    model = smelt.compile(proto, threads=args.threads)
+    model = smelt.compile(proto, threads=args.threads, progress=True)
     inputs = model.get_inputs()
     feeds = {}
     for i, item in enumerate(args.input or []):
@@ -118,7 +116,6 @@ def _random_feeds(model, seed: int = 0) -> dict[str, np.ndarray]:
 def cmd_demo(args: argparse.Namespace) -> int:
     import smelt
     from smelt.bench.timing import time_interleaved
-    from smelt.progress import stage
     from smelt.target import detect
 
     try:
@@ -132,8 +129,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     status = 0
     for spec in args.models or ["resnet50", "lstm"]:
         proto, name = load_model_arg(spec)
-        with stage(f"[{name}] compiling"):
-            model = smelt.compile(proto, threads=threads)
+        model = smelt.compile(proto, threads=threads, progress=True)
         feeds = _random_feeds(model)
         ours = model.run(feeds)
         if ort is not None:

@@ -34,6 +34,7 @@ from smelt.ir.graph import Graph, Value
 from smelt.ir.ops import flops
 from smelt.ir.types import onnx_from_np_dtype
 from smelt.passes.pipeline import run_passes
+from smelt.progress import Phases
 from smelt.runtime.module import TensorSpec
 from smelt.target import Target, detect
 
@@ -176,19 +177,27 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
     if cached is not None:
         return cached
     start = time.perf_counter()
-    specialized = specialize_inputs(proto, shapes)
-    g = lower(specialized, options)
-    plan = build_plan(g, options.force_fallback)
-    _check_fallbacks(plan, options)
-    module = generate(g, plan, target, options.codegen_threads(target), profile=options.profile)
-    lib_path = None
-    if plan.native_blocks():
-        lib_path = toolchain.build_shared_library(module.source, name=g.name, target=target,
-                                                  sanitize=options.sanitize)
-    meta = _plan_json(g, plan, module, lib_path, options, target)
-    # kept in the artifact so a report on a cached build can still say what compiling cost
-    meta["compile_seconds"] = round(time.perf_counter() - start, 3)
-    _write_artifact(directory, g, plan, meta, module.weights)
+    with Phases(f"compiling {proto.graph.name or 'model'}", ["graph passes", "execution plan", "generating C",
+                                                             "C compiler", "writing artifact"],
+                enabled=progress) as phases:
+        phases.start("graph passes")
+        specialized = specialize_inputs(proto, shapes)
+        g = lower(specialized, options)
+        phases.start("execution plan")
+        plan = build_plan(g, options.force_fallback)
+        _check_fallbacks(plan, options)
+        phases.start("generating C")
+        module = generate(g, plan, target, options.codegen_threads(target), profile=options.profile)
+        lib_path = None
+        if plan.native_blocks():
+            phases.start("C compiler")
+            lib_path = toolchain.build_shared_library(module.source, name=g.name, target=target,
+                                                      sanitize=options.sanitize)
+        phases.start("writing artifact")
+        meta = _plan_json(g, plan, module, lib_path, options, target)
+        # kept in the artifact so a report on a cached build can still say what compiling cost
+        meta["compile_seconds"] = round(time.perf_counter() - start, 3)
+        _write_artifact(directory, g, plan, meta, module.weights)
     result = _load_cached(directory)
     assert result is not None
     result.compile_seconds = time.perf_counter() - start

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -60,3 +61,57 @@ def counter(desc: str, total: int, enabled: bool = True) -> Callable[[int], None
             bar.close()
 
     return tick
+
+
+class Phases:
+    """A progress bar over named phases of one long job (compiling: passes, plan, C, gcc).
+
+    The bar's clock keeps ticking inside a phase (a background refresh), so a 5-second gcc run
+    shows elapsed time rather than a frozen line. Without tqdm it prints one line per phase.
+    """
+
+    def __init__(self, desc: str, phases: Sequence[str], enabled: bool = True) -> None:
+        self.desc, self.phases, self.enabled = desc, list(phases), enabled
+        self._bar = None
+        self._done = 0
+        self._stop: threading.Event | None = None
+        if not enabled:
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        self._bar = tqdm(total=len(self.phases), desc=desc, file=sys.stderr, leave=False,
+                         bar_format="{desc} [{n_fmt}/{total_fmt} phases, {elapsed}]")
+        self._stop = threading.Event()
+        threading.Thread(target=self._tick, daemon=True).start()
+
+    def _tick(self) -> None:
+        while self._stop is not None and not self._stop.wait(0.25):
+            self._bar.refresh()
+
+    def start(self, phase: str) -> None:
+        """Mark ``phase`` as running; the phases before it count as done."""
+        if not self.enabled:
+            return
+        index = self.phases.index(phase) if phase in self.phases else self._done
+        if self._bar is None:
+            print(f"{self.desc}: {phase}", file=sys.stderr, flush=True)
+            return
+        self._bar.update(index - self._done)
+        self._done = index
+        self._bar.set_description_str(f"{self.desc}: {phase}")
+
+    def close(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+        if self._bar is not None:
+            self._bar.update(len(self.phases) - self._done)
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self) -> Phases:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -56,10 +56,12 @@ class Runner:
 
 
 def _smelt(model: BenchModel, threads: int) -> Runner:
+    import sys
+
     import smelt
 
-    compiled = smelt.compile(model.proto, threads=threads,
-                             input_shapes={k: v.shape for k, v in model.feeds.items()})
+    compiled = smelt.compile(model.proto, threads=threads, input_shapes={k: v.shape for k, v in model.feeds.items()},
+                             progress=sys.stderr.isatty())
     return Runner("smelt", smelt.__version__, compiled.run, compiled.close,
                   {"fallback_nodes": len(compiled.fallback_nodes),
                    "compile_seconds": round(compiled.compile_seconds, 3),

@@ -176,11 +176,10 @@ def bench_model(model: BenchModel, peers: Sequence[str], threads: int, rounds: i
                 block: int = 5, tolerance: float = DEFAULT_TOLERANCE, peak_gflops: float | None = None,
                 factories: Mapping[str, EngineFactory] | None = None, progress: bool = True) -> dict:
     """Check and time smelt and ``peers`` on ``model``; the report entry for this model."""
-    from smelt.progress import stage
-
     factories = dict(ENGINES if factories is None else factories)
-    with stage(f"[{model.name}] preparing smelt, {', '.join(peers) or 'no peers'}", enabled=progress):
-        runners, results = _prepare(["smelt", *peers], model, threads, factories)
+    if progress:
+        print(f"[{model.name}] preparing smelt, {', '.join(peers) or 'no peers'}", file=sys.stderr, flush=True)
+    runners, results = _prepare(["smelt", *peers], model, threads, factories)
     for name, res in results.items():
         if res["status"] != "ok" and progress:
             print(f"[{model.name}] {name} {res['status']}: {res['reason']}", file=sys.stderr)

@@ -403,12 +403,10 @@ def run_profile(model: Any, feeds: Mapping[str, np.ndarray] | None = None, *, th
     model_name = name or proto.graph.name or "model"
     if feeds is None:
         feeds = default_feeds(proto)
-    with stage("compiling", progress):
-        plain = smelt.compile(proto, threads=threads, force_fallback=force_fallback)
-        plain.run(feeds)  # compiles now if the inputs are symbolic
-    with stage("compiling the instrumented build", progress):
-        prof = smelt.compile(proto, threads=threads, force_fallback=force_fallback, profile=True)
-        prof.run(feeds)
+    plain = smelt.compile(proto, threads=threads, force_fallback=force_fallback, progress=progress)
+    plain.run(feeds)  # compiles now if the inputs are symbolic
+    prof = smelt.compile(proto, threads=threads, force_fallback=force_fallback, profile=True, progress=progress)
+    prof.run(feeds)
     try:
         with stage(f"timing {rounds} calls of each build", progress):
             steps, e2e_plain, e2e_prof = _measure(plain, prof, feeds, rounds, warmup, block, settle)
