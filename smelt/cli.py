@@ -202,7 +202,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                        threads_per_instance=args.threads_per_instance, duration=args.duration,
                        command=args.command_line)
     if args.suite:
-        print(f"suite {args.suite}: {len(models)} models, {result['settings']['threads']} threads, "
+        n = result["settings"]["threads"]
+        print(f"suite {args.suite}: {len(models)} models, {n} thread{'s' if n != 1 else ''}, "
               f"batch {args.batch}, peak {result['machine']['peak_gflops']} GFLOPS")
         print(rep.format_suite(result, markdown=args.markdown))
     else:

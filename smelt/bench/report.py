@@ -128,6 +128,10 @@ def write_json(report: dict, path: str | Path) -> None:
 
 
 # ----------------------------------------------------------------------------- tables
+def _threads(n: int) -> str:
+    return f"{n} thread" + ("" if n == 1 else "s")
+
+
 def _fmt(x: float | None, spec: str, none: str = "-") -> str:
     return none if x is None else format(x, spec)
 
@@ -149,7 +153,7 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool,
 
 def format_model(entry: dict, markdown: bool = False) -> str:
     """One model: a row per engine with median, spread, error, speedup, GFLOPS, share of peak."""
-    head = (f"{entry['model']}: batch {entry['batch']}, {entry['threads']} threads, "
+    head = (f"{entry['model']}: batch {entry['batch']}, {_threads(entry['threads'])}, "
             f"{entry['rounds']} rounds x {entry['block']} calls, {entry['flops'] / 1e9:.2f} GFLOP per call")
     rows = []
     for name, e in entry["engines"].items():
@@ -171,7 +175,7 @@ def format_model(entry: dict, markdown: bool = False) -> str:
         if "error" in tp:
             parts.append(f"throughput {engine}: failed: {tp['error']}")
             continue
-        parts.append(f"throughput {engine}: {tp['instances']} instances x {tp['threads_per_instance']} threads: "
+        parts.append(f"throughput {engine}: {tp['instances']} instances x {_threads(tp['threads_per_instance'])}: "
                      f"{tp['items_per_s']:.1f} items/s, latency median {tp['latency_median_ms']:.3f} ms, "
                      f"worst {tp['latency_max_ms']:.3f} ms")
     return "\n".join(parts)
@@ -222,12 +226,15 @@ PEER_COLORS = {"onnxruntime": "#4C72B0", "openvino": "#DD8452", "torch": "#C44E5
 
 
 def write_speedup_chart(report: dict, path: str | Path, title: str | None = None) -> None:
-    """Horizontal grouped bars: smelt's speedup over each peer, per model, with a line at 1×.
+    """Horizontal grouped bars: smelt's speedup over each peer, per model, growing from the 1× line.
 
     The NeoCPU and DeepCPU papers present their Table 2 / Table 1 this way: one bar per
-    (model, peer), right of the line means smelt is faster.
+    (model, peer); right of the line means smelt is faster. The axis is logarithmic, so 0.5×
+    and 2× sit equally far from 1× and one 20× bar does not squash every bar near 1×.
     """
     plt = _pyplot()
+    from matplotlib.ticker import FixedLocator, NullLocator
+
     models = report["models"]
     peers = [p for p in report["settings"]["peers"]
              if any(m["engines"].get(p, {}).get("smelt_speedup") for m in models)]
@@ -235,7 +242,7 @@ def write_speedup_chart(report: dict, path: str | Path, title: str | None = None
     fig_h = max(2.5, 0.25 * n * max(1, len(peers)) ** 0.5 + 1.2)
     fig, ax = plt.subplots(figsize=(9, fig_h))
     bar_h = 0.8 / max(1, len(peers))
-    best_x = 1.0
+    lo, hi = 1.0, 1.0
     for j, peer in enumerate(peers):
         ys, xs = [], []
         for i, m in enumerate(models):
@@ -243,20 +250,26 @@ def write_speedup_chart(report: dict, path: str | Path, title: str | None = None
             if sp:
                 ys.append(i + (j - (len(peers) - 1) / 2) * bar_h)
                 xs.append(sp)
-        best_x = max([best_x, *xs])
+        lo, hi = min([lo, *xs]), max([hi, *xs])
         geo = report["summary"]["geomean_speedup"].get(peer)
         label = f"vs {peer}" + (f" (geomean {geo:.2f}x)" if geo else "")
-        ax.barh(ys, xs, height=bar_h, color=PEER_COLORS.get(peer), label=label)
+        ax.barh(ys, [x - 1.0 for x in xs], left=1.0, height=bar_h, color=PEER_COLORS.get(peer), label=label)
         for y, x in zip(ys, xs, strict=True):
-            ax.text(x, y, f" {x:.2f}", va="center", fontsize=7)
+            ax.text(x, y, f" {x:.2f} " if x >= 1 else f"{x:.2f} ", va="center", ha="left" if x >= 1 else "right",
+                    fontsize=7)
     ax.axvline(1.0, color="black", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlim(min(0.5, lo / 1.6), max(2.0, hi * 1.6))
+    ticks = [t for t in (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 50) if lo / 1.6 <= t <= hi * 1.6 or t == 1]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([f"{t:g}x" for t in ticks])
     ax.set_yticks(range(n), [m["model"] for m in models], fontsize=8)
     ax.set_ylim(n - 0.5, -0.5)  # first model on top, no empty margin
-    ax.set_xlim(0, best_x * 1.15)
-    ax.set_xlabel("smelt speedup (peer latency / smelt latency; >1 = smelt faster)")
+    ax.set_xlabel("smelt speedup = peer latency / smelt latency (log scale; right of 1x: smelt faster)")
     s = report["settings"]
     geo_best = report["summary"].get("geomean_speedup_vs_best_peer")
-    ax.set_title(title or (f"smelt vs peers, {s['threads']} threads, batch {s.get('batch', 1)}"
+    ax.set_title(title or (f"smelt vs peers, {_threads(s['threads'])}, batch {s.get('batch', 1)}"
                            + (f"; geomean vs best peer {geo_best:.2f}x" if geo_best else "")), fontsize=10)
     if peers:
         ax.legend(loc="lower right", fontsize=8)
@@ -283,7 +296,7 @@ def write_latency_chart(entry: dict, path: str | Path) -> None:
     ax.invert_yaxis()
     ax.set_xlim(0, max(m + q for m, q in zip(meds, iqrs, strict=True)) * 1.5)
     ax.set_xlabel("median latency per call, ms (whiskers: interquartile range)")
-    title = f"{entry['model']}, batch {entry['batch']}, {entry['threads']} threads"
+    title = f"{entry['model']}, batch {entry['batch']}, {_threads(entry['threads'])}"
     smelt = entry["engines"]["smelt"]
     if smelt.get("gflops"):
         title += f"; smelt {smelt['gflops']:.0f} GFLOPS"
