@@ -119,8 +119,13 @@ def measure_throughput(model: BenchModel, engines: Sequence[str], instances: int
             procs.append(p)
         try:
             problems: dict[str, str] = {}
-            for conn in pipes:
-                status, info = conn.recv()
+            for conn, proc in zip(pipes, procs, strict=True):
+                try:
+                    status, info = conn.recv()
+                except EOFError:
+                    proc.join(timeout=5)
+                    raise SmeltError(f"a throughput instance exited before it was ready (exit code "
+                                     f"{proc.exitcode}); see its error above") from None
                 if status == "failed":
                     raise SmeltError(f"a throughput instance failed to start: {info}")
                 problems.update(info)
