@@ -14,22 +14,11 @@ from smelt.errors import SmeltError
 
 
 def load_model_arg(spec: str, batch: int = 1):
-    """A model path, or a zoo name (``zoo:resnet50`` or a bare zoo name with no file of that name)."""
-    import onnx
+    """``(proto, name)`` of a MODEL argument: an .onnx path or a zoo name (see ``load_model_or_zoo``)."""
+    from smelt.frontend.zoo import load_model_or_zoo
 
-    from smelt.frontend import zoo
-
-    if spec.startswith("zoo:") or (not Path(spec).exists() and spec in zoo.list_models()) or \
-            (not Path(spec).exists() and re.match(r"^(lstm|gru)-E\d+", spec)):
-        return zoo.get_model(spec.removeprefix("zoo:"), batch=batch), spec.removeprefix("zoo:")
-    path = Path(spec)
-    if not path.exists():
-        raise SmeltError(f"no model file {spec!r} and no zoo model of that name "
-                         f"(zoo models: {', '.join(zoo.list_models())})")
-    from smelt.frontend.onnx_import import load_model
-
-    proto: onnx.ModelProto = load_model(path)
-    return proto, path.stem
+    proto, name, _ = load_model_or_zoo(spec, batch=batch)
+    return proto, name
 
 
 def _parse_shapes(items: list[str] | None) -> dict[str, list[int]]:
@@ -104,50 +93,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _random_feeds(model, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for inp in model.get_inputs():
-        shape = [d if isinstance(d, int) else 1 for d in inp.shape]
-        feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
-    return feeds
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     import smelt
+    from smelt.bench.engines import ENGINES, EngineUnavailable
+    from smelt.bench.harness import relative_error, resolve_model
     from smelt.bench.timing import time_interleaved
     from smelt.target import detect
 
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        ort = None
-        print("onnxruntime is not installed: checking against onnx.reference, no latency comparison "
-              "(pip install -e '.[test]' to get it)", file=sys.stderr)
     threads = args.threads or detect().physical_cores
     print(f"smelt demo: {threads} threads, target {detect().describe()}")
     status = 0
     for spec in args.models or ["resnet50", "lstm"]:
-        proto, name = load_model_arg(spec)
-        model = smelt.compile(proto, threads=threads, progress=True)
-        feeds = _random_feeds(model)
+        bench_model = resolve_model(spec)
+        name, feeds = bench_model.name, bench_model.feeds
+        model = smelt.compile(bench_model.proto, threads=threads, progress=True)
         ours = model.run(feeds)
-        if ort is not None:
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = threads
-            so.inter_op_num_threads = 1
-            sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-            ref = sess.run(None, feeds)
-        else:
+        try:
+            ort = ENGINES["onnxruntime"](bench_model, threads)
+            ref = ort.run(feeds)
+        except EngineUnavailable:
             from onnx.reference import ReferenceEvaluator
 
-            ref = ReferenceEvaluator(proto).run(None, feeds)
-        err = max(float(np.max(np.abs(a - b))) / max(1e-30, float(np.max(np.abs(b)))) for a, b in zip(ours, ref, strict=True))
+            ort = None
+            print("onnxruntime is not installed: checking against onnx.reference, no latency comparison "
+                  "(pip install -e '.[test]' to get it)", file=sys.stderr)
+            ref = ReferenceEvaluator(bench_model.proto).run(None, feeds)
+        err = relative_error(ref, ours)
         ok = err <= 1e-4
         status |= 0 if ok else 1
         fns = {"smelt": lambda m=model, f=feeds: m.run(f)}
         if ort is not None:
-            fns["onnxruntime"] = lambda s=sess, f=feeds: s.run(None, f)
+            fns["onnxruntime"] = lambda r=ort, f=feeds: r.run(f)
         times = time_interleaved(fns, args.rounds)
         med = {k: statistics.median(v) for k, v in times.items()}
         line = (f"[{name}] {'OK' if ok else 'MISMATCH'} rel.err {err:.1e}; fallback nodes: "

@@ -137,8 +137,7 @@ def _torch(model: BenchModel, threads: int) -> Runner:
     if model.zoo_name is None or not torch_models.has_torch_definition(model.zoo_name):
         raise EngineUnavailable(f"no PyTorch definition for {model.name!r} (only zoo models have one)")
     module = torch_models.torch_model_for(model.zoo_name, model.proto)
-    input_names = [i.name for i in model.proto.graph.input
-                   if i.name not in {t.name for t in model.proto.graph.initializer}]
+    input_names = list(model.feeds)  # graph-input order, which the zoo's torch forward() takes
 
     def run(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         # torch's thread count is process-wide and other code may change it between calls.

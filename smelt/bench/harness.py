@@ -25,9 +25,9 @@ import re
 import statistics
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
+import onnx
 
 from smelt.bench.engines import ENGINES, BenchModel, EngineUnavailable, Runner
 from smelt.bench.timing import median_and_spread, time_interleaved
@@ -47,23 +47,28 @@ def resolve_model(spec: str, batch: int = 1, shapes: Mapping[str, Sequence[int]]
     Symbolic input dimensions are fixed from ``shapes``; failing that, a symbolic leading
     dimension is the batch. Inputs are seeded random data, the same for every engine.
     """
-    from smelt.frontend import zoo
-    from smelt.frontend.onnx_import import load_model, model_input_specs
+    from smelt.frontend.onnx_import import specialize_inputs
+    from smelt.frontend.zoo import load_model_or_zoo
 
-    zoo_name = None
-    path = Path(spec)
-    if spec.startswith("zoo:") or not path.exists():
-        try:
-            proto = zoo.get_model(spec, batch=batch, seed=seed)
-        except ValueError as exc:
-            if spec.startswith("zoo:"):
-                raise
-            raise SmeltError(f"no model file {spec!r} and no zoo model of that name: {exc}") from None
-        name = spec.removeprefix("zoo:")
-        zoo_name = name.lower()
-    else:
-        proto = load_model(path)
-        name = path.stem
+    proto, name, zoo_name = load_model_or_zoo(spec, batch=batch, seed=seed)
+    feeds = random_inputs(proto, batch, shapes, seed, model_name=name)
+    declared = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
+                for vi in proto.graph.input if vi.name in feeds}
+    if any(declared[k] != list(v.shape) for k, v in feeds.items()):
+        proto = specialize_inputs(proto, {k: v.shape for k, v in feeds.items()})
+    return BenchModel(name, proto, feeds, zoo_name)
+
+
+def random_inputs(proto: onnx.ModelProto, batch: int = 1, shapes: Mapping[str, Sequence[int]] | None = None,
+                  seed: int = 0, model_name: str | None = None) -> dict[str, np.ndarray]:
+    """Seeded random arrays for every graph input: normal floats, zero indices, true booleans.
+
+    Dimensions come from ``shapes``, else the declared shape with a symbolic leading dimension
+    taken as ``batch``; any other symbolic dimension is an error naming the input.
+    """
+    from smelt.frontend.onnx_import import model_input_specs
+
+    name = model_name or proto.graph.name or "the model"
     shapes = dict(shapes or {})
     rng = np.random.default_rng(seed)
     feeds: dict[str, np.ndarray] = {}
@@ -83,11 +88,7 @@ def resolve_model(spec: str, batch: int = 1, shapes: Mapping[str, Sequence[int]]
                     raise SmeltError(f"input {inp_name!r} of {name} has symbolic dimension {d!r} at axis "
                                      f"{axis}; give --shape {inp_name}=d0,d1,...")
         feeds[inp_name] = _random_array(rng, dims, dtype, inp_name)
-    if shapes or any(not all(isinstance(d, int) for d in (s or ())) for _, _, s in model_input_specs(proto)):
-        from smelt.frontend.onnx_import import specialize_inputs
-
-        proto = specialize_inputs(proto, {k: v.shape for k, v in feeds.items()})
-    return BenchModel(name, proto, feeds, zoo_name)
+    return feeds
 
 
 def _random_array(rng: np.random.Generator, dims: list[int], dtype: np.dtype | None, name: str) -> np.ndarray:
@@ -137,19 +138,19 @@ def relative_error(reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) -
 # ----------------------------------------------------------------------------- the machine
 def machine_info(threads: int, measure_peak: bool | None = None, progress: bool = True) -> dict:
     """CPU, ISA, cores and the measured fp32 peak for ``threads`` threads (None if unavailable)."""
+    from smelt.bench.peak import peak_or_reason
     from smelt.target import detect
 
     t = detect()
     info = {"cpu": t.model_name, "isa": t.isa, "cores": t.physical_cores, "python": platform.python_version(),
             "peak_gflops": None, "peak": None}
-    try:
-        from smelt.bench.peak import load_or_measure_peak
 
-        peak = load_or_measure_peak(measure=measure_peak, progress=progress)
+    peak, note = peak_or_reason(measure_peak, progress)
+    if peak is None:
+        print(f"note: {note}; GFLOPS shares omitted", file=sys.stderr)
+    else:
         info["peak_gflops"] = round(peak.peak_gflops(threads), 1)
         info["peak"] = peak.to_dict()
-    except (ImportError, SmeltError) as exc:
-        print(f"note: no machine peak ({exc}); GFLOPS shares omitted", file=sys.stderr)
     return info
 
 

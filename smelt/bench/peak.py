@@ -520,7 +520,7 @@ def load_or_measure_peak(measure: bool | None = None, progress: bool = True, *,
     directory: two processes measuring at once would each halve the other's figure, so the second
     waits and, unless forced, takes the first one's result.
     """
-    from smelt.codegen.toolchain import _atomic_write, file_lock
+    from smelt.codegen.toolchain import atomic_write, file_lock
 
     target = target or detect()
     if not measure:
@@ -539,8 +539,17 @@ def load_or_measure_peak(measure: bool | None = None, progress: bool = True, *,
         result = measure_peak(duration_s=duration_s, runs=runs, sgemm_n=sgemm_n, progress=progress,
                               target=target)
         payload = {"version": CACHE_VERSION, "result": result.to_dict()}
-        _atomic_write(path, (json.dumps(payload, indent=1) + "\n").encode())
+        atomic_write(path, (json.dumps(payload, indent=1) + "\n").encode())
     return result
+
+
+def peak_or_reason(measure: bool | None = None, progress: bool = True) -> tuple[PeakResult | None, str]:
+    """``(result, "measured")``, or ``(None, why not)``: for reports, where a missing share-of-peak
+    column is better than no report at all."""
+    try:
+        return load_or_measure_peak(measure=measure, progress=progress), "measured"
+    except Exception as exc:  # no compiler, a sandbox refusing pthreads, an unreadable cache ...
+        return None, f"no peak measurement: {exc}"
 
 
 def format_peak(result: PeakResult) -> str:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from smelt.bench.output import fmt_opt, json_safe, pyplot, text_table
 from smelt.errors import SmeltError
 
 # Ops whose GFLOPS are worth comparing with the machine's peak (they are FMA-bound kernels).
@@ -172,7 +173,7 @@ class ProfileReport:
         d["ratio"] = self.ratio
         d["ratio_profiled"] = self.ratio_profiled
         d["overhead"] = self.overhead
-        return _json_safe(d)
+        return json_safe(d)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ProfileReport:
@@ -211,11 +212,11 @@ class ProfileReport:
         """Summary, op-class table and node table as aligned text. ``top``: only the ``top``
         slowest nodes, slowest first; None: every node in execution order."""
         out = self.summary_lines() + [""]
-        out += _text_table(
+        out.append(text_table(
             ["op class", "count", "ms", "%", "GFLOPS"],
-            [[c.op_class, str(c.count), f"{c.ms:.3f}", f"{c.pct:.1f}", _fmt_opt(c.gflops, "{:.1f}")]
+            [[c.op_class, str(c.count), f"{c.ms:.3f}", f"{c.pct:.1f}", fmt_opt(c.gflops, ".1f")]
              for c in self.classes],
-            right={1, 2, 3, 4})
+            right={1, 2, 3, 4}))
         out.append("")
         nodes = self.nodes
         if top is not None:
@@ -224,11 +225,11 @@ class ProfileReport:
         rows = []
         for n in nodes:
             rows.append([str(n.index), _clip(n.name, 32), n.op, f"{n.ms:.3f}", f"{n.pct:.1f}",
-                         _fmt_opt(n.gflops, "{:.1f}"), _fmt_opt(n.peak_share, "{:.0%}"),
-                         _fmt_opt(n.imbalance, "{:.2f}"), "+".join(n.epilogue) or "-",
+                         fmt_opt(n.gflops, ".1f"), fmt_opt(n.peak_share, ".0%"),
+                         fmt_opt(n.imbalance, ".2f"), "+".join(n.epilogue) or "-",
                          _clip(("FALLBACK " if n.fallback else "") + n.schedule, 90)])
-        out += _text_table(["#", "node", "op", "ms", "%", "GFLOPS", "peak", "imbal", "epilogue", "schedule"],
-                           rows, right={0, 3, 4, 5, 6, 7})
+        out.append(text_table(["#", "node", "op", "ms", "%", "GFLOPS", "peak", "imbal", "epilogue", "schedule"],
+                              rows, right={0, 3, 4, 5, 6, 7}))
         return "\n".join(out)
 
     def write_chart(self, path: str | Path) -> Path:
@@ -263,7 +264,7 @@ class ProfileReport:
         cls_rows = "\n".join(
             f"<tr><td><span class='sw' style='background:{colours[c.op_class]}'></span>{e(c.op_class)}</td>"
             f"<td class='r'>{c.count}</td><td class='r'>{c.ms:.3f}</td><td class='r'>{c.pct:.1f}</td>"
-            f"<td class='r'>{_fmt_opt(c.gflops, '{:.1f}')}</td>"
+            f"<td class='r'>{fmt_opt(c.gflops, '.1f')}</td>"
             f"<td class='bar'><div style='width:{100 * c.ms / max_cls:.1f}%;background:{colours[c.op_class]}'>"
             "</div></td></tr>"
             for c in self.classes)
@@ -273,8 +274,8 @@ class ProfileReport:
             f"<td>{e(n.op)}</td><td>{e(n.op_class)}</td><td class='r'>{n.ms:.3f}</td>"
             f"<td class='r'>{n.pct:.1f}</td>"
             f"<td class='bar'><div style='width:{100 * n.ms / max_node:.1f}%;background:{colours[n.op_class]}'>"
-            f"</div></td><td class='r'>{_fmt_opt(n.gflops, '{:.1f}')}</td>"
-            f"<td class='r'>{_fmt_opt(n.peak_share, '{:.0%}')}</td><td class='r'>{_fmt_opt(n.imbalance, '{:.2f}')}</td>"
+            f"</div></td><td class='r'>{fmt_opt(n.gflops, '.1f')}</td>"
+            f"<td class='r'>{fmt_opt(n.peak_share, '.0%')}</td><td class='r'>{fmt_opt(n.imbalance, '.2f')}</td>"
             f"<td>{e('+'.join(n.epilogue))}</td><td>{e(n.layout)}</td>"
             f"<td class='sched'>{'<b>fallback</b> ' if n.fallback else ''}{e(n.schedule)}</td></tr>"
             for n in self.nodes)
@@ -319,7 +320,7 @@ imbalance is the slowest thread's busy time over the mean. Fallback nodes run in
     def _figure(self):
         """Left: every node in execution order, coloured by op class, GFLOPS beside the heavy
         ones. Right: the op-class breakdown and the totals."""
-        plt = _pyplot()
+        plt = pyplot()
         nodes, classes = self.nodes, self.classes
         colours = _colours([c.op_class for c in classes])
         height = max(5.0, 0.16 * len(nodes) + 1.6)
@@ -384,8 +385,8 @@ def run_profile(model: Any, feeds: Mapping[str, np.ndarray] | None = None, *, th
                 force_fallback: Sequence[str] = ()) -> ProfileReport:
     """Profile ``model`` (a path, bytes or ModelProto) and return the report.
 
-    ``feeds``: input arrays (default: seeded standard-normal arrays of the declared shapes, which
-    must then be fixed). ``threads``: pool size (default: physical cores). ``rounds``: timed calls
+    ``feeds``: input arrays (default: ``harness.random_inputs``, seeded random arrays of the
+    declared shapes, a symbolic leading dimension taken as 1). ``threads``: pool size (default: physical cores). ``rounds``: timed calls
     of each build. The instrumented and the ordinary build run in alternating blocks of ``block``
     calls, each block after ``settle`` seconds idle and one untimed call (a pool's workers spin
     for a while after a call and would take the other pool's cores); ``warmup`` untimed calls
@@ -402,7 +403,9 @@ def run_profile(model: Any, feeds: Mapping[str, np.ndarray] | None = None, *, th
     proto = load_model(model)
     model_name = name or proto.graph.name or "model"
     if feeds is None:
-        feeds = default_feeds(proto)
+        from smelt.bench.harness import random_inputs
+
+        feeds = random_inputs(proto, model_name=model_name)
     plain = smelt.compile(proto, threads=threads, force_fallback=force_fallback, progress=progress)
     plain.run(feeds)  # compiles now if the inputs are symbolic
     prof = smelt.compile(proto, threads=threads, force_fallback=force_fallback, profile=True, progress=progress)
@@ -410,7 +413,12 @@ def run_profile(model: Any, feeds: Mapping[str, np.ndarray] | None = None, *, th
     try:
         with stage(f"timing {rounds} calls of each build", progress):
             steps, e2e_plain, e2e_prof = _measure(plain, prof, feeds, rounds, warmup, block, settle)
-        peak_gflops, peak_note = _peak(prof.threads, progress) if peak else (None, "not requested")
+        peak_gflops, peak_note = None, "not requested"
+        if peak:
+            from smelt.bench.peak import peak_or_reason
+
+            result, peak_note = peak_or_reason(progress=progress)
+            peak_gflops = result.peak_gflops(prof.threads) if result else None
         compile_s = plain.compile_seconds if not plain.from_cache else float(plain.plan.get("compile_seconds", 0.0))
         prof_compile_s = prof.compile_seconds if not prof.from_cache else float(prof.plan.get("compile_seconds", 0.0))
         return _report(model_name, prof, steps, e2e_plain, e2e_prof, rounds, peak_gflops, peak_note,
@@ -418,25 +426,6 @@ def run_profile(model: Any, feeds: Mapping[str, np.ndarray] | None = None, *, th
     finally:
         plain.close()
         prof.close()
-
-
-def default_feeds(proto: Any, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random inputs of the model's declared (fixed) shapes and dtypes."""
-    from smelt.frontend.onnx_import import model_input_specs
-
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for name, dtype, shape in model_input_specs(proto):
-        if dtype is None or shape is None or not all(isinstance(d, int) for d in shape):
-            raise ValueError(f"input {name!r} has no fixed shape ({shape}); pass feeds to profile it")
-        dt = np.dtype(dtype)
-        if dt.kind == "f":
-            feeds[name] = rng.standard_normal(shape).astype(dt)
-        elif dt.kind == "b":
-            feeds[name] = rng.integers(0, 2, shape).astype(dt)
-        else:
-            feeds[name] = np.zeros(shape, dt)  # indices and lengths: 0 is always valid
-    return feeds
 
 
 @dataclass
@@ -483,17 +472,6 @@ def _measure(plain, prof, feeds, rounds: int, warmup: int, block: int,
         if len(e2e_plain) < rounds:
             timed(plain, e2e_plain, False)
     return samples, e2e_plain, e2e_prof
-
-
-def _peak(threads: int, progress: bool) -> tuple[float | None, str]:
-    try:
-        from smelt.bench.peak import load_or_measure_peak
-    except ImportError:
-        return None, "smelt.bench.peak is not available"
-    try:
-        return float(load_or_measure_peak(progress=progress).peak_gflops(threads)), "measured"
-    except Exception as exc:  # a report without the peak column beats no report
-        return None, f"peak measurement failed: {exc}"
 
 
 def _report(model_name: str, prof, samples: _Samples, e2e_plain: list[float], e2e_prof: list[float],
@@ -592,18 +570,6 @@ def _typical(samples: np.ndarray) -> np.ndarray:
     return mask
 
 
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise SmeltError("charts need matplotlib: pip install matplotlib") from exc
-    matplotlib.use("Agg")  # files only: no display needed, none opened
-    import matplotlib.pyplot as plt
-
-    plt.rcParams["svg.fonttype"] = "none"  # text stays text in the SVG: small, searchable
-    return plt
-
-
 def _close(fig) -> None:
     import matplotlib.pyplot as plt
 
@@ -617,35 +583,9 @@ def _colours(classes: list[str]) -> dict[str, str]:
     return out
 
 
-def _text_table(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
-
-    def fmt(r: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
-
-    return [fmt(header), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
-
-
-def _fmt_opt(v: float | None, spec: str) -> str:
-    return "-" if v is None else spec.format(v)
-
-
 def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
-
-
-def _json_safe(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_safe(v) for v in x]
-    if isinstance(x, (np.floating, float)):
-        v = float(x)
-        return v if np.isfinite(v) else None
-    if isinstance(x, np.integer):
-        return int(x)
-    return x

@@ -7,9 +7,9 @@ The JSON is the contract other tools (CI dashboards, the docs) read, so its shap
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Sequence
 from pathlib import Path
+
+from smelt.bench.output import fmt_opt, json_safe, pyplot, text_table
 
 _NUM = {"type": ["number", "null"]}
 
@@ -115,16 +115,7 @@ def validate(report: dict) -> None:
 
 
 def write_json(report: dict, path: str | Path) -> None:
-    def clean(x):  # JSON has no inf/nan: record them as null rather than invalid JSON
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        if isinstance(x, list | tuple):
-            return [clean(v) for v in x]
-        return x
-
-    Path(path).write_text(json.dumps(clean(report), indent=2) + "\n")
+    Path(path).write_text(json.dumps(json_safe(report), indent=2) + "\n")
 
 
 # ----------------------------------------------------------------------------- tables
@@ -132,23 +123,12 @@ def _threads(n: int) -> str:
     return f"{n} thread" + ("" if n == 1 else "s")
 
 
-def _fmt(x: float | None, spec: str, none: str = "-") -> str:
-    return none if x is None else format(x, spec)
+def _x(speedup: float | None) -> str:
+    return fmt_opt(speedup, ".2f") + ("x" if speedup is not None else "")
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool, align_left: int = 1) -> str:
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |",
-                 "|" + "|".join("---" if i < align_left else "---:" for i in range(len(header))) + "|"]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        return "\n".join(lines)
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i < align_left else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
-
-    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+def _pct(share: float | None) -> str:
+    return fmt_opt(share, ".0%")
 
 
 def format_model(entry: dict, markdown: bool = False) -> str:
@@ -163,10 +143,9 @@ def format_model(entry: dict, markdown: bool = False) -> str:
             continue
         rows.append([name, e.get("version", "-"), f"{e['median_ms']:.3f}", f"{e['spread_ms']:.3f}",
                      "0" if name == "smelt" else f"{e['rel_error']:.1e}",
-                     f"{e['smelt_speedup']:.2f}x", _fmt(e["gflops"], ".1f"),
-                     _fmt(e["peak_share"] and 100 * e["peak_share"], ".0f") + ("%" if e["peak_share"] else "")])
-    table = _table(["engine", "version", "median ms", "IQR ms", "rel.err", "smelt speedup", "GFLOPS",
-                    "% peak"], rows, markdown, align_left=2)
+                     _x(e["smelt_speedup"]), fmt_opt(e["gflops"], ".1f"), _pct(e["peak_share"])])
+    table = text_table(["engine", "version", "median ms", "IQR ms", "rel.err", "smelt speedup", "GFLOPS",
+                        "% peak"], rows, right=set(range(2, 8)), markdown=markdown)
     notes = [f"  {n}: {e['reason']}" for n, e in entry["engines"].items() if e["status"] != "ok"]
     tail = (f"best peer: {entry['best_peer']}; smelt speedup over it {entry['speedup_vs_best_peer']:.2f}x"
             if entry["best_peer"] else "no peer timed")
@@ -183,45 +162,24 @@ def format_model(entry: dict, markdown: bool = False) -> str:
 
 def format_suite(report: dict, markdown: bool = False) -> str:
     """Many models: one row each, smelt's median, each peer's median and smelt's speedup over it."""
-    peers = [p for p in report["settings"]["peers"]]
+    peers = list(report["settings"]["peers"])
     header = ["model", "smelt ms", *(f"{p} ms" for p in peers), *(f"vs {p}" for p in peers), "vs best",
               "smelt GFLOPS", "% peak"]
     rows = []
     for m in report["models"]:
         s = m["engines"]["smelt"]
-        cells = [m["model"], _fmt(s["median_ms"], ".3f")]
-        for p in peers:
-            e = m["engines"].get(p, {})
-            cells.append(_fmt(e.get("median_ms"), ".3f", e.get("status", "-")))
-        for p in peers:
-            cells.append(_fmt(m["engines"].get(p, {}).get("smelt_speedup"), ".2f") + "x"
-                         if m["engines"].get(p, {}).get("smelt_speedup") else "-")
-        cells.append(_fmt(m["speedup_vs_best_peer"], ".2f") + "x" if m["speedup_vs_best_peer"] else "-")
-        cells.append(_fmt(s["gflops"], ".1f"))
-        cells.append(_fmt(s["peak_share"] and 100 * s["peak_share"], ".0f") + ("%" if s["peak_share"] else ""))
-        rows.append(cells)
+        engines = [m["engines"].get(p, {}) for p in peers]
+        rows.append([m["model"], fmt_opt(s["median_ms"], ".3f"),
+                     *(fmt_opt(e.get("median_ms"), ".3f", e.get("status", "-")) for e in engines),
+                     *(_x(e.get("smelt_speedup")) for e in engines),
+                     _x(m["speedup_vs_best_peer"]), fmt_opt(s["gflops"], ".1f"), _pct(s["peak_share"])])
     summ = report["summary"]
-    geo = ["geomean", "", *["" for _ in peers],
-           *[(_fmt(summ["geomean_speedup"].get(p), ".2f") + "x") if summ["geomean_speedup"].get(p) else "-"
-             for p in peers],
-           (_fmt(summ["geomean_speedup_vs_best_peer"], ".2f") + "x") if summ["geomean_speedup_vs_best_peer"]
-           else "-", "", ""]
-    rows.append(geo)
-    return _table(header, rows, markdown)
+    rows.append(["geomean", "", *["" for _ in peers], *(_x(summ["geomean_speedup"].get(p)) for p in peers),
+                 _x(summ["geomean_speedup_vs_best_peer"]), "", ""])
+    return text_table(header, rows, right=set(range(1, len(header))), markdown=markdown)
 
 
 # ----------------------------------------------------------------------------- charts
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise RuntimeError("--chart needs matplotlib (pip install matplotlib)") from exc
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 PEER_COLORS = {"onnxruntime": "#4C72B0", "openvino": "#DD8452", "torch": "#C44E52"}
 
 
@@ -232,7 +190,7 @@ def write_speedup_chart(report: dict, path: str | Path, title: str | None = None
     (model, peer); right of the line means smelt is faster. The axis is logarithmic, so 0.5×
     and 2× sit equally far from 1× and one 20× bar does not squash every bar near 1×.
     """
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.ticker import FixedLocator, NullLocator
 
     models = report["models"]
@@ -281,7 +239,7 @@ def write_speedup_chart(report: dict, path: str | Path, title: str | None = None
 
 def write_latency_chart(entry: dict, path: str | Path) -> None:
     """One model: median latency per engine with interquartile whiskers, speedups annotated."""
-    plt = _pyplot()
+    plt = pyplot()
     names = [n for n, e in entry["engines"].items() if e["status"] == "ok"]
     meds = [entry["engines"][n]["median_ms"] for n in names]
     iqrs = [entry["engines"][n]["spread_ms"] / 2 for n in names]

@@ -138,7 +138,7 @@ def build_shared_library(source: str, *, name: str = "model", target: Target | N
         if lib.exists():  # another process finished it while we waited
             return lib
         src = out_dir / f"{key}.c"
-        _atomic_write(src, full.encode())
+        atomic_write(src, full.encode())
         with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so.tmp", delete=False) as tmp:
             tmp_path = Path(tmp.name)
         cmd = [compiler.path, *flags, "-o", str(tmp_path), str(src), "-lm"]
@@ -158,7 +158,7 @@ def build_shared_library(source: str, *, name: str = "model", target: Target | N
     return lib
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:

@@ -285,9 +285,10 @@ def test_cli_info_peak_prints_the_measured_peak(monkeypatch, capsys):
 
 def test_cli_profile_writes_table_html_and_json(tiny, tmp_path, monkeypatch, capsys):
     from smelt import cli
-    from smelt.bench import profile
+    from smelt.bench import peak
 
-    monkeypatch.setattr(profile, "_peak", lambda threads, progress: (100.0, "test peak"))
+    monkeypatch.setattr(peak, "peak_or_reason",
+                        lambda measure=None, progress=True: (peak.PeakResult.from_dict(FAKE_PEAK), "test peak"))
     out_json, out_html = tmp_path / "p.json", tmp_path / "p.html"
     assert cli.main(["profile", tiny, "--batch", "2", "--rounds", "3", "--threads", "1",
                      "--json", str(out_json), "--html", str(out_html)]) == 0

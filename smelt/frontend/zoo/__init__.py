@@ -31,6 +31,7 @@ __all__ = [
     "list_models",
     "get_model",
     "describe",
+    "load_model_or_zoo",
     "parse_rnn_name",
     "RnnSpec",
     # lazily imported, see __getattr__
@@ -192,6 +193,27 @@ def get_model(name: str, batch: int | str = 1, seed: int = 0) -> onnx.ModelProto
         cell=spec.cell,
         seed=seed,
     )
+
+
+def load_model_or_zoo(spec: str, batch: int | str = 1, seed: int = 0) -> tuple[onnx.ModelProto, str, str | None]:
+    """What a command-line MODEL argument names: ``(proto, display name, zoo name or None)``.
+
+    ``zoo:NAME`` is always a zoo model; otherwise an existing file wins, and a name with no file
+    behind it is looked up in the zoo. Raises ``ValueError`` naming both readings when neither works.
+    """
+    from pathlib import Path
+
+    if spec.startswith("zoo:"):
+        return get_model(spec, batch=batch, seed=seed), spec[4:], _normalize(spec)
+    path = Path(spec)
+    if path.exists():
+        from smelt.frontend.onnx_import import load_model
+
+        return load_model(path), path.stem, None
+    try:
+        return get_model(spec, batch=batch, seed=seed), spec, _normalize(spec)
+    except ValueError as exc:
+        raise ValueError(f"no model file {spec!r}, and no zoo model of that name: {exc}") from None
 
 
 def describe(name: str) -> str:

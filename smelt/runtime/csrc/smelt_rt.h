@@ -230,22 +230,18 @@ static void smelt_pool_run(smelt_pool_t *pool, smelt_job_fn fn, void *ctx) {
  *   [HEADER, HEADER + stride)    per step: thread 0's wall ticks
  *   then threads rows of stride  per thread and step: busy ticks
  * Counters live in the library (static), so every model loaded from one .so shares them. */
-#if defined(__x86_64__) || defined(__i386__)
-#include <x86intrin.h>
-static inline uint64_t smelt_prof_ticks(void) { return __rdtsc(); }
-#else
-static inline uint64_t smelt_prof_ticks(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-#endif
-
 static inline uint64_t smelt_prof_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+static inline uint64_t smelt_prof_ticks(void) { return __rdtsc(); }
+#else
+static inline uint64_t smelt_prof_ticks(void) { return smelt_prof_ns(); }
+#endif
 
 enum {
     SMELT_PROF_CALLS, SMELT_PROF_TICKS, SMELT_PROF_NS, /* cumulative */
