@@ -61,12 +61,13 @@ class CompiledModel:
 
     def __init__(self, model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
                  allow_fallback: bool = True, input_shapes: Mapping[str, Sequence[int]] | None = None,
-                 force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False) -> None:
+                 force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False,
+                 layout: str = "propagate", use_tuning_db: bool = True) -> None:
         self.progress = progress  # a progress bar on stderr while a variant compiles
         self.proto: onnx.ModelProto = load_model(model)
         self.threads = _resolve_threads(threads)
         self.options = CompileOptions(self.threads, opt_level, allow_fallback, frozenset(force_fallback),
-                                      sanitize_enabled(), profile)
+                                      sanitize_enabled(), profile, layout=layout, use_tuning_db=use_tuning_db)
         self._inputs = model_input_specs(self.proto)
         self._outputs = model_output_specs(self.proto)
         self._variants: OrderedDict[tuple, LoadedArtifact] = OrderedDict()
@@ -236,7 +237,8 @@ class CompiledModel:
 
 def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1, allow_fallback: bool = True,
             input_shapes: Mapping[str, Sequence[int]] | None = None,
-            force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False) -> CompiledModel:
+            force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False,
+            layout: str = "propagate", use_tuning_db: bool = True) -> CompiledModel:
     """Compile an ONNX model (path, bytes or ModelProto) for this CPU.
 
     ``threads``: worker threads including the caller (default: physical cores).
@@ -244,10 +246,13 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     ``allow_fallback``: when False, a node with no native template is an error.
     ``profile``: build the instrumented variant that times each step (``profile_counters()``).
     ``progress``: show a progress bar on stderr while compiling (cache hits show nothing).
+    ``layout``: convolution layout planning (``smelt.passes.layout.MODES``): "propagate" (NCHW[x]c
+    with transform elimination, the default), "nchw", "conv" or "global" (NeoCPU's ablation).
+    ``use_tuning_db``: use schedules from the tuning database (``smelt tune``) where it has them.
     """
     return CompiledModel(model, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
                          input_shapes=input_shapes, force_fallback=force_fallback, profile=profile,
-                         progress=progress)
+                         progress=progress, layout=layout, use_tuning_db=use_tuning_db)
 
 
 class SessionOptions:

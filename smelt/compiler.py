@@ -33,10 +33,15 @@ from smelt.frontend.onnx_import import node_to_onnx, specialize_inputs, to_ir
 from smelt.ir.graph import Graph, Value
 from smelt.ir.ops import flops
 from smelt.ir.types import onnx_from_np_dtype
+from smelt.passes.layout import plan_layouts
 from smelt.passes.pipeline import run_passes
 from smelt.progress import Phases
 from smelt.runtime.module import TensorSpec
 from smelt.target import Target, detect
+from smelt.tune.db import open_default
+
+# the tuning database's record kind for NCHWc convolution schedules
+CONV_KIND = "conv_nchwc"
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,11 @@ class CompileOptions:
     # instrumented build: per-step timestamps in the native code (``smelt profile``); a separate
     # artifact and library, so the ordinary build carries no profiling code
     profile: bool = False
+    # layout planning (smelt.passes.layout.MODES): "propagate" = NCHW[x]c convolutions with
+    # transform elimination; "nchw", "conv" and "global" reproduce NeoCPU's Table 3 ablation
+    layout: str = "propagate"
+    # look up tuned schedules in the tuning database (smelt.tune.db); off: template defaults only
+    use_tuning_db: bool = True
 
     def codegen_threads(self, target: Target) -> int:
         """Threads the generated code is sized for (per-thread scratch). It runs correctly with any
@@ -57,7 +67,8 @@ class CompileOptions:
 
     def key(self, target: Target) -> str:
         return json.dumps([self.codegen_threads(target), self.opt_level, self.allow_fallback,
-                           sorted(self.force_fallback), self.sanitize, self.profile])
+                           sorted(self.force_fallback), self.sanitize, self.profile, self.layout,
+                           tuning_fingerprint(self, target)])
 
 
 @functools.lru_cache(maxsize=1)
@@ -144,10 +155,35 @@ def _expand_epilogue(node) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]
     return nodes, inits
 
 
-def lower(proto: onnx.ModelProto, options: CompileOptions) -> Graph:
+def tuning_fingerprint(options: CompileOptions, target: Target) -> str:
+    if not options.use_tuning_db or options.layout == "nchw":
+        return ""
+    db = open_default()
+    return "" if db is None else db.fingerprint(CONV_KIND, target.key())
+
+
+def _db_schedules(options: CompileOptions, target: Target):
+    """The layout pass's schedule source: the tuning database's record for each conv workload."""
+    db = open_default() if options.use_tuning_db else None
+    if db is None:
+        return None
+    from smelt.codegen.templates.conv_nchwc import NchwcSchedule, workload
+
+    def lookup(node, g, in_block):
+        cfg = db.lookup(CONV_KIND, workload(node, g, in_block, options.threads), target.key())
+        return NchwcSchedule.from_dict(cfg) if cfg else None
+
+    return lookup
+
+
+def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None = None) -> Graph:
     """Import and optimize: the IR graph the code generator consumes."""
     g = to_ir(proto)
-    return run_passes(g, options.opt_level)
+    g = run_passes(g, options.opt_level)
+    if options.opt_level >= 1:
+        target = target or detect()
+        g = plan_layouts(g, target, options.layout, options.force_fallback, _db_schedules(options, target))
+    return g
 
 
 def _check_fallbacks(plan: ExecutionPlan, options: CompileOptions) -> None:
@@ -182,7 +218,7 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
                 enabled=progress) as phases:
         phases.start("graph passes")
         specialized = specialize_inputs(proto, shapes)
-        g = lower(specialized, options)
+        g = lower(specialized, options, target)
         phases.start("execution plan")
         plan = build_plan(g, options.force_fallback)
         _check_fallbacks(plan, options)

@@ -74,6 +74,9 @@ class Node:
     domain: str = ""
     attr_protos: list[onnx.AttributeProto] = field(default_factory=list)
     epilogue: list[dict[str, Any]] = field(default_factory=list)
+    # how a template should compute this node, chosen by a layout/tuning pass (e.g. the NCHWc
+    # convolution's blocking); empty = the template's deterministic default
+    schedule: dict[str, Any] = field(default_factory=dict)
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)

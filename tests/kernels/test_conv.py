@@ -177,7 +177,7 @@ def test_kernel_header_comments(monkeypatch, cache):
     cases = [conv_case("h_pw", (1, 8, 4, 4), 8, (1, 1)), conv_case("h_3x3", (1, 4, 6, 6), 8, (3, 3)),
              conv_case("h_dw", (1, 4, 6, 6), 4, (3, 3), group=4)]
     model, feeds = _model(cases)
-    compiled = smelt.compile(model, threads=2)
+    compiled = smelt.compile(model, threads=2, layout="nchw")
     src = compiled.source_path.read_text()
     assert "template: f32_conv2d_1x1_gemm_" in src
     assert "template: f32_conv2d_im2col_gemm_" in src

@@ -14,7 +14,7 @@ import numpy as np
 
 from smelt.codegen.broadcast import broadcast_strides, elementwise_loop
 from smelt.codegen.emit import BlockEmitter, c_literal
-from smelt.codegen.templates.registry import register
+from smelt.codegen.templates.registry import register, same_layout_flat
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import FLOAT_TYPES, INT_TYPES, c_type, has_c_type
 
@@ -110,6 +110,9 @@ def _dtype(g: Graph, name: str) -> str:
 
 
 def _check_unary(node: Node, g: Graph) -> str | None:
+    why = same_layout_flat(node, g, node.inputs[:1])
+    if why:
+        return why
     dt = _dtype(g, node.inputs[0])
     if not has_c_type(dt) or _dtype(g, node.outputs[0]) != dt:
         return f"dtype {dt} has no native {node.op}"
@@ -118,7 +121,7 @@ def _check_unary(node: Node, g: Graph) -> str | None:
     return None
 
 
-@register(UNARY_OPS, check=_check_unary, name="eltwise_unary")
+@register(UNARY_OPS, check=_check_unary, name="eltwise_unary", blocked=True)
 def emit_unary(node: Node, g: Graph, em: BlockEmitter) -> None:
     x, y = node.inputs[0], node.outputs[0]
     dt = _dtype(g, x)
@@ -146,11 +149,14 @@ def _clip_bounds(node: Node, g: Graph) -> tuple[str | None, str | None] | None:
 
 
 def _check_clip(node: Node, g: Graph) -> str | None:
+    why = same_layout_flat(node, g, node.inputs[:1])
+    if why:
+        return why
     dt = _dtype(g, node.inputs[0])
     return None if dt in NUMERIC and _dtype(g, node.outputs[0]) == dt else f"dtype {dt} has no native Clip"
 
 
-@register("Clip", check=_check_clip, name="eltwise_clip")
+@register("Clip", check=_check_clip, name="eltwise_clip", blocked=True)
 def emit_clip(node: Node, g: Graph, em: BlockEmitter) -> None:
     x, y = node.inputs[0], node.outputs[0]
     dt = _dtype(g, x)
@@ -219,6 +225,9 @@ def _check_binary(node: Node, g: Graph) -> str | None:
     ins = node.present_inputs()
     if len(ins) != 2 or len(node.inputs) != 2:
         return f"native {node.op} takes exactly two inputs"
+    why = same_layout_flat(node, g, ins)
+    if why:
+        return why
     why = _broadcast_error(g, ins, node.outputs[0])
     if why:
         return why
@@ -232,7 +241,7 @@ def _check_binary(node: Node, g: Graph) -> str | None:
     return None
 
 
-@register(BINARY_OPS, check=_check_binary, name="eltwise_binary")
+@register(BINARY_OPS, check=_check_binary, name="eltwise_binary", blocked=True)
 def emit_binary(node: Node, g: Graph, em: BlockEmitter) -> None:
     a, b = node.inputs
     y = node.outputs[0]

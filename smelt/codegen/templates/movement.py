@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emit import BlockEmitter
-from smelt.codegen.templates.registry import register
+from smelt.codegen.templates.registry import blocked_concat_reason, register
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import has_c_type
 
@@ -88,10 +88,10 @@ def _check_concat(node: Node, g: Graph) -> str | None:
     ins = node.present_inputs()
     if not ins or any(not _native(g, i) for i in ins):
         return "Concat needs native dtypes"
-    return None
+    return blocked_concat_reason(node, g)
 
 
-@register("Concat", check=_check_concat, name="concat")
+@register("Concat", check=_check_concat, name="concat", blocked=True)
 def emit_concat(node: Node, g: Graph, em: BlockEmitter) -> None:
     y = node.outputs[0]
     out_shape = list(g.values[y].shape)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from smelt.codegen.emit import BlockEmitter
 
 CheckFn = Callable[[Node, Graph], "str | None"]
+PLAIN = "plain"
 EmitFn = Callable[[Node, Graph, "BlockEmitter"], None]
 
 
@@ -28,14 +29,20 @@ class Template:
     versions: frozenset[int] | None  # since-versions implemented; None = every version
     check: CheckFn
     emit: EmitFn
+    # whether the template reads/writes blocked layouts (Value.layout != "plain"); templates that
+    # do not are never offered a node touching one (its ``check`` sees only plain values)
+    blocked: bool = False
 
 
 _REGISTRY: dict[str, list[Template]] = {}
 
 
 def register(ops: str | Iterable[str], *, versions: Iterable[int] | None = None,
-             check: CheckFn | None = None, name: str | None = None) -> Callable[[EmitFn], EmitFn]:
-    """Decorator registering ``emit`` as the template for ``ops``."""
+             check: CheckFn | None = None, name: str | None = None, blocked: bool = False,
+             domain: str = "") -> Callable[[EmitFn], EmitFn]:
+    """Decorator registering ``emit`` as the template for ``ops`` (of ``domain``: "" is ONNX's,
+    "ai.smelt" smelt's own ops such as LayoutTransform). ``blocked``: the template's ``check``
+    understands blocked layouts."""
     op_tuple = (ops,) if isinstance(ops, str) else tuple(ops)
 
     def deco(emit: EmitFn) -> EmitFn:
@@ -45,9 +52,10 @@ def register(ops: str | Iterable[str], *, versions: Iterable[int] | None = None,
             frozenset(versions) if versions is not None else None,
             check or (lambda n, g: None),
             emit,
+            blocked,
         )
         for op in op_tuple:
-            _REGISTRY.setdefault(op, []).append(tpl)
+            _REGISTRY.setdefault(_key(domain, op), []).append(tpl)
         return emit
 
     return deco
@@ -58,16 +66,22 @@ def find_template(node: Node, g: Graph) -> tuple[Template | None, str]:
     from smelt.frontend.onnx_import import op_version
 
     _load_all()
-    if node.domain not in ("", "ai.onnx"):
-        return None, f"domain {node.domain!r} has no native templates"
-    candidates = _REGISTRY.get(node.op)
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    candidates = _REGISTRY.get(_key(domain, node.op))
     if not candidates:
+        if domain not in ("", SMELT_DOMAIN):
+            return None, f"domain {node.domain!r} has no native templates"
         return None, f"no native template for {node.op}"
-    version = op_version(g, node)
+    version = op_version(g, node) if domain == "" else 1
+    blocked = [n for n in node.all_inputs() + [o for o in node.outputs if o]
+               if n in g.values and g.values[n].layout != PLAIN]
     reasons = []
     for tpl in candidates:
         if tpl.versions is not None and version not in tpl.versions:
             reasons.append(f"{tpl.name} implements {node.op} versions {sorted(tpl.versions)}, node uses {version}")
+            continue
+        if blocked and not tpl.blocked:
+            reasons.append(f"{tpl.name} reads plain layouts only ({blocked[0]!r} is {g.values[blocked[0]].layout})")
             continue
         for name in node.present_inputs() + [o for o in node.outputs if o]:
             v = g.values[name]
@@ -82,9 +96,53 @@ def find_template(node: Node, g: Graph) -> tuple[Template | None, str]:
     return None, "; ".join(reasons)
 
 
+SMELT_DOMAIN = "ai.smelt"
+
+
+def same_layout_flat(node: Node, g: Graph, data: list[str]) -> str | None:
+    """For element-wise templates that index their operands flat: None when that is right in
+    every layout, i.e. all values are plain, or all ``data`` inputs have the output's shape and
+    layout (constant scalars may join in any layout)."""
+    out = g.values[node.outputs[0]]
+    names = [n for n in data if n] + [o for o in node.outputs if o]
+    if all(g.values[n].layout == PLAIN for n in names):
+        return None
+    for n in data:
+        v = g.values[n]
+        if v.const is not None and v.size == 1:
+            continue
+        if v.layout != out.layout or tuple(v.shape) != tuple(out.shape):
+            return (f"{node.op} on blocked layouts needs same-shape operands in one layout "
+                    f"({n!r} is {v.layout} {list(v.shape)}, output {out.layout} {list(out.shape)})")
+    return None
+
+
+def blocked_concat_reason(node: Node, g: Graph) -> str | None:
+    """Concat of NCHW<b>c values along channels is the plain concat's byte runs (each input's
+    channels a multiple of b); None when that holds or nothing is blocked."""
+    ins = node.present_inputs()
+    out = g.values[node.outputs[0]]
+    if all(g.values[n].layout == PLAIN for n in ins) and out.layout == PLAIN:
+        return None
+    axis = int(node.attr("axis", 0))
+    rank = len(out.shape)
+    if rank != 4 or axis % rank != 1:
+        return "blocked Concat joins 4-D values along channels only"
+    b = int(out.layout[4:-1]) if out.layout != PLAIN else 1
+    for n in ins:
+        v = g.values[n]
+        if v.layout != out.layout or v.shape[1] % b:
+            return f"blocked Concat needs every input in {out.layout} ({n!r} is {v.layout}, {v.shape[1]} channels)"
+    return None
+
+
+def _key(domain: str, op: str) -> str:
+    return op if not domain else f"{domain}::{op}"
+
+
 def native_ops() -> list[str]:
     _load_all()
-    return sorted(_REGISTRY)
+    return sorted(k for k in _REGISTRY if "::" not in k)
 
 
 _loaded = False

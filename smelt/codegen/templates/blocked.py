@@ -1,0 +1,285 @@
+"""Templates on blocked (NCHW<b>c) layouts besides convolution: the layout transform itself,
+pooling, global pooling and BatchNormalization.
+
+- ``LayoutTransform`` (domain ai.smelt, attributes ``src``/``dst`` layout names): re-blocks a
+  4-D float32 value between plain NCHW and NCHW<b>c (or between two block sizes). Work items are
+  (image, output channel block, run of 64 positions); the inner loops move a b x 64 tile so
+  reads and writes both stay within a few cache lines.
+- ``MaxPool`` / ``AveragePool`` (2-D, float32): one output row per work item; per output the
+  in-bounds kernel window comes from compile-time tables (rows and columns), and the inner loop
+  runs over the b lanes of the block (one vector). Averages divide by the in-bounds count, or by
+  the count inside the explicit padding with count_include_pad (ONNX semantics).
+- ``GlobalAveragePool`` / ``GlobalMaxPool``: a blocked input, a plain [N, C, 1, 1] output (for a
+  1x1 plane the two layouts are the same bytes, so nothing downstream needs a transform).
+- ``BatchNormalization`` (constant statistics, folded at compile time into a per-channel scale
+  and shift): one vector per position, the fused epilogue in registers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from smelt.codegen.emit import BlockEmitter
+from smelt.codegen.epilogue import epilogue_doc
+from smelt.codegen.templates.gemm import (
+    Blocking,
+    TileEpilogue,
+    _V,
+    node_epilogue_ops,
+    scalar_epilogue,
+    vector_epilogue_stmts,
+)
+from smelt.codegen.templates.pool import geometry
+from smelt.codegen.templates.registry import SMELT_DOMAIN, register
+from smelt.ir.graph import Graph, Node
+
+PLAIN = "plain"
+
+
+def block_of(layout: str) -> int:
+    if layout == PLAIN:
+        return 1
+    if layout.startswith("NCHW") and layout.endswith("c") and layout[4:-1].isdigit():
+        return int(layout[4:-1])
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+def _f32(g: Graph, *names: str) -> bool:
+    return all(g.values[n].dtype is not None and np.dtype(g.values[n].dtype) == np.float32 for n in names)
+
+
+def _dims(g: Graph, name: str) -> list[int]:
+    return [int(d) for d in g.values[name].shape]
+
+
+def _work(total: int, parallel: bool = True) -> str:
+    if not parallel:
+        return f"long lo = 0, hi = tid == 0 ? {total} : 0;"
+    return f"const long lo = (long){total} * tid / nt, hi = (long){total} * (tid + 1) / nt;"
+
+
+# ------------------------------------------------------------------------------------------
+# LayoutTransform
+# ------------------------------------------------------------------------------------------
+def _check_transform(node: Node, g: Graph) -> str | None:
+    x, y = node.inputs[0], node.outputs[0]
+    if not _f32(g, x, y):
+        return "LayoutTransform is float32 only"
+    xs, ys = _dims(g, x), _dims(g, y)
+    if xs != ys or len(xs) != 4:
+        return f"LayoutTransform needs one 4-D shape ({xs} -> {ys})"
+    bi, bo = block_of(g.values[x].layout), block_of(g.values[y].layout)
+    if xs[1] % bi or xs[1] % bo:
+        return f"{xs[1]} channels do not divide into blocks {bi} / {bo}"
+    return None
+
+
+@register("LayoutTransform", check=_check_transform, name="layout_transform", blocked=True, domain=SMELT_DOMAIN)
+def emit_layout_transform(node: Node, g: Graph, em: BlockEmitter) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    n, c, h, w = _dims(g, x)
+    hw = h * w
+    bi, bo = block_of(g.values[x].layout), block_of(g.values[y].layout)
+    P = 64
+    chunks = -(-hw // P)
+    total = n * (c // bo) * chunks
+    # element (n, ch, p) of a layout with block b sits at ((n*C/b + ch/b)*HW + p)*b + ch%b
+    src = f"((nn * {c // bi} + ch / {bi}) * {hw}L + p) * {bi} + ch % {bi}"
+    dst = f"((nn * {c // bo} + cb) * {hw}L + p) * {bo} + l"
+    code = "\n".join([
+        f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};",
+        _work(total, total > 1 and n * c * hw >= 4096),
+        "for (long it = lo; it < hi; ++it) {",
+        f"    const long q = it % {chunks}, cb = (it / {chunks}) % {c // bo}, nn = it / {chunks * (c // bo)};",
+        f"    const long p0 = q * {P}, p1 = SMELT_MIN(p0 + {P}, {hw}L);",
+        f"    for (int l = 0; l < {bo}; ++l) {{",
+        f"        const long ch = cb * {bo} + l;",
+        f"        for (long p = p0; p < p1; ++p) Y[{dst}] = X[{src}];",
+        "    }",
+        "}"])
+    em.schedule(algorithm=f"layout transform {g.values[x].layout} -> {g.values[y].layout}",
+                threads="static split over (image, channel block, 64 positions)",
+                layout=f"{g.values[x].layout} -> {g.values[y].layout}")
+    em.step(code)
+
+
+# ------------------------------------------------------------------------------------------
+# Pooling
+# ------------------------------------------------------------------------------------------
+def _blocked_in(node: Node, g: Graph) -> int:
+    return block_of(g.values[node.inputs[0]].layout)
+
+
+def _check_pool(node: Node, g: Graph) -> str | None:
+    x, y = node.inputs[0], node.outputs[0]
+    if g.values[x].layout == PLAIN:
+        return "plain input (the blocked pooling template reads NCHW<b>c)"
+    if len(node.outputs) > 1 and node.outputs[1]:
+        return "MaxPool's Indices output is computed on plain layouts only"
+    if not _f32(g, x, y) or len(_dims(g, x)) != 4:
+        return "blocked pooling is 2-D float32"
+    if g.values[y].layout != g.values[x].layout:
+        return f"blocked pooling keeps the layout ({g.values[x].layout} -> {g.values[y].layout})"
+    geo, why = geometry(node, g)
+    if geo is None:
+        return why
+    return None
+
+
+def _c_ints(name: str, values: list[int]) -> str:
+    return f"static const int {name}[{len(values)}] = {{{', '.join(str(v) for v in values)}}};"
+
+
+@register(("MaxPool", "AveragePool"), versions=(10, 11, 12, 19, 22), check=_check_pool, name="pool_nchwc",
+          blocked=True)
+def emit_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
+    geo, _ = geometry(node, g)
+    assert geo is not None
+    x, y = node.inputs[0], node.outputs[0]
+    b = _blocked_in(node, g)
+    n, c = geo.n, geo.c
+    ih, iw = geo.ins
+    oh, ow = geo.outs
+    is_max = node.op == "MaxPool"
+    include_pad = bool(node.attr("count_include_pad", 0))
+    rows = [geo.valid_range(0, o) for o in range(oh)]
+    cols = [geo.valid_range(1, o) for o in range(ow)]
+    cnt_h = [geo.padded_count(0, o) if include_pad else hi - lo for o, (lo, hi) in enumerate(rows)]
+    cnt_w = [geo.padded_count(1, o) if include_pad else hi - lo for o, (lo, hi) in enumerate(cols)]
+    sh, sw = geo.strides
+    dh, dw = geo.dilations
+    ph, pw = geo.pads_begin
+    total = n * (c // b) * oh
+    init = "-INFINITY" if is_max else "0.0f"
+    upd = "a[l] = v > a[l] ? v : a[l];" if is_max else "a[l] += v;"
+    fin = "" if is_max else "const float inv = 1.0f / (float)(CH[oy] * CW[ox]);"
+    store = "a[l]" if is_max else "a[l] * inv"
+    if not is_max:  # a true division, as onnxruntime does (x * (1/n) can differ in the last bit)
+        fin, store = "const float cnt = (float)(CH[oy] * CW[ox]);", "a[l] / cnt"
+    L = [f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};",
+         _c_ints("KHL", [lo for lo, _ in rows]), _c_ints("KHH", [hi for _, hi in rows]),
+         _c_ints("KWL", [lo for lo, _ in cols]), _c_ints("KWH", [hi for _, hi in cols])]
+    if not is_max:
+        L += [_c_ints("CH", cnt_h), _c_ints("CW", cnt_w)]
+    L += [_work(total, total > 1 and total * ow * b >= 4096),
+          "for (long it = lo; it < hi; ++it) {",
+          f"    const long oy = it % {oh}, cbn = it / {oh};",
+          f"    const float *restrict xb = X + cbn * {ih * iw * b}L;",
+          f"    float *restrict yr = Y + it * {ow * b}L;",
+          f"    for (int ox = 0; ox < {ow}; ++ox) {{",
+          f"        float a[{b}];",
+          f"        for (int l = 0; l < {b}; ++l) a[l] = {init};",
+          "        for (int kh = KHL[oy]; kh < KHH[oy]; ++kh) {",
+          f"            const float *xr = xb + (oy * {sh} - {ph} + kh * {dh}) * {iw * b}L;",
+          "            for (int kw = KWL[ox]; kw < KWH[ox]; ++kw) {",
+          f"                const float *xp = xr + (ox * {sw} - {pw} + kw * {dw}) * {b};",
+          f"                for (int l = 0; l < {b}; ++l) {{ const float v = xp[l]; {upd} }}",
+          "            }",
+          "        }",
+          f"        {fin}",
+          f"        for (int l = 0; l < {b}; ++l) yr[ox * {b} + l] = {store};",
+          "    }",
+          "}"]
+    em.schedule(algorithm=f"{node.op} on NCHW{b}c, lanes = channels",
+                threads="static split over (image, channel block, output row)", layout=f"NCHW{b}c")
+    em.step("\n".join(L))
+
+
+def _check_global(node: Node, g: Graph) -> str | None:
+    x, y = node.inputs[0], node.outputs[0]
+    if g.values[x].layout == PLAIN:
+        return "plain input (the blocked global pooling template reads NCHW<b>c)"
+    if not _f32(g, x, y) or len(_dims(g, x)) != 4:
+        return "blocked global pooling is 2-D float32"
+    if g.values[y].layout != PLAIN:
+        return "blocked global pooling writes a plain [N, C, 1, 1] output"
+    return None
+
+
+@register(("GlobalAveragePool", "GlobalMaxPool"), versions=(1, 22), check=_check_global,
+          name="global_pool_nchwc", blocked=True)
+def emit_global_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    n, c, h, w = _dims(g, x)
+    b = block_of(g.values[x].layout)
+    hw = h * w
+    is_max = node.op == "GlobalMaxPool"
+    init = "-INFINITY" if is_max else "0.0f"
+    upd = "a[l] = v > a[l] ? v : a[l];" if is_max else "a[l] += v;"
+    store = "a[l]" if is_max else f"a[l] / {float(hw)!r}f"
+    total = n * (c // b)
+    L = [f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};",
+         _work(total, total > 1 and n * c * hw >= 4096),
+         "for (long it = lo; it < hi; ++it) {",
+         f"    const float *restrict xb = X + it * {hw * b}L;",
+         f"    float a[{b}];",
+         f"    for (int l = 0; l < {b}; ++l) a[l] = {init};",
+         f"    for (long p = 0; p < {hw}; ++p)",
+         f"        for (int l = 0; l < {b}; ++l) {{ const float v = xb[p * {b} + l]; {upd} }}",
+         f"    for (int l = 0; l < {b}; ++l) Y[it * {b} + l] = {store};",  # [n][cb][l] == [n][c]
+         "}"]
+    em.schedule(algorithm=f"{node.op} on NCHW{b}c", threads="static split over (image, channel block)",
+                layout=f"NCHW{b}c -> plain (same bytes for a 1x1 plane)")
+    em.step("\n".join(L))
+
+
+# ------------------------------------------------------------------------------------------
+# BatchNormalization
+# ------------------------------------------------------------------------------------------
+def _check_bn(node: Node, g: Graph) -> str | None:
+    x, y = node.inputs[0], node.outputs[0]
+    if g.values[x].layout == PLAIN:
+        return "plain input (the blocked BatchNormalization reads NCHW<b>c)"
+    if node.attr("training_mode", 0) or any(node.outputs[1:]):
+        return "training-mode BatchNormalization"
+    if len(node.present_inputs()) != 5 or any(g.const(i) is None for i in node.inputs[1:5]):
+        return "blocked BatchNormalization needs constant statistics"
+    if not _f32(g, x, y) or len(_dims(g, x)) != 4 or g.values[y].layout != g.values[x].layout:
+        return "blocked BatchNormalization is 4-D float32, layout kept"
+    for e in node.epilogue:
+        if e.get("broadcast") == "full" and g.values[e["input"]].layout != g.values[y].layout:
+            return f"epilogue operand {e['input']!r} is in another layout"
+    return None
+
+
+@register("BatchNormalization", versions=(9, 14, 15), check=_check_bn, name="batchnorm_nchwc", blocked=True)
+def emit_batchnorm_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    n, c, h, w = _dims(g, x)
+    b = block_of(g.values[x].layout)
+    hw = h * w
+    eps = float(node.attr("epsilon", 1e-5))
+    scale, bias, mean, var = (np.asarray(g.const(i), np.float64).reshape(-1) for i in node.inputs[1:5])
+    s = scale / np.sqrt(var + eps)
+    sc = em.weight(s.astype(np.float32))
+    sh = em.weight((bias - mean * s).astype(np.float32))
+    total = n * (c // b)
+    L = [f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};",
+         f"const float *restrict SC = {sc}; const float *restrict SH = {sh};",
+         _work(total, total > 1 and n * c * hw >= 4096),
+         "for (long it = lo; it < hi; ++it) {",
+         f"    const long ch = (it % {c // b}) * {b};"]
+    ep = TileEpilogue(node_epilogue_ops(em, node, "col"))
+    blk = Blocking("avx512" if b == 16 else "avx2", b, 1, b, 1, 1, 1, fma=True)
+    vec = None
+    if em.target.isa == "avx512" or (em.target.isa == "avx2" and b == 8):
+        vec = vector_epilogue_stmts(ep, em, blk, "v", None, f"it * {hw * b}L + p * {b}", "0", "ch") \
+            if not ep.empty() else []
+    if vec is not None and b in (8, 16):
+        v = _V(blk)
+        L += [f"    const {v.t} s = {v.loadu('SC + ch')}, t = {v.loadu('SH + ch')};",
+              f"    for (long p = 0; p < {hw}; ++p) {{",
+              f"        {v.t} v = {v.fmadd(v.loadu(f'X + it * {hw * b}L + p * {b}'), 's', 't')};"]
+        L += ["        " + st for st in vec]
+        L += [f"        {v.storeu(f'Y + it * {hw * b}L + p * {b}', 'v')}", "    }"]
+    else:
+        flat = f"(it * {hw * b}L + p * {b} + l)"
+        expr = scalar_epilogue(ep, em, "v", flat, "0", "(ch + l)")
+        L += [f"    for (long p = 0; p < {hw}; ++p)",
+              f"        for (int l = 0; l < {b}; ++l) {{ const float v = X[{flat}] * SC[ch + l] + SH[ch + l]; "
+              f"Y[{flat}] = {expr}; }}"]
+    L.append("}")
+    em.schedule(algorithm=f"BatchNormalization on NCHW{b}c (scale/shift folded)", layout=f"NCHW{b}c",
+                threads="static split over (image, channel block)")
+    em.schedule(epilogue=epilogue_doc(node))
+    em.step("\n".join(L))

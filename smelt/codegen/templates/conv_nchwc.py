@@ -1,0 +1,524 @@
+"""2-D ``Conv`` on blocked layouts (NeoCPU's NCHW[x]c template), float32, AVX-512 and AVX2.
+
+Layouts: a value in ``NCHW<b>c`` is stored [N][C/b][H][W][b] (``plain`` NCHW is the b = 1 case
+for reading). The output is always blocked, with ``oc_bn`` = one vector of output channels
+(16 on AVX-512, 8 on AVX2 or for channel counts that are not multiples of 16); the input may be
+in any block size ``ic_bn`` (its producer's), including plain.
+
+Kernel ``f32_conv2d_nchw<oc_bn>c_<J>x<R>__<isa>`` (Algorithm 1 of NeoCPU, extended):
+a register tile is ``J`` output-channel blocks x ``R`` output columns of one output row
+(J*R accumulators; the hints of the issue and our own sweeps: 2 x 14 or 1 x 28 on AVX-512).
+For each input-channel block, kernel row and kernel column (unrolled: ``unroll_ker``), and each
+of the ic_bn channels inside the block, the tile loads J weight vectors and broadcasts R input
+scalars into J*R FMAs. An empty ``asm volatile`` after each kernel column stops gcc 12 from
+keeping overlapping broadcasts live across columns (it spilled them to the stack).
+
+Rows are split into left-pad / body / right-pad tiles at compile time: body tiles never check
+bounds; edge tiles are separate functions in which the (column, kernel column) pairs that fall
+into the padding are simply not emitted. Kernel rows outside the image are skipped by the
+row's loop bounds. Work items are (image, output-channel tile, output row), split statically
+and evenly over threads (oc-tile outer, so consecutive items reuse one weight tile from L2).
+
+Epilogue in registers before the store: bias, then the node's fused chain (residual add in the
+output's layout, per-channel operands, activations).
+
+Weights are re-laid out at compile time per tile: [tile][IC/ic_bn][KH][KW][ic_bn][J*oc_bn].
+
+Depthwise (group == C == OC) has its own kernel ``f32_dwconv2d_nchw<b>c_<R>__<isa>``: input and
+output in the same block size, one vector of channels per tap (a load, not a broadcast).
+
+The schedule (``NchwcSchedule``) comes from the node (a tuning pass or the layout pass set it)
+or from ``default_schedule``, a cost model over the target's register file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from smelt.codegen.emit import BlockEmitter
+from smelt.codegen.epilogue import epilogue_doc
+from smelt.codegen.templates.conv import ConvGeometry, _check_conv
+from smelt.codegen.templates.gemm import (
+    Blocking,
+    TileEpilogue,
+    _lit,
+    _V,
+    define,
+    node_epilogue_ops,
+    scalar_epilogue,
+    vector_epilogue_stmts,
+)
+from smelt.codegen.templates.registry import register
+from smelt.ir.graph import Graph, Node
+from smelt.target import Target
+
+PLAIN = "plain"
+
+
+def layout_block(layout: str) -> int:
+    """Channels per block of a layout name: "plain" -> 1, "NCHW16c" -> 16."""
+    if layout == PLAIN:
+        return 1
+    if layout.startswith("NCHW") and layout.endswith("c"):
+        return int(layout[4:-1])
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+def blocked_layout(b: int) -> str:
+    return PLAIN if b == 1 else f"NCHW{b}c"
+
+
+@dataclass(frozen=True)
+class NchwcSchedule:
+    """One point of the template's schedule space (NeoCPU's tuple, extended)."""
+
+    oc_bn: int  # output channels per block = the output layout's block = one vector
+    reg_n: int  # output columns per register tile (R)
+    oc_blocks: int = 1  # output-channel blocks per tile (J)
+    unroll_ker: bool = True  # unroll the kernel-column loop in body tiles
+    ic_bn: int = 0  # input layout block wanted (0: whatever the producer gives)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> NchwcSchedule:
+        return NchwcSchedule(int(d["oc_bn"]), int(d["reg_n"]), int(d.get("oc_blocks", 1)),
+                             bool(d.get("unroll_ker", True)), int(d.get("ic_bn", 0)))
+
+
+def vector_lanes(target: Target) -> int:
+    return 16 if target.isa == "avx512" else 8
+
+
+def accumulator_budget(target: Target, oc_bn: int) -> int:
+    """Accumulators a tile may hold: registers minus J weight vectors and a broadcast."""
+    return 28 if target.isa == "avx512" else 12
+
+
+def oc_block_choices(oc: int, target: Target) -> list[int]:
+    """Output block sizes this target can run for ``oc`` output channels (best first)."""
+    if target.isa == "avx512":
+        return [b for b in (16, 8) if oc % b == 0]
+    if target.isa == "avx2":
+        return [8] if oc % 8 == 0 else []
+    return []
+
+
+def nchwc_reason(node: Node, g: Graph, target: Target) -> str | None:
+    """None when this Conv can run on the NCHW[x]c template, else why not."""
+    if target.isa not in ("avx512", "avx2"):
+        return f"NCHWc convolution needs AVX2 or AVX-512 (target {target.isa})"
+    why = _check_conv(node, g)
+    if why is not None:
+        return why
+    geo = ConvGeometry(node, g)
+    if geo.rank != 2:
+        return f"NCHWc convolution is 2-D only (rank {geo.rank})"
+    if not oc_block_choices(geo.oc, target):
+        return f"output channels {geo.oc} are not a multiple of {vector_lanes(target)}"
+    if geo.group > 1 and not is_depthwise(geo):
+        if geo.ocg % 8 or not oc_block_choices(geo.ocg, target):
+            return f"grouped conv with {geo.ocg} output channels per group (needs a multiple of 8)"
+    return None
+
+
+def is_depthwise(geo: ConvGeometry) -> bool:
+    return geo.group > 1 and geo.group == geo.c == geo.oc and geo.cg == 1
+
+
+def workload(node: Node, g: Graph, in_block: int, threads: int) -> dict:
+    """The numbers that define this conv's kernel: the tuning database key."""
+    geo = ConvGeometry(node, g)
+    return {"n": geo.batch, "c": geo.c, "h": geo.ins[0], "w": geo.ins[1], "oc": geo.oc,
+            "kh": geo.ks[0], "kw": geo.ks[1], "sh": geo.strides[0], "sw": geo.strides[1],
+            "dh": geo.dils[0], "dw": geo.dils[1], "pt": geo.pb[0], "pl": geo.pb[1],
+            "pb": geo.pads[2], "pr": geo.pads[3], "group": geo.group, "ib": in_block, "threads": threads}
+
+
+# ------------------------------------------------------------------------------------------
+# Schedule space and the deterministic default
+# ------------------------------------------------------------------------------------------
+def _tile_cycles(j: int, r: int) -> float:
+    """Cycles per (input channel, kernel tap) of a J x R tile on a 2-FMA-port core: FMA
+    throughput, load throughput (J weight loads + R broadcasts, 2 vector loads per cycle) and the FMA
+    latency (4 cycles x 2 ports = 8 independent accumulators needed)."""
+    return max(j * r / 2.0, (j + r) / 2.0, 4.0)
+
+
+def schedule_cost(geo: ConvGeometry, s: NchwcSchedule) -> float:
+    """Modelled cycles of the whole conv (per input channel and tap) under schedule ``s``."""
+    ow = geo.outs[1]
+    ocb = geo.oc // s.oc_bn
+    lanes_per_vec = s.oc_bn
+    col_tiles = math.ceil(ow / s.reg_n)
+    oc_tiles = math.ceil(ocb / s.oc_blocks)
+    ragged_j = ocb % s.oc_blocks
+    full = oc_tiles - (1 if ragged_j else 0)
+    per_row = col_tiles * (full * _tile_cycles(s.oc_blocks, s.reg_n)
+                           + (_tile_cycles(ragged_j, s.reg_n) if ragged_j else 0.0))
+    # half-width vectors do half the work per instruction
+    return per_row * geo.outs[0] * (16 / lanes_per_vec)
+
+
+def candidate_schedules(node: Node, g: Graph, target: Target) -> list[NchwcSchedule]:
+    """The local search's space for this conv (every legal point)."""
+    geo = ConvGeometry(node, g)
+    ow = geo.outs[1]
+    out = []
+    for ob in oc_block_choices(geo.oc, target):
+        budget = accumulator_budget(target, ob)
+        if is_depthwise(geo):
+            for r in range(1, min(ow, budget) + 1):
+                out.append(NchwcSchedule(ob, r, 1, True))
+            continue
+        ocb = (geo.ocg if geo.group > 1 else geo.oc) // ob
+        for j in range(1, min(4, ocb) + 1):
+            if ocb % j and geo.group > 1:
+                continue
+            for r in range(1, min(ow, budget // j) + 1):
+                for unroll in (True, False):
+                    if not unroll and geo.ks[1] == 1:
+                        continue
+                    out.append(NchwcSchedule(ob, r, j, unroll))
+    return out
+
+
+def default_schedule(node: Node, g: Graph, target: Target) -> NchwcSchedule:
+    """The cost model's best point: no measurement, deterministic, already good."""
+    geo = ConvGeometry(node, g)
+    cands = [s for s in candidate_schedules(node, g, target) if s.unroll_ker or geo.ks[1] == 1]
+    if is_depthwise(geo):
+        ow = geo.outs[1]
+        ob = cands[0].oc_bn
+        # the fewest column tiles, then the widest tile
+        return min((s for s in cands if s.oc_bn == ob), key=lambda s: (math.ceil(ow / s.reg_n), -s.reg_n))
+    return min(cands, key=lambda s: (schedule_cost(geo, s), -s.oc_bn, -s.reg_n, s.oc_blocks))
+
+
+def node_schedule(node: Node, g: Graph, target: Target) -> NchwcSchedule:
+    if node.schedule.get("kind") == "conv_nchwc":
+        return NchwcSchedule.from_dict(node.schedule["config"])
+    return default_schedule(node, g, target)
+
+
+# ------------------------------------------------------------------------------------------
+# Compile-time weight layout
+# ------------------------------------------------------------------------------------------
+def pack_weights(w: np.ndarray, geo: ConvGeometry, s: NchwcSchedule, ib: int) -> np.ndarray:
+    """[OC, C/G, KH, KW] -> per tile [C/G/ib][KH][KW][ib][J*oc_bn] (tiles never straddle groups)."""
+    oc, cg, kh, kw = w.shape
+    ob, j = s.oc_bn, s.oc_blocks
+    ocg = oc // geo.group
+    tiles = []
+    for g0 in range(0, oc, ocg):  # groups
+        for t0 in range(g0, g0 + ocg, ob * j):
+            t1 = min(t0 + ob * j, g0 + ocg)
+            blk = w[t0:t1].reshape(t1 - t0, cg // ib, ib, kh, kw).transpose(1, 3, 4, 2, 0)
+            tiles.append(np.ascontiguousarray(blk, dtype=np.float32).reshape(-1))
+    return np.concatenate(tiles)
+
+
+# ------------------------------------------------------------------------------------------
+# Code generation
+# ------------------------------------------------------------------------------------------
+def _blocking(ob: int) -> Blocking:
+    """The vector spelling for one block of ``ob`` lanes (AVX2 spelling for 8 lanes)."""
+    isa = "avx512" if ob == 16 else "avx2"
+    return Blocking(isa, ob, 1, ob, 1, 1, 1, fma=True)
+
+
+def _epilogue(node: Node, g: Graph, em: BlockEmitter, bias: str | None) -> tuple[TileEpilogue, list[str]]:
+    """The tile epilogue with operand pointers renamed to kernel parameters e0, e1, ... and the
+    call-site expressions for them."""
+    ops = []
+    args = []
+    if bias is not None:
+        ops.append({"op": "Add", "ptr": bias, "kind": "col", "swap": False, "scale": None})
+    ops += node_epilogue_ops(em, node, "col")
+    for op in ops:
+        if "ptr" in op:
+            args.append(op["ptr"])
+            op["ptr"] = f"e{len(args) - 1}"
+    return TileEpilogue(ops), args
+
+
+class _Gen:
+    """Renders one convolution's kernel (driver + tile functions)."""
+
+    def __init__(self, em: BlockEmitter, node: Node, g: Graph, geo: ConvGeometry, s: NchwcSchedule,
+                 ib: int, ep: TileEpilogue, n_eps: int) -> None:
+        self.em, self.node, self.g, self.geo, self.s, self.ib = em, node, g, geo, s, ib
+        self.ep = ep
+        self.has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
+        self.blk = _blocking(s.oc_bn)
+        self.v = _V(self.blk)
+        self.eparams = "".join(f", const float *e{k}" for k in range(n_eps))
+        self.eargs = "".join(f", e{k}" for k in range(n_eps))
+        ih, iw = geo.ins
+        oh, ow = geo.outs
+        self.IH, self.IW, self.OH, self.OW = ih, iw, oh, ow
+        self.KH, self.KW = geo.ks
+        self.SH, self.SW = geo.strides
+        self.DH, self.DW = geo.dils
+        self.PT, self.PL = geo.pb
+        self.dw = is_depthwise(geo)
+
+    # -- tiles ---------------------------------------------------------------------------
+    def col_ok(self, ow: int, kw: int) -> bool:
+        iw = ow * self.SW - self.PL + kw * self.DW
+        return 0 <= iw < self.IW
+
+    def body_range(self) -> tuple[int, int]:
+        """Output columns [lo, hi) whose every kernel column is inside the image."""
+        lo = -(-self.PL // self.SW)
+        hi = (self.IW - 1 + self.PL - (self.KW - 1) * self.DW) // self.SW + 1
+        return max(0, lo), min(self.OW, max(hi, 0))
+
+    def store_lines(self, j: int, r: int, acc: str) -> list[str]:
+        ob = self.s.oc_bn
+        flat = f"yo + {j * self.OH * self.OW * ob + r * ob}"
+        col = f"ch + {j * ob}"
+        lines = []
+        vec = vector_epilogue_stmts(self.ep, self.em, self.blk, acc, None, flat, "0", col) if not self.ep.empty() else []
+        if vec is not None:
+            lines += vec
+            lines.append(self.v.store(f"y + {flat}", acc))
+        else:  # an op without a vector form: finish lane by lane
+            lines.append(self.v.store(f"y + {flat}", acc))
+            expr = scalar_epilogue(self.ep, self.em, f"y[{flat} + l]", f"({flat} + l)", "0", f"({col} + l)")
+            lines.append(f"for (int l = 0; l < {ob}; ++l) y[{flat} + l] = {expr};")
+        return lines
+
+    def tile_fn(self, width: int, jt: int, ow0: int | None) -> str:
+        """A J x width tile; ``ow0`` known (an edge tile, padding taps dropped) or None (body)."""
+        v, ob, ib = self.v, self.s.oc_bn, self.ib
+        sw_ib, dw_ib = self.SW * ib, self.DW * ib
+        L = [f"static inline __attribute__((always_inline)) void FNAME(const float *restrict x, long xo, "
+             f"const float *restrict w, float *restrict y, long yo, long ch, int kh_lo, int kh_hi{self.eparams}) {{"]
+        for j in range(jt):
+            L.append(f"    {v.t} " + ", ".join(f"a{j}_{r} = {v.zero()}" for r in range(width)) + ";")
+        unroll = self.s.unroll_ker or ow0 is not None
+        icbs = self.geo.cg // ib
+        L.append(f"    for (int icb = 0; icb < {icbs}; ++icb) {{")
+        L.append("        for (int kh = kh_lo; kh < kh_hi; ++kh) {")
+        L.append(f"            const float *xr = x + xo + ((long)icb * {self.IH} + (long)kh * {self.DH}) * {self.IW * ib};")
+        L.append(f"            const float *wr = w + ((long)icb * {self.KH} + kh) * {self.KW * ib * jt * ob};")
+        kws = range(self.KW) if unroll else [None]
+        for kw in kws:
+            ind = "            "
+            if kw is None:
+                L.append(f"{ind}for (int kw = 0; kw < {self.KW}; ++kw) {{")
+                ind += "    "
+                rows = list(range(width))
+                kwx, kww = f"kw * {dw_ib}", f"kw * {ib * jt * ob}"
+            else:
+                rows = [r for r in range(width) if ow0 is None or self.col_ok(ow0 + r, kw)]
+                if not rows:
+                    continue
+                kwx, kww = str(kw * dw_ib), str(kw * ib * jt * ob)
+                L.append(f"{ind}{{")
+                ind += "    "
+            L.append(f"{ind}for (int i = 0; i < {ib}; ++i) {{")
+            for j in range(jt):
+                L.append(f"{ind}    const {v.t} w{j} = {v.load(f'wr + {kww} + i * {jt * ob} + {j * ob}')};")
+            for r in rows:
+                L.append(f"{ind}    {{ const {v.t} b = {v.set1(f'xr[{kwx} + i + {r * sw_ib}]')};")
+                for j in range(jt):
+                    L.append(f"{ind}      a{j}_{r} = {v.fmadd('b', f'w{j}', f'a{j}_{r}')};")
+                L.append(f"{ind}    }}")
+            L.append(f"{ind}}}")
+            L.append(f'{ind}__asm__ volatile("" ::: "memory"); /* no broadcast reuse across kernel columns */')
+            L.append(f"{ind[:-4]}}}")
+        L.append("        }")
+        L.append("    }")
+        for j in range(jt):
+            for r in range(width):
+                L += ["    " + x for x in self.store_lines(j, r, f"a{j}_{r}")]
+        L.append("}")
+        doc = (f"tile {jt}x{width} of oc_bn={ob} ic_bn={ib}, "
+               + ("body (no bounds checks)" if ow0 is None else f"edge at ow={ow0} (padding taps dropped)"))
+        return define(self.em, f"f32_conv2d_nchw{ob}c_tile_{jt}x{width}__{self.blk.isa}", "\n".join(L), doc)
+
+    def dw_tile_fn(self, width: int, ow0: int | None) -> str:
+        """Depthwise: ``width`` columns of one channel block; taps are vector loads."""
+        v, ob = self.v, self.s.oc_bn
+        L = [f"static inline __attribute__((always_inline)) void FNAME(const float *restrict x, long xo, "
+             f"const float *restrict w, float *restrict y, long yo, long ch, int kh_lo, int kh_hi{self.eparams}) {{",
+             f"    {v.t} " + ", ".join(f"a0_{r} = {v.zero()}" for r in range(width)) + ";",
+             "    for (int kh = kh_lo; kh < kh_hi; ++kh) {",
+             f"        const float *xr = x + xo + (long)kh * {self.DH * self.IW * ob};",
+             f"        const float *wr = w + (long)kh * {self.KW * ob};"]
+        for kw in range(self.KW):
+            rows = [r for r in range(width) if ow0 is None or self.col_ok(ow0 + r, kw)]
+            if not rows:
+                continue
+            L.append(f"        {{ const {v.t} wk = {v.load(f'wr + {kw * ob}')};")
+            for r in rows:
+                off = kw * self.DW * ob + r * self.SW * ob
+                L.append(f"          a0_{r} = {v.fmadd(v.loadu(f'xr + {off}'), 'wk', f'a0_{r}')};")
+            L.append("        }")
+        L.append("    }")
+        for r in range(width):
+            L += ["    " + x for x in self.store_lines(0, r, f"a0_{r}")]
+        L.append("}")
+        doc = (f"depthwise tile {width} of block {ob}, "
+               + ("body" if ow0 is None else f"edge at ow={ow0} (padding taps dropped)"))
+        return define(self.em, f"f32_dwconv2d_nchw{ob}c_tile_{width}__{self.blk.isa}", "\n".join(L), doc)
+
+    # -- the row --------------------------------------------------------------------------
+    def row_calls(self, jt: int) -> list[str]:
+        """Calls covering one output row with tiles of ``reg_n`` columns."""
+        r_n = self.s.reg_n
+        lo, hi = self.body_range()
+        tiles = [(c, min(r_n, self.OW - c)) for c in range(0, self.OW, r_n)]
+        calls: list[str] = []
+        run: list[int] = []  # consecutive full-width body tiles, emitted as one loop
+
+        def flush() -> None:
+            if not run:
+                return
+            fn = self.dw_tile_fn(r_n, None) if self.dw else self.tile_fn(r_n, jt, None)
+            calls.append(f"for (long c0 = {run[0]}; c0 <= {run[-1]}; c0 += {r_n}) "
+                         f"{fn}(x, xo + (c0 * {self.SW} - {self.PL}) * {self.ib}, wt, y, yo + c0 * {self.s.oc_bn}, "
+                         f"ch, kh_lo, kh_hi{self.eargs});")
+            run.clear()
+
+        for c0, width in tiles:
+            interior = c0 >= lo and c0 + width <= hi
+            if interior and width == r_n:
+                run.append(c0)
+                continue
+            flush()
+            edge = None if interior else c0
+            fn = self.dw_tile_fn(width, edge) if self.dw else self.tile_fn(width, jt, edge)
+            calls.append(f"{fn}(x, xo + {(c0 * self.SW - self.PL) * self.ib}, wt, y, yo + {c0 * self.s.oc_bn}, "
+                         f"ch, kh_lo, kh_hi{self.eargs});")
+        flush()
+        return calls
+
+    def kernel(self) -> str:
+        geo, s, ib = self.geo, self.s, self.ib
+        ob = s.oc_bn
+        n = geo.batch
+        if self.dw:
+            ocb, j, tiles_per_group, groups = geo.oc // ob, 1, geo.oc // ob, 1
+            w_tile = self.KH * self.KW * ob
+        else:
+            ocg = geo.ocg if geo.group > 1 else geo.oc
+            groups = geo.group
+            ocb = geo.oc // ob
+            j = s.oc_blocks
+            tiles_per_group = -(-(ocg // ob) // j)
+            w_tile = (geo.cg // ib) * self.KH * self.KW * ib * j * ob
+        ragged = (ocb // groups) % j
+        n_tiles = tiles_per_group * groups
+        icb_per_group = geo.cg // ib if not self.dw else 1
+        L = [f"static void FNAME(const float *restrict x, const float *restrict w, float *restrict y{self.eparams}, "
+             "int tid, int nt) {",
+             f"    const long total = {n * n_tiles * self.OH}L;",
+             "    const long lo = total * tid / nt, hi = total * (tid + 1) / nt;",
+             "    for (long it = lo; it < hi; ++it) {",
+             f"        const long oh = it % {self.OH}, t = (it / {self.OH}) % {n_tiles}, n = it / {self.OH * n_tiles};",
+             f"        const long grp = t / {tiles_per_group}, tg = t % {tiles_per_group};",
+             f"        const long ocb0 = grp * {(ocb // groups)} + tg * {j};",
+             f"        const long ih0 = oh * {self.SH} - {self.PT};",
+             f"        const int kh_lo = ih0 < 0 ? (int)((-ih0 + {self.DH - 1}) / {self.DH}) : 0;",
+             f"        const long kh_end = ({self.IH} - ih0 + {self.DH - 1}) / {self.DH};",
+             f"        const int kh_hi = kh_end < {self.KH} ? (int)kh_end : {self.KH};",
+             f"        const float *wt = w + t * {w_tile}L;",
+             f"        const long ch = ocb0 * {ob};",
+             f"        const long yo = ((n * {ocb} + ocb0) * {self.OH} + oh) * {self.OW * ob};"]
+        if self.dw:
+            L.append(f"        const long xo = ((n * {ocb} + ocb0) * {self.IH} + ih0) * {self.IW * ob};")
+        else:
+            L.append(f"        const long xo = ((n * {geo.c // ib} + grp * {icb_per_group}) * {self.IH} + ih0) "
+                     f"* {self.IW * ib};")
+        full = self.row_calls(j)
+        if ragged:
+            L.append(f"        if (tg == {tiles_per_group - 1}) {{")
+            L += ["            " + c for c in self.row_calls(ragged)]
+            L.append("        } else {")
+            L += ["            " + c for c in full]
+            L.append("        }")
+        else:
+            L += ["        " + c for c in full]
+        L.append("    }")
+        L.append("}")
+        kind = "dwconv2d" if self.dw else "conv2d"
+        tag = f"{s.reg_n}" if self.dw else f"{j}x{s.reg_n}"
+        doc = (f"NCHW{ob}c output, input NCHW{ib}c; C={geo.c} OC={geo.oc} in={geo.ins} out={geo.outs} "
+               f"k={geo.ks} s={geo.strides} d={geo.dils} pads={geo.pads} group={geo.group}; "
+               f"schedule oc_bn={ob} reg_n={s.reg_n} oc_blocks={j} unroll_ker={int(s.unroll_ker)}; "
+               f"{'bias + ' if self.has_bias else ''}{epilogue_doc(self.node)}")
+        return define(self.em, f"f32_{kind}_nchw{ob}c_{tag}__{self.blk.isa}", "\n".join(L), doc)
+
+
+def _check_nchwc(node: Node, g: Graph) -> str | None:
+    out = g.values[node.outputs[0]]
+    if out.layout == PLAIN:
+        return "the NCHWc template writes blocked outputs (the layout pass did not block this conv)"
+    why = _check_conv(node, g)
+    if why is not None:
+        return why
+    geo = ConvGeometry(node, g)
+    if geo.rank != 2:
+        return f"NCHWc convolution is 2-D only (rank {geo.rank})"
+    ob = layout_block(out.layout)
+    ib = layout_block(g.values[node.inputs[0]].layout)
+    if geo.oc % ob or geo.c % ib:
+        return f"channels {geo.c}->{geo.oc} do not divide into blocks {ib}->{ob}"
+    if is_depthwise(geo) and ib != ob:
+        return f"depthwise NCHWc needs input and output in one block size ({ib} vs {ob})"
+    if not is_depthwise(geo) and geo.group > 1 and (geo.cg % ib or geo.ocg % ob):
+        return f"group channels {geo.cg}->{geo.ocg} do not divide into blocks {ib}->{ob}"
+    for e in node.epilogue:
+        if e.get("broadcast") == "full" and g.values[e["input"]].layout != out.layout:
+            return f"residual operand {e['input']!r} is {g.values[e['input']].layout}, output {out.layout}"
+        if e.get("input") and e.get("broadcast") not in ("full", "channel", "scalar"):
+            return f"epilogue operand broadcast {e.get('broadcast')!r} on a blocked output"
+    return None
+
+
+@register("Conv", versions=(1, 11, 22), check=_check_nchwc, name="f32_conv_nchwc", blocked=True)
+def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
+    geo = ConvGeometry(node, g)
+    out = g.values[node.outputs[0]]
+    ob = layout_block(out.layout)
+    ib = layout_block(g.values[node.inputs[0]].layout)
+    s = node_schedule(node, g, em.target)
+    if s.oc_bn != ob:  # the layout pass decides the block; a stale schedule keeps its tile shape
+        s = NchwcSchedule(ob, s.reg_n, s.oc_blocks, s.unroll_ker)
+    if not is_depthwise(geo):
+        ocg = geo.ocg if geo.group > 1 else geo.oc
+        j = max(1, min(s.oc_blocks, ocg // ob))
+        while geo.group > 1 and (ocg // ob) % j:
+            j -= 1
+        s = NchwcSchedule(ob, max(1, min(s.reg_n, geo.outs[1])), j, s.unroll_ker)
+    else:
+        s = NchwcSchedule(ob, max(1, min(s.reg_n, geo.outs[1])), 1, True)
+    w = np.asarray(g.const(node.inputs[1]), dtype=np.float32)
+    if is_depthwise(geo):
+        # [C, 1, KH, KW] -> [C/b][KH][KW][b]
+        packed = w.reshape(geo.oc // ob, ob, geo.ks[0], geo.ks[1]).transpose(0, 2, 3, 1)
+    else:
+        packed = pack_weights(w, geo, s, ib)
+    wptr = em.weight(packed.reshape(-1), key=f"nchwc:{node.name}:{s}:{ib}")
+    bias = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    ep, eargs = _epilogue(node, g, em, bias)
+    gen = _Gen(em, node, g, geo, s, ib, ep, len(eargs))
+    fn = gen.kernel()
+    args = "".join(f", {a}" for a in eargs)
+    em.schedule(algorithm="direct convolution, NCHW[x]c (NeoCPU)" + (" depthwise" if gen.dw else ""),
+                kernel=fn.rsplit("_", 1)[0], micro_kernel=f"{s.oc_blocks}x{s.reg_n} x {ob} lanes {gen.blk.isa}",
+                blocking=f"oc_bn={ob} ic_bn={ib} reg_n={s.reg_n} oc_blocks={s.oc_blocks} unroll_ker={int(s.unroll_ker)}",
+                threads="static split over (image, oc tile, output row)",
+                layout=f"NCHW{ib}c -> NCHW{ob}c; weights [tile][IC/{ib}][KH][KW][{ib}][{s.oc_blocks}*{ob}]")
+    em.step(f"{fn}({em.ptr(node.inputs[0])}, {wptr}, {em.ptr(node.outputs[0])}{args}, tid, nt);")
+
+
+__all__ = ["NchwcSchedule", "candidate_schedules", "default_schedule", "layout_block", "blocked_layout",
+           "nchwc_reason", "workload", "_lit"]

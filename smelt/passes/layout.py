@@ -1,0 +1,232 @@
+"""Layout planning (NeoCPU §3.2-3.3): blocked NCHW<b>c layouts flow between convolutions, and a
+``LayoutTransform`` node appears only where a consumer cannot take its producer's layout.
+
+Needs: shapes inferred, epilogues fused, a target. Guarantees: graph inputs and outputs stay
+plain; every value a node reads is in a layout some native template of that node accepts (the
+templates' ``check`` is the single source of truth: the pass asks the registry, it never
+special-cases ops); a node forced to fall back reads only plain values; weights are not touched
+here (the NCHWc template re-lays them out at compile time).
+
+Modes (NeoCPU's Table 3 ablation):
+- ``nchw``: no blocked layouts (the NCHW GEMM/im2col convolutions).
+- ``conv``: layout-optimized convolutions only: every NCHWc conv transforms its input from plain
+  and its output back to plain (a transform pair around each conv).
+- ``propagate`` (default): transform elimination: blocked values flow through every op whose
+  template accepts them (pooling, concat on channels, element-wise, BatchNorm); transforms only
+  at the boundary of layout-dependent ops.
+- ``global``: as ``propagate``, with each conv's schedule (and wanted input block) chosen by the
+  global search (``smelt.tune.layout_search``), passed in as ``schedules``.
+
+Each NCHWc conv gets ``node.schedule = {"kind": "conv_nchwc", "config": ...}``; its schedule comes
+from ``schedules(node, g, in_block)`` (the tuning database) or the template's default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from smelt.codegen.templates.conv_nchwc import (
+    NchwcSchedule,
+    blocked_layout,
+    default_schedule,
+    is_depthwise,
+    nchwc_reason,
+)
+from smelt.codegen.templates.conv import ConvGeometry
+from smelt.codegen.templates.registry import SMELT_DOMAIN, find_template
+from smelt.ir.graph import Graph, Node, Value
+from smelt.target import Target
+
+PLAIN = "plain"
+MODES = ("nchw", "conv", "propagate", "global")
+
+ScheduleFn = Callable[[Node, Graph, int], "NchwcSchedule | None"]
+
+
+def _block(layout: str) -> int:
+    return 1 if layout == PLAIN else int(layout[4:-1])
+
+
+class _Planner:
+    def __init__(self, g: Graph, target: Target, mode: str, force_fallback: frozenset[str],
+                 schedules: ScheduleFn | None) -> None:
+        self.g, self.target, self.mode = g, target, mode
+        self.force_fallback = force_fallback
+        self.schedules = schedules
+        self.out: list[Node] = []
+        self.converted: dict[tuple[str, str], str] = {}
+        self.pending: list[tuple[tuple[str, str], Node, Value]] = []
+
+    # -- transforms --------------------------------------------------------------------
+    def convert(self, name: str, layout: str) -> str:
+        """The name of ``name``'s data in ``layout`` (a staged LayoutTransform if needed)."""
+        v = self.g.values[name]
+        if v.layout == layout or v.const is not None:
+            return name
+        key = (name, layout)
+        if key in self.converted:
+            return self.converted[key]
+        for k, node, _ in self.pending:
+            if k == key:
+                return node.outputs[0]
+        new = self.g.fresh_name(f"{name}__{layout}")
+        val = Value(new, v.dtype, v.shape, layout=layout)
+        node = Node("LayoutTransform", self.g.fresh_name("layout_transform"), [name], [new],
+                    attrs={"src": v.layout, "dst": layout}, domain=SMELT_DOMAIN)
+        self.g.add_value(val)  # visible to the templates' checks; removed again on rollback
+        self.pending.append((key, node, val))
+        return new
+
+    def commit(self) -> None:
+        for key, node, _ in self.pending:
+            self.converted[key] = node.outputs[0]
+            self.out.append(node)
+        self.pending.clear()
+
+    def rollback(self) -> None:
+        for _, _, val in self.pending:
+            self.g.values.pop(val.name, None)
+        self.pending.clear()
+
+    def can_block(self, name: str, layout: str) -> bool:
+        v = self.g.values[name]
+        return (v.shape is not None and len(v.shape) == 4 and v.is_static and v.const is None
+                and v.dtype is not None and np.dtype(v.dtype) == np.float32
+                and int(v.shape[1]) % _block(layout) == 0)
+
+    # -- nodes ----------------------------------------------------------------------------
+    def all_plain(self, node: Node) -> None:
+        node.inputs = [self.convert(i, PLAIN) if i else i for i in node.inputs]
+        for e in node.epilogue:
+            if e.get("input"):
+                e["input"] = self.convert(e["input"], PLAIN)
+        for o in node.outputs:
+            if o:
+                self.g.values[o].layout = PLAIN
+        self.commit()
+
+    def conv(self, node: Node) -> bool:
+        g = self.g
+        if nchwc_reason(node, g, self.target) is not None:
+            return False
+        x = node.inputs[0]
+        geo = ConvGeometry(node, g)
+        in_block = _block(g.values[x].layout)
+        sched = self.schedules(node, g, in_block) if self.schedules else None
+        if sched is None:
+            sched = default_schedule(node, g, self.target)
+        ob = sched.oc_bn
+        if is_depthwise(geo):
+            want = ob
+        elif self.mode == "conv":
+            want = ob if geo.cg % ob == 0 and geo.c % ob == 0 else 1
+        elif sched.ic_bn:
+            want = sched.ic_bn
+        else:
+            want = in_block
+        if geo.c % want or (geo.group > 1 and not is_depthwise(geo) and geo.cg % want):
+            want = 1
+        src = x
+        if self.mode == "conv":  # a transform pair around every conv: its input arrives plain
+            src = self.convert(x, PLAIN)
+        node.inputs[0] = self.convert(src, blocked_layout(want))
+        out_layout = blocked_layout(ob)
+        for e in node.epilogue:
+            if e.get("input") and e.get("broadcast") == "full":
+                e["input"] = self.convert(e["input"], out_layout)
+        g.values[node.outputs[0]].layout = out_layout
+        node.schedule = {"kind": "conv_nchwc", "config": sched.to_dict()}
+        tpl, why = find_template(node, g)
+        if tpl is None or tpl.name != "f32_conv_nchwc":  # should not happen: be safe, stay plain
+            self.rollback()
+            node.inputs[0] = x
+            g.values[node.outputs[0]].layout = PLAIN
+            node.schedule = {}
+            return False
+        self.commit()
+        return True
+
+    def try_layouts(self, node: Node, in_layout: str | None, out_layout: str | None) -> bool:
+        """Convert data inputs to ``in_layout`` (None: keep), give outputs ``out_layout`` where
+        they can hold it; keep it if some template accepts the result."""
+        g = self.g
+        saved_in = list(node.inputs)
+        saved_ep = [dict(e) for e in node.epilogue]
+        saved_out = {o: g.values[o].layout for o in node.outputs if o}
+        if in_layout is not None:
+            node.inputs = [self.convert(i, in_layout) if i and self.can_block(i, in_layout) else i
+                           for i in node.inputs]
+            for e in node.epilogue:
+                if e.get("input") and self.can_block(e["input"], in_layout):
+                    e["input"] = self.convert(e["input"], in_layout)
+        for o in node.outputs:
+            if o:
+                ok = out_layout is not None and self.can_block(o, out_layout)
+                g.values[o].layout = out_layout if ok else PLAIN
+        tpl, _ = find_template(node, g) if node.name not in self.force_fallback else (None, "")
+        if tpl is not None:
+            self.commit()
+            return True
+        self.rollback()
+        node.inputs = saved_in
+        node.epilogue = saved_ep
+        for o, lay in saved_out.items():
+            g.values[o].layout = lay
+        return False
+
+    def other(self, node: Node) -> None:
+        g = self.g
+        names = [i for i in node.all_inputs() if i in g.values and g.values[i].const is None]
+        layouts = [g.values[i].layout for i in names if g.values[i].layout != PLAIN]
+        if not layouts or self.mode == "conv" or node.name in self.force_fallback:
+            self.all_plain(node)
+            return
+        lay = max(set(layouts), key=layouts.count)  # the majority layout
+        for in_l, out_l in ((None, lay), (lay, lay), (None, PLAIN), (lay, PLAIN)):
+            if self.try_layouts(node, in_l, out_l):
+                return
+        self.all_plain(node)
+
+    def run(self) -> Graph:
+        for node in list(self.g.nodes):
+            if node.op == "Conv" and node.domain in ("", "ai.onnx") and node.name not in self.force_fallback:
+                if self.conv(node):
+                    self.out.append(node)
+                    continue
+            self.other(node)
+            self.out.append(node)
+        self.g.nodes = self.out
+        self._plain_outputs()
+        return self.g
+
+    def _plain_outputs(self) -> None:
+        """Graph outputs leave in plain layout: the producer writes a blocked twin that one
+        final transform turns into the output."""
+        g = self.g
+        for out in list(g.outputs):
+            v = g.values[out]
+            if v.layout == PLAIN:
+                continue
+            twin = g.fresh_name(f"{out}__{v.layout}")
+            g.add_value(Value(twin, v.dtype, v.shape, layout=v.layout))
+            for node in g.nodes:
+                node.outputs = [twin if o == out else o for o in node.outputs]
+                node.inputs = [twin if i == out else i for i in node.inputs]
+                for e in node.epilogue:
+                    if e.get("input") == out:
+                        e["input"] = twin
+            v.layout = PLAIN
+            g.nodes.append(Node("LayoutTransform", g.fresh_name("layout_transform"), [twin], [out],
+                                attrs={"src": g.values[twin].layout, "dst": PLAIN}, domain=SMELT_DOMAIN))
+
+
+def plan_layouts(g: Graph, target: Target, mode: str = "propagate", force_fallback: frozenset[str] = frozenset(),
+                 schedules: ScheduleFn | None = None) -> Graph:
+    """Assign blocked layouts (see the module docstring); ``mode`` one of ``MODES``."""
+    if mode not in MODES:
+        raise ValueError(f"unknown layout mode {mode!r} (expected one of {', '.join(MODES)})")
+    if mode == "nchw" or target.isa not in ("avx512", "avx2"):
+        return g
+    return _Planner(g, target, mode, force_fallback, schedules).run()

@@ -1,0 +1,288 @@
+"""NCHW[x]c convolutions and the blocked-layout templates against onnxruntime.
+
+Each case is a small chain so blocked values flow between ops the way the layout pass plans
+them: a conv reading the plain graph input (ic_bn = 1), convs reading blocked inputs (ic_bn 8
+and 16), residual operands converted by LayoutTransform, pooling / BatchNorm / Concat / Add on
+blocked values, and graph outputs transformed back to plain. Sizes straddle every block: output
+widths below, at and above reg_n (ragged column tiles, edge tiles narrower than a tile),
+output-channel counts that leave a ragged oc tile, odd input channels, strides, dilations,
+asymmetric pads, groups and depthwise, batch 2; 1 and 2 threads (``check_cases``), AVX-512 and
+AVX2 (8-lane blocks), and non-default schedules read from the tuning database.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import const, tensor
+from kernel_models import Case, _model, _rand, check_cases
+from onnx import helper
+
+import smelt
+from smelt.codegen.templates.conv_nchwc import NchwcSchedule, candidate_schedules, default_schedule
+
+PAD1 = {"pads": [1, 1, 1, 1]}
+
+
+class Chain:
+    """Builds one case: a sequence of ops on a running value."""
+
+    def __init__(self, name: str, xs: tuple) -> None:
+        self.p = name
+        self.nodes: list = []
+        self.inits: list = []
+        self.cur = f"{name}_x"
+        self.shape = list(xs)
+        self.inputs = [tensor(self.cur, list(xs))]
+        self.feeds = {self.cur: _rand(*xs)}
+        self.k = 0
+        self.marked: tuple | None = None
+
+    def mark(self) -> Chain:
+        self.marked = (self.cur, list(self.shape))
+        return self
+
+    def _name(self, what: str) -> str:
+        self.k += 1
+        return f"{self.p}_{what}{self.k}"
+
+    def conv(self, oc: int, ks: tuple, group: int = 1, bias: bool = True, strides=(1, 1), dilations=(1, 1),
+             pads=(0, 0, 0, 0), post: tuple = ()) -> Chain:
+        c = self.shape[1]
+        w = self._name("w")
+        self.inits.append(const(w, _rand(oc, c // group, *ks)))
+        ins = [self.cur, w]
+        if bias:
+            b = self._name("b")
+            self.inits.append(const(b, _rand(oc)))
+            ins.append(b)
+        out = self._name("conv")
+        self.nodes.append(helper.make_node("Conv", ins, [out], group=group, strides=list(strides),
+                                           dilations=list(dilations), pads=list(pads), kernel_shape=list(ks)))
+        h, wd = self.shape[2:]
+        oh = (h + pads[0] + pads[2] - ((ks[0] - 1) * dilations[0] + 1)) // strides[0] + 1
+        ow = (wd + pads[1] + pads[3] - ((ks[1] - 1) * dilations[1] + 1)) // strides[1] + 1
+        before = self.cur, list(self.shape)
+        self.cur, self.shape = out, [self.shape[0], oc, oh, ow]
+        for op in post:
+            if op == "residual":  # the marked value, else this conv's input
+                src = self.marked or before
+                assert src[1] == self.shape, "residual needs an unchanged shape"
+                self._op("Add", [self.cur, src[0]])
+                self.marked = None
+            elif op == "chan_mul":
+                s = self._name("s")
+                self.inits.append(const(s, _rand(oc, 1, 1)))
+                self._op("Mul", [self.cur, s])
+            elif op == "Clip":
+                lo, hi = self._name("lo"), self._name("hi")
+                self.inits += [const(lo, np.float32(0.0)), const(hi, np.float32(6.0))]
+                self._op("Clip", [self.cur, lo, hi])
+            else:
+                self._op(op, [self.cur])
+        return self
+
+    def _op(self, op: str, ins: list, **attrs) -> Chain:
+        out = self._name(op.lower())
+        self.nodes.append(helper.make_node(op, ins, [out], **attrs))
+        self.cur = out
+        return self
+
+    def pool(self, op: str, **attrs) -> Chain:
+        self._op(op, [self.cur], **attrs)
+        if op.startswith("Global"):
+            self.shape = self.shape[:2] + [1, 1]
+            return self
+        ks, st = attrs["kernel_shape"], attrs.get("strides", [1, 1])
+        pads = attrs.get("pads", [0, 0, 0, 0])
+        dims = []
+        for d in range(2):
+            num = self.shape[2 + d] + pads[d] + pads[d + 2] - ks[d]
+            o = (-(-num // st[d]) if attrs.get("ceil_mode") else num // st[d]) + 1
+            if attrs.get("ceil_mode") and (o - 1) * st[d] >= self.shape[2 + d] + pads[d]:
+                o -= 1
+            dims.append(o)
+        self.shape = self.shape[:2] + dims
+        return self
+
+    def batchnorm(self, relu: bool = True) -> Chain:
+        c = self.shape[1]
+        names = [self._name(n) for n in ("scale", "bias", "mean", "var")]
+        vals = [_rand(c), _rand(c), _rand(c), np.abs(_rand(c)) + 0.5]
+        self.inits += [const(n, v.astype(np.float32)) for n, v in zip(names, vals, strict=True)]
+        self._op("BatchNormalization", [self.cur, *names])
+        if relu:
+            self._op("Relu", [self.cur])
+        return self
+
+    def branch_concat(self, *convs: dict) -> Chain:
+        """Concat (channels) of several convs of the current value."""
+        src, shape = self.cur, list(self.shape)
+        outs, total = [], 0
+        for kw in convs:
+            self.cur, self.shape = src, list(shape)
+            self.conv(**kw)
+            outs.append(self.cur)
+            total += self.shape[1]
+        self._op("Concat", outs, axis=1)
+        self.shape[1] = total
+        return self
+
+    def add_branches(self, a: dict, b: dict) -> Chain:
+        """Add of two conv branches that the epilogue fusion cannot absorb (both are convs, the
+        later one takes it; so add a Relu first to keep a standalone blocked Add)."""
+        src, shape = self.cur, list(self.shape)
+        self.conv(**a)._op("Relu", [self.cur])
+        left = self.cur
+        self.cur, self.shape = src, list(shape)
+        self.conv(**b)._op("Sigmoid", [self.cur])
+        self._op("Add", [left, self.cur])
+        return self
+
+    def case(self) -> Case:
+        return Case(self.p, self.nodes, self.inputs, self.inits, self.cur, self.feeds)
+
+
+def _chains() -> list[Case]:
+    C = Chain
+    return [
+        # stem: plain 3-channel input (ic_bn 1), 7x7 s2 p3, then max pool 3x3 s2 p1 on blocks
+        C("stem", (1, 3, 37, 35)).conv(16, (7, 7), strides=(2, 2), pads=(3, 3, 3, 3), post=("Relu",))
+        .pool("MaxPool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]).case(),
+        # 3x3 chains: widths below / at / above reg_n, ragged oc tiles (48 = 3 blocks), residual
+        C("r3", (1, 16, 9, 15)).conv(48, (3, 3), pads=(1, 1, 1, 1), post=("Relu",))
+        .conv(48, (3, 3), pads=(1, 1, 1, 1), post=("residual", "Relu")).case(),
+        C("w57", (1, 8, 3, 57)).conv(32, (3, 3), pads=(1, 1, 1, 1), post=("Relu",))
+        .conv(16, (1, 1), post=("Clip",)).case(),
+        C("w29", (2, 24, 5, 29)).conv(24, (3, 3), pads=(1, 2, 0, 1), bias=False)
+        .conv(80, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), post=("Sigmoid",)).case(),
+        C("w1", (1, 16, 6, 1)).conv(16, (3, 3), pads=(1, 1, 1, 1)).conv(32, (1, 1)).case(),
+        # 1x1 convs (ResNet bottleneck), stride-2 1x1, a big residual block on 14x14
+        C("bneck", (1, 32, 14, 14)).mark().conv(16, (1, 1), post=("Relu",)).conv(16, (3, 3), pads=(1, 1, 1, 1),
+                                                                          post=("Relu",))
+        .conv(32, (1, 1), post=("residual", "Relu")).conv(64, (1, 1), strides=(2, 2)).case(),
+        # dilation, asymmetric pads, 1x7 / 7x1, 5x5
+        C("dil", (1, 16, 17, 16)).conv(16, (3, 3), dilations=(2, 2), pads=(2, 2, 2, 2), post=("Relu",))
+        .conv(32, (1, 7), pads=(0, 3, 0, 3)).conv(16, (7, 1), pads=(3, 0, 3, 0))
+        .conv(16, (5, 5), strides=(2, 1), pads=(2, 1, 0, 2), post=("chan_mul",)).case(),
+        # kernel wider than the image (every tile is an edge tile), big pads
+        C("bigpad", (1, 8, 4, 4)).conv(16, (5, 5), pads=(4, 4, 4, 4)).conv(16, (3, 3), pads=(2, 2, 2, 2)).case(),
+        # grouped (32 channels per group) and depthwise (MobileNet-style, ragged and strided)
+        C("grp", (1, 64, 10, 11)).conv(64, (1, 1), post=("Relu",)).conv(64, (3, 3), group=2, pads=(1, 1, 1, 1))
+        .conv(32, (3, 3), group=2, strides=(2, 2), pads=(1, 1, 1, 1)).case(),
+        C("dw", (1, 16, 15, 15)).conv(48, (1, 1), post=("Clip",))
+        .conv(48, (3, 3), group=48, pads=(1, 1, 1, 1), post=("Clip",))
+        .conv(48, (3, 3), group=48, strides=(2, 2), pads=(1, 1, 1, 1)).conv(24, (1, 1))
+        .conv(24, (3, 3), group=24, dilations=(2, 2), pads=(2, 2, 2, 2), post=("residual",)).case(),
+        C("dw_b2", (2, 32, 7, 30)).conv(32, (3, 3), group=32, pads=(1, 1, 1, 1), post=("Relu",))
+        .conv(32, (3, 3), group=32, pads=(0, 1, 1, 0), bias=False).case(),
+        # blocked pooling, BatchNorm, Concat, Add and global pooling
+        C("pools", (1, 8, 13, 12)).conv(32, (3, 3), pads=(1, 1, 1, 1))
+        .pool("AveragePool", kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+        .pool("AveragePool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)
+        .pool("MaxPool", kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1).conv(16, (1, 1))
+        .pool("GlobalAveragePool").case(),
+        C("dense", (1, 16, 8, 9)).conv(32, (3, 3), pads=(1, 1, 1, 1)).batchnorm()
+        .branch_concat({"oc": 16, "ks": (1, 1)}, {"oc": 32, "ks": (3, 3), "pads": (1, 1, 1, 1)},
+                       {"oc": 16, "ks": (1, 3), "pads": (0, 1, 0, 1)})
+        .batchnorm().conv(16, (1, 1)).pool("GlobalMaxPool").case(),
+        C("addb", (1, 16, 6, 7)).add_branches({"oc": 32, "ks": (1, 1)}, {"oc": 32, "ks": (3, 3), "pads": (1, 1, 1, 1)})
+        .conv(16, (3, 3), pads=(1, 1, 1, 1)).case(),
+    ]
+
+
+def _structure(min_nchwc: int):
+    def check(compiled, target):
+        nodes = compiled.native_nodes
+        assert any(op == "LayoutTransform" for _, op in nodes), "graph outputs leave through a transform"
+        plan = compiled.plan
+        templates = [i["schedule"].get("template") for s in plan["steps"] if s["kind"] == "native"
+                     for i in s["step_info"]]
+        assert templates.count("f32_conv_nchwc") >= min_nchwc, templates
+        assert "f32_conv" not in templates  # every conv of these chains is blocked
+    return check
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_nchwc_chains(isa, monkeypatch, cache):
+    cases = _chains()
+    n_convs = sum(1 for c in cases for n in c.nodes if n.op_type == "Conv")
+    check_cases(cases, isa, monkeypatch, cache, _structure(n_convs), layout="propagate")
+
+
+def test_conv_only_mode_transforms_around_every_conv(monkeypatch, cache):
+    """NeoCPU's "layout-optimized convolutions" step: blocked convs, plain everywhere else."""
+    cases = _chains()[1:3]
+
+    def check(compiled, target):
+        ops = [op for _, op in compiled.native_nodes]
+        assert ops.count("LayoutTransform") >= ops.count("Conv")
+
+    check_cases(cases, "native", monkeypatch, cache, check, layout="conv")
+
+
+def test_tuned_schedules_from_database(monkeypatch, cache, tmp_path):
+    """Non-default schedules (other tile shapes, no kw unrolling, 8-lane blocks) read from the
+    tuning database give the same answers; the plan records the schedule used."""
+    from smelt.compiler import CONV_KIND, CompileOptions, lower
+    from smelt.frontend.onnx_import import load_model
+    from smelt.target import detect
+    from smelt.tune.db import TuningDB
+
+    db_path = tmp_path / "tuning.sqlite"
+    monkeypatch.setenv("SMELT_TUNING_DB", str(db_path))
+    cases = _chains()[1:4] + _chains()[9:10]
+    model, _ = _model(cases)
+    target = detect()
+    g = lower(load_model(model), CompileOptions(threads=1, use_tuning_db=False), target)
+    db = TuningDB(db_path)
+    from smelt.codegen.templates.conv_nchwc import workload
+
+    chosen = {}
+    for node in g.nodes:
+        if node.op != "Conv":
+            continue
+        ib = int(g.values[node.inputs[0]].layout[4:-1]) if g.values[node.inputs[0]].layout != "plain" else 1
+        default = default_schedule(node, g, target)
+        others = [s for s in candidate_schedules(node, g, target) if s != default]
+        pick = others[len(others) // 2]
+        chosen[node.name] = pick
+        for threads in (1, 2):
+            db.store(CONV_KIND, workload(node, g, ib, threads), target.key(), pick.to_dict(), 1e-3)
+
+    def check(compiled, target):
+        blockings = {i["node"]: i["schedule"].get("blocking", "") for s in compiled.plan["steps"]
+                     if s["kind"] == "native" for i in s["step_info"] if i["op"] == "Conv"}
+        hits = sum(1 for name, s in chosen.items()
+                   if f"reg_n={s.reg_n} " in blockings.get(name, "") and f"unroll_ker={int(s.unroll_ker)}" in
+                   blockings.get(name, ""))
+        assert hits >= len(chosen) // 2, (chosen, blockings)
+
+    check_cases(cases, "native", monkeypatch, cache, check, layout="propagate")
+
+
+def test_schedule_space_and_default():
+    """The space holds the default; the default fills the register file on wide rows."""
+    model, _ = _model([Chain("s", (1, 64, 56, 56)).conv(64, (3, 3), pads=(1, 1, 1, 1)).case()])
+    from smelt.compiler import CompileOptions, lower
+    from smelt.frontend.onnx_import import load_model
+    from smelt.target import detect
+
+    target = detect()
+    if target.isa != "avx512":
+        pytest.skip("AVX-512 defaults")
+    g = lower(load_model(model), CompileOptions(threads=1, layout="nchw"))
+    conv = next(n for n in g.nodes if n.op == "Conv")
+    space = candidate_schedules(conv, g, target)
+    d = default_schedule(conv, g, target)
+    assert d in space
+    assert d.oc_bn == 16 and 20 <= d.oc_blocks * d.reg_n <= 28
+    assert NchwcSchedule.from_dict(d.to_dict()) == d
+
+
+def test_kernel_source_names_template_and_schedule(monkeypatch, cache):
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    model, _ = _model([Chain("h", (1, 16, 9, 9)).conv(32, (3, 3), pads=(1, 1, 1, 1), post=("Relu",)).case()])
+    src = smelt.compile(model, threads=1, layout="propagate").source_path.read_text()
+    assert "template: f32_conv2d_nchw16c_" in src or "template: f32_conv2d_nchw8c_" in src
+    assert "schedule oc_bn=" in src and "epilogue: Relu" in src
