@@ -55,18 +55,24 @@ class Runner:
     details: dict = field(default_factory=dict)  # settings worth recording in the report
 
 
-def _smelt(model: BenchModel, threads: int) -> Runner:
+def _smelt(model: BenchModel, threads: int, layout: str = "propagate", engine: str = "smelt") -> Runner:
     import sys
 
     import smelt
 
     compiled = smelt.compile(model.proto, threads=threads, input_shapes={k: v.shape for k, v in model.feeds.items()},
-                             progress=sys.stderr.isatty())
-    return Runner("smelt", smelt.__version__, compiled.run, compiled.close,
+                             progress=sys.stderr.isatty(), layout=layout)
+    return Runner(engine, smelt.__version__, compiled.run, compiled.close,
                   {"fallback_nodes": len(compiled.fallback_nodes),
                    "compile_seconds": round(compiled.compile_seconds, 3),
                    "from_cache": compiled.from_cache,
-                   "arena_bytes": compiled.arena_bytes})
+                   "arena_bytes": compiled.arena_bytes,
+                   "layout": layout})
+
+
+def _smelt_variant(mode: str) -> Callable[[BenchModel, int], Runner]:
+    """smelt compiled with another layout mode, as a peer: ``smelt:nchw`` etc. (the ablation)."""
+    return lambda model, threads: _smelt(model, threads, layout=mode, engine=f"smelt:{mode}")
 
 
 def _onnxruntime(model: BenchModel, threads: int) -> Runner:
@@ -162,6 +168,13 @@ ENGINES: dict[str, Callable[[BenchModel, int], Runner]] = {
 
 ALIASES = {"ort": "onnxruntime", "ov": "openvino", "pytorch": "torch"}
 
+# NeoCPU Table 3's steps, as peers of the default build (layout "propagate"): the NCHW baseline,
+# layout-optimized convolutions with a transform pair around each, and the global search.
+SMELT_VARIANTS = ("nchw", "conv", "global")
+for _mode in SMELT_VARIANTS:
+    ENGINES[f"smelt:{_mode}"] = _smelt_variant(_mode)
+LAYOUT_ABLATION = ",".join(f"smelt:{m}" for m in SMELT_VARIANTS)
+
 
 def parse_engines(spec: str | None) -> list[str]:
     """``"onnxruntime,openvino"`` → canonical peer names; unknown names are an error."""
@@ -173,7 +186,8 @@ def parse_engines(spec: str | None) -> list[str]:
         if not name:
             continue
         if name not in ENGINES or name == "smelt":
-            raise ValueError(f"unknown peer engine {raw.strip()!r}; choose from {', '.join(PEERS)}")
+            raise ValueError(f"unknown peer engine {raw.strip()!r}; choose from {', '.join(PEERS)} "
+                             f"(or the layout ablation's {LAYOUT_ABLATION})")
         if name not in names:
             names.append(name)
     return names

@@ -180,7 +180,8 @@ def format_suite(report: dict, markdown: bool = False) -> str:
 
 
 # ----------------------------------------------------------------------------- charts
-PEER_COLORS = {"onnxruntime": "#4C72B0", "openvino": "#DD8452", "torch": "#C44E52"}
+PEER_COLORS = {"onnxruntime": "#4C72B0", "openvino": "#DD8452", "torch": "#C44E52",
+               "smelt:nchw": "#8172B3", "smelt:conv": "#937860", "smelt:global": "#DA8BC3"}
 
 
 def write_speedup_chart(report: dict, path: str | Path, title: str | None = None) -> None:

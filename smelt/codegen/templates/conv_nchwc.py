@@ -57,6 +57,9 @@ from smelt.target import Target
 
 PLAIN = "plain"
 
+# Software-prefetch the next input-channel block's row at the start of each block.
+PREFETCH_NEXT_IC = True
+
 
 def layout_block(layout: str) -> int:
     """Channels per block of a layout name: "plain" -> 1, "NCHW16c" -> 16."""
@@ -151,7 +154,9 @@ def _tile_cycles(j: int, r: int) -> float:
 
 def schedule_cost(geo: ConvGeometry, s: NchwcSchedule) -> float:
     """Modelled cycles of the whole conv (per input channel and tap) under schedule ``s``."""
-    ow = geo.outs[1]
+    ow, oh = geo.outs[1], geo.outs[0]
+    if geo.ks == [1, 1] and geo.strides == [1, 1] and not any(geo.pads) and not is_depthwise(geo):
+        ow, oh = ow * oh, 1  # one flat row (see _Gen.flat)
     ocb = geo.oc // s.oc_bn
     lanes_per_vec = s.oc_bn
     col_tiles = math.ceil(ow / s.reg_n)
@@ -161,13 +166,15 @@ def schedule_cost(geo: ConvGeometry, s: NchwcSchedule) -> float:
     per_row = col_tiles * (full * _tile_cycles(s.oc_blocks, s.reg_n)
                            + (_tile_cycles(ragged_j, s.reg_n) if ragged_j else 0.0))
     # half-width vectors do half the work per instruction
-    return per_row * geo.outs[0] * (16 / lanes_per_vec)
+    return per_row * oh * (16 / lanes_per_vec)
 
 
 def candidate_schedules(node: Node, g: Graph, target: Target) -> list[NchwcSchedule]:
     """The local search's space for this conv (every legal point)."""
     geo = ConvGeometry(node, g)
     ow = geo.outs[1]
+    if geo.ks == [1, 1] and geo.strides == [1, 1] and not any(geo.pads):
+        ow *= geo.outs[0]  # flat rows
     out = []
     for ob in oc_block_choices(geo.oc, target):
         budget = accumulator_budget(target, ob)
@@ -196,7 +203,9 @@ def default_schedule(node: Node, g: Graph, target: Target) -> NchwcSchedule:
         ob = cands[0].oc_bn
         # the fewest column tiles, then the widest tile
         return min((s for s in cands if s.oc_bn == ob), key=lambda s: (math.ceil(ow / s.reg_n), -s.reg_n))
-    return min(cands, key=lambda s: (schedule_cost(geo, s), -s.oc_bn, -s.reg_n, s.oc_blocks))
+    # ties: the most accumulators (each weight vector and each broadcast feeds more FMAs, so
+    # less L2 traffic per FMA: 4x7 beats 2x7 on 7-wide rows), then wide blocks and rows
+    return min(cands, key=lambda s: (schedule_cost(geo, s), -s.oc_blocks * s.reg_n, -s.oc_bn, -s.reg_n))
 
 
 def node_schedule(node: Node, g: Graph, target: Target) -> NchwcSchedule:
@@ -266,6 +275,17 @@ class _Gen:
         self.DH, self.DW = geo.dils
         self.PT, self.PL = geo.pb
         self.dw = is_depthwise(geo)
+        # 1x1 stride-1 unpadded: the plane is one flat row of positions, cut into pseudo-rows of
+        # P columns (a multiple of reg_n), so a 7x7 plane takes 28-wide tiles, not 7-wide ones
+        self.flat = (not self.dw and geo.ks == [1, 1] and geo.strides == [1, 1] and not any(geo.pads))
+        if self.flat:
+            hw = oh * ow
+            self.IH, self.IW, self.OH, self.OW = 1, hw, 1, hw
+            self.P = min(hw, s.reg_n * max(1, round(ow / s.reg_n)))
+            self.rows = -(-hw // self.P)
+            self.last = hw - (self.rows - 1) * self.P
+        else:
+            self.P, self.rows, self.last = ow, oh, ow
 
     # -- tiles ---------------------------------------------------------------------------
     def col_ok(self, ow: int, kw: int) -> bool:
@@ -304,6 +324,13 @@ class _Gen:
         unroll = self.s.unroll_ker or ow0 is not None
         icbs = self.geo.cg // ib
         L.append(f"    for (int icb = 0; icb < {icbs}; ++icb) {{")
+        if PREFETCH_NEXT_IC and icbs > 1:
+            # the next channel block's first input row of this tile: its lines would otherwise
+            # miss L1 at the start of every block (the input plane rarely fits L1)
+            span = ((width - 1) * self.SW + (self.KW - 1) * self.DW + 1) * ib
+            L.append(f"        if (icb + 1 < {icbs}) {{ const char *pn = (const char *)(x + xo + ((long)(icb + 1) * {self.IH} "
+                     f"+ (long)kh_lo * {self.DH}) * {self.IW * ib});")
+            L.append(f"            for (int q = 0; q < {span * 4}; q += 64) _mm_prefetch(pn + q, _MM_HINT_T0); }}")
         L.append("        for (int kh = kh_lo; kh < kh_hi; ++kh) {")
         L.append(f"            const float *xr = x + xo + ((long)icb * {self.IH} + (long)kh * {self.DH}) * {self.IW * ib};")
         L.append(f"            const float *wr = w + ((long)icb * {self.KH} + kh) * {self.KW * ib * jt * ob};")
@@ -370,11 +397,13 @@ class _Gen:
         return define(self.em, f"f32_dwconv2d_nchw{ob}c_tile_{width}__{self.blk.isa}", "\n".join(L), doc)
 
     # -- the row --------------------------------------------------------------------------
-    def row_calls(self, jt: int) -> list[str]:
-        """Calls covering one output row with tiles of ``reg_n`` columns."""
+    def row_calls(self, jt: int, row: int | None = None) -> list[str]:
+        """Calls covering one output row (``row`` columns, default the row length) with tiles
+        of ``reg_n`` columns."""
         r_n = self.s.reg_n
+        row = self.P if row is None else row
         lo, hi = self.body_range()
-        tiles = [(c, min(r_n, self.OW - c)) for c in range(0, self.OW, r_n)]
+        tiles = [(c, min(r_n, row - c)) for c in range(0, row, r_n)]
         calls: list[str] = []
         run: list[int] = []  # consecutive full-width body tiles, emitted as one loop
 
@@ -417,35 +446,49 @@ class _Gen:
         ragged = (ocb // groups) % j
         n_tiles = tiles_per_group * groups
         icb_per_group = geo.cg // ib if not self.dw else 1
+        rows = self.rows
         L = [f"static void FNAME(const float *restrict x, const float *restrict w, float *restrict y{self.eparams}, "
              "int tid, int nt) {",
-             f"    const long total = {n * n_tiles * self.OH}L;",
+             f"    const long total = {n * n_tiles * rows}L;",
              "    const long lo = total * tid / nt, hi = total * (tid + 1) / nt;",
              "    for (long it = lo; it < hi; ++it) {",
-             f"        const long oh = it % {self.OH}, t = (it / {self.OH}) % {n_tiles}, n = it / {self.OH * n_tiles};",
+             f"        const long oh = it % {rows}, t = (it / {rows}) % {n_tiles}, n = it / {rows * n_tiles};",
              f"        const long grp = t / {tiles_per_group}, tg = t % {tiles_per_group};",
              f"        const long ocb0 = grp * {(ocb // groups)} + tg * {j};",
-             f"        const long ih0 = oh * {self.SH} - {self.PT};",
-             f"        const int kh_lo = ih0 < 0 ? (int)((-ih0 + {self.DH - 1}) / {self.DH}) : 0;",
-             f"        const long kh_end = ({self.IH} - ih0 + {self.DH - 1}) / {self.DH};",
-             f"        const int kh_hi = kh_end < {self.KH} ? (int)kh_end : {self.KH};",
              f"        const float *wt = w + t * {w_tile}L;",
-             f"        const long ch = ocb0 * {ob};",
-             f"        const long yo = ((n * {ocb} + ocb0) * {self.OH} + oh) * {self.OW * ob};"]
-        if self.dw:
+             f"        const long ch = ocb0 * {ob};"]
+        if self.flat:
+            L += ["        const int kh_lo = 0, kh_hi = 1;",
+                  f"        const long yo = ((n * {ocb} + ocb0) * {self.OW} + oh * {self.P}) * {ob};",
+                  f"        const long xo = ((n * {geo.c // ib} + grp * {icb_per_group}) * {self.IW} + oh * {self.P}) "
+                  f"* {ib};"]
+        else:
+            L += [f"        const long ih0 = oh * {self.SH} - {self.PT};",
+                  f"        const int kh_lo = ih0 < 0 ? (int)((-ih0 + {self.DH - 1}) / {self.DH}) : 0;",
+                  f"        const long kh_end = ({self.IH} - ih0 + {self.DH - 1}) / {self.DH};",
+                  f"        const int kh_hi = kh_end < {self.KH} ? (int)kh_end : {self.KH};",
+                  f"        const long yo = ((n * {ocb} + ocb0) * {self.OH} + oh) * {self.OW * ob};"]
+        if self.flat:
+            pass
+        elif self.dw:
             L.append(f"        const long xo = ((n * {ocb} + ocb0) * {self.IH} + ih0) * {self.IW * ob};")
         else:
             L.append(f"        const long xo = ((n * {geo.c // ib} + grp * {icb_per_group}) * {self.IH} + ih0) "
                      f"* {self.IW * ib};")
-        full = self.row_calls(j)
+        def row(jt: int, ind: str) -> list[str]:
+            if self.last == self.P:
+                return [ind + c for c in self.row_calls(jt)]
+            return ([f"{ind}if (oh == {rows - 1}) {{"] + [ind + "    " + c for c in self.row_calls(jt, self.last)]
+                    + [f"{ind}}} else {{"] + [ind + "    " + c for c in self.row_calls(jt)] + [f"{ind}}}"])
+
         if ragged:
             L.append(f"        if (tg == {tiles_per_group - 1}) {{")
-            L += ["            " + c for c in self.row_calls(ragged)]
+            L += row(ragged, "            ")
             L.append("        } else {")
-            L += ["            " + c for c in full]
+            L += row(j, "            ")
             L.append("        }")
         else:
-            L += ["        " + c for c in full]
+            L += row(j, "        ")
         L.append("    }")
         L.append("}")
         kind = "dwconv2d" if self.dw else "conv2d"
@@ -497,7 +540,8 @@ def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         j = max(1, min(s.oc_blocks, ocg // ob))
         while geo.group > 1 and (ocg // ob) % j:
             j -= 1
-        s = NchwcSchedule(ob, max(1, min(s.reg_n, geo.outs[1])), j, s.unroll_ker)
+        width = geo.outs[1] * (geo.outs[0] if geo.ks == [1, 1] and geo.strides == [1, 1] and not any(geo.pads) else 1)
+        s = NchwcSchedule(ob, max(1, min(s.reg_n, width)), j, s.unroll_ker)
     else:
         s = NchwcSchedule(ob, max(1, min(s.reg_n, geo.outs[1])), 1, True)
     w = np.asarray(g.const(node.inputs[1]), dtype=np.float32)
@@ -512,7 +556,8 @@ def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     gen = _Gen(em, node, g, geo, s, ib, ep, len(eargs))
     fn = gen.kernel()
     args = "".join(f", {a}" for a in eargs)
-    em.schedule(algorithm="direct convolution, NCHW[x]c (NeoCPU)" + (" depthwise" if gen.dw else ""),
+    em.schedule(algorithm="direct convolution, NCHW[x]c (NeoCPU)" + (" depthwise" if gen.dw else "")
+                + (", 1x1 on flat rows" if gen.flat else ""),
                 kernel=fn.rsplit("_", 1)[0], micro_kernel=f"{s.oc_blocks}x{s.reg_n} x {ob} lanes {gen.blk.isa}",
                 blocking=f"oc_bn={ob} ic_bn={ib} reg_n={s.reg_n} oc_blocks={s.oc_blocks} unroll_ker={int(s.unroll_ker)}",
                 threads="static split over (image, oc tile, output row)",
