@@ -4,10 +4,20 @@ Symbolic input dimensions: the model is specialized (and compiled) on the first 
 new combination of input shapes; up to ``MAX_VARIANTS`` (8, or $SMELT_MAX_VARIANTS) compiled
 variants are kept per model, least recently used evicted first. Compiled variants also persist
 in the on-disk cache, so a re-visited shape reloads instead of recompiling.
+
+Recurrent models have dynamic axes instead (ModelCompiler's execution plans: sequence and batch
+are parameters of the generated code). A model whose nodes are all LSTM/GRU/RNN or shape glue
+(Squeeze, Unsqueeze, Reshape, Transpose, Identity, Constant) is compiled *once* with every
+symbolic dimension bounded (``max_dims``, or the first call's size rounded up to a power of
+two): the recurrent kernels read the actual sequence length and batch at run time, the glue runs
+in numpy, and the arena is sized for the bounds. Calls within the bounds never recompile; a
+larger call raises the bound (to the next power of two) with one recompile, so memory stays
+bounded by the largest input seen. ``dynamic=False`` keeps per-shape variants.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections import OrderedDict
@@ -27,6 +37,21 @@ from smelt.runtime.module import LoadedArtifact, ProfileCounters
 from smelt.target import detect
 
 MAX_VARIANTS = int(os.environ.get("SMELT_MAX_VARIANTS", "8"))
+RNN_OPS = frozenset({"LSTM", "GRU", "RNN"})
+# shape glue around recurrent nodes in exported models; run by the (shape-generic) fallback in
+# dynamic mode
+GLUE_OPS = frozenset({"Squeeze", "Unsqueeze", "Reshape", "Transpose", "Identity", "Constant"})
+
+
+def dynamic_rnn_eligible(proto: onnx.ModelProto) -> bool:
+    """Whether ``proto`` can run with run-time sequence length and batch (see the module doc)."""
+    ops = [n.op_type for n in proto.graph.node]
+    return (any(op in RNN_OPS for op in ops) and all(op in RNN_OPS or op in GLUE_OPS for op in ops)
+            and all(n.domain in ("", "ai.onnx") for n in proto.graph.node))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -62,7 +87,8 @@ class CompiledModel:
     def __init__(self, model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
                  allow_fallback: bool = True, input_shapes: Mapping[str, Sequence[int]] | None = None,
                  force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False,
-                 layout: str = "propagate", use_tuning_db: bool = True) -> None:
+                 layout: str = "propagate", use_tuning_db: bool = True, dynamic: bool | None = None,
+                 max_dims: Mapping[str, int] | None = None) -> None:
         self.progress = progress  # a progress bar on stderr while a variant compiles
         self.proto: onnx.ModelProto = load_model(model)
         self.threads = _resolve_threads(threads)
@@ -74,6 +100,30 @@ class CompiledModel:
         self._builds: dict[tuple, BuildResult] = {}
         self._lock = threading.Lock()
         self._last: tuple | None = None
+        self.compilations = 0  # variants built (or loaded from the disk cache) by this object
+        symbols = {d for _, _, shp in self._inputs if shp for d in shp if isinstance(d, str)}
+        if dynamic is None:
+            dynamic = bool(symbols) and dynamic_rnn_eligible(self.proto)
+        elif dynamic and not dynamic_rnn_eligible(self.proto):
+            raise ValueError("dynamic=True needs a model of LSTM/GRU/RNN nodes and shape glue only "
+                             f"({', '.join(sorted(GLUE_OPS))})")
+        self.dynamic = bool(dynamic)
+        self._bounds: dict[str, int] = {k: int(v) for k, v in (max_dims or {}).items()}
+        unknown = set(self._bounds) - symbols
+        if unknown:
+            raise ValueError(f"max_dims names {sorted(unknown)}, which are not symbolic input dimensions "
+                             f"of the model (those are {sorted(symbols)})")
+        if any(v < 1 for v in self._bounds.values()):
+            raise ValueError(f"max_dims must be positive, given {dict(self._bounds)}")
+        if self.dynamic:
+            self._dyn_proto = self._annotate_dynamic(self.proto)
+            for name, _, shape in self._inputs:  # input_shapes seed the bounds max_dims leaves open
+                for want, got in zip(shape or (), (input_shapes or {}).get(name, ()), strict=False):
+                    if isinstance(want, str):
+                        self._bounds[want] = max(self._bounds.get(want, 0), int(got))
+            if set(self._bounds) == symbols:
+                self._dynamic_variant()
+            return
         shapes = dict(input_shapes or {})
         for name, _, shape in self._inputs:
             if name not in shapes and shape is not None and all(isinstance(d, int) for d in shape):
@@ -129,6 +179,53 @@ class CompiledModel:
         return checked
 
     # -- variants --------------------------------------------------------------------
+    @staticmethod
+    def _annotate_dynamic(proto: onnx.ModelProto) -> onnx.ModelProto:
+        """A copy whose recurrent nodes read T and B at run time (``smelt_dynamic``)."""
+        out = onnx.ModelProto()
+        out.CopyFrom(proto)
+        for n in out.graph.node:
+            if n.op_type in RNN_OPS and not any(a.name == "smelt_dynamic" for a in n.attribute):
+                n.attribute.append(onnx.helper.make_attribute("smelt_dynamic", 1))
+        return out
+
+    def _dynamic_variant(self, arrays: Mapping[str, np.ndarray] | None = None) -> LoadedArtifact:
+        """The one dynamic variant (recurrent models); rebuilt only when a call exceeds a bound."""
+        grow: dict[str, int] = {}
+        for name, _, shape in self._inputs:
+            if arrays is None or shape is None or name not in arrays:
+                continue
+            for want, got in zip(shape, np.shape(arrays[name]), strict=False):
+                if isinstance(want, str) and got > self._bounds.get(want, 0):
+                    grow[want] = max(grow.get(want, 0), _pow2(got))
+        key = ("__dynamic__",)
+        with self._lock:
+            art = self._variants.get(key)
+            if art is not None and not grow:
+                self._last = key
+                return art
+            self._bounds.update(grow)
+            shapes = {name: tuple(self._bounds[d] if isinstance(d, str) else d for d in shape)
+                      for name, dtype, shape in self._inputs if shape is not None and dtype is not None}
+            glue = frozenset(n.name for n in self._dyn_proto.graph.node if n.op_type not in RNN_OPS)
+            options = dataclasses.replace(self.options, allow_fallback=True,
+                                          force_fallback=self.options.force_fallback | glue)
+            result = build(self._dyn_proto, shapes, options, progress=self.progress)
+            self.compilations += 1
+            new = LoadedArtifact(result.directory, result.lib_path, self.threads, list(detect().core_cpus),
+                                 dynamic=True)
+            if art is not None:
+                art.close()
+            self._variants[key] = new
+            self._builds[key] = result
+            self._last = key
+            return new
+
+    @property
+    def max_dims(self) -> dict[str, int]:
+        """The current bound of each symbolic dimension (dynamic mode; {} otherwise)."""
+        return dict(self._bounds) if self.dynamic else {}
+
     def _variant(self, key: tuple) -> LoadedArtifact:
         with self._lock:
             art = self._variants.get(key)
@@ -137,6 +234,7 @@ class CompiledModel:
                 self._last = key
                 return art
             result = build(self.proto, dict(key), self.options, progress=self.progress)
+            self.compilations += 1
             art = LoadedArtifact(result.directory, result.lib_path, self.threads, list(detect().core_cpus))
             self._variants[key] = art
             self._builds[key] = result
@@ -153,6 +251,8 @@ class CompiledModel:
     # -- running ---------------------------------------------------------------------
     def run(self, feeds: Mapping[str, Any]) -> list[np.ndarray]:
         arrays = self._check_feed(feeds)
+        if self.dynamic:
+            return self._dynamic_variant(arrays).run(arrays)
         art = self._variant(self._key({k: a.shape for k, a in arrays.items() if isinstance(a, np.ndarray)}))
         return art.run(arrays)
 
@@ -238,7 +338,8 @@ class CompiledModel:
 def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1, allow_fallback: bool = True,
             input_shapes: Mapping[str, Sequence[int]] | None = None,
             force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False,
-            layout: str = "propagate", use_tuning_db: bool = True) -> CompiledModel:
+            layout: str = "propagate", use_tuning_db: bool = True, dynamic: bool | None = None,
+            max_dims: Mapping[str, int] | None = None) -> CompiledModel:
     """Compile an ONNX model (path, bytes or ModelProto) for this CPU.
 
     ``threads``: worker threads including the caller (default: physical cores).
@@ -249,10 +350,15 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     ``layout``: convolution layout planning (``smelt.passes.layout.MODES``): "propagate" (NCHW[x]c
     with transform elimination, the default), "nchw", "conv" or "global" (NeoCPU's ablation).
     ``use_tuning_db``: use schedules from the tuning database (``smelt tune``) where it has them.
+    ``dynamic``: run-time sequence length and batch for recurrent models (default: on when the
+    model is eligible and has symbolic input dimensions; see the module doc). ``max_dims``
+    bounds those dimensions up front (e.g. ``{"T": 512, "B": 32}``); given for every symbolic
+    dimension, the model compiles before the first call.
     """
     return CompiledModel(model, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
                          input_shapes=input_shapes, force_fallback=force_fallback, profile=profile,
-                         progress=progress, layout=layout, use_tuning_db=use_tuning_db)
+                         progress=progress, layout=layout, use_tuning_db=use_tuning_db, dynamic=dynamic,
+                         max_dims=max_dims)
 
 
 class SessionOptions:

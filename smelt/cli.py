@@ -1,4 +1,4 @@
-"""The `smelt` command: compile | run | demo | info."""
+"""The `smelt` command: compile | run | demo | info | bench | profile | tune."""
 
 from __future__ import annotations
 
@@ -172,6 +172,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.threads_per_instance = max(1, detect().physical_cores // args.instances)
     models = suite_models(args.suite) if args.suite else [args.model]
     peers = parse_engines(args.against)
+    if args.ablation:  # NeoCPU Table 3: smelt's layout modes as peers of the default build
+        from smelt.bench.engines import LAYOUT_ABLATION
+
+        peers = parse_engines(LAYOUT_ABLATION + ("," + args.against if args.against else ""))
     threads = args.threads or detect().physical_cores
     result = run_bench(models, peers, threads, batch=args.batch, rounds=args.rounds, warmup=args.warmup,
                        tolerance=args.tolerance, shapes=_parse_shapes(args.shape), instances=args.instances,
@@ -218,6 +222,69 @@ def cmd_profile(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
+
+
+def parse_budget(text: str) -> float:
+    """Seconds of a ``--budget`` such as 30s, 10m, 1.5h or 90 (seconds)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text or "")
+    if not m or float(m.group(1)) <= 0:
+        raise SmeltError(f"--budget wants a positive duration such as 30s, 10m or 1h; given {text!r}")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    import time
+
+    from smelt.bench.harness import resolve_model
+    from smelt.bench.suites import suite_models
+    from smelt.frontend.onnx_import import specialize_inputs
+    from smelt.progress import track
+    from smelt.target import detect
+    from smelt.tune.db import default_path, open_default
+    from smelt.tune.search import collect_tasks, lower_for_tuning, tune_tasks
+
+    start = time.perf_counter()
+    budget = parse_budget(args.budget)
+    specs = list(dict.fromkeys(list(args.models) + (suite_models(args.suite) if args.suite else [])))
+    if not specs:
+        raise SmeltError("give MODEL names/paths or --suite cnn")
+    db = open_default()
+    if db is None:
+        raise SmeltError("the tuning database is disabled (SMELT_TUNING_DB=off); point it at a file to tune")
+    target = detect()
+    threads = args.threads or target.physical_cores
+    lowered = []
+    for spec in track(specs, "lowering models"):
+        bm = resolve_model(spec)
+        proto = specialize_inputs(bm.proto, {k: list(v.shape) for k, v in bm.feeds.items()})
+        lowered.append((bm.name, lower_for_tuning(proto, threads, target)))
+    tasks = collect_tasks(lowered, threads, target)
+    if not tasks:
+        print(f"no NCHWc convolutions to tune in {', '.join(specs)}")
+        return 0
+    print(f"tuning {len(tasks)} distinct conv workloads of {len(specs)} model(s), {threads} thread(s), "
+          f"budget {budget:.0f} s, target {target.isa}", flush=True)
+    report = tune_tasks(tasks, budget - (time.perf_counter() - start), threads, target, db, progress=True)
+    rows = [("workload", "models", "tried", "default ms", "best ms", "speedup", "best schedule")]
+    for r in report.results:
+        b = r.best
+        rows.append((r.task.describe(), ",".join(r.task.models)[:28], str(r.tried), f"{r.default_s * 1e3:.3f}",
+                     f"{r.best_s * 1e3:.3f}", f"{r.speedup:.2f}x" + (" *" if r.stored else ""),
+                     f"oc_bn={b.oc_bn} {b.oc_blocks}x{b.reg_n}{'' if b.unroll_ker else ' no-unroll'}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    saved = sum(r.default_s - r.best_s for r in report.results if r.stored)
+    print(f"{len(report.results)} workloads tuned ({sum(1 for r in report.results if r.stored)} records written, "
+          f"* = stored: beat the default by >2%; {saved * 1e3:.2f} ms saved per call summed over one use each), "
+          f"{report.transforms} layout transforms measured, {time.perf_counter() - start:.0f} s")
+    for task, why in report.failed:
+        print(f"FAILED {task.describe()}: {why}")
+    if report.skipped:
+        print(f"budget exhausted: {len(report.skipped)} workloads not tuned "
+              f"({', '.join(t.describe() for t in report.skipped[:4])}{', ...' if len(report.skipped) > 4 else ''})")
+    print(f"tuning database: {default_path()}")
+    return 1 if report.failed else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -271,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", choices=["cnn", "rnn"], help="the zoo CNNs, or DeepCPU's Table 1 LSTM+GRU shapes")
     p.add_argument("--against", default=None, metavar="PEERS",
                    help="comma-separated peers (default: onnxruntime,openvino,torch)")
+    p.add_argument("--ablation", action="store_true",
+                   help="NeoCPU Table 3: time the default build against smelt:nchw (NCHW baseline), smelt:conv "
+                   "(NCHWc convs, transforms around each) and smelt:global (global layout search), plus --against")
     p.add_argument("--threads", type=int, default=None, help="threads for every engine (default: physical cores)")
     p.add_argument("--batch", type=int, default=1, help="batch size for zoo models / symbolic batch dims")
     p.add_argument("--rounds", type=int, default=20, help="interleaved rounds, each 5 timed calls per engine")
@@ -302,6 +372,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chart", metavar="OUT.png", help="write a PNG chart of per-node and per-class time")
     p.add_argument("--json", metavar="OUT.json", help="write the profile as JSON")
     p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("tune", help="measure conv schedules and layout transforms into the tuning database",
+                       description="NeoCPU's local search: time every distinct NCHWc convolution of the models "
+                       "under the default and the cost model's best schedules (many per compiled library), "
+                       "and the layout transforms between blocks, within a time budget. Faster schedules "
+                       "are stored in the tuning database (SMELT_TUNING_DB); later compiles use them, and "
+                       "layout='global' uses the measured costs.")
+    p.add_argument("models", nargs="*", help="ONNX paths or zoo names (zoo:resnet18, ...)")
+    p.add_argument("--suite", choices=["cnn"], help="also tune the zoo CNNs")
+    p.add_argument("--budget", default="10m", help="total time: 30s, 10m, 1h (default 10m)")
+    p.add_argument("--threads", type=int, default=None, help="threads to tune for (default: physical cores)")
+    p.set_defaults(func=cmd_tune)
     return parser
 
 

@@ -159,7 +159,15 @@ def tuning_fingerprint(options: CompileOptions, target: Target) -> str:
     if not options.use_tuning_db or options.layout == "nchw":
         return ""
     db = open_default()
-    return "" if db is None else db.fingerprint(CONV_KIND, target.key())
+    if db is None:
+        return ""
+    # "rnn": recurrence grids from smelt.tune.rnn_calibrate, read by the rnn template
+    fp = db.fingerprint(CONV_KIND, target.key()) + "|" + db.fingerprint("rnn", target.key())
+    if options.layout == "global":  # the global search also reads scheme and transform costs
+        from smelt.tune.search import SCHEME_KIND, TRANSFORM_KIND
+
+        fp += "|" + db.fingerprint(SCHEME_KIND, target.key()) + "|" + db.fingerprint(TRANSFORM_KIND, target.key())
+    return fp
 
 
 def _db_schedules(options: CompileOptions, target: Target):
@@ -182,7 +190,13 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
     g = run_passes(g, options.opt_level)
     if options.opt_level >= 1:
         target = target or detect()
-        g = plan_layouts(g, target, options.layout, options.force_fallback, _db_schedules(options, target))
+        schedules = _db_schedules(options, target)
+        if options.layout == "global":  # NeoCPU's global search picks every conv's blocks
+            from smelt.tune.layout_search import global_schedules
+
+            db = open_default() if options.use_tuning_db else None
+            schedules = global_schedules(g, target, options.threads, db, options.force_fallback)
+        g = plan_layouts(g, target, options.layout, options.force_fallback, schedules)
     return g
 
 
@@ -240,6 +254,26 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
     result.from_cache = False
     if toolchain.debug_enabled() and lib_path is not None:
         print(f"smelt: generated C kept at {toolchain.source_path_for(lib_path)}", file=sys.stderr)
+    return result
+
+
+def build_lowered(g: Graph, options: CompileOptions, directory: Path, *, target: Target | None = None,
+                  plan: ExecutionPlan | None = None) -> BuildResult:
+    """Plan (unless ``plan`` is given), generate, compile and write an artifact for an
+    already-lowered graph into ``directory`` (which must not exist yet). No artifact cache and no
+    passes: the tuner builds throwaway measurement graphs whose nodes already carry their layouts
+    and schedules (the shared library itself is still cached by source hash)."""
+    target = target or detect()
+    start = time.perf_counter()
+    plan = plan or build_plan(g, options.force_fallback)
+    _check_fallbacks(plan, options)
+    module = generate(g, plan, target, options.codegen_threads(target), profile=options.profile)
+    lib_path = (toolchain.build_shared_library(module.source, name=g.name, target=target,
+                                               sanitize=options.sanitize) if plan.native_blocks() else None)
+    _write_artifact(Path(directory), g, plan, _plan_json(g, plan, module, lib_path, options, target), module.weights)
+    result = _load_cached(Path(directory))
+    assert result is not None
+    result.compile_seconds, result.from_cache = time.perf_counter() - start, False
     return result
 
 

@@ -112,6 +112,17 @@ def plan_arena(g: Graph, steps: list[NativeBlock | FallbackStep]) -> tuple[dict[
         for i in n.all_inputs():
             if i in internal:
                 end[i] = t
+    # A pipelined stack of recurrent layers (templates/rnn.py, pipeline plan) computes every
+    # layer in the first layer's step: the stack's values must be live over the whole stack.
+    from smelt.codegen.templates.rnn import pipeline_members
+
+    index = {id(n): t for t, n in enumerate(order)}
+    for chain in {id(c[0]): c for c in pipeline_members(g).values()}.values():
+        lo, hi = min(index[id(n)] for n in chain), max(index[id(n)] for n in chain)
+        for n in chain:
+            for o in n.outputs:
+                if o in start:
+                    start[o], end[o] = min(start[o], lo), max(end[o], hi)
     placed: list[tuple[int, int, int, int]] = []  # offset, size, start, end
     offsets: dict[str, int] = {}
     total = 0

@@ -15,7 +15,9 @@ Modes (NeoCPU's Table 3 ablation):
   template accepts them (pooling, concat on channels, element-wise, BatchNorm); transforms only
   at the boundary of layout-dependent ops.
 - ``global``: as ``propagate``, with each conv's schedule (and wanted input block) chosen by the
-  global search (``smelt.tune.layout_search``), passed in as ``schedules``.
+  global search (``smelt.tune.layout_search``, run by ``compiler.lower``), passed in as
+  ``schedules``: its ``oc_bn`` is the output block the search picked and its ``ic_bn`` the input
+  block, converted to here when it differs from the producer's.
 
 Each NCHWc conv gets ``node.schedule = {"kind": "conv_nchwc", "config": ...}``; its schedule comes
 from ``schedules(node, g, in_block)`` (the tuning database) or the template's default.
@@ -27,6 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from smelt.codegen.templates.conv import ConvGeometry
 from smelt.codegen.templates.conv_nchwc import (
     NchwcSchedule,
     blocked_layout,
@@ -34,7 +37,6 @@ from smelt.codegen.templates.conv_nchwc import (
     is_depthwise,
     nchwc_reason,
 )
-from smelt.codegen.templates.conv import ConvGeometry
 from smelt.codegen.templates.registry import SMELT_DOMAIN, find_template
 from smelt.ir.graph import Graph, Node, Value
 from smelt.target import Target
@@ -183,7 +185,9 @@ class _Planner:
         if not layouts or self.mode == "conv" or node.name in self.force_fallback:
             self.all_plain(node)
             return
-        lay = max(set(layouts), key=layouts.count)  # the majority layout
+        # the majority layout; ties go to the first input's (deterministic, and what the global
+        # search in smelt.tune.layout_search models)
+        lay = max(dict.fromkeys(layouts), key=layouts.count)
         for in_l, out_l in ((None, lay), (lay, lay), (None, PLAIN), (lay, PLAIN)):
             if self.try_layouts(node, in_l, out_l):
                 return

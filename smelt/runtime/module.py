@@ -11,6 +11,12 @@ uses every core). For parallel throughput, load several instances (``smelt bench
 An instrumented artifact (compiled with ``profile=True``) also keeps per-step timings: the native
 code's counters (see the "Instrumented build" section of ``csrc/smelt_rt.h``), and the time of
 each fallback step, measured here. ``profile_counters()`` reads them all, in execution order.
+
+A dynamic artifact (recurrent models, ``smelt.api``'s dynamic mode) is compiled for bounds of the
+sequence length T and batch B; its recurrent kernels read the actual T and B of each recurrent
+node from the library's ``smelt_rnn_dims`` array, which ``run`` sets from the node's X before
+the call (the template records, in the step's schedule, which input carries them and the output
+shapes in terms of T and B). Its fallback steps (the shape glue) run on whatever shapes arrive.
 """
 
 from __future__ import annotations
@@ -86,10 +92,57 @@ def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
     return raw[shift : shift + nbytes]
 
 
+def _glue_fn(model):
+    """A numpy implementation of a one-node shape-glue model (Squeeze, Unsqueeze, Reshape,
+    Transpose, Identity), or None. onnx.reference costs ~15-30 us per such node; this ~1-3 us,
+    which matters for recurrent models in dynamic mode, where this glue runs between kernels."""
+    from onnx import helper, numpy_helper
+
+    if len(model.graph.node) != 1:
+        return None
+    node = model.graph.node[0]
+    if node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+        return None
+    consts = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    data = node.input[0] if node.input else ""
+    if not data or data in consts:
+        return None
+    second = consts.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    if len(node.input) > 1 and node.input[1] and second is None:
+        return None  # a run-time axes/shape input: leave it to onnx.reference
+    op = node.op_type
+    if op == "Identity":
+        return lambda x: x
+    if op == "Transpose":
+        perm = attrs.get("perm")
+        return lambda x: np.ascontiguousarray(np.transpose(x, perm))
+    if op in ("Squeeze", "Unsqueeze"):
+        axes = attrs.get("axes") if second is None else [int(a) for a in second.reshape(-1)]
+        if op == "Squeeze":
+            return lambda x: np.squeeze(x, axis=None if axes is None else tuple(axes))
+        if axes is None:
+            return None
+
+        def unsqueeze(x):
+            r = x.ndim + len(axes)
+            return np.expand_dims(x, tuple(sorted(a % r for a in axes)))
+        return unsqueeze
+    if op == "Reshape" and second is not None and not attrs.get("allowzero", 0):
+        spec = [int(v) for v in second.reshape(-1)]
+
+        def reshape(x):
+            shape = [x.shape[i] if v == 0 else v for i, v in enumerate(spec)]
+            return x.reshape(shape)
+        return reshape
+    return None
+
+
 class _FallbackRunner:
     """One node executed by onnx.reference, between native blocks (reported, never silent)."""
 
-    def __init__(self, model_path: Path, inputs: list[str], outputs: list[TensorSpec | None]) -> None:
+    def __init__(self, model_path: Path, inputs: list[str], outputs: list[TensorSpec | None],
+                 check_shapes: bool = True) -> None:
         import onnx
         from onnx.reference import ReferenceEvaluator
 
@@ -97,16 +150,21 @@ class _FallbackRunner:
         self.evaluator = ReferenceEvaluator(self.model)
         self.inputs = inputs
         self.outputs = outputs
+        self.check_shapes = check_shapes
+        self.fast = _glue_fn(self.model)
 
     def run(self, env: dict[str, np.ndarray]) -> None:
         feeds = {name: env[name] for name in self.inputs}
-        results = self.evaluator.run(None, feeds)
+        if self.fast is not None and len(self.inputs) == 1:
+            results = [self.fast(feeds[self.inputs[0]])]
+        else:
+            results = self.evaluator.run(None, feeds)
         for spec, name, value in zip(self.outputs, self.model.graph.output, results, strict=False):
             if value is None or isinstance(value, list):  # optional / sequence values pass through
                 env[name.name] = value
                 continue
             arr = np.asarray(value)
-            if spec is not None and spec.shape and arr.shape != spec.shape:
+            if self.check_shapes and spec is not None and spec.shape and arr.shape != spec.shape:
                 raise SmeltError(
                     f"fallback node produced {name.name!r} with shape {arr.shape}, "
                     f"but the plan expected {spec.shape}"
@@ -117,8 +175,10 @@ class _FallbackRunner:
 class LoadedArtifact:
     """A compiled variant in memory: library, pool, weights, arena and plan."""
 
-    def __init__(self, directory: Path, lib_path: Path, n_threads: int, cpus: list[int]) -> None:
+    def __init__(self, directory: Path, lib_path: Path, n_threads: int, cpus: list[int],
+                 dynamic: bool = False) -> None:
         self.directory = directory
+        self.dynamic = dynamic
         meta = json.loads((directory / "plan.json").read_text())
         self.meta = meta
         self.inputs = [TensorSpec.from_json(d) for d in meta["inputs"]]
@@ -163,10 +223,39 @@ class LoadedArtifact:
                                    (ctypes.c_void_p * max(1, len(outs)))(), step["step_nodes"]))
             else:
                 outs = [TensorSpec.from_json(d) if d else None for d in step["outputs"]]
-                runner = _FallbackRunner(directory / step["model"], step["inputs"], outs)
+                runner = _FallbackRunner(directory / step["model"], step["inputs"], outs, check_shapes=not dynamic)
                 self.steps.append(("fallback", runner, step["node"], step["op"]))
         if self.profiling and self.lib is not None:
             self._bind_profile_counters()
+        # dynamic artifacts: per native step, the recurrent nodes' run-time dimension slots
+        self._dyn: dict[int, list[dict]] = {}
+        self._dims = None
+        if dynamic and self.lib is not None:
+            for si, step in enumerate(meta["steps"]):
+                if step["kind"] == "native":
+                    infos = [json.loads(i["schedule"]["dynamic"]) for i in step.get("step_info", [])
+                             if "dynamic" in i.get("schedule", {})]
+                    self._dyn[si] = list({d["slot"]: d for d in infos}.values())
+            if any(self._dyn.values()):
+                self._dims = (ctypes.c_long * 256).in_dll(self.lib, "smelt_rnn_dims")
+
+    def _dynamic_shapes(self, si: int, env: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+        """Set the recurrent nodes' T and B for native step ``si``; its outputs' actual shapes."""
+        shapes: dict[str, tuple[int, ...]] = {}
+        for d in self._dyn.get(si, []):
+            x = env[d["x"]]
+            if x.ndim != 3:
+                raise SmeltError(f"recurrent input {d['x']!r} must have rank 3, given shape {list(x.shape)}")
+            T, B = (x.shape[0], x.shape[1]) if d["layout"] == 0 else (x.shape[1], x.shape[0])
+            tmax, bmax = d["max"]
+            if not (1 <= T <= tmax and 1 <= B <= bmax):
+                raise SmeltError(f"recurrent input {d['x']!r} has sequence length {T} and batch {B}; this "
+                                 f"library was compiled for 1..{tmax} and 1..{bmax}")
+            assert self._dims is not None
+            self._dims[2 * d["slot"]], self._dims[2 * d["slot"] + 1] = T, B
+            for name, shp in d["outputs"].items():
+                shapes[name] = tuple(T if v == "T" else B if v == "B" else int(v) for v in shp)
+        return shapes
 
     def _bind_profile_counters(self) -> None:
         """numpy views of every block's counter array (it lives in the library's data)."""
@@ -189,13 +278,14 @@ class LoadedArtifact:
             for si, step in enumerate(self.steps):
                 if step[0] == "native":
                     _, fn, ins, outs, in_ptrs, out_ptrs, step_nodes = step
+                    dyn_shapes = self._dynamic_shapes(si, env) if self._dims is not None else {}
                     for i, spec in enumerate(ins):
                         arr = env[spec.name]
                         if arr.dtype != spec.dtype or not arr.flags.c_contiguous:
                             arr = env[spec.name] = np.asarray(arr, dtype=spec.dtype, order="C")
                         in_ptrs[i] = arr.ctypes.data
                     for i, spec in enumerate(outs):
-                        arr = np.empty(spec.shape, dtype=spec.dtype)
+                        arr = np.empty(dyn_shapes.get(spec.name, spec.shape), dtype=spec.dtype)
                         env[spec.name] = arr
                         out_ptrs[i] = arr.ctypes.data
                     status = fn(self.pool, in_ptrs, out_ptrs, self._arena_ptr, self._scratch_ptr,

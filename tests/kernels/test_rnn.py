@@ -20,7 +20,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import smelt
-from smelt.codegen.templates.rnn import vmath_source
+from smelt.codegen.templates.rnn import SCHEDULES, annotate, vmath_source
 from smelt.codegen.toolchain import RUNTIME_HEADER, arch_flags, find_compiler
 from smelt.target import detect
 
@@ -145,8 +145,10 @@ def _models(cases: list[Case], seed: int = 0):
     return model(nodes, g_in, inits), model(ref_nodes, r_in, ref_inits), feeds, outs
 
 
-def _check(cases: list[Case], threads=(1, 2), seed: int = 0) -> None:
+def _check(cases: list[Case], threads=(1, 2), seed: int = 0, transform=None) -> None:
     model, ref_model, feeds, outs = _models(cases, seed)
+    if transform is not None:  # e.g. a schedule / grid annotation of the smelt model
+        model = transform(model)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     ref = ort.InferenceSession(ref_model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(outs, feeds)
@@ -392,3 +394,94 @@ def test_invalid_sequence_lens_raise():
     for bad in ([5, 0, 1], [-1, 2, 4]):
         with pytest.raises(SmeltError):
             compiled.run({**feeds, "c0_L": np.array(bad, np.int32)})
+
+
+# every schedule level of the Fig. 4(a) ablation, and forced partition grids, stay exact
+SCHED_CASES = [Case("LSTM", 5, 5, 6, 40, "bidirectional", seq="rand", init=True, peep=True),
+               Case("GRU", 4, 7, 5, 35, "forward", seq=[4, 1, 0, 2, 3, 4, 4]),
+               Case("GRU", 3, 3, 5, 20, "reverse", attrs={"linear_before_reset": 1}, init=True),
+               Case("RNN", 4, 6, 3, 17, "forward", 1, seq="rand")]
+
+
+@pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s != "wcs"])
+def test_schedules(schedule):
+    _check(SCHED_CASES, threads=(1, 2, 3), transform=lambda m: annotate(m, schedule=schedule))
+
+
+@pytest.mark.parametrize("grid", [(2, 1), (1, 2), (2, 2), (3, 1)])
+def test_forced_grids(grid):
+    """Row groups (no barrier), hidden groups (barrier per row group) and both; a grid larger
+    than the pool or the batch falls back to the model's choice."""
+    _check(SCHED_CASES, threads=(2, 4), transform=lambda m: annotate(m, grid=grid))
+
+
+def test_calibration_stores_and_is_used(tmp_path, monkeypatch):
+    """rnn_calibrate times every grid of a node, stores the fastest (kind "rnn"); the next
+    compile of that workload uses it (and the artifact key changes with the database)."""
+    from smelt.tune import db as tdb
+    from smelt.tune.rnn_calibrate import calibrate
+
+    monkeypatch.setenv("SMELT_TUNING_DB", str(tmp_path / "tune.sqlite"))
+    monkeypatch.setattr(tdb, "_opened", {})
+    model, _, feeds, outs = _models([Case("LSTM", 4, 3, 5, 20, "forward")], 0)
+    (res,) = calibrate(model, threads=2, rounds=1)
+    assert set(res.timings) == {(1, 1), (1, 2), (2, 1)} and res.stored
+    assert res.workload == {"op": "LSTM", "E": 5, "H": 20, "B": 3, "T": 4, "D": 1, "lbr": 0, "threads": 2}
+    rec = tdb.open_default().lookup("rnn", res.workload, detect().key())
+    assert rec == {"xi": res.best[0], "xj": res.best[1]}
+    compiled = smelt.compile(model, threads=2)
+    info = [i for st in compiled.plan["steps"] if st["kind"] == "native" for i in st["step_info"]]
+    assert f"grid {res.best[0]} row x {res.best[1]} hidden" in info[-1]["schedule"]["threads"]
+    _check([Case("LSTM", 4, 3, 5, 20, "forward")], threads=(2,))
+
+
+@pytest.mark.parametrize("cell,layers,B,T,H", [("lstm", 2, 1, 17, 40), ("gru", 3, 2, 5, 20), ("lstm", 4, 3, 7, 33)])
+def test_pipeline_plan_stacked_layers(cell, layers, B, T, H):
+    """ModelCompiler's pipeline plan (layer l at tick tau runs step tau - l, one thread per layer)
+    equals onnxruntime, forced on and off, at 1 to 3 threads, with initial states."""
+    from smelt.frontend.zoo.rnn import lstm_model
+
+    model = lstm_model(H, H, B, T, layers=layers, cell=cell, initial_states=True)
+    rng = np.random.default_rng(0)
+    feeds = {vi.name: rng.standard_normal([d.dim_value for d in vi.type.tensor_type.shape.dim]).astype(np.float32)
+             for vi in model.graph.input}
+    _stacked_check(model, feeds)
+
+
+def test_pipeline_plan_eligibility():
+    """Only chains of forward, single-direction layers qualify (a reverse or bidirectional layer
+    needs the whole sequence below it first)."""
+    from smelt.codegen.templates.rnn import pipeline_chain
+    from smelt.frontend.onnx_import import to_ir
+    from smelt.frontend.zoo.rnn import lstm_model
+
+    g = to_ir(lstm_model(8, 8, 1, 4, layers=3))
+    heads = [n for n in g.nodes if n.op == "LSTM"]
+    assert [n.op for n in pipeline_chain(heads[0], g)] == ["LSTM", "Squeeze", "LSTM", "Squeeze", "LSTM"]
+    assert pipeline_chain(heads[1], g) == []  # not a head
+    gb = to_ir(lstm_model(8, 8, 1, 4, layers=2, bidirectional=True))
+    assert pipeline_chain(next(n for n in gb.nodes if n.op == "LSTM"), gb) == []
+    rev = lstm_model(8, 8, 1, 4, layers=2)
+    for n in rev.graph.node:
+        if n.op_type == "LSTM" and n.name.startswith("layer1"):
+            for a in n.attribute:
+                if a.name == "direction":
+                    a.s = b"reverse"
+    g = to_ir(rev)
+    assert pipeline_chain(next(n for n in g.nodes if n.op == "LSTM"), g) == []
+
+
+def _stacked_check(model, feeds, threads=(1, 2, 3)):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    ref = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for pipeline in (True, False):
+        for th in threads:
+            compiled = smelt.compile(annotate(model, pipeline=pipeline), threads=th)
+            algos = " ".join(i["schedule"].get("algorithm", "") for st in compiled.plan["steps"]
+                             if st["kind"] == "native" for i in st["step_info"])
+            assert ("pipeline plan" in algos) == pipeline
+            for _ in range(2):
+                for a, b in zip(compiled.run(feeds), ref, strict=True):
+                    assert float(np.abs(a - b).max()) <= 1e-5 * max(1.0, float(np.abs(b).max()))
+            compiled.close()

@@ -22,9 +22,9 @@ import numpy as np
 from smelt.codegen.emit import BlockEmitter
 from smelt.codegen.epilogue import epilogue_doc
 from smelt.codegen.templates.gemm import (
+    _V,
     Blocking,
     TileEpilogue,
-    _V,
     node_epilogue_ops,
     scalar_epilogue,
     vector_epilogue_stmts,

@@ -42,10 +42,10 @@ from smelt.codegen.emit import BlockEmitter
 from smelt.codegen.epilogue import epilogue_doc
 from smelt.codegen.templates.conv import ConvGeometry, _check_conv
 from smelt.codegen.templates.gemm import (
+    _V,
     Blocking,
     TileEpilogue,
     _lit,
-    _V,
     define,
     node_epilogue_ops,
     scalar_epilogue,

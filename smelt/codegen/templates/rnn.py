@@ -11,19 +11,36 @@ Deep Learning Models 10x Faster", USENIX ATC 2018):
   panel-major, so each thread keeps its own panels in L2.
 * **Recurrence, fused gates.** ``R`` is packed per direction and per block of 16 hidden units
   as ``[H][G*16]``: the G gate pre-activations of 16 hidden units (x a tile of batch rows) are
-  accumulated in registers as ``XW[t] + h_{t-1}·R^T`` and the gate math (vectorized sigmoid /
-  tanh / ...) runs on those registers directly: no gate buffer round trip.
-* **Weight-centric streamlining.** Each thread owns a fixed range of hidden blocks (and so a
-  fixed slice of the fused ``R`` rows) for the whole sequence: its slice stays in its own L2
-  (and the projection's panel split gives each thread mostly its own XW columns). Threads meet
-  once per time step (GRU with linear_before_reset=0 twice: ``(r ⊙ h)·Rh`` needs every
-  thread's r). The meeting is ``VX_sync``, a barrier of per-thread epoch flags in scratch:
-  one cache-line transfer per peer instead of the pool barrier's two or three (0.12 vs 0.25 us
-  on the 2-core dev VM; ~7% faster at H=128), and it lets thread subsets synchronize alone.
-  Bidirectional: with 2+ threads each direction gets its own thread group and the groups never
-  synchronize (no sync at all for groups of one thread); on one thread the directions run one
-  after the other, so only one direction's R must stay in L2. Small problems use fewer
-  threads for the recurrence (``_rec_threads``).
+  accumulated in registers as ``XW[t] + h_{t-1}·R^T`` by a non-inlined tile kernel
+  (``_dot_code``), then the gate math (vectorized sigmoid / tanh / ...) runs per row and block.
+  Batch rows are cut into balanced chunks of up to 6 (LSTM) / 8 rows; the K loop is blocked so
+  all chunks of a row group reuse an L1 block of R (at H=1024 otherwise re-read from L3).
+* **PCP: the partition.** Per direction group, the recurrence is a grid of ``xi`` batch-row
+  groups x ``xj`` hidden-unit groups (``grid_for``): the data-movement model ``step_cost``
+  (DeepCPU sec. 5.2.3: a thread's R slice is read from L1, from its own L2 if it fits - reuse
+  across steps - or from L3 every step; row groups need no barrier, hidden groups one per step)
+  with the target's L1/L2 sizes picks it, unless the tuning database has a measured grid
+  (``smelt.tune.rnn_calibrate``; kind "rnn") or the node forces one (``smelt_rnn_grid``).
+  Using fewer threads than available is a candidate (the parallelism degree).
+* **Weight-centric streamlining.** Each thread keeps its partition (rows x hidden blocks, so a
+  fixed slice of the fused ``R`` rows) for the whole sequence: its slice stays in its own L2.
+  Threads of a row group meet once per time step (GRU with linear_before_reset=0 twice:
+  ``(r ⊙ h)·Rh`` needs every thread's r). The meeting is ``VX_sync``, a barrier of per-thread
+  epoch flags in scratch: one cache-line transfer per peer instead of the pool barrier's two
+  or three (0.12 vs 0.25 us on the 2-core dev VM), and it lets thread subsets synchronize
+  alone. Bidirectional: with 2+ threads each direction gets its own thread group and the
+  groups never synchronize (parallel GEMMs in parallel); on one thread the directions run one
+  after the other, so only one direction's R must stay in L2.
+* **Ablation levels** (node attribute ``smelt_rnn_schedule``, see ``annotate``; DeepCPU Fig.
+  4(a)): ``baseline`` = no hoisting, a fused-gate GEMM of x_t per step, column-split over all
+  threads, partitions rotating over threads every step (a parallel GEMM without affinity);
+  ``hoist`` = hoisted projection, same recurrence; ``pcp`` = the model's grid, still rotating;
+  ``wcs`` (default) = the model's grid, fixed per thread.
+* **Dynamic axes** (``smelt_dynamic``, set by ``smelt.api`` for recurrent models): T and B are
+  read at run time from ``smelt_rnn_dims`` (set by ``smelt.runtime.module``); every index is a
+  run-time expression, the tile kernels exist for every chunk size and the partition table has
+  a row per batch size; scratch is sized for the compile-time shapes, which are the bounds.
+* **Stacked layers** (``pipeline_chain`` / ``emit_pipeline``): ModelCompiler's pipeline plan.
 * Hidden sizes are padded to Hp = ceil(H/16)*16 lanes; padded lanes of the state are kept at
   zero (masked), and never reach an output (masked stores).
 * Weights given as runtime inputs (as in the ONNX backend tests) are packed into scratch by a
@@ -57,9 +74,11 @@ exotic activations Elu and Softplus always use libm lane by lane, as onnxruntime
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 
 from smelt.codegen.emit import BlockEmitter, c_literal
 from smelt.codegen.templates.registry import register
@@ -69,7 +88,9 @@ VL = 16  # floats per vector (AVX-512); the packing unit of hidden blocks
 PANEL = 64  # GEMM panel width (4 vectors)
 GEMM_MR = 6  # GEMM rows per register tile
 GEMM_KC = 128  # GEMM K block: a 64-column panel slice of 32 KiB stays in L1
+GEMM_MC_BLOCKS = 8  # GEMM row blocks per task: a 48x64 XW tile (12 KiB) stays in L1 across K blocks
 ACC_BUDGET = 24  # accumulator registers a recurrence tile may use
+REC_GROUP_ROWS = 24  # batch rows whose accumulators share one pass over an L1 block of R
 # Minimum multiply-adds per thread per time step before splitting the recurrence pays for a
 # cross-core sync (~0.25 us on this class of machine); see _rec_threads.
 REC_MIN_MACS = 16384
@@ -414,7 +435,7 @@ static inline void VX_sync(VX_flag *f, int me, int n, unsigned epoch) {
         unsigned spins = 0;
         while ((int)(atomic_load_explicit(&f[j].v, memory_order_acquire) - epoch) < 0) {
             SMELT_PAUSE();
-            if (++spins > 20000u) { sched_yield(); spins = 0; }
+            if (++spins > 2000u) { sched_yield(); spins = 0; } /* ~20 us: a peer thread was descheduled */
         }
     }
 }
@@ -468,33 +489,39 @@ def _row_chunks(total: int, most: int) -> list[tuple[int, int]]:
     return [(s, c) for s, c in ((q + 1, r), (q, n - r)) if c > 0]
 
 
-def gemm_code(cfg: RnnConfig) -> str:
-    """FNAME(X, XW, Wp, bias, tid, nt): XW[t*B+b][n] = bias[n] + X[t,b,:]·Wfused[n,:].
+def gemm_code(cfg: RnnConfig, dynamic: bool = False, rows: int | None = None) -> str:
+    """FNAME(X, XW, Wp, bias, M, TB, tid, nt): XW[t*B+b][n] = bias[n] + X[t,b,:]·Wfused[n,:].
 
-    Tasks are (64-column panel, 6-row block) pairs, panel-major, split evenly over threads;
-    K is blocked by GEMM_KC so a panel's K-slice (<= 32 KiB) stays in L1 across row blocks.
+    ``M`` = T*B rows (run time; ``TB`` = T for layout 1, whose rows are batch-major). Tasks are
+    (64-column panel, block of GEMM_MC_BLOCKS x 6 rows) pairs, panel-major, split evenly over
+    threads; inside a task K is blocked by GEMM_KC so the panel's K-slice (<= 32 KiB) stays in
+    L1 across the row blocks, and the task's XW tile (<= 12 KiB) stays in L1 across K blocks
+    (without the row blocking, K > GEMM_KC re-read and re-wrote all of XW from L2/L3 per K block).
+    ``rows``: the M it is called with when static (default T*B; the per-step baseline: B).
     """
-    M, K, N, T, B = cfg.T * cfg.B, cfg.E, cfg.ntot, cfg.T, cfg.B
+    K, N = cfg.E, cfg.ntot
     n_panels = -(-N // PANEL)
     nv_last = (N - (n_panels - 1) * PANEL) // VL
-    n_mb = -(-M // GEMM_MR)
-    mr_tail = M - (n_mb - 1) * GEMM_MR
-    mr_full = GEMM_MR if n_mb > 1 else mr_tail
-    nvs = ([4] if n_panels > 1 else []) + [nv_last]
+    nvs = sorted(({4} if n_panels > 1 else set()) | {nv_last})
     kc = K if K <= GEMM_KC else GEMM_KC
+    if dynamic:
+        mrs = list(range(1, GEMM_MR + 1))
+    else:
+        M = rows or cfg.T * cfg.B
+        mrs = sorted({min(GEMM_MR, M), M - (-(-M // GEMM_MR) - 1) * GEMM_MR})
     tiles = []
-    for mr, nv, first in sorted({(m, v, f) for m in (mr_full, mr_tail) for v in nvs
+    for mr, nv, first in sorted({(m, v, f) for m in mrs for v in nvs
                                  for f in ((True,) if kc == K else (True, False))}):
         width = nv * VL
         lines = [f"static inline __attribute__((always_inline)) void FNAME_t{mr}x{nv}{'f' if first else 'a'}("
                  "const float *X, float *XW, const float *wp, const float *bias, long m0, long col, long k0, "
-                 "long k1) {", "    (void)bias;"]
+                 "long k1, long TB, long Bn) {", "    (void)bias; (void)TB; (void)Bn;"]
         for m in range(mr):
             lines.append(f"    const float *x{m} = X + (m0 + {m}) * {K}L;")
             if cfg.layout == 0:
                 lines.append(f"    float *o{m} = XW + (m0 + {m}) * {N}L + col;")
-            else:
-                lines.append(f"    float *o{m} = XW + (((m0 + {m}) % {T}) * {B}L + (m0 + {m}) / {T}) * {N}L + col;")
+            else:  # X rows are (b, t); XW rows are (t, b)
+                lines.append(f"    float *o{m} = XW + (((m0 + {m}) % TB) * Bn + (m0 + {m}) / TB) * {N}L + col;")
         for v in range(nv):
             for m in range(mr):
                 src = f"bias + col + {v * VL}" if first else f"o{m} + {v * VL}"
@@ -515,30 +542,30 @@ def gemm_code(cfg: RnnConfig) -> str:
         tiles.append("\n".join(lines))
 
     def dispatch(nv: int) -> str:
-        args = "(X, XW, wp, bias, mb * " + str(GEMM_MR) + ", col, k0, k1);"
+        cases = []
+        for mr in mrs:
+            args = "(X, XW, wp, bias, m0, col, k0, k1, TB, Bn);"
+            one = (f"FNAME_t{mr}x{nv}f{args}" if kc == K else
+                   f"{{ if (k0 == 0) FNAME_t{mr}x{nv}f{args} else FNAME_t{mr}x{nv}a{args} }}")
+            cases.append(f"case {mr}: {one} break;")
+        return f"switch (SMELT_MIN(M - m0, {GEMM_MR}L)) {{ {' '.join(cases)} default: SMELT_FAIL(); break; }}"
 
-        def one(mr: int) -> str:
-            if kc == K:
-                return f"FNAME_t{mr}x{nv}f{args}"
-            return f"{{ if (k0 == 0) FNAME_t{mr}x{nv}f{args} else FNAME_t{mr}x{nv}a{args} }}"
-
-        if mr_tail == mr_full:
-            return one(mr_full)
-        return f"if (mb < {n_mb - 1}) {one(GEMM_MR)} else {one(mr_tail)}"
-
+    mcr = GEMM_MC_BLOCKS * GEMM_MR
     body = f"""
-static void FNAME(const float *X, float *XW, const float *Wp, const float *bias, int tid, int nt) {{
+static void FNAME(const float *X, float *XW, const float *Wp, const float *bias, long M, long TB,
+                  int tid, int nt) {{
+    const long Bn = M / TB; (void)Bn;
+    const long n_mc = (M + {mcr - 1}) / {mcr};
     long lo, hi;
-    smelt_range({n_panels * n_mb}L, tid, nt, &lo, &hi);
-    if (lo >= hi) return;
-    for (long p = lo / {n_mb}; p <= (hi - 1) / {n_mb}; ++p) {{
-        const long mlo = p == lo / {n_mb} ? lo % {n_mb} : 0;
-        const long mhi = p == (hi - 1) / {n_mb} ? (hi - 1) % {n_mb} + 1 : {n_mb};
+    smelt_range({n_panels}L * n_mc, tid, nt, &lo, &hi);
+    for (long task = lo; task < hi; ++task) {{
+        const long p = task / n_mc, mc = task % n_mc;
         const long col = p * {PANEL};
         const float *wp = Wp + p * {PANEL * K}L;
+        const long mend = SMELT_MIN((mc + 1) * {mcr}L, M);
         for (long k0 = 0; k0 < {K}; k0 += {kc}) {{
             const long k1 = SMELT_MIN(k0 + {kc}, {K}L);
-            for (long mb = mlo; mb < mhi; ++mb) {{
+            for (long m0 = mc * {mcr}L; m0 < mend; m0 += {GEMM_MR}) {{
                 {f"if (p < {n_panels - 1}) {{ {dispatch(4)} }} else " if n_panels > 1 else ""}{{ {dispatch(nv_last)} }}
                 {CB}
             }}
@@ -556,157 +583,257 @@ def _tile_shape(G: int, B: int) -> tuple[list[tuple[int, int]], int]:
     mb_most = max(1, min(8, ACC_BUDGET // G))
     chunks = _row_chunks(B, mb_most)
     mb = chunks[0][0]
-    nb = max(1, min(ACC_BUDGET // (mb * G), max(1, 8 // G)))
-    return chunks, nb
+    return chunks, _tile_nb(G, mb)
 
 
-def cell_code(cfg: RnnConfig, d: int, phase: str = "") -> str:
-    """FNAME(Rp, xw, hp, hn, cs, pp, rbh, zb, rh, y, slen, t, hb0, hb1) for direction ``d``.
+def _tile_nb(G: int, mb: int) -> int:
+    """Hidden blocks per register tile of ``mb`` batch rows (at most ACC_BUDGET accumulators)."""
+    return max(1, min(ACC_BUDGET // (mb * G), max(1, 8 // G)))
+
+
+def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool) -> str:
+    """FNAME_d{mb}x{nb}(Rp, xw, h, rbh, hb, acc): the gate pre-activations of ``mb`` batch rows x
+    ``nb`` hidden blocks, ``xw + h·R^T`` accumulated in registers, stored to ``acc``.
+
+    A separate non-inlined function on purpose: inlined into the cell, GCC hoisted the gate
+    math's ~20 vector constants out of the hidden-block loop into registers, and the 20-24
+    accumulators of a batch tile then spilled to the stack on every FMA (B=10 LSTM ran at 30%
+    of peak). Storing and reloading the accumulators once per 256-long K loop costs nothing.
+    """
+    G, H, N = cfg.G, cfg.H, cfg.ntot
+    L = [f"static __attribute__((noinline)) void FNAME_d{mb}x{nb}(const float *Rp, const float *xw, "
+         "const float *h, const float *rbh, long hb, float *acc, long k0, long k1) {", "    (void)rbh;"]
+    for n in range(nb):
+        L.append(f"    const float *rp{n} = Rp + (hb + {n}) * {H * G * VL}L;")
+    for m in range(mb):
+        L.append(f"    const float *h{m} = h + {m * cfg.Hp}L;")
+    i = 0
+    for m in range(mb):
+        for n in range(nb):
+            for g in gates:
+                if kin_lbr and g == 2:
+                    init = f"VX_load(rbh + (hb + {n}) * {VL})"
+                else:
+                    init = f"VX_load(xw + {m * N}L + (hb + {n}) * {G * VL} + {g * VL})"
+                L.append(f"    VX_v a{m}_{n}_{g} = k0 == 0 ? {init} : VX_load(acc + {i * VL});")
+                i += 1
+    names = [f"a{m}_{n}_{g}" for m in range(mb) for n in range(nb) for g in gates]
+    # Few accumulators (batch 1): each is one FMA chain over K, 4 cycles per link, so the loop is
+    # latency bound; a second set over odd k halves the chain (summed at the end).
+    split = 2 * len(names) <= ACC_BUDGET
+
+    def body(k: str, suffix: str) -> None:
+        for m in range(mb):
+            L.append(f"        VX_v h{m}k{suffix} = VX_set1(h{m}[{k}]);")
+        for n in range(nb):
+            for g in gates:
+                L.append(f"        VX_v w{n}_{g}{suffix} = VX_load(rp{n} + ({k}) * {G * VL} + {g * VL});")
+                for m in range(mb):
+                    a = f"a{m}_{n}_{g}{suffix}"
+                    L.append(f"        {a} = VX_fma(h{m}k{suffix}, w{n}_{g}{suffix}, {a});")
+
+    if split:
+        for a in names:
+            L.append(f"    VX_v {a}b = VX_zero();")
+        L.append("    long k = k0;")
+        L.append("    for (; k + 1 < k1; k += 2) {")
+        body("k", "")
+        body("k + 1", "b")
+        L.append("    }")
+        L.append("    if (k < k1) {")
+        body("k", "")
+        L.append("    }")
+        for a in names:
+            L.append(f"    {a} = VX_add({a}, {a}b);")
+    else:
+        L.append("    #pragma GCC unroll 2")
+        L.append("    for (long k = k0; k < k1; ++k) {")
+        body("k", "")
+        L.append("    }")
+    i = 0
+    for m in range(mb):
+        for n in range(nb):
+            for g in gates:
+                L.append(f"    VX_store(acc + {i * VL}, a{m}_{n}_{g});")
+                i += 1
+    L.append("}")
+    return "\n".join(L)
+
+
+def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
+              rows: set[int] | None = None) -> str:
+    """FNAME(Rp, xw, hp, hn, cs, pp, rbh, zb, rh, y, slen, t, hb0, hb1, blo, bhi, ybs) for direction ``d``:
+    hidden blocks [hb0, hb1) of batch rows [blo, bhi).
 
     ``phase``: "" (LSTM, RNN, GRU lbr=1: whole cell), "a" (GRU lbr=0: z, r and r ⊙ h) or "b"
-    (GRU lbr=0: (r ⊙ h)·Rh, the candidate and the new state).
+    (GRU lbr=0: (r ⊙ h)·Rh, the candidate and the new state). The row range and ``ybs``
+    (Y's batch stride) are run-time arguments; the rows are cut into balanced chunks of at most
+    ``mb_most`` rows, each a register tile. With ``dynamic`` every chunk size 1..mb_most has a
+    kernel (B is unknown at compile time); otherwise only the sizes that the row counts in
+    ``rows`` (default {B}: a thread's share of the batch under the partition grid) need.
     """
     op, G, H, Hp, B, N = cfg.op, cfg.G, cfg.H, cfg.Hp, cfg.B, cfg.ntot
     acts = cfg.acts[d]
     gates = {"": list(range(G)), "a": [0, 1], "b": [2]}[phase]
     ng = len(gates)
-    chunks, nb_max = _tile_shape(ng, B)
+    mb_most = max(1, min(8, ACC_BUDGET // ng))
+    row_counts = sorted(rows or {B})
+    if dynamic:
+        sizes = list(range(1, mb_most + 1))
+    else:
+        sizes = sorted({s for bc in row_counts if bc > 0 for s, _ in _row_chunks(bc, mb_most)})
     last_mask = (1 << (H % VL)) - 1 if H % VL else 0
     nhb = cfg.nhb
-    ybs = (cfg.H if cfg.layout == 0 else cfg.T * cfg.D * cfg.H)
     clip = (lambda e: f"VX_min(VX_max({e}, VX_set1({_f(-cfg.clip)})), VX_set1({_f(cfg.clip)}))") \
         if cfg.clip is not None else (lambda e: e)
+    kin_lbr = op == "GRU" and cfg.lbr
 
     def act(slot: int, e: str) -> str:
         name, a, b = acts[slot]
         return act_code(name, a, b, e)
 
     kin = "rh" if phase == "b" else "hp"
+    # (rows, hidden blocks) tiles: a group of nbt hidden blocks is chosen by the largest chunk
+    # (q + 1 rows, or q), and every chunk of that group uses it; leftover blocks go one by one
+    pairs: set[tuple[int, int]] = {(mb, 1) for mb in sizes}
+    for mb0 in (sizes if dynamic else [_row_chunks(bc, mb_most)[0][0] for bc in row_counts if bc > 0]):
+        nbt = _tile_nb(ng, mb0)
+        pairs |= {(mb, nbt) for mb in (mb0 - 1, mb0) if mb in sizes}
+    kernels = [_dot_code(cfg, gates, mb, nb, kin_lbr) for mb, nb in sorted(pairs)]
 
-    def tile(mb: int, nb: int) -> str:
-        L: list[str] = []
-        L.append("{")
-        for n in range(nb):
-            L.append(f"    const float *rp{n} = Rp + (long)(hb + {n}) * {H * G * VL}L;")
-        for m in range(mb):
-            L.append(f"    const float *xw{m} = xw + (long)(b0 + {m}) * {N}L;")
-            L.append(f"    const float *h{m} = {kin} + (long)(b0 + {m}) * {Hp};")
-        for m in range(mb):
-            for n in range(nb):
-                for g in gates:
-                    if op == "GRU" and cfg.lbr and g == 2:
-                        init = f"VX_load(rbh + (hb + {n}) * {VL})"
-                    else:
-                        init = f"VX_load(xw{m} + (hb + {n}) * {G * VL} + {g * VL})"
-                    L.append(f"    VX_v a{m}_{n}_{g} = {init};")
-        L.append("    #pragma GCC unroll 2")
-        L.append(f"    for (long k = 0; k < {H}; ++k) {{")
-        for m in range(mb):
-            L.append(f"        VX_v h{m}k = VX_set1(h{m}[k]);")
-        for n in range(nb):
-            for g in gates:
-                L.append(f"        VX_v w{n}_{g} = VX_load(rp{n} + k * {G * VL} + {g * VL});")
-                for m in range(mb):
-                    L.append(f"        a{m}_{n}_{g} = VX_fma(h{m}k, w{n}_{g}, a{m}_{n}_{g});")
-        L.append("    }")
-        for m in range(mb):
-            for n in range(nb):
-                a = [f"a{m}_{n}_{g}" for g in range(G)]
-                L.append("    {")
-                L.append(f"        const long b = b0 + {m}, j0 = (long)(hb + {n}) * {VL};")
-                if last_mask:
-                    L.append(f"        const VX_m km = (hb + {n} == {nhb - 1}) ? (VX_m){last_mask}u : (VX_m)0xFFFFu;")
-                L.append(f"        const VX_v hpv = VX_load(hp + b * {Hp} + j0);")
-                if op == "LSTM":
-                    L.append(f"        const VX_v cp = VX_load(cs + b * {Hp} + j0);")
-                    gi, go, gf, gc = a
-                    if cfg.p:
-                        L.append(f"        {gi} = VX_fma(VX_load(pp + j0), cp, {gi});")
-                        if not cfg.input_forget:
-                            L.append(f"        {gf} = VX_fma(VX_load(pp + {2 * Hp} + j0), cp, {gf});")
-                    L.append(f"        VX_v xi = {clip(gi)};")
-                    L.append(f"        VX_v ig = {act(0, 'xi')};")
-                    if cfg.input_forget:
-                        L.append("        VX_v fg = VX_sub(VX_set1(1.0f), ig);")
-                    else:
-                        L.append(f"        VX_v xf = {clip(gf)};")
-                        L.append(f"        VX_v fg = {act(0, 'xf')};")
-                    L.append(f"        VX_v xc = {clip(gc)};")
-                    L.append(f"        VX_v cg = {act(1, 'xc')};")
-                    L.append("        VX_v cn = VX_fma(fg, cp, VX_mul(ig, cg));")
-                    if cfg.p:
-                        L.append(f"        {go} = VX_fma(VX_load(pp + {Hp} + j0), cn, {go});")
-                    L.append(f"        VX_v xo = {clip(go)};")
-                    L.append(f"        VX_v og = {act(0, 'xo')};")
-                    L.append(f"        VX_v hv = VX_mul(og, {act(2, 'cn')});")
-                    if last_mask:
-                        L.append("        cn = VX_maskz(km, cn);")
-                elif op == "RNN":
-                    L.append(f"        VX_v xg = {clip(a[0])};")
-                    L.append(f"        VX_v hv = {act(0, 'xg')};")
-                elif phase == "a":
-                    L.append(f"        VX_v xz = {clip(a[0])};")
-                    L.append(f"        VX_v xr = {clip(a[1])};")
-                    L.append(f"        VX_store(zb + b * {Hp} + j0, {act(0, 'xz')});")
-                    L.append(f"        VX_store(rh + b * {Hp} + j0, VX_mul({act(0, 'xr')}, hpv));")
-                    L.append("    }")
-                    continue
-                else:  # GRU: lbr (whole cell) or phase b
-                    if phase == "b":
-                        L.append(f"        VX_v zg = VX_load(zb + b * {Hp} + j0);")
-                        L.append(f"        VX_v xh = {clip(a[2])};")
-                    else:
-                        L.append(f"        VX_v xz = {clip(a[0])};")
-                        L.append(f"        VX_v zg = {act(0, 'xz')};")
-                        L.append(f"        VX_v xr = {clip(a[1])};")
-                        L.append(f"        VX_v rg = {act(0, 'xr')};")
-                        L.append(f"        VX_v xwh = VX_load(xw{m} + (hb + {n}) * {G * VL} + {2 * VL});")
-                        L.append(f"        VX_v xh0 = VX_fma(rg, {a[2]}, xwh);")
-                        L.append(f"        VX_v xh = {clip('xh0')};")
-                    L.append(f"        VX_v hh = {act(1, 'xh')};")
-                    L.append("        VX_v hv = VX_fma(zg, VX_sub(hpv, hh), hh);")
-                if last_mask:
-                    L.append("        hv = VX_maskz(km, hv);")
-                L.append("        VX_v yv = hv;")
-                if cfg.seq:
-                    L.append("        if (!(t < slen[b])) {")
-                    L.append("            hv = hpv; yv = VX_zero();")
-                    if op == "LSTM":
-                        L.append("            cn = cp;")
-                    L.append("        }")
-                L.append(f"        VX_store(hn + b * {Hp} + j0, hv);")
-                if op == "LSTM":
-                    L.append(f"        VX_store(cs + b * {Hp} + j0, cn);")
-                if cfg.y:
-                    if last_mask:
-                        L.append(f"        VX_mstoreu(y + b * {ybs}L + j0, km, yv);")
-                    else:
-                        L.append(f"        VX_storeu(y + b * {ybs}L + j0, yv);")
-                L.append("    }")
-        L.append("}")
-        return "\n".join(L)
+    # the gate math of one (row, hidden block) of a tile; a{g} are the loaded accumulators
+    L: list[str] = []
+    L.append("static inline __attribute__((always_inline)) void FNAME_g(const float *acc, const float *xw, "
+             "const float *hp, float *hn, float *cs, const float *pp, float *zb, float *rh, float *y, "
+             "const int32_t *slen, int t, long b, long hbn, long ybs) {")
+    L.append("    (void)xw; (void)cs; (void)pp; (void)zb; (void)rh; (void)y; (void)slen; (void)t; (void)ybs;")
+    a = {g: f"a{g}" for g in gates}
+    for gi, g in enumerate(gates):
+        L.append(f"    VX_v a{g} = VX_load(acc + {gi * VL});")
+    L.append(f"    const long j0 = hbn * {VL};")
+    if last_mask:
+        L.append(f"    const VX_m km = (hbn == {nhb - 1}) ? (VX_m){last_mask}u : (VX_m)0xFFFFu;")
+    L.append(f"    const VX_v hpv = VX_load(hp + b * {Hp} + j0);")
+    if op == "LSTM":
+        L.append(f"    const VX_v cp = VX_load(cs + b * {Hp} + j0);")
+        gi_, go, gf, gc = a[0], a[1], a[2], a[3]
+        if cfg.p:
+            L.append(f"    {gi_} = VX_fma(VX_load(pp + j0), cp, {gi_});")
+            if not cfg.input_forget:
+                L.append(f"    {gf} = VX_fma(VX_load(pp + {2 * Hp} + j0), cp, {gf});")
+        L.append(f"    VX_v xi = {clip(gi_)};")
+        L.append(f"    VX_v ig = {act(0, 'xi')};")
+        if cfg.input_forget:
+            L.append("    VX_v fg = VX_sub(VX_set1(1.0f), ig);")
+        else:
+            L.append(f"    VX_v xf = {clip(gf)};")
+            L.append(f"    VX_v fg = {act(0, 'xf')};")
+        L.append(f"    VX_v xc = {clip(gc)};")
+        L.append(f"    VX_v cg = {act(1, 'xc')};")
+        L.append("    VX_v cn = VX_fma(fg, cp, VX_mul(ig, cg));")
+        if cfg.p:
+            L.append(f"    {go} = VX_fma(VX_load(pp + {Hp} + j0), cn, {go});")
+        L.append(f"    VX_v xo = {clip(go)};")
+        L.append(f"    VX_v og = {act(0, 'xo')};")
+        L.append(f"    VX_v hv = VX_mul(og, {act(2, 'cn')});")
+        if last_mask:
+            L.append("    cn = VX_maskz(km, cn);")
+    elif op == "RNN":
+        L.append(f"    VX_v xg = {clip(a[0])};")
+        L.append(f"    VX_v hv = {act(0, 'xg')};")
+    elif phase == "a":
+        L.append(f"    VX_v xz = {clip(a[0])};")
+        L.append(f"    VX_v xr = {clip(a[1])};")
+        L.append(f"    VX_store(zb + b * {Hp} + j0, {act(0, 'xz')});")
+        L.append(f"    VX_store(rh + b * {Hp} + j0, VX_mul({act(0, 'xr')}, hpv));")
+    else:  # GRU: lbr (whole cell) or phase b
+        if phase == "b":
+            L.append(f"    VX_v zg = VX_load(zb + b * {Hp} + j0);")
+            L.append(f"    VX_v xh = {clip(a[2])};")
+        else:
+            L.append(f"    VX_v xz = {clip(a[0])};")
+            L.append(f"    VX_v zg = {act(0, 'xz')};")
+            L.append(f"    VX_v xr = {clip(a[1])};")
+            L.append(f"    VX_v rg = {act(0, 'xr')};")
+            L.append(f"    VX_v xwh = VX_load(xw + b * {N}L + j0 * {G} + {2 * VL});")
+            L.append(f"    VX_v xh0 = VX_fma(rg, {a[2]}, xwh);")
+            L.append(f"    VX_v xh = {clip('xh0')};")
+        L.append(f"    VX_v hh = {act(1, 'xh')};")
+        L.append("    VX_v hv = VX_fma(zg, VX_sub(hpv, hh), hh);")
+    if phase != "a":
+        if last_mask:
+            L.append("    hv = VX_maskz(km, hv);")
+        L.append("    VX_v yv = hv; (void)yv;")
+        if cfg.seq:
+            L.append("    if (!(t < slen[b])) {")
+            L.append("        hv = hpv; yv = VX_zero();")
+            if op == "LSTM":
+                L.append("        cn = cp;")
+            L.append("    }")
+        L.append(f"    VX_store(hn + b * {Hp} + j0, hv);")
+        if op == "LSTM":
+            L.append(f"    VX_store(cs + b * {Hp} + j0, cn);")
+        if cfg.y:
+            if last_mask:
+                L.append("    VX_mstoreu(y + b * ybs + j0, km, yv);")
+            else:
+                L.append("    VX_storeu(y + b * ybs + j0, yv);")
+    L.append("}")
+    gate_fn = "\n".join(L)
 
-    def over_batch(nb: int) -> str:
-        out = []
-        start = 0
-        for size, count in chunks:
-            out.append(f"for (long b0 = {start}; b0 < {start + size * count}; b0 += {size}) "
-                       f"{{ {tile(size, nb)} {CB} }}")
-            start += size * count
-        return "\n".join(out)
+    # dispatch: for each group of nb hidden blocks, for each row chunk: dot kernel, then gates
+    def call(mb: int, nb: int) -> str:
+        return (f"FNAME_d{mb}x{nb}(Rp, xw + b0 * {N}L, {kin} + b0 * {Hp}L, rbh, hb, "
+                f"acc + (c - c0) * {chunk_acc}, k0, k1);")
 
-    body = over_batch(nb_max) if nb_max == 1 else (
-        f"for (; hb + {nb_max} <= hb1; hb += {nb_max}) {{\n{over_batch(nb_max)}\n}}\n"
-        f"for (; hb < hb1; ++hb) {{\n{over_batch(1)}\n}}")
-    if nb_max == 1:
-        body = f"for (; hb < hb1; ++hb) {{\n{body}\n}}"
-    return f"""
+    def switch() -> str:
+        cases = " ".join(f"case {mb * 64 + nb}: {{ {call(mb, nb)} break; }}" for mb, nb in sorted(pairs))
+        return f"switch (mb * 64 + nbt) {{ {cases} default: SMELT_FAIL(); break; }}"
+
+    chunk_acc = max(mb * nb for mb, nb in pairs) * ng * VL  # floats of one chunk's accumulators
+    # K block: the nb hidden blocks' R rows of one K block (<= 32 KiB) stay in L1 while every
+    # chunk of a row group streams them (otherwise each chunk re-read the slice from L2; at
+    # H=1024 from L3). One chunk: no blocking, the accumulators never leave registers.
+    nb_most = max(nb for _, nb in pairs)
+    kc = max(16, min(H, (32768 // (nb_most * G * VL * 4)) // 16 * 16))
+    cpg = max(1, REC_GROUP_ROWS // mb_most)  # chunks per row group (bounds acc)
+    nbt_cases = " ".join(f"case {mb}: nbt = {_tile_nb(ng, mb)}; break;" for mb in sizes)
+    return "\n".join(kernels) + "\n" + gate_fn + f"""
 static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, float *cs,
                   const float *pp, const float *rbh, float *zb, float *rh, float *y,
-                  const int32_t *slen, int t, int hb0, int hb1) {{
-    (void)xw; (void)hn; (void)cs; (void)pp; (void)rbh; (void)zb; (void)rh; (void)y; (void)slen; (void)t;
-    int hb = hb0;
-{body}
+                  const int32_t *slen, int t, int hb0, int hb1, long blo, long bhi, long ybs) {{
+    const long B = bhi - blo;
+    if (B <= 0) return;
+    float acc[{cpg * chunk_acc}] __attribute__((aligned(64)));
+    /* balanced row chunks of at most {mb_most} rows (at most two distinct sizes), in groups of
+       {cpg} chunks; per group, K blocks of {kc} (all chunks per block), then the gate math */
+    const long nch = (B + {mb_most - 1}) / {mb_most}, q = B / nch, r = B % nch;
+    const long mb0 = r ? q + 1 : q;
+    const long kc = nch == 1 ? {H} : {kc};
+    long nbt = 1;
+    switch (mb0) {{ {nbt_cases} default: break; }}
+    long hb = hb0;
+    for (;;) {{
+        if (hb + nbt > hb1) {{ if (nbt == 1 || hb >= hb1) break; nbt = 1; }}
+        for (long c0 = 0; c0 < nch; c0 += {cpg}) {{
+            const long c1 = SMELT_MIN(c0 + {cpg}, nch);
+            for (long k0 = 0; k0 < {H}; k0 += kc) {{
+                const long k1 = SMELT_MIN(k0 + kc, {H}L);
+                for (long c = c0; c < c1; ++c) {{
+                    const long mb = c < r ? q + 1 : q, b0 = blo + (c < r ? c * (q + 1) : r * (q + 1) + (c - r) * q);
+                    {switch()}
+                }}
+            }}
+            for (long c = c0; c < c1; ++c) {{
+                const long mb = c < r ? q + 1 : q, b0 = blo + (c < r ? c * (q + 1) : r * (q + 1) + (c - r) * q);
+                for (long m = 0; m < mb; ++m) for (long n = 0; n < nbt; ++n)
+                    FNAME_g(acc + (c - c0) * {chunk_acc} + (m * nbt + n) * {ng * VL}, xw, hp, hn, cs, pp, zb, rh,
+                            y, slen, t, b0 + m, hb + n, ybs);
+                {CB}
+            }}
+        }}
+        hb += nbt;
+    }}
 }}
 """
 
@@ -714,20 +841,6 @@ static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, 
 # --------------------------------------------------------------------------------------------
 # threads
 # --------------------------------------------------------------------------------------------
-def _rec_threads(cfg: RnnConfig, units: int, l1_bytes: int) -> int:
-    """Most threads worth using for the recurrence of a group owning ``units`` hidden blocks.
-
-    A split costs one cross-core sync per step (~0.25 us here). It pays when each thread keeps
-    REC_MIN_MACS multiply-adds per step, or half that when the group's R does not fit in 3/4 of
-    L1 (a split then moves each slice closer to L1). Measured at 2 threads, B=1, T=100: LSTM
-    H=32: 13 us on 1 thread vs 35 us on 2; H=64 (R 64 KiB): 51 vs 43; GRU H=64 (48 KiB): 26 vs 42.
-    """
-    macs = cfg.B * cfg.G * VL * cfg.H * units  # per time step, the whole group
-    r_bytes = cfg.G * VL * cfg.H * units * 4
-    min_macs = REC_MIN_MACS if r_bytes <= l1_bytes * 3 // 4 else REC_MIN_MACS // 2
-    return max(1, min(units, macs // min_macs))
-
-
 # --------------------------------------------------------------------------------------------
 # emit
 # --------------------------------------------------------------------------------------------
@@ -786,6 +899,13 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
         name = getattr(cfg, attr)
         if name and name not in g.outputs and not readers.get(name):
             setattr(cfg, attr, "")
+    chain = pipeline_members(g).get(node.name)
+    if chain:  # stacked layers under the pipeline plan: the head's step computes them all
+        if chain[0] is node:
+            emit_pipeline(chain, g, em)
+        else:
+            em.schedule(algorithm=f"computed by the pipeline step of {chain[0].name}")
+        return
     G, T, B, H, Hp, D, N = cfg.G, cfg.T, cfg.B, cfg.H, cfg.Hp, cfg.D, cfg.ntot
     nhb = cfg.nhb
     vx = em.function("rnn_vmath", vmath_source("FNAME"), doc="RNN vector math: exp/sigmoid/tanh, activations, group barrier")
@@ -828,33 +948,64 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
             pp = _scratch(em, D * 3 * Hp)
             src["p"], dst["p"] = em.ptr(cfg.p), pp
 
-    # ---- scratch ----
+    # ---- mode: schedule level, dynamic T/B, partition ----
+    mode = str(node.attr("smelt_rnn_schedule", "wcs") or "wcs")
+    if mode not in SCHEDULES:
+        raise ValueError(f"unknown RNN schedule {mode!r}; choose from {', '.join(SCHEDULES)}")
+    if mode == "baseline" and cfg.layout == 1:  # per-step GEMM needs contiguous rows per step
+        mode = "hoist"
+    dynamic = bool(node.attr("smelt_dynamic", 0))
+    P = max(1, em.n_threads)
+    Tmax, Bmax = T, B  # scratch is sized for these; dynamic mode reads the actual T, B at run time
+    if dynamic:
+        slot = [n for n in g.nodes if n.op in GATES].index(node)
+        if slot >= DYN_SLOTS:
+            raise ValueError(f"dynamic RNN models support at most {DYN_SLOTS} recurrent nodes")
+        dims = em.function("rnn_dims", DYN_DIMS_C, doc="run-time T and B of each recurrent node (dynamic axes)")
+        assert dims  # defines smelt_rnn_dims
+        tb_decl = (f"const long T = smelt_rnn_dims[{2 * slot}], B = smelt_rnn_dims[{2 * slot + 1}];\n"
+                   f"if (T < 1 || T > {Tmax} || B < 1 || B > {Bmax}) {{ SMELT_FAIL(); return; }}\n")
+    else:
+        tb_decl = f"const long T = {T}, B = {B};\n"
+    tb_decl += "(void)T; (void)B;\n"
+    grids: dict[int, dict[int, tuple[int, int]]] = {}
+    for p_ in range(1, P + 1):  # the generated code runs with any pool of up to P threads
+        tuned = None if dynamic else _tuned_grid(node, cfg, p_, em)
+        grids[p_] = {}
+        for b_ in (range(1, Bmax + 1) if dynamic else [B]):
+            grids[p_].update(grid_for(cfg, mode, p_, b_, em.target.l1d_bytes, em.target.l2_bytes, tuned))
+
+    # ---- scratch (sized for Tmax, Bmax) ----
     xw = _scratch(em, T * B * N)
     hbuf = _scratch(em, 2 * D * B * Hp)
     cbuf = _scratch(em, D * B * Hp) if cfg.op == "LSTM" else "(float *)0"
     two_phase = cfg.op == "GRU" and not cfg.lbr
     zbuf = _scratch(em, D * B * Hp) if two_phase else "(float *)0"
     rhbuf = _scratch(em, D * B * Hp) if two_phase else "(float *)0"
-    nflags = 2 * max(2, em.n_threads)
+    nflags = max(2, P)
     flags = em.scratch(nflags * 64, "uint8")
+    state = D * Bmax * Hp  # one h buffer; direction d at d * Bmax * Hp
 
     if dst:
         em.step(_pack_code(cfg, src, dst))
 
-    # ---- step 1: the hoisted projection, initial states, barrier counters ----
-    gemm = fn("rnn_gemm", gemm_code(cfg), f"{cfg.op} input projection, {T}x{B} rows, {N} fused columns")
-    sshape_stride = (B * H, H) if cfg.layout == 0 else (H, D * H)  # (d stride, b stride)
+    # ---- step 1: the hoisted projection, initial states, barrier flags ----
+    hoisted = mode != "baseline"
+    gemm = fn("rnn_gemm", gemm_code(cfg, dynamic, None if hoisted else B),
+              f"{cfg.op} input projection, T*B rows (at most {Tmax}x{Bmax}), {N} fused columns")
+    # (d stride, b stride) of initial states and Y_h / Y_c, as C expressions of B
+    sst = ("B * " + str(H), str(H)) if cfg.layout == 0 else (str(H), str(D * H))
 
     def init_state(src_name: str, buf: str) -> str:
         if not src_name:
-            return f"memset({buf} + r * {Hp}, 0, {Hp * 4});"
-        return (f"{{ const float *s = {em.ptr(src_name)} + d * {sshape_stride[0]}L + b * {sshape_stride[1]}L;\n"
-                f"  float *o = {buf} + r * {Hp}; memcpy(o, s, {H * 4}); "
+            return f"memset({buf} + (d * {Bmax} + b) * {Hp}, 0, {Hp * 4});"
+        return (f"{{ const float *s = {em.ptr(src_name)} + d * ({sst[0]}) + b * {sst[1]}L;\n"
+                f"  float *o = {buf} + (d * {Bmax} + b) * {Hp}; memcpy(o, s, {H * 4}); "
                 f"memset(o + {H}, 0, {(Hp - H) * 4}); }}")
 
-    init = [f"long lo, hi; smelt_range({D * B}L, tid, nt, &lo, &hi);",
+    init = [f"long lo, hi; smelt_range({D}L * B, tid, nt, &lo, &hi);",
             "for (long r = lo; r < hi; ++r) {",
-            f"  long d = r / {B}, b = r % {B}; (void)d; (void)b;",
+            "  long d = r / B, b = r % B; (void)d; (void)b;",
             "  " + init_state(cfg.h0, f"{hbuf}"),
             ]
     if cfg.op == "LSTM":
@@ -864,105 +1015,469 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     init.append(f"if (tid == 0) memset((void *){flags}, 0, {nflags * 64});")
     if cfg.seq:  # onnxruntime rejects lengths outside [0, T]; run on (clamped), but report it
         init.append(f"if (tid == 0) {{ const int32_t *L = {em.ptr(cfg.seq)};\n"
-                    f"  for (long b = 0; b < {B}; ++b) if (L[b] < 0 || L[b] > {T}) SMELT_FAIL(); }}")
-    em.step(f"{gemm}({em.ptr(cfg.x)}, {xw}, {wp}, {bx}, tid, nt);\n" + "\n".join(init))
+                    "  for (long b = 0; b < B; ++b) if (L[b] < 0 || L[b] > T) SMELT_FAIL(); }")
+    if hoisted:
+        init.insert(0, f"{gemm}({em.ptr(cfg.x)}, {xw}, {wp}, {bx}, T * B, {'T' if cfg.layout else '1'}, tid, nt);")
+    em.step(tb_decl + "\n".join(init))
 
     # ---- step 2: the recurrence ----
+    what = (f"H={H} (Hp={Hp}), E={cfg.E}, fused gates G={G}, row tiles of <= {max(1, min(8, ACC_BUDGET // G))} "
+            f"rows, batch {'<= ' + str(Bmax) + ' at run time' if dynamic else B}")
+    # row counts a thread can get: smelt_range shares of B over xi row groups
+    rows = {c for gp_ in grids.values() for (xi_, _) in gp_.values() for c in (B // xi_, -(-B // xi_))}
     if two_phase:
-        cells_a = [fn("rnn_cell", cell_code(cfg, d, "a"), f"GRU z/r gates, direction {d}") for d in range(D)]
-        cells_b = [fn("rnn_cell", cell_code(cfg, d, "b"), f"GRU candidate, direction {d}") for d in range(D)]
+        cells_a = [fn("rnn_cell", cell_code(cfg, d, "a", dynamic, rows), f"GRU z/r gates, direction {d}; {what}")
+                   for d in range(D)]
+        cells_b = [fn("rnn_cell", cell_code(cfg, d, "b", dynamic, rows), f"GRU candidate, direction {d}; {what}")
+                   for d in range(D)]
     else:
-        cells_a = [fn("rnn_cell", cell_code(cfg, d), f"{cfg.op} cell, direction {d}") for d in range(D)]
+        cells_a = [fn("rnn_cell", cell_code(cfg, d, "", dynamic, rows), f"{cfg.op} cell, direction {d}; {what}")
+                   for d in range(D)]
         cells_b = []
-    max_one = _rec_threads(cfg, D * nhb, em.target.l1d_bytes)
-    max_split = _rec_threads(cfg, nhb, em.target.l1d_bytes)
     y = em.ptr(cfg.y) if cfg.y else "(float *)0"
     slen = em.ptr(cfg.seq) if cfg.seq else "(const int32_t *)0"
-    ydir = (B * H, D * B * H) if cfg.layout == 0 else (H, D * H)  # (d stride, t stride) of Y
-    state = D * B * Hp
-
+    # Y strides as C expressions: (d stride, t stride, b stride)
+    ydir = (f"B * {H}", f"B * {D * H}", str(H)) if cfg.layout == 0 else (str(H), str(D * H), f"T * {D * H}")
     has_rbh = cfg.op == "GRU" and cfg.lbr
 
     def off(ptr: str, present: bool, offset: int) -> str:
         return f"{ptr} + {offset}" if present else ptr
 
-    def call(cell: str, d: int, lo: str, hi: str, hp: str, hn: str) -> str:
-        t = f"{T - 1} - s" if cfg.reverse[d] else "s"
-        yarg = f"y + (long)t * {ydir[1]}L + {d * ydir[0]}" if cfg.y else "y"
+    def call(cell: str, d: int) -> str:
+        t = "T - 1 - s" if cfg.reverse[d] else "s"
+        yarg = f"y + (long)t * ({ydir[1]}) + {d} * ({ydir[0]})" if cfg.y else "y"
+        sb = d * Bmax * Hp
         return (f"{{ const int t = {t};\n"
-                f"  {cell}({rp} + {d * nhb * H * G * VL}L, {xw} + (long)t * {B * N}L + {d * G * Hp}, "
-                f"{hp} + {d * B * Hp}, {hn} + {d * B * Hp}, {off(cbuf, cfg.op == 'LSTM', d * B * Hp)}, "
+                f"  {cell}({rp} + {d * nhb * H * G * VL}L, {xw} + (long)t * B * {N} + {d * G * Hp}, "
+                f"hp + {sb}, hn + {sb}, {off(cbuf, cfg.op == 'LSTM', sb)}, "
                 f"{off(pp, bool(cfg.p), d * 3 * Hp)}, {off(rbh, has_rbh, d * Hp)}, "
-                f"{off(zbuf, two_phase, d * B * Hp)}, {off(rhbuf, two_phase, d * B * Hp)}, {yarg}, "
-                f"slen, t, {lo}, {hi}); }}")
+                f"{off(zbuf, two_phase, sb)}, {off(rhbuf, two_phase, sb)}, {yarg}, "
+                f"slen, t, ulo{d}, uhi{d}, blo, bhi, {ydir[2]}); }}")
 
     def per_dir(cells: list[str], dirs: list[int]) -> str:
-        return "\n    ".join(f"if (ulo{d} < uhi{d}) {call(cells[d], d, f'ulo{d}', f'uhi{d}', 'hp', 'hn')}"
-                               for d in dirs)
+        return "\n    ".join(f"if (ulo{d} < uhi{d}) {call(cells[d], d)}" for d in dirs)
 
-    bar = f"{vx}_sync((({vx}_flag *){flags}) + gid * {nflags // 2}, lid, nact, ++epoch);"
+    rotate = mode != "wcs"  # without WCS a partition moves to another thread every step
+    bar = f"{vx}_sync((({vx}_flag *){flags}) + sbase, sme, sn, ++epoch);"
 
     def loop(dirs: list[int]) -> str:
-        body = [f"const float *hp = {hbuf} + (s & 1) * {state}L;",
-                f"float *hn = {hbuf} + ((s + 1) & 1) * {state}L;",
-                per_dir(cells_a, dirs)]
+        body = []
+        if rotate:
+            body.append(part("(lid + s) % nact"))
+        if not hoisted:  # baseline: this step's input projection, all threads of the group, then sync
+            xrow = f"{em.ptr(cfg.x)} + (long)(t_) * B * {cfg.E}"
+            orow = f"{xw} + (long)(t_) * B * {N}"
+            ts = list(dict.fromkeys("T - 1 - s" if cfg.reverse[d] else "s" for d in dirs))
+            for tt in ts:
+                body.append(f"{{ const long t_ = {tt}; {gemm}({xrow}, {orow}, {wp}, {bx}, B, 1, lid, nact); }}")
+            body.append(bar)
+        body += [f"const float *hp = {hbuf} + (s & 1) * {state}L;",
+                 f"float *hn = {hbuf} + ((s + 1) & 1) * {state}L;",
+                 per_dir(cells_a, dirs)]
         if two_phase:
             body += [bar, per_dir(cells_b, dirs)]
-        body.append(f"if (s + 1 < {T}) {bar}")
-        return f"for (int s = 0; s < {T}; ++s) {{\n    " + "\n    ".join(body) + "\n}"
+        body.append(f"if (s + 1 < T) {bar}")
+        return "for (int s = 0; s < T; ++s) {\n    " + "\n    ".join(body) + "\n}"
 
+    # grid table: [p][b] -> (xi, xj); p = threads of the direction group
+    brange = list(range(1, Bmax + 1)) if dynamic else [B]
+    table = []
+    for p_ in range(0, P + 1):
+        for b_ in ([0] + brange if dynamic else [B]):
+            xi_, xj_ = grids.get(p_, {}).get(b_, (1, 1)) if p_ >= 1 and b_ >= 1 else (1, 1)
+            table += [xi_, xj_]
+    bidx = "B" if dynamic else "0"
+    bcols = Bmax + 1 if dynamic else 1
+
+    def part(pi: str) -> str:  # the rows and hidden blocks of partition pi of the grid
+        return (f"{{ const int i_ = ({pi}) / xj, j_ = ({pi}) % xj; long ulo, uhi;\n"
+                "    smelt_range(B, i_, xi, &blo, &bhi); smelt_range(units, j_, xj, &ulo, &uhi);\n"
+                f"    {dir_units} }}")
+
+    units_decl = " ".join(f"int ulo{d} = 0, uhi{d} = 0;" for d in range(D))
+    dir_units = (f"""if (ng == 2) {{ if (gid == 0) {{ ulo0 = (int)ulo; uhi0 = (int)uhi; }}
+        {'else { ulo1 = (int)ulo; uhi1 = (int)uhi; }' if D == 2 else ''} }}
+    else {{ ulo0 = (int)SMELT_MIN(ulo, {nhb}L); uhi0 = (int)SMELT_MIN(uhi, {nhb}L);
+        {f'ulo1 = (int)SMELT_MAX(ulo - {nhb}, 0L); uhi1 = (int)SMELT_MAX(uhi - {nhb}, 0L);' if D == 2 else ''} }}""")
     if D == 1:
         steps = loop([0])
     else:  # one thread for both directions: one after the other, so one direction's R stays in L2
-        steps = f"if (ng == 1) {{\n{loop([0])}\n{loop([1])}\n}} else {{\n{loop([0, 1])}\n}}"
-    units = []
-    for d in range(D):
-        units.append(f"int ulo{d} = 0, uhi{d} = 0;")
+        steps = f"if (ng == 1 && nact == 1) {{\n{loop([0])}\n{loop([1])}\n}} else {{\n{loop([0, 1])}\n}}"
     assign = f"""
-/* thread groups: with 2 directions and 2+ threads, one group per direction (no shared barrier) */
-const int ng = ({D} == 2 && nt >= 2) ? 2 : 1;
+/* direction groups: with 2 directions and 2+ threads, one thread group per direction, never
+   synchronizing with each other (parallel GEMMs in parallel). Inside a group the recurrence is
+   a grid of xi row groups x xj hidden-unit groups chosen by the data-movement model (PCP). */
+static const unsigned char grid[{(P + 1) * bcols * 2}] = {{{", ".join(str(v) for v in table)}}};
+const int ng = ({D} == 2 && nt >= 2{' && 0' if mode == 'baseline' else ''}) ? 2 : 1;
 const int gid = (ng == 2 && tid >= nt / 2) ? 1 : 0;
 const int gstart = gid ? nt / 2 : 0, gsize = ng == 2 ? (gid ? nt - nt / 2 : nt / 2) : nt;
-const int nact = SMELT_MIN(gsize, ng == 2 ? {max_split} : {max_one});
+const int gp = SMELT_MIN(gsize, {P});
+const int xi = grid[(gp * {bcols} + {bidx}) * 2], xj = grid[(gp * {bcols} + {bidx}) * 2 + 1];
+const int nact = xi * xj;
 const int lid = tid - gstart;
+const long units = ng == 2 ? {nhb}L : {D * nhb}L;
 unsigned epoch = 0;
-{' '.join(units)}
+{units_decl}
+long blo = 0, bhi = 0;
+int sbase = gstart, sme = lid, sn = nact; /* the barrier group: base thread, my index, size */
 if (lid < nact) {{
-    long lo, hi;
-    if (ng == 2) {{
-        smelt_range({nhb}L, lid, nact, &lo, &hi);
-        if (gid == 0) {{ ulo0 = (int)lo; uhi0 = (int)hi; }}
-        {'else { ulo1 = (int)lo; uhi1 = (int)hi; }' if D == 2 else ''}
-    }} else {{
-        smelt_range({D * nhb}L, lid, nact, &lo, &hi);
-        ulo0 = (int)SMELT_MIN(lo, {nhb}L); uhi0 = (int)SMELT_MIN(hi, {nhb}L);
-        {f'ulo1 = (int)SMELT_MAX(lo - {nhb}, 0L); uhi1 = (int)SMELT_MAX(hi - {nhb}, 0L);' if D == 2 else ''}
-    }}
+    {part("lid")}
+    {'' if rotate else 'sbase = gstart + (lid / xj) * xj; sme = lid % xj; sn = xj; /* WCS: only my row group */'}
 }}
 """
     final = []
-    fin_h = f"{hbuf} + {(T % 2) * state}L"
-    ys = (B * H, H) if cfg.layout == 0 else (H, D * H)  # Y_h (d stride, b stride)
+    fin_h = f"{hbuf} + (T % 2) * {state}L"
     for name, buf in ((cfg.yh, fin_h), (cfg.yc, cbuf)):
         if not name:
             continue
         seqcheck = "slen[b] > 0" if cfg.seq else "1"
         final.append(f"""for (int d = 0; d < {D}; ++d) {{
     int lo = d == 0 ? ulo0 : {'ulo1' if D == 2 else '0'}, hi = d == 0 ? uhi0 : {'uhi1' if D == 2 else '0'};
-    for (long b = 0; b < {B}; ++b) {{
-        float *o = {em.ptr(name)} + d * {ys[0]}L + b * {ys[1]}L;
-        const float *s = {buf} + (d * {B} + b) * {Hp}L;
+    for (long b = blo; b < bhi; ++b) {{
+        float *o = {em.ptr(name)} + d * ({sst[0]}) + b * {sst[1]}L;
+        const float *s = {buf} + (d * {Bmax} + b) * {Hp}L;
         for (long j = (long)lo * {VL}; j < SMELT_MIN((long)hi * {VL}, {H}L); ++j) o[j] = ({seqcheck}) ? s[j] : 0.0f;
         {CB}
     }}
 }}""")
-    em.schedule(algorithm=f"{cfg.op}: input projection of all {T} steps hoisted into one GEMM, "
-                          "recurrence split by hidden-unit blocks (DeepCPU)",
-                threads=f"up to {max_one} threads on the recurrence ({nhb} hidden blocks)",
+    g1 = grids[P][Bmax if dynamic else B]
+    sched = {"baseline": "no hoisting: a fused-gate GEMM of x_t and h_t-1 per step, partitions move between "
+                         "threads every step (Fig. 4a baseline)",
+             "hoist": "input projection of all steps hoisted into one GEMM; recurrence as a column-split "
+                      "parallel GEMM per step, partitions move between threads every step",
+             "pcp": "hoisted projection; recurrence partitioned by the data-movement model (PCP), partitions "
+                    "move between threads every step (no WCS)",
+             "wcs": "hoisted projection; recurrence partitioned by the data-movement model (PCP), each thread "
+                    "keeps its R slice for the whole sequence (WCS)"}[mode]
+    em.schedule(algorithm=f"{cfg.op} ({mode}): {sched}",
+                threads=f"recurrence grid {g1[0]} row x {g1[1]} hidden groups at {P} threads"
+                        + (f", T<={Tmax} and B<={Bmax} at run time" if dynamic else ""),
                 layout=f"gates fused, hidden padded to {Hp}")
-    em.step(f"""float *y = {y}; const int32_t *slen = {slen}; (void)y; (void)slen;
+    if dynamic:
+        em.schedule(dynamic=json.dumps({"slot": slot, "x": cfg.x, "layout": cfg.layout, "max": [Tmax, Bmax],
+                                        "outputs": _dyn_output_shapes(cfg)}))
+    em.step(f"""{tb_decl}float *y = {y}; const int32_t *slen = {slen}; (void)y; (void)slen;
 {assign}
 if (lid < nact) {{
 {steps}
 {chr(10).join(final)}
+}}""")
+
+
+# --------------------------------------------------------------------------------------------
+# dynamic axes, schedules, partitioning model
+# --------------------------------------------------------------------------------------------
+SCHEDULES = ("baseline", "hoist", "pcp", "wcs")  # DeepCPU Fig. 4(a) ablation levels; wcs = full
+DYN_SLOTS = 128
+# Run-time (T, B) per recurrent node, written by smelt.runtime.module before each call of a
+# dynamic artifact (found by name with ctypes). Defined once per library.
+DYN_DIMS_C = f"SMELT_EXPORT long smelt_rnn_dims[2 * {DYN_SLOTS}];\n"
+
+
+def _dyn_output_shapes(cfg: RnnConfig) -> dict[str, list]:
+    """Output shapes with "T" / "B" where the run-time sizes go (for the runtime's allocation)."""
+    D, H = cfg.D, cfg.H
+    out: dict[str, list] = {}
+    if cfg.y:
+        out[cfg.y] = ["T", D, "B", H] if cfg.layout == 0 else ["B", "T", D, H]
+    for name in (cfg.yh, cfg.yc):
+        if name:
+            out[name] = [D, "B", H] if cfg.layout == 0 else ["B", D, H]
+    return out
+
+
+# Cost model constants (one core of the 2-core Sapphire Rapids dev VM; the ratios matter, not
+# the absolute values; calibration in smelt.tune.rnn_calibrate measures instead of guessing).
+MAC_RATE = 9.0e10  # multiply-adds/s of the recurrence micro-kernel (1.6 FMA/cycle x 16 lanes)
+BW_L2 = 1.1e11  # bytes/s a core streams R from its own L2
+BW_L3 = 2.7e10  # bytes/s a core streams R from L3 (both cores streaming)
+GATE_S = 6.0e-8  # seconds of LSTM gate math per (batch row, hidden block of 16)
+SYNC_S = 2.0e-7  # one cross-core barrier
+
+
+def step_cost(G: int, H: int, units: int, B: int, xi: int, xj: int, l1: int, l2: int) -> float:
+    """Modelled seconds per time step of a recurrence grid (PCP, DeepCPU sec. 5.2.3).
+
+    A thread computes ceil(B/xi) rows x ceil(units/xj) hidden blocks. Its R slice is streamed
+    once per row group per step: from L1 (free) if it fits 3/4 of L1, from its own L2 if it fits
+    3/4 of L2 (DeepCPU's |B|/(Xj Xk) <= |L2| reuse across steps), else from L3 every step.
+    Row groups (xi) need no barrier at all (rows are independent); hidden groups (xj) exchange
+    h once per step.
+    """
+    rows, u = -(-B // xi), -(-units // xj)
+    macs = rows * u * G * VL * H
+    wbytes = u * G * VL * H * 4
+    passes = -(-rows // REC_GROUP_ROWS)
+    bw = float("inf") if wbytes <= l1 * 3 // 4 else BW_L2 if wbytes <= l2 * 3 // 4 else BW_L3
+    return max(macs / MAC_RATE, wbytes * passes / bw) + GATE_S * G / 4 * rows * u + (SYNC_S if xj > 1 else 0.0)
+
+
+def grid_for(cfg: RnnConfig, mode: str, p: int, B: int, l1: int, l2: int,
+             tuned: tuple[int, int] | None = None) -> dict[int, tuple[int, int]]:
+    """{B: (xi, xj)} for a direction group of ``p`` threads (a dict so callers can merge)."""
+    # a direction group owns one direction (with one thread, or baseline's single group, both)
+    units = cfg.D * cfg.nhb if mode == "baseline" else cfg.nhb
+    if mode in ("baseline", "hoist"):  # a plain parallel GEMM: columns over every thread
+        return {B: (1, max(1, min(p, units)))}
+    if tuned is not None and tuned[0] * tuned[1] <= p and tuned[0] <= B and tuned[1] <= units:
+        return {B: tuned}
+    best, cost = (1, 1), float("inf")
+    for xi in range(1, min(p, B) + 1):
+        for xj in range(1, min(p // xi, units) + 1):
+            c = step_cost(cfg.G, cfg.H, units, B, xi, xj, l1, l2) * (1.0001 ** (xi * xj))  # ties: fewer threads
+            if c < cost:
+                best, cost = (xi, xj), c
+    return {B: best}
+
+
+def _tuned_grid(node: Node, cfg: RnnConfig, p: int, em: BlockEmitter) -> tuple[int, int] | None:
+    """A forced grid (node attribute ``smelt_rnn_grid``, used by calibration) or the tuning
+    database's measured best for this workload, else None (use the model)."""
+    forced = node.attr("smelt_rnn_grid")
+    if forced is not None:
+        xi, xj = (int(v) for v in forced)
+        return (xi, xj)
+    try:
+        from smelt.tune.db import open_default
+
+        db = open_default()
+        if db is None:
+            return None
+        rec = db.lookup(RNN_KIND, rnn_workload(cfg, p), em.target.key())
+    except Exception:  # a broken database never breaks a compile: fall back to the model
+        return None
+    return None if rec is None else (int(rec["xi"]), int(rec["xj"]))
+
+
+RNN_KIND = "rnn"
+
+
+def rnn_workload(cfg: RnnConfig, threads: int) -> dict:
+    """The tuning database key of a recurrence: op, sizes, directions and group threads."""
+    return {"op": cfg.op, "E": cfg.E, "H": cfg.H, "B": cfg.B, "T": cfg.T, "D": cfg.D,
+            "lbr": int(cfg.lbr), "threads": threads}
+
+
+def annotate(model: onnx.ModelProto, schedule: str | None = None,
+             grid: tuple[int, int] | None = None, pipeline: bool | None = None) -> onnx.ModelProto:
+    """A copy of ``model`` whose recurrent nodes use ``schedule`` (one of SCHEDULES: DeepCPU's
+    Fig. 4(a) ablation levels), a forced recurrence ``grid`` (xi row groups, xj hidden groups;
+    used by calibration) and/or force the pipeline plan for stacked layers on or off. Node
+    attributes, so each variant is its own cached artifact.
+    """
+    if schedule is not None and schedule not in SCHEDULES:
+        raise ValueError(f"unknown RNN schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for n in out.graph.node:
+        if n.op_type not in GATES:
+            continue
+        ours = ("smelt_rnn_schedule", "smelt_rnn_grid", "smelt_rnn_pipeline")
+        keep = [a for a in n.attribute if a.name not in ours]
+        del n.attribute[:]
+        n.attribute.extend(keep)
+        if schedule is not None:
+            n.attribute.append(onnx.helper.make_attribute("smelt_rnn_schedule", schedule))
+        if grid is not None:
+            n.attribute.append(onnx.helper.make_attribute("smelt_rnn_grid", [int(grid[0]), int(grid[1])]))
+        if pipeline is not None:
+            n.attribute.append(onnx.helper.make_attribute("smelt_rnn_pipeline", int(bool(pipeline))))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# stacked layers: ModelCompiler's pipeline execution plan
+# --------------------------------------------------------------------------------------------
+def _squeeze_axis1(n: Node, g: Graph) -> bool:
+    if n.op != "Squeeze":
+        return False
+    axes = n.attr("axes")
+    if axes is None and len(n.inputs) > 1 and n.inputs[1]:
+        c = g.values[n.inputs[1]].const
+        axes = None if c is None else [int(a) for a in np.asarray(c).reshape(-1)]
+    return axes is not None and [int(a) for a in axes] == [1]
+
+
+def pipeline_chain(node: Node, g: Graph) -> list[Node]:
+    """The stack of recurrent layers headed by ``node`` (its Squeeze glue in between), if the
+    layers qualify for the pipeline plan: >= 2 unidirectional layout-0 LSTM/GRU/RNN nodes with
+    constant weights and no sequence_lens, same T and B, each layer's Y read only by a Squeeze
+    (axis 1) read only by the next layer's X. [] otherwise, or when ``node`` is not a head."""
+    producers, consumers = g.producers(), g.consumers()
+
+    def layer_ok(n: Node) -> RnnConfig | None:
+        if n.op not in GATES:
+            return None
+        cfg, _ = config(n, g)
+        if cfg is None or cfg.D != 1 or cfg.layout != 0 or cfg.seq or cfg.reverse[0]:
+            return None  # a reverse layer needs the layer below's whole sequence first
+        if bool(n.attr("smelt_dynamic", 0)) or str(n.attr("smelt_rnn_schedule", "wcs") or "wcs") != "wcs":
+            return None
+        consts = [cfg.w, cfg.r] + [v for v in (cfg.b, cfg.p) if v]
+        if any(g.values[v].const is None for v in consts):
+            return None
+        return cfg
+
+    def prev_layer(n: Node) -> Node | None:
+        sq = producers.get(n.inputs[0])
+        if sq is None or not _squeeze_axis1(sq, g) or len(consumers.get(sq.outputs[0], [])) != 1:
+            return None
+        if sq.outputs[0] in g.outputs:
+            return None
+        lay = producers.get(sq.inputs[0])
+        if lay is None or lay.outputs[0] != sq.inputs[0] or layer_ok(lay) is None:
+            return None
+        if len(consumers.get(lay.outputs[0], [])) != 1 or lay.outputs[0] in g.outputs:
+            return None
+        return lay
+
+    first = layer_ok(node)
+    if first is None or prev_layer(node) is not None:
+        return []
+    chain = [node]
+    while True:
+        y = chain[-1].outputs[0]
+        sqs = consumers.get(y, [])
+        if len(sqs) != 1:
+            break
+        nxt = consumers.get(sqs[0].outputs[0], [])
+        if len(nxt) != 1 or nxt[0].inputs[0] != sqs[0].outputs[0] or prev_layer(nxt[0]) is not chain[-1]:
+            break
+        cfg = layer_ok(nxt[0])
+        if cfg is None or (cfg.T, cfg.B) != (first.T, first.B):
+            break
+        chain += [sqs[0], nxt[0]]
+    return chain if len(chain) >= 3 else []
+
+
+def use_pipeline(chain: list[Node], g: Graph, l2_bytes: int) -> bool:
+    """Whether the pipeline plan is used for ``chain`` (attribute ``smelt_rnn_pipeline`` on the
+    head forces it on/off). Measured on the 2-core dev VM (docs/benchmarks.md, "Stacked LSTMs"):
+    it pays at small batch when each thread's layers (W and R) stay in its L2."""
+    if not chain:
+        return False
+    forced = chain[0].attr("smelt_rnn_pipeline")
+    if forced is not None:
+        return bool(forced)
+    layers = [n for n in chain if n.op in GATES]
+    cfgs = [config(n, g)[0] for n in layers]
+    if any(c is None for c in cfgs) or cfgs[0].B > PIPE_MAX_B:
+        return False
+    wbytes = sum(c.G * c.Hp * (c.E + c.H) * 4 for c in cfgs)  # all layers' W and R
+    return wbytes <= PIPE_L2_FRACTION * l2_bytes
+
+
+PIPE_MAX_B = 4  # batch rows up to which the pipeline plan is considered
+PIPE_L2_FRACTION = 1.5  # all layers' weights within 3/4 of two cores' L2
+
+
+def pipeline_members(g: Graph) -> dict[str, list[Node]]:
+    """Node name -> its pipelined chain, for every chain the pipeline plan takes (plan.py uses
+    it to keep the chain's values live across the whole chain: the head's step writes them)."""
+    from smelt.target import detect
+
+    l2 = detect().l2_bytes
+    out: dict[str, list[Node]] = {}
+    for n in g.nodes:
+        if n.op in GATES and n.name not in out:
+            chain = pipeline_chain(n, g)
+            if use_pipeline(chain, g, l2):
+                for m in chain:
+                    out[m.name] = chain
+    return out
+
+
+def emit_pipeline(chain: list[Node], g: Graph, em: BlockEmitter) -> None:
+    """ModelCompiler's pipeline plan for stacked layers: layer l owned by one thread for the
+    whole sequence (its W and R stay in that core's L2), at tick tau it computes its step
+    t = tau - l, consuming step t of layer l-1 produced at tick tau-1; one barrier per tick.
+    The input projection is per step (it cannot be hoisted past the layer below)."""
+    layers = [n for n in chain if n.op in GATES]
+    L = len(layers)
+    readers = g.consumers()
+    cfgs: list[RnnConfig] = []
+    for n in layers:
+        cfg, why = config(n, g)
+        assert cfg is not None, why
+        for attr in ("yh", "yc"):
+            name = getattr(cfg, attr)
+            if name and name not in g.outputs and not readers.get(name):
+                setattr(cfg, attr, "")
+        cfgs.append(cfg)
+    T, B = cfgs[0].T, cfgs[0].B
+    vx = em.function("rnn_vmath", vmath_source("FNAME"), doc="RNN vector math: exp/sigmoid/tanh, activations, group barrier")
+
+    def fn(base: str, code: str, doc: str) -> str:
+        return em.function(base, code.replace("VX_", f"{vx}_"), doc=doc)
+
+    P = max(1, em.n_threads)
+    flags = em.scratch(max(2, P) * 64, "uint8")
+    em.step(f"if (tid == 0) memset((void *){flags}, 0, {max(2, P) * 64});")
+    layer_code, init_code, final_code = [], [], []
+    for li, cfg in enumerate(cfgs):
+        H, Hp, N, nhb = cfg.H, cfg.Hp, cfg.ntot, cfg.nhb
+        wp = em.weight(pack_w(cfg, g.values[cfg.w].const.astype(np.float32)), key=f"rnn_w:{cfg.w}:{cfg.op}")
+        rp = em.weight(pack_r(cfg, g.values[cfg.r].const.astype(np.float32)), key=f"rnn_r:{cfg.r}:{cfg.op}")
+        bc = g.values[cfg.b].const if cfg.b else None
+        bx_arr, rbh_arr = pack_bias(cfg, None if bc is None else bc.astype(np.float32))
+        bx = em.weight(bx_arr)
+        rbh = em.weight(rbh_arr) if (cfg.op == "GRU" and cfg.lbr) else "(const float *)0"
+        pp = em.weight(pack_p(cfg, g.values[cfg.p].const.astype(np.float32))) if cfg.p else "(const float *)0"
+        xwrow = _scratch(em, B * N)
+        hbuf = _scratch(em, 2 * B * Hp)
+        cbuf = _scratch(em, B * Hp) if cfg.op == "LSTM" else "(float *)0"
+        two = cfg.op == "GRU" and not cfg.lbr
+        zb = _scratch(em, B * Hp) if two else "(float *)0"
+        rh = _scratch(em, B * Hp) if two else "(float *)0"
+        gemm = fn("rnn_gemm", gemm_code(cfg, rows=B), f"{cfg.op} per-step input projection, {B} rows")
+        if two:
+            cells = [fn("rnn_cell", cell_code(cfg, 0, "a", rows={B}), "GRU z/r gates"),
+                     fn("rnn_cell", cell_code(cfg, 0, "b", rows={B}), "GRU candidate")]
+        else:
+            cells = [fn("rnn_cell", cell_code(cfg, 0, "", rows={B}), f"{cfg.op} cell")]
+        # layer l reads layer l-1's Y directly ([T,1,B,H] has the bytes of its Squeeze output,
+        # which the glue step only produces after this step)
+        xin = em.ptr(cfg.x) if li == 0 else em.ptr(cfgs[li - 1].y)
+        y = em.ptr(cfg.y) if cfg.y else "(float *)0"
+        t_expr = f"{T - 1} - t" if cfg.reverse[0] else "t"
+        yrow = f"{y} + (long)tt * {B * H}" if cfg.y else y
+        calls = [f"{c}({rp}, {xwrow}, hp, hn, {cbuf}, {pp}, {rbh}, {zb}, {rh}, {yrow}, (const int32_t *)0, tt, "
+                 f"0, {nhb}, 0, {B}, {H});" for c in cells]
+        layer_code.append(f"""if ({li} >= l0 && {li} < l1) {{ const int t = tau - {li};
+    if (t >= 0 && t < {T}) {{ const int tt = {t_expr};
+        const float *hp = {hbuf} + (t & 1) * {B * Hp}; float *hn = {hbuf} + ((t + 1) & 1) * {B * Hp};
+        {gemm}({xin} + (long)tt * {B * cfg.E}, {xwrow}, {wp}, {bx}, {B}, 1, 0, 1);
+        {' '.join(calls)}
+    }}
+}}""")
+
+        def init_state(src: str, buf: str, H: int = H, Hp: int = Hp) -> str:
+            if not src:
+                return f"memset({buf}, 0, {B * Hp * 4});"
+            return (f"for (long b = 0; b < {B}; ++b) {{ memcpy({buf} + b * {Hp}, {em.ptr(src)} + b * {H}, {H * 4}); "
+                    f"memset({buf} + b * {Hp} + {H}, 0, {(Hp - H) * 4}); }}")
+        c_init = init_state(cfg.c0, cbuf) if cfg.op == "LSTM" else ""
+        init_code.append(f"if ({li} >= l0 && {li} < l1) {{ {init_state(cfg.h0, hbuf)} {c_init} }}")
+        for name, buf in ((cfg.yh, f"{hbuf} + {(T % 2) * B * Hp}"), (cfg.yc, cbuf)):
+            if name:
+                final_code.append(f"if ({li} >= l0 && {li} < l1) for (long b = 0; b < {B}; ++b) "
+                                  f"memcpy({em.ptr(name)} + b * {H}, {buf} + b * {Hp}, {H * 4});")
+    bar = f"{vx}_sync((({vx}_flag *){flags}), tid, nact, ++epoch);"
+    em.schedule(algorithm=f"pipeline plan over {L} stacked {'/'.join(sorted({c.op for c in cfgs}))} layers "
+                          "(ModelCompiler): each layer owned by one thread, layer l at tick tau runs step tau-l, "
+                          "per-step input projection, one barrier per tick",
+                threads=f"min(threads, {L}) threads, contiguous layer ranges",
+                layout="gates fused, hidden padded to 16")
+    nl = "\n"
+    em.step(f"""const int nact = SMELT_MIN(nt, {L});
+if (tid < nact) {{
+long lo_, hi_; smelt_range({L}L, tid, nact, &lo_, &hi_);
+const int l0 = (int)lo_, l1 = (int)hi_;
+unsigned epoch = 0;
+{nl.join(init_code)}
+for (int tau = 0; tau < {T + L - 1}; ++tau) {{
+{nl.join(layer_code)}
+if (tau + 1 < {T + L - 1}) {bar}
+}}
+{nl.join(final_code)}
 }}""")

@@ -33,12 +33,16 @@ __all__ = [
     "describe",
     "load_model_or_zoo",
     "parse_rnn_name",
+    "paper_rnn_models",
     "RnnSpec",
     # lazily imported, see __getattr__
     "ModelBuilder",
     "count_parameters",
     "lstm_model",
     "deepcpu_table1",
+    "text_similarity_model",
+    "bidaf_lstms_model",
+    "modelcompiler_fig4a",
     "REFERENCE_PARAMS",
     "CNN_MODELS",
 ]
@@ -57,6 +61,14 @@ _CNN_DESCRIPTIONS = {
     "input [N,3,224,224]; 7.98M params",
     "inception_v3": "Inception-v3 without aux head (1x7/7x1 convs, AvgPool/MaxPool branches); "
     "input [N,3,299,299]; 23.83M params",
+}
+
+# Recurrent models from the papers (see rnn.py): name -> description
+_PAPER_RNN_DESCRIPTIONS = {
+    "text-similarity": "DeepCPU's text similarity model: two bidirectional GRU encoders (input 200, hidden "
+    "512, length 20) and cosine similarity; inputs q [20,1,200], d [20,B,200]; output sim [B]",
+    "bidaf-lstms": "BiDAF's three LSTM layers (DeepCPU Table 2): phrase embedding bi-LSTM (50->100, "
+    "question 15 / context 100), 2-layer modeling bi-LSTM (800->100), output bi-LSTM (1400->100); batch 1",
 }
 
 _DEFAULT_E = _DEFAULT_H = 256
@@ -118,6 +130,13 @@ def list_models() -> list[str]:
     return [*_CNN_DESCRIPTIONS, *_RNN_PRESETS]
 
 
+def paper_rnn_models() -> list[str]:
+    """The recurrent models from the DeepCPU paper (also accepted by :func:`get_model`): its text
+    similarity model and BiDAF's LSTM layers. ModelCompiler's Fig. 4(a) stacks are parametric
+    names (``rnn.modelcompiler_fig4a()``)."""
+    return list(_PAPER_RNN_DESCRIPTIONS)
+
+
 def _normalize(name: str) -> str:
     name = name.strip()
     if name.startswith("zoo:"):
@@ -127,7 +146,7 @@ def _normalize(name: str) -> str:
 
 def _unknown(name: str) -> ValueError:
     return ValueError(
-        f"unknown zoo model {name!r}; valid names: {', '.join(list_models())}, "
+        f"unknown zoo model {name!r}; valid names: {', '.join(list_models() + paper_rnn_models())}, "
         f"or parametric {_PATTERN_HELP} (e.g. lstm-E256-H256-B1-T100-L2-bi); "
         "a 'zoo:' prefix is accepted"
     )
@@ -178,6 +197,14 @@ def get_model(name: str, batch: int | str = 1, seed: int = 0) -> onnx.ModelProto
         from .cnn import CNN_MODELS
 
         return CNN_MODELS[key](batch=batch, seed=seed)
+    if key == "text-similarity":
+        from .rnn import text_similarity_model
+
+        return text_similarity_model(B=batch, seed=seed)
+    if key == "bidaf-lstms":
+        from .rnn import bidaf_lstms_model
+
+        return bidaf_lstms_model(seed=seed)
     spec = parse_rnn_name(key, batch)
     if spec is None:
         raise _unknown(name)
@@ -221,6 +248,8 @@ def describe(name: str) -> str:
     key = _normalize(name)
     if key in _CNN_DESCRIPTIONS:
         return f"{key}: {_CNN_DESCRIPTIONS[key]}; output logits [N,1000]"
+    if key in _PAPER_RNN_DESCRIPTIONS:
+        return f"{key}: {_PAPER_RNN_DESCRIPTIONS[key]}"
     spec = parse_rnn_name(key)
     if spec is None:
         raise _unknown(name)
@@ -242,7 +271,8 @@ def __getattr__(attr: str) -> Any:
         from . import builder
 
         return getattr(builder, attr)
-    if attr in ("lstm_model", "deepcpu_table1"):
+    if attr in ("lstm_model", "deepcpu_table1", "text_similarity_model", "bidaf_lstms_model",
+                "modelcompiler_fig4a"):
         from . import rnn
 
         return getattr(rnn, attr)

@@ -1,0 +1,65 @@
+"""Local search: a tiny workload within a tiny budget writes records; the stored schedule
+compiles and matches onnxruntime. No timing asserts (the machine is shared)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import assert_close, ort_run
+from tune_models import chain_model
+
+import smelt
+from smelt.frontend.onnx_import import load_model
+from smelt.target import detect
+from smelt.tune import search
+from smelt.tune.db import TuningDB
+from smelt.tune.measure import ConvShape, measure_convs, measure_transforms
+
+pytestmark = pytest.mark.skipif(detect().isa not in ("avx512", "avx2"), reason="NCHWc needs AVX2/AVX-512")
+
+
+def test_measure_many_schedules_in_one_library(tune_env):
+    target = detect()
+    shape = ConvShape(1, 16, 6, 9, 32, 3, 3, pt=1, pl=1, pb=1, pr=1)
+    g, node = search.probe(shape, 16)
+    default, queue = search.ordered_candidates(node, g, target)
+    entries = [(16, default), (8, default)] + [(16, s) for s in queue[:3]]
+    t = measure_convs(shape, entries, 1, target)
+    assert len(t.seconds) == len(entries) and all(s > 0 for s in t.seconds) and t.calls >= 5
+    tr = measure_transforms([(1, 16, 6, 9, 1, 16), (1, 16, 6, 9, 16, 8), (1, 16, 6, 9, 8, 1)], 1, target)
+    assert len(tr) == 3 and all(s > 0 for s in tr)
+
+
+def test_tune_writes_records_and_the_schedule_runs(tune_env, monkeypatch):
+    target = detect()
+    model, feeds = chain_model()
+    g = search.lower_for_tuning(load_model(model), 1, target)
+    tasks = search.collect_tasks([("chain", g)], 1, target)
+    assert len(tasks) == 3 and all(t.models == ["chain"] for t in tasks)
+    # conv2 reads its producer's block; 8 is tried too (an alternate input block)
+    assert any(t.ibs[0] > 1 and len(t.ibs) == 2 for t in tasks)
+    monkeypatch.setattr(search, "MARGIN", -1.0)  # store even if the default wins: we test the plumbing
+    db = TuningDB(tune_env)
+    report = search.tune_tasks(tasks, 8.0, 1, target, db, transforms=False)
+    assert report.results and len(report.results) + len(report.skipped) == 3
+    res = report.results[0]
+    assert res.tried >= 3 and res.default_s > 0 and res.best_s <= res.default_s
+    assert res.stored and set(res.schemes) == set(res.task.ibs)
+    rec = db.record(search.CONV_KIND, res.task.key(res.task.ibs[0]), target.key())
+    assert rec is not None and rec.config == res.best.to_dict()
+    assert any(True for _ in db.records(search.SCHEME_KIND))
+    # the compiler picks the record up (the fingerprint changed) and the result is right
+    compiled = smelt.compile(model, threads=1)
+    blockings = [i["schedule"].get("blocking", "") for s in compiled.plan["steps"] if s["kind"] == "native"
+                 for i in s["step_info"] if i["op"] == "Conv"]
+    b = res.best
+    assert any(f"oc_bn={b.oc_bn} " in x and f"reg_n={b.reg_n} " in x and f"oc_blocks={b.oc_blocks} " in x
+               for x in blockings), (b, blockings)
+    assert_close(compiled.run(feeds), ort_run(model, feeds))
+
+
+def test_budget_exhausted_skips_and_reports(tune_env):
+    target = detect()
+    model, _ = chain_model()
+    tasks = search.collect_tasks([("chain", search.lower_for_tuning(load_model(model), 1, target))], 1, target)
+    report = search.tune_tasks(tasks, 0.5, 1, target, None, transforms=False)
+    assert not report.results and len(report.skipped) == len(tasks)
