@@ -11,10 +11,11 @@ generated and compiled by the ordinary machinery (``compiler.build_lowered``) as
 (``smelt_rt.h``, ``LoadedArtifact.profile_counters``) time each entry separately.
 
 Why that is a fair comparison: every call runs all entries back to back (interleaved by
-construction, so a burst of load from another process hits one call's entries alike), and a
-step's time runs from the previous barrier to its own, as in a real model. Each output has
-its own arena region (see ``_private_outputs_plan``), touched in the warm-up calls: no page
-faults inside the timed region. See ``time_graph`` for the statistic.
+construction, so a burst of load from another process hits one call's entries alike), each on
+all threads with a barrier after it, as in a real model. Each output has its own arena region
+(see ``_private_outputs_plan``), touched in the warm-up calls: no page faults inside the timed
+region. See ``time_graph`` for the statistic (busy time of the slowest thread, fastest of three
+calls, median over rounds) and why.
 
 Entries are split into several libraries when their packed weights and outputs would exceed
 ``MAX_BYTES`` (each entry packs its own weights and writes its own output, as each conv of a
@@ -36,8 +37,9 @@ from smelt.codegen.templates.conv_nchwc import NchwcSchedule, blocked_layout
 from smelt.ir.graph import Graph, Node, Value
 from smelt.target import Target, detect
 
-# packed weights + outputs per measurement library (bounds the weights blob and the arena)
-MAX_BYTES = 256 << 20
+# packed weights + outputs per measurement library (bounds the weights blob and the arena; the
+# blob exists in a few copies while it is generated, written and loaded)
+MAX_BYTES = 128 << 20
 # timing rounds per library (each the fastest of a few calls; see ``time_graph``)
 MIN_ROUNDS, MAX_ROUNDS, CALLS_PER_ROUND, MIN_SECONDS = 5, 15, 3, 0.2
 

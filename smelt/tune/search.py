@@ -15,8 +15,9 @@ Search per task, within a time budget (``tune_conv``):
 2. further batches from the model's order while the budget lasts; each batch is ONE library
    (``measure.measure_convs``) and repeats the default, so batches compare through their ratio
    to it (the load of the machine may change between batches);
-3. a last batch times the default and the best schedule per output block at every alternate
-   input block.
+3. a last batch re-times the default and the winner per output block head to head, at the
+   primary and every alternate input block: the winner of many noisy measurements is biased
+   fast (winner's curse), so stored times and decisions come from this fresh library.
 
 What is stored (``TuningDB``, target = ``Target.key()``):
 - kind ``conv_nchwc`` (``CONV_KIND``), workload ``workload(node, g, ib, threads)``: the best
@@ -243,12 +244,12 @@ def tune_conv(task: ConvTask, budget_s: float, target: Target | None = None, db:
         return s.oc_bn if dw else ib  # depthwise reads its own block size (the pass converts)
 
     alt_ibs = [] if dw else task.ibs[1:]
-    alt_entries = 1 + 3 * len(alt_ibs)
+    final_entries = 3 * (1 + len(alt_ibs))  # the last batch: default + winners per input block
     measured: dict[NchwcSchedule, float] = {}
     default_s = 0.0
     first = True
     while True:
-        left = budget_s - (time.perf_counter() - start) - (est.cost(alt_entries) if alt_ibs else 0.0)
+        left = budget_s - (time.perf_counter() - start) - est.cost(final_entries)
         n = min(max_batch, est.fit(left) - 1, len(queue))
         if first:
             n = max(n, min(2, len(queue)))  # always something besides the default
@@ -268,33 +269,36 @@ def tune_conv(task: ConvTask, budget_s: float, target: Target | None = None, db:
         if not queue:
             break
     measured[default] = default_s
-    schemes: dict[int, dict[int, tuple[NchwcSchedule, float]]] = {ib0: {}}
+    picks: dict[int, NchwcSchedule] = {}  # the search's winner per output block
     for s, sec in measured.items():
-        cur = schemes[ib0].get(s.oc_bn)
-        if cur is None or sec < cur[1]:
-            schemes[ib0][s.oc_bn] = (s, sec)
-    defaults_s = {ib0: default_s}
+        if s.oc_bn not in picks or sec < measured[picks[s.oc_bn]]:
+            picks[s.oc_bn] = s
     tried = len(measured)
-    if dw:  # the input block does not change a depthwise kernel: same numbers for every key
-        for ib in task.ibs[1:]:
-            schemes[ib], defaults_s[ib] = dict(schemes[ib0]), default_s
-    elif alt_ibs:
-        entries: list[Entry] = [(ib0, default)]
-        for ib in alt_ibs:
-            picks = [default] + [s for s, _ in schemes[ib0].values()]
-            entries += [(ib, s) for s in dict.fromkeys(picks)]
+    # The final batch re-times the default and each winner head to head, at every input block:
+    # the winner of many noisy measurements is biased fast (the winner's curse), so what is
+    # stored, and what the global search compares, comes from this one fresh library.
+    finals = list(dict.fromkeys([default] + list(picks.values())))
+    schemes: dict[int, dict[int, tuple[NchwcSchedule, float]]] = {}
+    defaults_s: dict[int, float] = {}
+    if len(finals) > 1 or alt_ibs:
+        entries: list[Entry] = [(ib_of(s, ib), s) for ib in [ib0] + alt_ibs for s in finals]
         t0 = time.perf_counter()
         timing = measure_convs(shape, entries, threads, target)
         est.update(len(entries), time.perf_counter() - t0)
-        scale = default_s / timing.seconds[0] if timing.seconds[0] > 0 else 1.0
-        tried += len(entries) - 1
-        for (ib, s), sec in zip(entries[1:], timing.seconds[1:], strict=True):
-            sec *= scale
+        tried += len(entries) - len(finals)
+        keyed = [ib for ib in [ib0] + alt_ibs for _ in finals]
+        for ib, (_, s), sec in zip(keyed, entries, timing.seconds, strict=True):
             if s == default:
                 defaults_s[ib] = sec
             cur = schemes.setdefault(ib, {}).get(s.oc_bn)
             if cur is None or sec < cur[1]:
                 schemes[ib][s.oc_bn] = (s, sec)
+        default_s = defaults_s[ib0]
+    else:
+        schemes[ib0], defaults_s[ib0] = {default.oc_bn: (default, default_s)}, default_s
+    if dw:  # the input block does not change a depthwise kernel: same numbers for every key
+        for ib in task.ibs[1:]:
+            schemes[ib], defaults_s[ib] = dict(schemes[ib0]), default_s
     best, best_s = min((v for v in schemes[ib0].values()), key=lambda v: v[1])
     result = TuneResult(task, default, default_s, best, best_s, schemes, defaults_s, tried,
                         time.perf_counter() - start)
