@@ -29,7 +29,9 @@ Deep Learning Models 10x Faster", USENIX ATC 2018):
   epoch flags in scratch: one cache-line transfer per peer instead of the pool barrier's two
   or three (0.12 vs 0.25 us on the 2-core dev VM), and it lets thread subsets synchronize
   alone. Bidirectional: with 2+ threads each direction gets its own thread group and the
-  groups never synchronize (parallel GEMMs in parallel); on one thread the directions run one
+  groups never synchronize (parallel GEMMs in parallel), unless ``directions_in_sequence``
+  finds it cheaper to run one direction after the other on all threads (a direction's R
+  too big for one L2, its per-thread slices not); on one thread the directions run one
   after the other, so only one direction's R must stay in L2.
 * **Ablation levels** (node attribute ``smelt_rnn_schedule``, see ``annotate``; DeepCPU Fig.
   4(a)): ``baseline`` = no hoisting, a fused-gate GEMM of x_t per step, column-split over all
@@ -92,7 +94,7 @@ GEMM_MC_BLOCKS = 8  # GEMM row blocks per task: a 48x64 XW tile (12 KiB) stays i
 ACC_BUDGET = 24  # accumulator registers a recurrence tile may use
 REC_GROUP_ROWS = 24  # batch rows whose accumulators share one pass over an L1 block of R
 # Minimum multiply-adds per thread per time step before splitting the recurrence pays for a
-# cross-core sync (~0.25 us on this class of machine); see _rec_threads.
+# cross-core sync (~0.25 us on this class of machine); see grid_for.
 REC_MIN_MACS = 16384
 
 # Compiler barrier between work items whose stores interleave with other threads' stores: GCC 12
@@ -974,6 +976,8 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
         grids[p_] = {}
         for b_ in (range(1, Bmax + 1) if dynamic else [B]):
             grids[p_].update(grid_for(cfg, mode, p_, b_, em.target.l1d_bytes, em.target.l2_bytes, tuned))
+    seq_dirs = mode != "baseline" and directions_in_sequence(cfg, P, em.target.l1d_bytes, em.target.l2_bytes,
+                                                             grids)
 
     # ---- scratch (sized for Tmax, Bmax) ----
     xw = _scratch(em, T * B * N)
@@ -1097,25 +1101,27 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     units_decl = " ".join(f"int ulo{d} = 0, uhi{d} = 0;" for d in range(D))
     dir_units = (f"""if (ng == 2) {{ if (gid == 0) {{ ulo0 = (int)ulo; uhi0 = (int)uhi; }}
         {'else { ulo1 = (int)ulo; uhi1 = (int)uhi; }' if D == 2 else ''} }}
+    else if ({int(seq_dirs)}) {{ ulo0 = (int)ulo; uhi0 = (int)uhi; {'ulo1 = (int)ulo; uhi1 = (int)uhi;' if D == 2 else ''} }}
     else {{ ulo0 = (int)SMELT_MIN(ulo, {nhb}L); uhi0 = (int)SMELT_MIN(uhi, {nhb}L);
         {f'ulo1 = (int)SMELT_MAX(ulo - {nhb}, 0L); uhi1 = (int)SMELT_MAX(uhi - {nhb}, 0L);' if D == 2 else ''} }}""")
     if D == 1:
         steps = loop([0])
-    else:  # one thread for both directions: one after the other, so one direction's R stays in L2
-        steps = f"if (ng == 1 && nact == 1) {{\n{loop([0])}\n{loop([1])}\n}} else {{\n{loop([0, 1])}\n}}"
+    else:  # one thread, or all threads on each direction in turn: one direction's R at a time in L2
+        steps = (f"if (ng == 1 && (nact == 1 || {int(seq_dirs)})) {{\n{loop([0])}\n{loop([1])}\n}} "
+                 f"else {{\n{loop([0, 1])}\n}}")
     assign = f"""
 /* direction groups: with 2 directions and 2+ threads, one thread group per direction, never
    synchronizing with each other (parallel GEMMs in parallel). Inside a group the recurrence is
    a grid of xi row groups x xj hidden-unit groups chosen by the data-movement model (PCP). */
 static const unsigned char grid[{(P + 1) * bcols * 2}] = {{{", ".join(str(v) for v in table)}}};
-const int ng = ({D} == 2 && nt >= 2{' && 0' if mode == 'baseline' else ''}) ? 2 : 1;
+const int ng = ({D} == 2 && nt >= 2{' && 0' if mode == 'baseline' or seq_dirs else ''}) ? 2 : 1;
 const int gid = (ng == 2 && tid >= nt / 2) ? 1 : 0;
 const int gstart = gid ? nt / 2 : 0, gsize = ng == 2 ? (gid ? nt - nt / 2 : nt / 2) : nt;
 const int gp = SMELT_MIN(gsize, {P});
 const int xi = grid[(gp * {bcols} + {bidx}) * 2], xj = grid[(gp * {bcols} + {bidx}) * 2 + 1];
 const int nact = xi * xj;
 const int lid = tid - gstart;
-const long units = ng == 2 ? {nhb}L : {D * nhb}L;
+const long units = ng == 2 ? {nhb}L : {nhb if seq_dirs else D * nhb}L;
 unsigned epoch = 0;
 {units_decl}
 long blo = 0, bhi = 0;
@@ -1208,8 +1214,26 @@ def step_cost(G: int, H: int, units: int, B: int, xi: int, xj: int, l1: int, l2:
     macs = rows * u * G * VL * H
     wbytes = u * G * VL * H * 4
     passes = -(-rows // REC_GROUP_ROWS)
-    bw = float("inf") if wbytes <= l1 * 3 // 4 else BW_L2 if wbytes <= l2 * 3 // 4 else BW_L3
+    bw = float("inf") if wbytes <= l1 * 3 // 4 else BW_L2 if wbytes <= l2 * 4 // 5 else BW_L3
     return max(macs / MAC_RATE, wbytes * passes / bw) + GATE_S * G / 4 * rows * u + (SYNC_S if xj > 1 else 0.0)
+
+
+def directions_in_sequence(cfg: RnnConfig, P: int, l1: int, l2: int,
+                           grids: dict[int, dict[int, tuple[int, int]]]) -> bool:
+    """Bidirectional: run the directions one after the other on all P threads (each thread's
+    slice of one direction's R stays in its L2 across steps) instead of both at once on P/2
+    threads each (parallel GEMMs in parallel), when the model says it is cheaper. DeepCPU's
+    text similarity GRU (H=512: 3 MB of R per direction) streams R from L3 every step on one
+    thread per direction, but keeps each half in its own 2 MB L2 with both threads per direction.
+    """
+    if cfg.D != 2 or P < 2:
+        return False
+    units, B = cfg.nhb, cfg.B
+    xi, xj = grids[P][B] if B in grids[P] else (1, 1)
+    xi2, xj2 = grids[P // 2][B] if B in grids[P // 2] else (1, 1)
+    seq = 2 * step_cost(cfg.G, cfg.H, units, B, xi, xj, l1, l2)
+    par = step_cost(cfg.G, cfg.H, units, B, xi2, xj2, l1, l2)
+    return seq < 0.9 * par
 
 
 def grid_for(cfg: RnnConfig, mode: str, p: int, B: int, l1: int, l2: int,
@@ -1221,9 +1245,16 @@ def grid_for(cfg: RnnConfig, mode: str, p: int, B: int, l1: int, l2: int,
         return {B: (1, max(1, min(p, units)))}
     if tuned is not None and tuned[0] * tuned[1] <= p and tuned[0] <= B and tuned[1] <= units:
         return {B: tuned}
+    # Tiny steps are not worth a second core: each split adds a cross-core sync or a cold start.
+    # Measured at 2 threads, B=1, T=100 (us per call, 1 vs 2 threads): LSTM H=32 13 vs 35,
+    # LSTM H=64 (R 64 KiB) 78 vs 72, GRU H=64 (48 KiB) 56 vs 65: at most one thread per
+    # REC_MIN_MACS multiply-adds per step, or per half that when R does not fit 3/4 of L1.
+    macs = B * cfg.G * VL * cfg.H * units
+    min_macs = REC_MIN_MACS if cfg.G * VL * cfg.H * units * 4 <= l1 * 3 // 4 else REC_MIN_MACS // 2
+    most = max(1, macs // min_macs)
     best, cost = (1, 1), float("inf")
-    for xi in range(1, min(p, B) + 1):
-        for xj in range(1, min(p // xi, units) + 1):
+    for xi in range(1, min(p, B, most) + 1):
+        for xj in range(1, min(p // xi, units, most // xi) + 1):
             c = step_cost(cfg.G, cfg.H, units, B, xi, xj, l1, l2) * (1.0001 ** (xi * xj))  # ties: fewer threads
             if c < cost:
                 best, cost = (xi, xj), c
@@ -1351,24 +1382,21 @@ def pipeline_chain(node: Node, g: Graph) -> list[Node]:
 
 
 def use_pipeline(chain: list[Node], g: Graph, l2_bytes: int) -> bool:
-    """Whether the pipeline plan is used for ``chain`` (attribute ``smelt_rnn_pipeline`` on the
-    head forces it on/off). Measured on the 2-core dev VM (docs/benchmarks.md, "Stacked LSTMs"):
-    it pays at small batch when each thread's layers (W and R) stay in its L2."""
+    """Whether the pipeline plan is used for ``chain``: only when forced (attribute
+    ``smelt_rnn_pipeline`` on the head, ``annotate(model, pipeline=True)``).
+
+    It does not beat running the layers one after another on the 2-core dev VM (docs/
+    benchmarks.md, "Stacked LSTMs": ModelCompiler's Fig. 4(a) stacks, 0.46-0.87x of sequential
+    at 2 to 8 layers): its per-step input projections stream W every step, where the
+    sequential plan hoists them into one GEMM, and each layer's step runs on one core instead
+    of two. ModelCompiler's win came from CNTK's per-layer overheads, which smelt does not have.
+    ``l2_bytes`` is kept for a future cost rule on machines with more cores than layers.
+    """
+    del l2_bytes
     if not chain:
         return False
     forced = chain[0].attr("smelt_rnn_pipeline")
-    if forced is not None:
-        return bool(forced)
-    layers = [n for n in chain if n.op in GATES]
-    cfgs = [config(n, g)[0] for n in layers]
-    if any(c is None for c in cfgs) or cfgs[0].B > PIPE_MAX_B:
-        return False
-    wbytes = sum(c.G * c.Hp * (c.E + c.H) * 4 for c in cfgs)  # all layers' W and R
-    return wbytes <= PIPE_L2_FRACTION * l2_bytes
-
-
-PIPE_MAX_B = 4  # batch rows up to which the pipeline plan is considered
-PIPE_L2_FRACTION = 1.5  # all layers' weights within 3/4 of two cores' L2
+    return bool(forced) if forced is not None else False
 
 
 def pipeline_members(g: Graph) -> dict[str, list[Node]]:
