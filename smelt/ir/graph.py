@@ -20,6 +20,24 @@ Dim = int | str  # a concrete size or a symbolic dimension name
 Shape = tuple[Dim, ...]
 
 
+PLAIN = "plain"
+
+
+def layout_block(layout: str) -> int:
+    """Channels per block of a layout name: "plain" -> 1, "NCHW16c" -> 16 (a value in NCHW<b>c
+    is stored [N][C/b][H][W][b]; plain NCHW is the b = 1 case for readers)."""
+    if layout == PLAIN:
+        return 1
+    if layout.startswith("NCHW") and layout.endswith("c") and layout[4:-1].isdigit():
+        return int(layout[4:-1])
+    raise ValueError(f"unknown layout {layout!r}")
+
+
+def blocked_layout(block: int) -> str:
+    """The layout name of ``block`` channels per block (1 = plain)."""
+    return PLAIN if block == 1 else f"NCHW{block}c"
+
+
 @dataclass
 class Value:
     """A tensor flowing through the graph.

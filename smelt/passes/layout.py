@@ -32,23 +32,17 @@ import numpy as np
 from smelt.codegen.templates.conv import ConvGeometry
 from smelt.codegen.templates.conv_nchwc import (
     NchwcSchedule,
-    blocked_layout,
     default_schedule,
     is_depthwise,
     nchwc_reason,
 )
 from smelt.codegen.templates.registry import SMELT_DOMAIN, find_template
-from smelt.ir.graph import Graph, Node, Value
+from smelt.ir.graph import PLAIN, Graph, Node, Value, blocked_layout, layout_block
 from smelt.target import Target
 
-PLAIN = "plain"
 MODES = ("nchw", "conv", "propagate", "global")
 
 ScheduleFn = Callable[[Node, Graph, int], "NchwcSchedule | None"]
-
-
-def _block(layout: str) -> int:
-    return 1 if layout == PLAIN else int(layout[4:-1])
 
 
 class _Planner:
@@ -96,7 +90,7 @@ class _Planner:
         v = self.g.values[name]
         return (v.shape is not None and len(v.shape) == 4 and v.is_static and v.const is None
                 and v.dtype is not None and np.dtype(v.dtype) == np.float32
-                and int(v.shape[1]) % _block(layout) == 0)
+                and int(v.shape[1]) % layout_block(layout) == 0)
 
     # -- nodes ----------------------------------------------------------------------------
     def all_plain(self, node: Node) -> None:
@@ -115,7 +109,7 @@ class _Planner:
             return False
         x = node.inputs[0]
         geo = ConvGeometry(node, g)
-        in_block = _block(g.values[x].layout)
+        in_block = layout_block(g.values[x].layout)
         sched = self.schedules(node, g, in_block) if self.schedules else None
         if sched is None:
             sched = default_schedule(node, g, self.target)

@@ -20,6 +20,7 @@ from onnx import helper
 
 import smelt
 from smelt.codegen.templates.conv_nchwc import NchwcSchedule, candidate_schedules, default_schedule
+from smelt.ir.graph import layout_block
 
 PAD1 = {"pads": [1, 1, 1, 1]}
 
@@ -242,7 +243,7 @@ def test_tuned_schedules_from_database(monkeypatch, cache, tmp_path):
     for node in g.nodes:
         if node.op != "Conv":
             continue
-        ib = int(g.values[node.inputs[0]].layout[4:-1]) if g.values[node.inputs[0]].layout != "plain" else 1
+        ib = layout_block(g.values[node.inputs[0]].layout)
         default = default_schedule(node, g, target)
         others = [s for s in candidate_schedules(node, g, target) if s != default]
         pick = others[len(others) // 2]

@@ -30,18 +30,10 @@ from smelt.codegen.templates.gemm import (
     vector_epilogue_stmts,
 )
 from smelt.codegen.templates.pool import geometry
+from smelt.codegen.templates.reduce import work_range
 from smelt.codegen.templates.registry import SMELT_DOMAIN, register
-from smelt.ir.graph import Graph, Node
-
-PLAIN = "plain"
-
-
-def block_of(layout: str) -> int:
-    if layout == PLAIN:
-        return 1
-    if layout.startswith("NCHW") and layout.endswith("c") and layout[4:-1].isdigit():
-        return int(layout[4:-1])
-    raise ValueError(f"unknown layout {layout!r}")
+from smelt.ir.graph import PLAIN, Graph, Node
+from smelt.ir.graph import layout_block as block_of
 
 
 def _f32(g: Graph, *names: str) -> bool:
@@ -50,12 +42,6 @@ def _f32(g: Graph, *names: str) -> bool:
 
 def _dims(g: Graph, name: str) -> list[int]:
     return [int(d) for d in g.values[name].shape]
-
-
-def _work(total: int, parallel: bool = True) -> str:
-    if not parallel:
-        return f"long lo = 0, hi = tid == 0 ? {total} : 0;"
-    return f"const long lo = (long){total} * tid / nt, hi = (long){total} * (tid + 1) / nt;"
 
 
 # ------------------------------------------------------------------------------------------
@@ -88,7 +74,7 @@ def emit_layout_transform(node: Node, g: Graph, em: BlockEmitter) -> None:
     dst = f"((nn * {c // bo} + cb) * {hw}L + p) * {bo} + l"
     code = "\n".join([
         f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};",
-        _work(total, total > 1 and n * c * hw >= 4096),
+        work_range(total, total > 1 and n * c * hw >= 4096, "lo", "hi"),
         "for (long it = lo; it < hi; ++it) {",
         f"    const long q = it % {chunks}, cb = (it / {chunks}) % {c // bo}, nn = it / {chunks * (c // bo)};",
         f"    const long p0 = q * {P}, p1 = SMELT_MIN(p0 + {P}, {hw}L);",
@@ -161,7 +147,7 @@ def emit_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
          _c_ints("KWL", [lo for lo, _ in cols]), _c_ints("KWH", [hi for _, hi in cols])]
     if not is_max:
         L += [_c_ints("CH", cnt_h), _c_ints("CW", cnt_w)]
-    L += [_work(total, total > 1 and total * ow * b >= 4096),
+    L += [work_range(total, total > 1 and total * ow * b >= 4096, "lo", "hi"),
           "for (long it = lo; it < hi; ++it) {",
           f"    const long oy = it % {oh}, cbn = it / {oh};",
           f"    const float *restrict xb = X + cbn * {ih * iw * b}L;",
@@ -209,7 +195,7 @@ def emit_global_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     store = "a[l]" if is_max else f"a[l] / {float(hw)!r}f"
     total = n * (c // b)
     L = [f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};",
-         _work(total, total > 1 and n * c * hw >= 4096),
+         work_range(total, total > 1 and n * c * hw >= 4096, "lo", "hi"),
          "for (long it = lo; it < hi; ++it) {",
          f"    const float *restrict xb = X + it * {hw * b}L;",
          f"    float a[{b}];",
@@ -256,7 +242,7 @@ def emit_batchnorm_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     total = n * (c // b)
     L = [f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};",
          f"const float *restrict SC = {sc}; const float *restrict SH = {sh};",
-         _work(total, total > 1 and n * c * hw >= 4096),
+         work_range(total, total > 1 and n * c * hw >= 4096, "lo", "hi"),
          "for (long it = lo; it < hi; ++it) {",
          f"    const long ch = (it % {c // b}) * {b};"]
     ep = TileEpilogue(node_epilogue_ops(em, node, "col"))

@@ -45,33 +45,17 @@ from smelt.codegen.templates.gemm import (
     _V,
     Blocking,
     TileEpilogue,
-    _lit,
     define,
     node_epilogue_ops,
     scalar_epilogue,
     vector_epilogue_stmts,
 )
 from smelt.codegen.templates.registry import register
-from smelt.ir.graph import Graph, Node
+from smelt.ir.graph import PLAIN, Graph, Node, blocked_layout, layout_block  # noqa: F401 (re-exported)
 from smelt.target import Target
-
-PLAIN = "plain"
 
 # Software-prefetch the next input-channel block's row at the start of each block.
 PREFETCH_NEXT_IC = True
-
-
-def layout_block(layout: str) -> int:
-    """Channels per block of a layout name: "plain" -> 1, "NCHW16c" -> 16."""
-    if layout == PLAIN:
-        return 1
-    if layout.startswith("NCHW") and layout.endswith("c"):
-        return int(layout[4:-1])
-    raise ValueError(f"unknown layout {layout!r}")
-
-
-def blocked_layout(b: int) -> str:
-    return PLAIN if b == 1 else f"NCHW{b}c"
 
 
 @dataclass(frozen=True)
@@ -115,12 +99,10 @@ def nchwc_reason(node: Node, g: Graph, target: Target) -> str | None:
     """None when this Conv can run on the NCHW[x]c template, else why not."""
     if target.isa not in ("avx512", "avx2"):
         return f"NCHWc convolution needs AVX2 or AVX-512 (target {target.isa})"
-    why = _check_conv(node, g)
+    why = _geometry_reason(node, g)
     if why is not None:
         return why
     geo = ConvGeometry(node, g)
-    if geo.rank != 2:
-        return f"NCHWc convolution is 2-D only (rank {geo.rank})"
     if not oc_block_choices(geo.oc, target):
         return f"output channels {geo.oc} are not a multiple of {vector_lanes(target)}"
     if geo.group > 1 and not is_depthwise(geo):
@@ -131,6 +113,25 @@ def nchwc_reason(node: Node, g: Graph, target: Target) -> str | None:
 
 def is_depthwise(geo: ConvGeometry) -> bool:
     return geo.group > 1 and geo.group == geo.c == geo.oc and geo.cg == 1
+
+
+def is_flat_pointwise(geo: ConvGeometry) -> bool:
+    """1x1, stride 1, unpadded: the plane runs as flat rows (see ``_Gen``)."""
+    return geo.ks == [1, 1] and geo.strides == [1, 1] and not any(geo.pads) and not is_depthwise(geo)
+
+
+def row_width(geo: ConvGeometry) -> int:
+    """Output columns of one row as the kernel sees it (a flat pointwise plane is one row)."""
+    return geo.outs[1] * (geo.outs[0] if is_flat_pointwise(geo) else 1)
+
+
+def _geometry_reason(node: Node, g: Graph) -> str | None:
+    """What both the layout pass's test and the template's check require of the node itself."""
+    why = _check_conv(node, g)
+    if why is not None:
+        return why
+    rank = ConvGeometry(node, g).rank
+    return None if rank == 2 else f"NCHWc convolution is 2-D only (rank {rank})"
 
 
 def workload(node: Node, g: Graph, in_block: int, threads: int) -> dict:
@@ -154,9 +155,8 @@ def _tile_cycles(j: int, r: int) -> float:
 
 def schedule_cost(geo: ConvGeometry, s: NchwcSchedule) -> float:
     """Modelled cycles of the whole conv (per input channel and tap) under schedule ``s``."""
-    ow, oh = geo.outs[1], geo.outs[0]
-    if geo.ks == [1, 1] and geo.strides == [1, 1] and not any(geo.pads) and not is_depthwise(geo):
-        ow, oh = ow * oh, 1  # one flat row (see _Gen.flat)
+    ow = row_width(geo)
+    oh = 1 if is_flat_pointwise(geo) else geo.outs[0]
     ocb = geo.oc // s.oc_bn
     lanes_per_vec = s.oc_bn
     col_tiles = math.ceil(ow / s.reg_n)
@@ -172,9 +172,7 @@ def schedule_cost(geo: ConvGeometry, s: NchwcSchedule) -> float:
 def candidate_schedules(node: Node, g: Graph, target: Target) -> list[NchwcSchedule]:
     """The local search's space for this conv (every legal point)."""
     geo = ConvGeometry(node, g)
-    ow = geo.outs[1]
-    if geo.ks == [1, 1] and geo.strides == [1, 1] and not any(geo.pads):
-        ow *= geo.outs[0]  # flat rows
+    ow = row_width(geo)
     out = []
     for ob in oc_block_choices(geo.oc, target):
         budget = accumulator_budget(target, ob)
@@ -277,7 +275,7 @@ class _Gen:
         self.dw = is_depthwise(geo)
         # 1x1 stride-1 unpadded: the plane is one flat row of positions, cut into pseudo-rows of
         # P columns (a multiple of reg_n), so a 7x7 plane takes 28-wide tiles, not 7-wide ones
-        self.flat = (not self.dw and geo.ks == [1, 1] and geo.strides == [1, 1] and not any(geo.pads))
+        self.flat = is_flat_pointwise(geo)
         if self.flat:
             hw = oh * ow
             self.IH, self.IW, self.OH, self.OW = 1, hw, 1, hw
@@ -504,12 +502,10 @@ def _check_nchwc(node: Node, g: Graph) -> str | None:
     out = g.values[node.outputs[0]]
     if out.layout == PLAIN:
         return "the NCHWc template writes blocked outputs (the layout pass did not block this conv)"
-    why = _check_conv(node, g)
+    why = _geometry_reason(node, g)
     if why is not None:
         return why
     geo = ConvGeometry(node, g)
-    if geo.rank != 2:
-        return f"NCHWc convolution is 2-D only (rank {geo.rank})"
     ob = layout_block(out.layout)
     ib = layout_block(g.values[node.inputs[0]].layout)
     if geo.oc % ob or geo.c % ib:
@@ -540,8 +536,7 @@ def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         j = max(1, min(s.oc_blocks, ocg // ob))
         while geo.group > 1 and (ocg // ob) % j:
             j -= 1
-        width = geo.outs[1] * (geo.outs[0] if geo.ks == [1, 1] and geo.strides == [1, 1] and not any(geo.pads) else 1)
-        s = NchwcSchedule(ob, max(1, min(s.reg_n, width)), j, s.unroll_ker)
+        s = NchwcSchedule(ob, max(1, min(s.reg_n, row_width(geo))), j, s.unroll_ker)
     else:
         s = NchwcSchedule(ob, max(1, min(s.reg_n, geo.outs[1])), 1, True)
     w = np.asarray(g.const(node.inputs[1]), dtype=np.float32)
@@ -564,6 +559,3 @@ def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                 layout=f"NCHW{ib}c -> NCHW{ob}c; weights [tile][IC/{ib}][KH][KW][{ib}][{s.oc_blocks}*{ob}]")
     em.step(f"{fn}({em.ptr(node.inputs[0])}, {wptr}, {em.ptr(node.outputs[0])}{args}, tid, nt);")
 
-
-__all__ = ["NchwcSchedule", "candidate_schedules", "default_schedule", "layout_block", "blocked_layout",
-           "nchwc_reason", "workload", "_lit"]

@@ -12,13 +12,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from smelt.ir.graph import Graph, Node
+from smelt.ir.graph import PLAIN, Graph, Node, layout_block
 
 if TYPE_CHECKING:
     from smelt.codegen.emit import BlockEmitter
 
 CheckFn = Callable[[Node, Graph], "str | None"]
-PLAIN = "plain"
 EmitFn = Callable[[Node, Graph, "BlockEmitter"], None]
 
 
@@ -128,7 +127,7 @@ def blocked_concat_reason(node: Node, g: Graph) -> str | None:
     rank = len(out.shape)
     if rank != 4 or axis % rank != 1:
         return "blocked Concat joins 4-D values along channels only"
-    b = int(out.layout[4:-1]) if out.layout != PLAIN else 1
+    b = layout_block(out.layout)
     for n in ins:
         v = g.values[n]
         if v.layout != out.layout or v.shape[1] % b:
