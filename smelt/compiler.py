@@ -158,7 +158,7 @@ def _expand_epilogue(node) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]
 def tuning_fingerprint(options: CompileOptions, target: Target) -> str:
     if not options.use_tuning_db or options.layout == "nchw":
         return ""
-    db = open_default()
+    db = open_default(create=False)
     if db is None:
         return ""
     # "rnn": recurrence grids from smelt.tune.rnn_calibrate, read by the rnn template
@@ -172,7 +172,7 @@ def tuning_fingerprint(options: CompileOptions, target: Target) -> str:
 
 def _db_schedules(options: CompileOptions, target: Target):
     """The layout pass's schedule source: the tuning database's record for each conv workload."""
-    db = open_default() if options.use_tuning_db else None
+    db = open_default(create=False) if options.use_tuning_db else None
     if db is None:
         return None
     from smelt.codegen.templates.conv_nchwc import NchwcSchedule, workload
@@ -194,7 +194,7 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
         if options.layout == "global":  # NeoCPU's global search picks every conv's blocks
             from smelt.tune.layout_search import global_schedules
 
-            db = open_default() if options.use_tuning_db else None
+            db = open_default(create=False) if options.use_tuning_db else None
             schedules = global_schedules(g, target, options.threads, db, options.force_fallback)
         g = plan_layouts(g, target, options.layout, options.force_fallback, schedules)
     return g

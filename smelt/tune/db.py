@@ -78,13 +78,16 @@ class TuningDB:
         try:
             with self._connect() as con:
                 con.executescript(_SCHEMA)
+        except sqlite3.OperationalError:
+            raise  # locked or unwritable: a real error, not a broken file
         except sqlite3.DatabaseError as exc:
             raise ValueError(f"tuning database {self.path} is not a readable sqlite file: {exc}") from exc
 
     def _connect(self) -> sqlite3.Connection:
-        con = sqlite3.connect(self.path, timeout=30.0)
-        con.execute("PRAGMA journal_mode=WAL")
-        return con
+        # the default rollback journal: switching to WAL needs an exclusive lock that sqlite's busy
+        # timeout does not wait for, so two processes opening a new database at once could fail;
+        # writes are rare (one per tuned workload), so readers waiting on them cost nothing
+        return sqlite3.connect(self.path, timeout=30.0)
 
     def lookup(self, kind: str, workload: dict, target: str) -> dict | None:
         """The stored configuration for this workload on this target, or None."""
@@ -146,10 +149,11 @@ class TuningDB:
 _opened: dict[Path, TuningDB] = {}
 
 
-def open_default() -> TuningDB | None:
-    """The default database (created on first use), or None when disabled."""
+def open_default(create: bool = True) -> TuningDB | None:
+    """The default database, or None when disabled. ``create=False`` (compiling: read only) also
+    gives None while no database exists, so a plain compile never creates or locks one."""
     path = default_path()
-    if path is None:
+    if path is None or (not create and path not in _opened and not path.exists()):
         return None
     if path not in _opened:
         _opened[path] = TuningDB(path)

@@ -73,3 +73,17 @@ def test_default_path_env(tmp_path, monkeypatch):
     assert dbmod.default_path() == tmp_path / "x.sqlite"
     monkeypatch.setenv("SMELT_TUNING_DB", "off")
     assert dbmod.default_path() is None and dbmod.open_default() is None
+
+
+def test_compiling_reads_but_never_creates_the_database(tmp_path, monkeypatch):
+    """Compiles only read the database: with none on disk they neither create nor lock one (two
+    processes compiling at once used to race on creating it)."""
+    from smelt.tune import db as dbmod
+
+    path = tmp_path / "tuning.sqlite"
+    monkeypatch.setenv("SMELT_TUNING_DB", str(path))
+    monkeypatch.setattr(dbmod, "_opened", {})
+    assert dbmod.open_default(create=False) is None and not path.exists()
+    created = dbmod.open_default()
+    assert created is not None and path.exists()
+    assert dbmod.open_default(create=False) is created

@@ -1271,7 +1271,7 @@ def _tuned_grid(node: Node, cfg: RnnConfig, p: int, em: BlockEmitter) -> tuple[i
     try:
         from smelt.tune.db import open_default
 
-        db = open_default()
+        db = open_default(create=False)
         if db is None:
             return None
         rec = db.lookup(RNN_KIND, rnn_workload(cfg, p), em.target.key())
