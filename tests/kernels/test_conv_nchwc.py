@@ -187,6 +187,12 @@ def _chains() -> list[Case]:
         .branch_concat({"oc": 16, "ks": (1, 1)}, {"oc": 32, "ks": (3, 3), "pads": (1, 1, 1, 1)},
                        {"oc": 16, "ks": (1, 3), "pads": (0, 1, 0, 1)})
         .batchnorm().conv(16, (1, 1)).pool("GlobalMaxPool").case(),
+        # ic-outer order (small planes): 5 input blocks in chunks of 2 (a ragged last chunk),
+        # ragged oc tiles, residual + Relu applied only after the last chunk, batch 2, a flat 1x1
+        # with a ragged last pseudo-row, a strided 3x3 and a 1x1 whose chunks straddle nothing
+        C("icout", (2, 80, 7, 9)).mark().conv(48, (3, 3), pads=(1, 1, 1, 1), post=("Relu",))
+        .conv(80, (1, 1), post=("residual", "Relu")).conv(96, (3, 3), strides=(2, 2), pads=(1, 0, 1, 1))
+        .conv(64, (1, 1), bias=False, post=("chan_mul",)).case(),
         C("addb", (1, 16, 6, 7)).add_branches({"oc": 32, "ks": (1, 1)}, {"oc": 32, "ks": (3, 3), "pads": (1, 1, 1, 1)})
         .conv(16, (3, 3), pads=(1, 1, 1, 1)).case(),
     ]
@@ -258,6 +264,23 @@ def test_tuned_schedules_from_database(monkeypatch, cache, tmp_path):
                    if f"reg_n={s.reg_n} " in blockings.get(name, "") and f"unroll_ker={int(s.unroll_ker)}" in
                    blockings.get(name, ""))
         assert hits >= len(chosen) // 2, (chosen, blockings)
+
+    check_cases(cases, "native", monkeypatch, cache, check, layout="propagate")
+
+
+def test_small_planes_run_ic_outer(monkeypatch, cache):
+    """Small planes with enough input channels default to the ic-outer order (partial sums in
+    the output, the epilogue after the last chunk); every conv of the chain still matches."""
+    from smelt.target import detect
+
+    if detect().isa != "avx512":
+        pytest.skip("AVX-512 defaults")
+    cases = [c for c in _chains() if c.name == "icout"]
+
+    def check(compiled, target):
+        blockings = [i["schedule"].get("blocking", "") for s in compiled.plan["steps"]
+                     if s["kind"] == "native" for i in s["step_info"] if i["op"] == "Conv"]
+        assert sum("ic-outer" in b for b in blockings) >= 3, blockings
 
     check_cases(cases, "native", monkeypatch, cache, check, layout="propagate")
 
