@@ -85,34 +85,10 @@ class ProfileCounters:
                                self.busy - other.busy, self.block_seconds - other.block_seconds)
 
 
-HUGE_PAGE = 2 << 20
-MADV_HUGEPAGE = 14  # Linux
-
-
-def _advise_huge_pages(ptr: int, nbytes: int) -> None:
-    """Ask Linux for transparent huge pages on [ptr, ptr + nbytes) (2 MiB-aligned, untouched).
-
-    Why: ResNet-50 streams 97.5 MiB of weights per inference; on 4 KiB pages that is ~25,000
-    TLB misses, and the hardware prefetchers stop at every 4 KiB boundary. With THP in
-    ``madvise`` mode (the common default) nothing is huge unless asked. Best effort: any
-    failure leaves ordinary pages."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise(ctypes.c_void_p(ptr), ctypes.c_size_t(nbytes), ctypes.c_int(MADV_HUGEPAGE))
-    except (OSError, AttributeError):
-        pass
-
-
 def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
-    """A zeroed byte buffer whose data pointer is ``align``-byte aligned; buffers of at least
-    one huge page are 2 MiB-aligned and backed by transparent huge pages where the OS allows."""
-    huge = nbytes >= HUGE_PAGE
-    if huge:
-        align = max(align, HUGE_PAGE)
-    raw = np.zeros(nbytes + align, dtype=np.uint8)  # calloc: large blocks are fresh, untouched pages
+    """A zeroed byte buffer whose data pointer is ``align``-byte aligned."""
+    raw = np.zeros(nbytes + align, dtype=np.uint8)
     shift = (-raw.ctypes.data) % align
-    if huge:
-        _advise_huge_pages(raw.ctypes.data + shift, nbytes - nbytes % HUGE_PAGE)
     return raw[shift : shift + nbytes]
 
 
