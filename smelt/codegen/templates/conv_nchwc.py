@@ -59,6 +59,8 @@ PREFETCH_NEXT_IC = True
 # ic-outer order: software-prefetch the next weight chunk into L2 while this one computes.
 PREFETCH_NEXT_WEIGHTS = True
 PREFETCH_WEIGHT_DISTANCE = 2  # chunks ahead
+# row-outer order: software-prefetch the next oc tile's weights into L2, a slice per row
+PREFETCH_NEXT_TILE = True
 # ic-outer order is in the space of convs with at most this many output positions per image
 IC_OUTER_MAX_PLANE = 196
 # smallest ic-outer chunk, in input channels (one AVX-512 input block)
@@ -320,7 +322,7 @@ class _Gen:
         # ic-outer: the next weight chunk is prefetched into L2 a few lines per kernel tap
         # (``pf``: this row's slice of it), spread evenly so the prefetches never crowd the
         # line-fill buffers the FMAs' own loads need
-        self.tap_prefetch = self.chunked and PREFETCH_NEXT_WEIGHTS
+        self.tap_prefetch = not is_depthwise(geo) and (PREFETCH_NEXT_WEIGHTS if self.chunked else PREFETCH_NEXT_TILE)
         if self.tap_prefetch:
             self.icparams += ", const char *pf"
             self.icargs += ", pf"
@@ -345,6 +347,12 @@ class _Gen:
             self.P, self.rows, self.last = ow, oh, ow
         # lines per tap: a chunk's weights / (rows x taps per chunk)
         self.pf_lines = -(-(ib * s.oc_blocks * s.oc_bn * 4) // (self.rows * 64))
+        # taps that prefetch: enough to cover a row's slice (a thin kernel, e.g. 3 input channels,
+        # has more taps than lines to fetch)
+        row_lines = -(-(geo.cg * self.KH * self.KW * s.oc_blocks * s.oc_bn * 4) // (self.rows * 64))
+        if self.chunked:
+            row_lines = -(-row_lines * self.chunk // (geo.cg // ib))
+        self.pf_taps = -(-row_lines // self.pf_lines)
 
     # -- tiles ---------------------------------------------------------------------------
     def col_ok(self, ow: int, kw: int) -> bool:
@@ -436,8 +444,11 @@ class _Gen:
                 L.append(f"{ind}    }}")
             L.append(f"{ind}}}")
             if self.tap_prefetch:
-                tap = f"((icb - icb_lo) * {self.KH} + kh) * {self.KW} + {kw if kw is not None else 'kw'}"
-                L.append(f"{ind}{{ const char *pq = pf + (long)({tap}) * {self.pf_lines * 64};")
+                icb0 = "(icb - icb_lo)" if self.chunked else "icb"
+                tap = f"({icb0} * {self.KH} + kh) * {self.KW} + {kw if kw is not None else 'kw'}"
+                taps = (self.chunk if self.chunked else icbs) * self.KH * self.KW
+                guard = f"if ({tap} < {self.pf_taps}) " if self.pf_taps < taps else ""
+                L.append(f"{ind}{guard}{{ const char *pq = pf + (long)({tap}) * {self.pf_lines * 64};")
                 L.append(f"{ind}  for (int q = 0; q < {self.pf_lines * 64}; q += 64) _mm_prefetch(pq + q, _MM_HINT_T1); }}")
             L.append(f'{ind}__asm__ volatile("" ::: "memory"); /* no broadcast reuse across kernel columns */')
             L.append(f"{ind[:-4]}}}")
@@ -568,6 +579,10 @@ class _Gen:
                 L += [f"{ind}const char *pf = (const char *)wt;",
                       f"{ind}if (icb_hi < {icb_per_group} || it + 1 < hi)",
                       f"{ind}    pf = (const char *)(wt + ((long)icb_hi + {ahead}) * {per_icb}) + {nbytes}L * oh / {rows};"]
+        if self.tap_prefetch and not self.chunked:
+            # row-outer: this row's slice of the next oc tile's weights, so the next tile's
+            # first row finds them in L2 instead of streaming them from memory
+            L += [f"{ind}const char *pf = (const char *)(wt + {w_tile}L) + {w_tile * 4}L * oh / {rows};"]
         if self.flat:
             L += [f"{ind}const int kh_lo = 0, kh_hi = 1;",
                   f"{ind}const long yo = ((n * {ocb} + ocb0) * {self.OW} + oh * {self.P}) * {ob};",
