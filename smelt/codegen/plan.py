@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from smelt.codegen.concat_views import plan_concat_views
 from smelt.codegen.templates.registry import find_template
 from smelt.ir.graph import Graph, Node
 
@@ -123,19 +124,37 @@ def plan_arena(g: Graph, steps: list[NativeBlock | FallbackStep]) -> tuple[dict[
             for o in n.outputs:
                 if o in start:
                     start[o], end[o] = min(start[o], lo), max(end[o], hi)
+    # Concats whose inputs can be written in place (concat_views.py): each group of views is
+    # one region, live from its first member's producer to its last member's last reader
+    groups = plan_concat_views(g, order, internal, ALIGN).groups()
+    regions: dict[str, tuple[int, int, int, int]] = {}  # key -> (size, start, end, lowest offset)
+    member_of: dict[str, str] = {}
+    for root, members in groups.items():
+        lo = min(members.values())
+        hi = max(off + g.values[m].nbytes for m, off in members.items())
+        regions[root] = (hi - lo, min(start[m] for m in members), max(end[m] for m in members), lo)
+        member_of.update({m: root for m in members})
+    for name in start:
+        if name not in member_of:
+            regions[name] = (g.values[name].nbytes, start[name], end[name], 0)
     placed: list[tuple[int, int, int, int]] = []  # offset, size, start, end
     offsets: dict[str, int] = {}
     total = 0
-    for name in sorted(start, key=lambda v: (start[v], -g.values[v].nbytes)):
-        size = max(ALIGN, -(-g.values[name].nbytes // ALIGN) * ALIGN)
-        busy = sorted((o, s) for o, s, a, b in placed if not (b < start[name] or a > end[name]))
+    for key in sorted(regions, key=lambda v: (regions[v][1], -regions[v][0])):
+        nbytes, first, last, lo = regions[key]
+        size = max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+        busy = sorted((o, s) for o, s, a, b in placed if not (b < first or a > last))
         offset = 0
         for o, s in busy:
             if offset + size <= o:
                 break
             offset = max(offset, o + s)
-        placed.append((offset, size, start[name], end[name]))
-        offsets[name] = offset
+        placed.append((offset, size, first, last))
+        if key in groups:
+            for m, off in groups[key].items():
+                offsets[m] = offset + off - lo
+        else:
+            offsets[key] = offset
         total = max(total, offset + size)
     return offsets, total
 

@@ -91,6 +91,14 @@ def _check_concat(node: Node, g: Graph) -> str | None:
     return blocked_concat_reason(node, g)
 
 
+def _slice_offsets(node: Node, g: Graph, inner_bytes: int, axis: int) -> list[tuple[str, int]]:
+    out, off = [], 0
+    for name in node.present_inputs():
+        out.append((name, off))
+        off += g.values[name].shape[axis] * inner_bytes
+    return out
+
+
 @register("Concat", check=_check_concat, name="concat", blocked=True)
 def emit_concat(node: Node, g: Graph, em: BlockEmitter) -> None:
     y = node.outputs[0]
@@ -108,6 +116,12 @@ def emit_concat(node: Node, g: Graph, em: BlockEmitter) -> None:
         if run:
             parts.append((em.ptr(name), run, offset))
         offset += run
+    offsets = em.plan.arena_offsets
+    if y in offsets and all(offsets.get(name) == offsets[y] + off for name, off in
+                            _slice_offsets(node, g, inner * item, axis)):
+        # every producer wrote its slice in place (codegen/concat_views.py): nothing to copy
+        em.schedule(algorithm="view: inputs written in place by their producers")
+        return
     total = outer * len(parts)
     lines = ["long b, e;",
              f"smelt_range({total}, tid, nt, &b, &e);" if outer * out_run >= (1 << 16) else
