@@ -35,6 +35,7 @@ from smelt.codegen.templates.conv_nchwc import (
     default_schedule,
     is_depthwise,
     nchwc_reason,
+    prefers_gemm,
 )
 from smelt.codegen.templates.registry import SMELT_DOMAIN, find_template
 from smelt.ir.graph import PLAIN, Graph, Node, Value, blocked_layout, layout_block
@@ -190,6 +191,10 @@ class _Planner:
     def run(self) -> Graph:
         for node in list(self.g.nodes):
             if node.op == "Conv" and node.domain in ("", "ai.onnx") and node.name not in self.force_fallback:
+                if prefers_gemm(node, self.g, self.target):  # the per-layer algorithm choice
+                    self.all_plain(node)
+                    self.out.append(node)
+                    continue
                 if self.conv(node):
                     self.out.append(node)
                     continue

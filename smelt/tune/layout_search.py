@@ -45,6 +45,7 @@ from smelt.codegen.templates.conv_nchwc import (
     is_depthwise,
     nchwc_reason,
     oc_block_choices,
+    prefers_gemm,
     schedule_cost,
     workload,
 )
@@ -221,7 +222,7 @@ def build_problem(g: Graph, target: Target, threads: int, costs: Costs,
 
     for node in g.nodes:
         if (node.op == "Conv" and node.domain in ("", "ai.onnx") and node.name not in force_fallback
-                and nchwc_reason(node, g, target) is None):
+                and nchwc_reason(node, g, target) is None and not prefers_gemm(node, g, target)):
             geo = ConvGeometry(node, g)
             dw = is_depthwise(geo)
             grouped = geo.group > 1 and not dw

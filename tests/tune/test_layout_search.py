@@ -9,7 +9,7 @@ from tune_models import branchy_model, chain_model
 
 import smelt
 from smelt.codegen.plan import build_plan
-from smelt.codegen.templates.conv_nchwc import NchwcSchedule, layout_block
+from smelt.codegen.templates.conv_nchwc import PLAIN, NchwcSchedule, layout_block, prefers_gemm
 from smelt.codegen.templates.registry import find_template
 from smelt.frontend.onnx_import import load_model, to_ir
 from smelt.passes.layout import plan_layouts
@@ -83,8 +83,11 @@ def test_greedy_fallback_on_a_branchy_graph_gives_a_valid_plan():
     planned = plan_layouts(g, target, "global", schedules=ls.schedule_fn(plan, target, 1, costs))
     for node in planned.nodes:  # every node has a native template under the planned layouts
         assert find_template(node, planned)[0] is not None, node
-        if node.op == "Conv":
+        if node.op == "Conv" and node.name in plan.schedules:
             assert layout_block(planned.values[node.outputs[0]].layout) == plan.schedules[node.name].oc_bn
+        elif node.op == "Conv":  # the per-layer algorithm choice kept it a plain GEMM
+            assert prefers_gemm(node, planned, target), node.name
+            assert planned.values[node.outputs[0]].layout == PLAIN
     assert not build_plan(planned).fallback_steps()
 
 

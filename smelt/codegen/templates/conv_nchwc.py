@@ -63,6 +63,9 @@ PREFETCH_WEIGHT_DISTANCE = 2  # chunks ahead
 PREFETCH_NEXT_TILE = True
 # ic-outer order is in the space of convs with at most this many output positions per image
 IC_OUTER_MAX_PLANE = 196
+# per-layer algorithm choice: half-width NCHWc convs run as the NCHW GEMM (see prefers_gemm)
+PREFER_GEMM_FOR_HALF_WIDTH = True
+GEMM_MIN_REDUCTION = 256  # input channels x kernel taps
 # smallest ic-outer chunk, in input channels (one AVX-512 input block)
 MIN_IC_CHUNK = 16
 
@@ -108,6 +111,20 @@ def oc_block_choices(oc: int, target: Target) -> list[int]:
     if target.isa == "avx2":
         return [8] if oc % 8 == 0 else []
     return []
+
+
+def prefers_gemm(node: Node, g: Graph, target: Target) -> bool:
+    """The per-layer algorithm choice: True when the NCHW GEMM (im2col in packing) beats this
+    template. That is the case when the output channels only divide into half-width blocks (8 on
+    AVX-512): the direct kernel then runs at half the vector width, the GEMM's micro-kernel at
+    full width (SqueezeNet's 512->1000 classifier, 13x13: 0.94 ms direct, 0.56 ms GEMM).
+    The GEMM also costs a layout transform on each side when its neighbours are blocked, which
+    only deep reductions repay (MobileNet-v2's 144->24 and 24->144 convs lost 13% as GEMMs).
+    Depthwise and grouped convs stay direct (the GEMM runs them group by group)."""
+    if not PREFER_GEMM_FOR_HALF_WIDTH or target.isa != "avx512" or nchwc_reason(node, g, target) is not None:
+        return False
+    geo = ConvGeometry(node, g)
+    return geo.group == 1 and geo.oc % 16 != 0 and geo.c * geo.ks[0] * geo.ks[1] >= GEMM_MIN_REDUCTION
 
 
 def nchwc_reason(node: Node, g: Graph, target: Target) -> str | None:
