@@ -98,7 +98,8 @@ class Chain:
         pads = attrs.get("pads", [0, 0, 0, 0])
         dims = []
         for d in range(2):
-            num = self.shape[2 + d] + pads[d] + pads[d + 2] - ks[d]
+            span = (ks[d] - 1) * attrs.get("dilations", [1, 1])[d] + 1
+            num = self.shape[2 + d] + pads[d] + pads[d + 2] - span
             o = (-(-num // st[d]) if attrs.get("ceil_mode") else num // st[d]) + 1
             if attrs.get("ceil_mode") and (o - 1) * st[d] >= self.shape[2 + d] + pads[d]:
                 o -= 1
@@ -183,6 +184,10 @@ def _chains() -> list[Case]:
         .pool("AveragePool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)
         .pool("MaxPool", kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1).conv(16, (1, 1))
         .pool("GlobalAveragePool").case(),
+        # dilated max pool with asymmetric pads, a wide average pool (edge windows on both sides)
+        C("pools2", (1, 16, 11, 13)).conv(32, (1, 1))
+        .pool("MaxPool", kernel_shape=[3, 2], strides=[1, 2], dilations=[2, 1], pads=[2, 0, 1, 1])
+        .pool("AveragePool", kernel_shape=[5, 5], strides=[2, 1], pads=[2, 2, 2, 2]).case(),
         C("dense", (1, 16, 8, 9)).conv(32, (3, 3), pads=(1, 1, 1, 1)).batchnorm()
         .branch_concat({"oc": 16, "ks": (1, 1)}, {"oc": 32, "ks": (3, 3), "pads": (1, 1, 1, 1)},
                        {"oc": 16, "ks": (1, 3), "pads": (0, 1, 0, 1)})

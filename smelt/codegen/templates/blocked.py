@@ -151,21 +151,45 @@ def emit_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
           "for (long it = lo; it < hi; ++it) {",
           f"    const long oy = it % {oh}, cbn = it / {oh};",
           f"    const float *restrict xb = X + cbn * {ih * iw * b}L;",
-          f"    float *restrict yr = Y + it * {ow * b}L;",
-          f"    for (int ox = 0; ox < {ow}; ++ox) {{",
-          f"        float a[{b}];",
-          f"        for (int l = 0; l < {b}; ++l) a[l] = {init};",
-          "        for (int kh = KHL[oy]; kh < KHH[oy]; ++kh) {",
-          f"            const float *xr = xb + (oy * {sh} - {ph} + kh * {dh}) * {iw * b}L;",
-          "            for (int kw = KWL[ox]; kw < KWH[ox]; ++kw) {",
-          f"                const float *xp = xr + (ox * {sw} - {pw} + kw * {dw}) * {b};",
-          f"                for (int l = 0; l < {b}; ++l) {{ const float v = xp[l]; {upd} }}",
-          "            }",
-          "        }",
-          f"        {fin}",
-          f"        for (int l = 0; l < {b}; ++l) yr[ox * {b} + l] = {store};",
-          "    }",
-          "}"]
+          f"    float *restrict yr = Y + it * {ow * b}L;"]
+    vector = b in (8, 16) and (em.target.isa == "avx512" or (em.target.isa == "avx2" and b == 8))
+    if vector:
+        # one vector of channels per position; a window column that lies wholly inside the
+        # image has a compile-time trip count (unrolled), edge columns use the tables
+        v = _V(Blocking("avx512" if b == 16 else "avx2", b, 1, b, 1, 1, 1, fma=True))
+        acc = (lambda x: v.op("max", x, "a")) if is_max else (lambda x: v.op("add", x, "a"))
+        kw_full = geo.kernel[1]
+        L += [f"    for (int ox = 0; ox < {ow}; ++ox) {{",
+              f"        {v.t} a = {v.set1('-INFINITY') if is_max else v.zero()};",
+              "        const int kwl = KWL[ox], kwh = KWH[ox];",
+              "        for (int kh = KHL[oy]; kh < KHH[oy]; ++kh) {",
+              f"            const float *xr = xb + (oy * {sh} - {ph} + kh * {dh}) * {iw * b}L + (ox * {sw} - {pw}) * {b};",
+              f"            if (kwl == 0 && kwh == {kw_full}) {{",
+              f"                for (int kw = 0; kw < {kw_full}; ++kw) a = {acc(v.load(f'xr + kw * {dw * b}'))};",
+              "            } else {",
+              f"                for (int kw = kwl; kw < kwh; ++kw) a = {acc(v.load(f'xr + kw * {dw * b}'))};",
+              "            }",
+              "        }"]
+        if is_max:
+            L.append(f"        {v.store(f'yr + ox * {b}', 'a')}")
+        else:  # a true division, as onnxruntime does
+            L.append(f"        {v.store(f'yr + ox * {b}', v.op('div', 'a', v.set1('(float)(CH[oy] * CW[ox])')))}")
+        L += ["    }", "}"]
+    else:
+        L += [f"    for (int ox = 0; ox < {ow}; ++ox) {{",
+              f"        float a[{b}];",
+              f"        for (int l = 0; l < {b}; ++l) a[l] = {init};",
+              "        for (int kh = KHL[oy]; kh < KHH[oy]; ++kh) {",
+              f"            const float *xr = xb + (oy * {sh} - {ph} + kh * {dh}) * {iw * b}L;",
+              "            for (int kw = KWL[ox]; kw < KWH[ox]; ++kw) {",
+              f"                const float *xp = xr + (ox * {sw} - {pw} + kw * {dw}) * {b};",
+              f"                for (int l = 0; l < {b}; ++l) {{ const float v = xp[l]; {upd} }}",
+              "            }",
+              "        }",
+              f"        {fin}",
+              f"        for (int l = 0; l < {b}; ++l) yr[ox * {b} + l] = {store};",
+              "    }",
+              "}"]
     em.schedule(algorithm=f"{node.op} on NCHW{b}c, lanes = channels",
                 threads="static split over (image, channel block, output row)", layout=f"NCHW{b}c")
     em.step("\n".join(L))
