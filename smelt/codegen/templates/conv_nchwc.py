@@ -63,6 +63,9 @@ PREFETCH_WEIGHT_DISTANCE = 2  # chunks ahead
 PREFETCH_NEXT_TILE = True
 # ic-outer order is in the space of convs with at most this many output positions per image
 IC_OUTER_MAX_PLANE = 196
+# Version of the schedule space, part of every tuning-database key: records searched over an
+# older space (2: ic_chunk added) are not reused, since they never saw the newer choices.
+SCHEDULE_SPACE = 2
 # per-layer algorithm choice: half-width NCHWc convs run as the NCHW GEMM (see prefers_gemm)
 PREFER_GEMM_FOR_HALF_WIDTH = True
 GEMM_MIN_REDUCTION = 256  # input channels x kernel taps
@@ -172,7 +175,8 @@ def workload(node: Node, g: Graph, in_block: int, threads: int) -> dict:
     return {"n": geo.batch, "c": geo.c, "h": geo.ins[0], "w": geo.ins[1], "oc": geo.oc,
             "kh": geo.ks[0], "kw": geo.ks[1], "sh": geo.strides[0], "sw": geo.strides[1],
             "dh": geo.dils[0], "dw": geo.dils[1], "pt": geo.pb[0], "pl": geo.pb[1],
-            "pb": geo.pads[2], "pr": geo.pads[3], "group": geo.group, "ib": in_block, "threads": threads}
+            "pb": geo.pads[2], "pr": geo.pads[3], "group": geo.group, "ib": in_block, "threads": threads,
+            "space": SCHEDULE_SPACE}
 
 
 # ------------------------------------------------------------------------------------------
