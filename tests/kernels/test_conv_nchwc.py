@@ -290,6 +290,49 @@ def test_small_planes_run_ic_outer(monkeypatch, cache):
     check_cases(cases, "native", monkeypatch, cache, check, layout="propagate")
 
 
+def test_ic_outer_schedules_from_database(monkeypatch, cache, tmp_path):
+    """The ic-outer order forced on every conv that can chunk (also big planes, padding,
+    strides, dilations, ragged oc tiles): chunks of 32 channels over 48 or 80 leave a ragged
+    last chunk, chunks of 16 over 8-channel input blocks span two blocks."""
+    import dataclasses
+
+    from smelt.compiler import CONV_KIND, CompileOptions, lower
+    from smelt.frontend.onnx_import import load_model
+    from smelt.target import detect
+    from smelt.tune.db import TuningDB
+
+    db_path = tmp_path / "tuning.sqlite"
+    monkeypatch.setenv("SMELT_TUNING_DB", str(db_path))
+    names = {"r3", "w29", "bneck", "dil", "grp", "icout"}
+    cases = [c for c in _chains() if c.name in names]
+    model, _ = _model(cases)
+    target = detect()
+    g = lower(load_model(model), CompileOptions(threads=1, use_tuning_db=False), target)
+    db = TuningDB(db_path)
+    from smelt.codegen.templates.conv_nchwc import ConvGeometry, is_depthwise, workload
+
+    forced = []
+    for node in g.nodes:
+        geo = ConvGeometry(node, g) if node.op == "Conv" else None
+        if geo is None or is_depthwise(geo) or geo.cg < 24:
+            continue
+        chunk = 16 if geo.cg <= 32 else 32  # 24 channels: 16 + 8; 48 or 80: ragged last chunk
+        pick = dataclasses.replace(default_schedule(node, g, target), ic_chunk=chunk)
+        forced.append(node.name)
+        ib = layout_block(g.values[node.inputs[0]].layout)
+        for threads in (1, 2):
+            db.store(CONV_KIND, workload(node, g, ib, threads), target.key(), pick.to_dict(), 1e-3)
+    assert len(forced) >= 6
+
+    def check(compiled, target):
+        blockings = {i["node"]: i["schedule"].get("blocking", "") for s in compiled.plan["steps"]
+                     if s["kind"] == "native" for i in s["step_info"] if i["op"] == "Conv"}
+        missing = [(n, blockings.get(n)) for n in forced if "ic-outer" not in blockings.get(n, "")]
+        assert not missing, missing
+
+    check_cases(cases, "native", monkeypatch, cache, check, layout="propagate")
+
+
 def test_schedule_space_and_default():
     """The space holds the default; the default fills the register file on wide rows."""
     model, _ = _model([Chain("s", (1, 64, 56, 56)).conv(64, (3, 3), pads=(1, 1, 1, 1)).case()])
