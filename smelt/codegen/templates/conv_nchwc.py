@@ -75,6 +75,8 @@ PREFETCH_NEXT_WEIGHTS = True
 PREFETCH_WEIGHT_DISTANCE = 2  # chunks ahead
 # row-outer order: software-prefetch the next oc tile's weights into L2, a slice per row
 PREFETCH_NEXT_TILE = True
+# row-outer order with weights of at most half an L2: work items row-major (see _Gen)
+ROW_SPLIT_SMALL_WEIGHTS = True
 # ic-outer order is in the space of convs with at most this many output positions per image
 IC_OUTER_MAX_PLANE = 196
 # Version of the schedule space, part of every tuning-database key: records searched over an
@@ -357,7 +359,14 @@ class _Gen:
         # ic-outer: the next weight chunk is prefetched into L2 a few lines per kernel tap
         # (``pf``: this row's slice of it), spread evenly so the prefetches never crowd the
         # line-fill buffers the FMAs' own loads need
-        self.tap_prefetch = not is_depthwise(geo) and (PREFETCH_NEXT_WEIGHTS if self.chunked else PREFETCH_NEXT_TILE)
+        # row-outer order with small weights: split work by rows first (each thread reads its own
+        # band of the input, which the previous layer's same split mostly left in its own L2),
+        # every thread reading all the (L2-resident) weights; big weights split by oc tile
+        wbytes = geo.oc * geo.cg * geo.ks[0] * geo.ks[1] * 4
+        self.row_split = (ROW_SPLIT_SMALL_WEIGHTS and not self.chunked and not is_depthwise(geo)
+                          and wbytes <= em.target.l2_bytes // 2)
+        self.tap_prefetch = not is_depthwise(geo) and not self.row_split and (
+            PREFETCH_NEXT_WEIGHTS if self.chunked else PREFETCH_NEXT_TILE)
         if self.tap_prefetch:
             self.icparams += ", const char *pf"
             self.icargs += ", pf"
@@ -594,7 +603,9 @@ class _Gen:
             L += [f"    const long total = {n * n_tiles * rows}L;",
                   "    const long lo = total * tid / nt, hi = total * (tid + 1) / nt;",
                   "    for (long it = lo; it < hi; ++it) {",
-                  f"        const long oh = it % {rows}, t = (it / {rows}) % {n_tiles}, n = it / {rows * n_tiles};"]
+                  (f"        const long t = it % {n_tiles}, oh = (it / {n_tiles}) % {rows}, n = it / {rows * n_tiles};"
+                   if self.row_split else
+                   f"        const long oh = it % {rows}, t = (it / {rows}) % {n_tiles}, n = it / {rows * n_tiles};")]
         L += [f"        const long grp = t / {tiles_per_group}, tg = t % {tiles_per_group};",
               f"        const long ocb0 = grp * {(ocb // groups)} + tg * {j};",
               f"        const float *wt = w + t * {w_tile}L;",
