@@ -147,7 +147,9 @@ class _FallbackRunner:
         from onnx.reference import ReferenceEvaluator
 
         self.model = onnx.load(str(model_path))
-        self.evaluator = ReferenceEvaluator(self.model)
+        from smelt.runtime.reference_ops import FIXED_OPS
+
+        self.evaluator = ReferenceEvaluator(self.model, new_ops=FIXED_OPS)
         self.inputs = inputs
         self.outputs = outputs
         self.check_shapes = check_shapes
