@@ -34,6 +34,7 @@ from smelt.codegen.templates.reduce import work_range
 from smelt.codegen.templates.registry import SMELT_DOMAIN, register
 from smelt.ir.graph import PLAIN, Graph, Node
 from smelt.ir.graph import layout_block as block_of
+from smelt.target import Target
 
 
 def _f32(g: Graph, *names: str) -> bool:
@@ -112,6 +113,14 @@ def _check_pool(node: Node, g: Graph) -> str | None:
     return None
 
 
+def _block_vector(b: int, target: Target) -> Blocking | None:
+    """The vector spelling for one channel block of ``b`` lanes on ``target``, or None when the
+    block is not one vector there (then the kernels use scalar lane loops)."""
+    if b == 16 and target.isa == "avx512" or b == 8 and target.isa in ("avx512", "avx2"):
+        return Blocking("avx512" if b == 16 else "avx2", b, 1, b, 1, 1, 1, fma=True)
+    return None
+
+
 def _c_ints(name: str, values: list[int]) -> str:
     return f"static const int {name}[{len(values)}] = {{{', '.join(str(v) for v in values)}}};"
 
@@ -152,11 +161,11 @@ def emit_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
           f"    const long oy = it % {oh}, cbn = it / {oh};",
           f"    const float *restrict xb = X + cbn * {ih * iw * b}L;",
           f"    float *restrict yr = Y + it * {ow * b}L;"]
-    vector = b in (8, 16) and (em.target.isa == "avx512" or (em.target.isa == "avx2" and b == 8))
-    if vector:
+    blk = _block_vector(b, em.target)
+    if blk is not None:
         # one vector of channels per position; a window column that lies wholly inside the
         # image has a compile-time trip count (unrolled), edge columns use the tables
-        v = _V(Blocking("avx512" if b == 16 else "avx2", b, 1, b, 1, 1, 1, fma=True))
+        v = _V(blk)
         acc = (lambda x: v.op("max", x, "a")) if is_max else (lambda x: v.op("add", x, "a"))
         kw_full = geo.kernel[1]
         L += [f"    for (int ox = 0; ox < {ow}; ++ox) {{",
@@ -270,12 +279,12 @@ def emit_batchnorm_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
          "for (long it = lo; it < hi; ++it) {",
          f"    const long ch = (it % {c // b}) * {b};"]
     ep = TileEpilogue(node_epilogue_ops(em, node, "col"))
-    blk = Blocking("avx512" if b == 16 else "avx2", b, 1, b, 1, 1, 1, fma=True)
+    blk = _block_vector(b, em.target)
     vec = None
-    if em.target.isa == "avx512" or (em.target.isa == "avx2" and b == 8):
+    if blk is not None:
         vec = vector_epilogue_stmts(ep, em, blk, "v", None, f"it * {hw * b}L + p * {b}", "0", "ch") \
             if not ep.empty() else []
-    if vec is not None and b in (8, 16):
+    if vec is not None:
         v = _V(blk)
         L += [f"    const {v.t} s = {v.loadu('SC + ch')}, t = {v.loadu('SH + ch')};",
               f"    for (long p = 0; p < {hw}; ++p) {{",

@@ -29,8 +29,8 @@ Two loop orders (``ic_chunk``):
   weights (sized to a third of L1) come from memory once and serve all rows. On small planes
   (7x7, 14x14) with big weights the row-outer order streams a tile's weights from memory for
   its first row with little compute to hide it (ResNet-50 stage 4: 47-53% of peak); ic-outer
-  with the next chunk prefetched a few lines per tap runs the same layers at 62-74% in the
-  network (80%+ alone). The default takes it for planes of at most ``IC_OUTER_MAX_PLANE``
+  with the chunk after next prefetched a few lines per tap runs the same layers at 65-77% in
+  the network (80%+ alone). The default takes it for planes of at most ``IC_OUTER_MAX_PLANE``
   positions.
 
 Epilogue in registers before the store: bias, then the node's fused chain (residual add in the
@@ -102,7 +102,7 @@ class NchwcSchedule:
     # of IC); k > 0 = NeoCPU's ic-outer order: for each chunk of k input channels (rounded to
     # whole input blocks), every row of the work item is accumulated into the output in memory,
     # so a weight chunk comes from memory once and is reused from L1 for all rows (small planes,
-    # big weights: ResNet-50's stage 4 went from 57% to 80% of peak)
+    # big weights: ResNet-50's stage 4 went from 47-53% to 65-77% of peak in the network)
     ic_chunk: int = 0
 
     def to_dict(self) -> dict:
@@ -356,15 +356,15 @@ class _Gen:
         self.chunked = s.ic_chunk > 0 and self.chunk < icbs and not is_depthwise(geo)
         self.icparams = ", int icb_lo, int icb_hi" if self.chunked else ""
         self.icargs = ", icb_lo, icb_hi" if self.chunked else ""
-        # ic-outer: the next weight chunk is prefetched into L2 a few lines per kernel tap
-        # (``pf``: this row's slice of it), spread evenly so the prefetches never crowd the
-        # line-fill buffers the FMAs' own loads need
         # row-outer order with small weights: split work by rows first (each thread reads its own
         # band of the input, which the previous layer's same split mostly left in its own L2),
         # every thread reading all the (L2-resident) weights; big weights split by oc tile
         wbytes = geo.oc * geo.cg * geo.ks[0] * geo.ks[1] * 4
         self.row_split = (ROW_SPLIT_SMALL_WEIGHTS and not self.chunked and not is_depthwise(geo)
                           and wbytes <= em.target.l2_bytes // 2)
+        # the next weights (ic-outer: the chunk after next; row-outer: the next oc tile) are
+        # prefetched into L2 a few lines per kernel tap (``pf``: this row's slice of them),
+        # spread evenly so the prefetches never crowd the line-fill buffers the FMAs' loads need
         self.tap_prefetch = not is_depthwise(geo) and not self.row_split and (
             PREFETCH_NEXT_WEIGHTS if self.chunked else PREFETCH_NEXT_TILE)
         if self.tap_prefetch:

@@ -91,14 +91,6 @@ def _check_concat(node: Node, g: Graph) -> str | None:
     return blocked_concat_reason(node, g)
 
 
-def _slice_offsets(node: Node, g: Graph, inner_bytes: int, axis: int) -> list[tuple[str, int]]:
-    out, off = [], 0
-    for name in node.present_inputs():
-        out.append((name, off))
-        off += g.values[name].shape[axis] * inner_bytes
-    return out
-
-
 @register("Concat", check=_check_concat, name="concat", blocked=True)
 def emit_concat(node: Node, g: Graph, em: BlockEmitter) -> None:
     y = node.outputs[0]
@@ -110,15 +102,15 @@ def emit_concat(node: Node, g: Graph, em: BlockEmitter) -> None:
     outer = int(np.prod(out_shape[:axis], dtype=np.int64))
     inner = int(np.prod(out_shape[axis + 1:], dtype=np.int64))
     out_run = out_shape[axis] * inner * item
-    parts, offset = [], 0
+    parts, slices, offset = [], [], 0
     for name in node.present_inputs():
         run = g.values[name].shape[axis] * inner * item
         if run:
             parts.append((em.ptr(name), run, offset))
+        slices.append((name, offset))
         offset += run
     offsets = em.plan.arena_offsets
-    if y in offsets and all(offsets.get(name) == offsets[y] + off for name, off in
-                            _slice_offsets(node, g, inner * item, axis)):
+    if y in offsets and all(offsets.get(name) == offsets[y] + off for name, off in slices):
         # every producer wrote its slice in place (codegen/concat_views.py): nothing to copy
         em.schedule(algorithm="view: inputs written in place by their producers")
         return
