@@ -59,6 +59,9 @@ class CompileOptions:
     layout: str = "propagate"
     # look up tuned schedules in the tuning database (smelt.tune.db); off: template defaults only
     use_tuning_db: bool = True
+    # 3x3 stride-1 convs may run as Winograd F(2x2,3x3) where it is faster (fp32 throughout;
+    # templates/winograd.py); off: the direct kernels only (the direct sum's rounding)
+    winograd: bool = True
 
     def codegen_threads(self, target: Target) -> int:
         """Threads the generated code is sized for (per-thread scratch). It runs correctly with any
@@ -68,7 +71,7 @@ class CompileOptions:
     def key(self, target: Target) -> str:
         return json.dumps([self.codegen_threads(target), self.opt_level, self.allow_fallback,
                            sorted(self.force_fallback), self.sanitize, self.profile, self.layout,
-                           tuning_fingerprint(self, target)])
+                           tuning_fingerprint(self, target), self.winograd])
 
 
 @functools.lru_cache(maxsize=1)
@@ -197,6 +200,10 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
             db = open_default(create=False) if options.use_tuning_db else None
             schedules = global_schedules(g, target, options.threads, db, options.force_fallback)
         g = plan_layouts(g, target, options.layout, options.force_fallback, schedules)
+        if not options.winograd:
+            for node in g.nodes:
+                if node.op == "Conv":
+                    node.schedule["algorithm"] = "direct"
     return g
 
 

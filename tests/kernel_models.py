@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers import make_model, ort_run
+from helpers import const, make_model, ort_run, tensor
 from onnx import helper
 
 from smelt.target import detect
@@ -82,3 +82,123 @@ def check_cases(cases: list[Case], isa: str, monkeypatch, cache, check_compiled,
             err = float(np.max(np.abs(g.astype(np.float64) - w))) if w.size else 0.0
             assert err <= 1e-4 * scale, f"{c.name} ({isa}, threads={threads}): max abs error {err}"
         compiled.close()
+
+
+class Chain:
+    """Builds one case: a sequence of ops on a running value."""
+
+    def __init__(self, name: str, xs: tuple) -> None:
+        self.p = name
+        self.nodes: list = []
+        self.inits: list = []
+        self.cur = f"{name}_x"
+        self.shape = list(xs)
+        self.inputs = [tensor(self.cur, list(xs))]
+        self.feeds = {self.cur: _rand(*xs)}
+        self.k = 0
+        self.marked: tuple | None = None
+
+    def mark(self) -> Chain:
+        self.marked = (self.cur, list(self.shape))
+        return self
+
+    def _name(self, what: str) -> str:
+        self.k += 1
+        return f"{self.p}_{what}{self.k}"
+
+    def conv(self, oc: int, ks: tuple, group: int = 1, bias: bool = True, strides=(1, 1), dilations=(1, 1),
+             pads=(0, 0, 0, 0), post: tuple = ()) -> Chain:
+        c = self.shape[1]
+        w = self._name("w")
+        self.inits.append(const(w, _rand(oc, c // group, *ks)))
+        ins = [self.cur, w]
+        if bias:
+            b = self._name("b")
+            self.inits.append(const(b, _rand(oc)))
+            ins.append(b)
+        out = self._name("conv")
+        self.nodes.append(helper.make_node("Conv", ins, [out], group=group, strides=list(strides),
+                                           dilations=list(dilations), pads=list(pads), kernel_shape=list(ks)))
+        h, wd = self.shape[2:]
+        oh = (h + pads[0] + pads[2] - ((ks[0] - 1) * dilations[0] + 1)) // strides[0] + 1
+        ow = (wd + pads[1] + pads[3] - ((ks[1] - 1) * dilations[1] + 1)) // strides[1] + 1
+        before = self.cur, list(self.shape)
+        self.cur, self.shape = out, [self.shape[0], oc, oh, ow]
+        for op in post:
+            if op == "residual":  # the marked value, else this conv's input
+                src = self.marked or before
+                assert src[1] == self.shape, "residual needs an unchanged shape"
+                self._op("Add", [self.cur, src[0]])
+                self.marked = None
+            elif op == "chan_mul":
+                s = self._name("s")
+                self.inits.append(const(s, _rand(oc, 1, 1)))
+                self._op("Mul", [self.cur, s])
+            elif op == "Clip":
+                lo, hi = self._name("lo"), self._name("hi")
+                self.inits += [const(lo, np.float32(0.0)), const(hi, np.float32(6.0))]
+                self._op("Clip", [self.cur, lo, hi])
+            else:
+                self._op(op, [self.cur])
+        return self
+
+    def _op(self, op: str, ins: list, **attrs) -> Chain:
+        out = self._name(op.lower())
+        self.nodes.append(helper.make_node(op, ins, [out], **attrs))
+        self.cur = out
+        return self
+
+    def pool(self, op: str, **attrs) -> Chain:
+        self._op(op, [self.cur], **attrs)
+        if op.startswith("Global"):
+            self.shape = self.shape[:2] + [1, 1]
+            return self
+        ks, st = attrs["kernel_shape"], attrs.get("strides", [1, 1])
+        pads = attrs.get("pads", [0, 0, 0, 0])
+        dims = []
+        for d in range(2):
+            span = (ks[d] - 1) * attrs.get("dilations", [1, 1])[d] + 1
+            num = self.shape[2 + d] + pads[d] + pads[d + 2] - span
+            o = (-(-num // st[d]) if attrs.get("ceil_mode") else num // st[d]) + 1
+            if attrs.get("ceil_mode") and (o - 1) * st[d] >= self.shape[2 + d] + pads[d]:
+                o -= 1
+            dims.append(o)
+        self.shape = self.shape[:2] + dims
+        return self
+
+    def batchnorm(self, relu: bool = True) -> Chain:
+        c = self.shape[1]
+        names = [self._name(n) for n in ("scale", "bias", "mean", "var")]
+        vals = [_rand(c), _rand(c), _rand(c), np.abs(_rand(c)) + 0.5]
+        self.inits += [const(n, v.astype(np.float32)) for n, v in zip(names, vals, strict=True)]
+        self._op("BatchNormalization", [self.cur, *names])
+        if relu:
+            self._op("Relu", [self.cur])
+        return self
+
+    def branch_concat(self, *convs: dict) -> Chain:
+        """Concat (channels) of several convs of the current value."""
+        src, shape = self.cur, list(self.shape)
+        outs, total = [], 0
+        for kw in convs:
+            self.cur, self.shape = src, list(shape)
+            self.conv(**kw)
+            outs.append(self.cur)
+            total += self.shape[1]
+        self._op("Concat", outs, axis=1)
+        self.shape[1] = total
+        return self
+
+    def add_branches(self, a: dict, b: dict) -> Chain:
+        """Add of two conv branches that the epilogue fusion cannot absorb (both are convs, the
+        later one takes it; so add a Relu first to keep a standalone blocked Add)."""
+        src, shape = self.cur, list(self.shape)
+        self.conv(**a)._op("Relu", [self.cur])
+        left = self.cur
+        self.cur, self.shape = src, list(shape)
+        self.conv(**b)._op("Sigmoid", [self.cur])
+        self._op("Add", [left, self.cur])
+        return self
+
+    def case(self) -> Case:
+        return Case(self.p, self.nodes, self.inputs, self.inits, self.cur, self.feeds)

@@ -43,7 +43,7 @@ def _assert_clean(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, report[-4000:]
 
 
-@pytest.mark.parametrize("name", ["squeezenet1_1", "lstm-E32-H48-B3-T7-bi"])
+@pytest.mark.parametrize("name", ["squeezenet1_1", "resnet18", "lstm-E32-H48-B3-T7-bi"])
 def test_zoo_model_clean_under_sanitizers(name, tmp_path):
     from smelt.frontend import zoo
 

@@ -55,19 +55,20 @@ class Runner:
     details: dict = field(default_factory=dict)  # settings worth recording in the report
 
 
-def _smelt(model: BenchModel, threads: int, layout: str = "propagate", engine: str = "smelt") -> Runner:
+def _smelt(model: BenchModel, threads: int, layout: str = "propagate", engine: str = "smelt",
+           winograd: bool = True) -> Runner:
     import sys
 
     import smelt
 
     compiled = smelt.compile(model.proto, threads=threads, input_shapes={k: v.shape for k, v in model.feeds.items()},
-                             progress=sys.stderr.isatty(), layout=layout)
+                             progress=sys.stderr.isatty(), layout=layout, winograd=winograd)
     return Runner(engine, smelt.__version__, compiled.run, compiled.close,
                   {"fallback_nodes": len(compiled.fallback_nodes),
                    "compile_seconds": round(compiled.compile_seconds, 3),
                    "from_cache": compiled.from_cache,
                    "arena_bytes": compiled.arena_bytes,
-                   "layout": layout})
+                   "layout": layout, "winograd": winograd})
 
 
 def _smelt_variant(mode: str) -> Callable[[BenchModel, int], Runner]:
@@ -174,6 +175,8 @@ SMELT_VARIANTS = ("nchw", "conv", "global")
 for _mode in SMELT_VARIANTS:
     ENGINES[f"smelt:{_mode}"] = _smelt_variant(_mode)
 LAYOUT_ABLATION = ",".join(f"smelt:{m}" for m in SMELT_VARIANTS)
+# the default build with direct convolutions only (what Winograd F(2x2,3x3) adds)
+ENGINES["smelt:direct"] = lambda model, threads: _smelt(model, threads, engine="smelt:direct", winograd=False)
 
 
 def parse_engines(spec: str | None) -> list[str]:
@@ -187,7 +190,7 @@ def parse_engines(spec: str | None) -> list[str]:
             continue
         if name not in ENGINES or name == "smelt":
             raise ValueError(f"unknown peer engine {raw.strip()!r}; choose from {', '.join(PEERS)} "
-                             f"(or the layout ablation's {LAYOUT_ABLATION})")
+                             f"(or the layout ablation's {LAYOUT_ABLATION}, or smelt:direct)")
         if name not in names:
             names.append(name)
     return names

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from smelt.codegen.concat_views import plan_concat_views
+from smelt.codegen.inplace import plan_inplace
 from smelt.codegen.templates.registry import find_template
 from smelt.ir.graph import Graph, Node
 
@@ -134,9 +135,17 @@ def plan_arena(g: Graph, steps: list[NativeBlock | FallbackStep]) -> tuple[dict[
         hi = max(off + g.values[m].nbytes for m, off in members.items())
         regions[root] = (hi - lo, min(start[m] for m in members), max(end[m] for m in members), lo)
         member_of.update({m: root for m in members})
+    # Outputs written over their dead operand's buffer (inplace.py): a chain of them is one
+    # region, live from the first value's producer to the last one's last reader
+    alias_of: dict[str, str] = {}
+    for out, src in plan_inplace(g, order, start, end, set(member_of)).items():
+        alias_of[out] = alias_of.get(src, src)
     for name in start:
-        if name not in member_of:
+        if name not in member_of and name not in alias_of:
             regions[name] = (g.values[name].nbytes, start[name], end[name], 0)
+    for name, root in alias_of.items():
+        size, first, last, _ = regions[root]
+        regions[root] = (size, first, max(last, end[name]), 0)
     placed: list[tuple[int, int, int, int]] = []  # offset, size, start, end
     offsets: dict[str, int] = {}
     total = 0
@@ -156,6 +165,7 @@ def plan_arena(g: Graph, steps: list[NativeBlock | FallbackStep]) -> tuple[dict[
         else:
             offsets[key] = offset
         total = max(total, offset + size)
+    offsets.update({name: offsets[root] for name, root in alias_of.items()})
     return offsets, total
 
 

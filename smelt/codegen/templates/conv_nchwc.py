@@ -54,6 +54,7 @@ import numpy as np
 
 from smelt.codegen.emit import BlockEmitter
 from smelt.codegen.epilogue import epilogue_doc
+from smelt.codegen.templates import winograd
 from smelt.codegen.templates.conv import ConvGeometry, _check_conv
 from smelt.codegen.templates.gemm import (
     _V,
@@ -62,6 +63,7 @@ from smelt.codegen.templates.gemm import (
     define,
     node_epilogue_ops,
     scalar_epilogue,
+    vector_epilogue_ok,
     vector_epilogue_stmts,
 )
 from smelt.codegen.templates.registry import register
@@ -75,6 +77,9 @@ PREFETCH_NEXT_WEIGHTS = True
 PREFETCH_WEIGHT_DISTANCE = 2  # chunks ahead
 # row-outer order: software-prefetch the next oc tile's weights into L2, a slice per row
 PREFETCH_NEXT_TILE = True
+# prefetch, at the start of a tile, the lines its epilogue will read (a residual operand) and
+# write (the output, for ownership), so those misses overlap the tile's FMAs
+PREFETCH_EPILOGUE_LINES = 0
 # row-outer order with weights of at most half an L2: work items row-major (see _Gen)
 ROW_SPLIT_SMALL_WEIGHTS = True
 # ic-outer order is in the space of convs with at most this many output positions per image
@@ -298,6 +303,31 @@ def node_schedule(node: Node, g: Graph, target: Target) -> NchwcSchedule:
     return default_schedule(node, g, target)
 
 
+def inplace_residual(node: Node, g: Graph) -> str | None:
+    """The residual operand this conv may write its output over (see codegen/inplace.py), or None.
+
+    Safe when every output element is finished in one go: row-outer order (ic-outer keeps partial
+    sums in y between chunks, which would overwrite the residual before the last chunk reads it)
+    and an epilogue with a vector form (the scalar fallback stores the accumulator first, then
+    re-reads y and the operand)."""
+    out = g.values[node.outputs[0]]
+    if out.layout == PLAIN or _geometry_reason(node, g) is not None:
+        return None
+    geo = ConvGeometry(node, g)
+    if is_depthwise(geo) or uses_ic_outer(geo):
+        return None
+    blk = _blocking(layout_block(out.layout))
+    if not vector_epilogue_ok(TileEpilogue([], node), blk):
+        return None
+    for e in node.epilogue:
+        src = e.get("input")
+        if (e.get("broadcast") == "full" and src and src != node.inputs[0]
+                and g.values[src].layout == out.layout and g.values[src].shape == out.shape
+                and g.values[src].dtype == out.dtype):
+            return src
+    return None
+
+
 # ------------------------------------------------------------------------------------------
 # Compile-time weight layout
 # ------------------------------------------------------------------------------------------
@@ -343,8 +373,10 @@ class _Gen:
     """Renders one convolution's kernel (driver + tile functions)."""
 
     def __init__(self, em: BlockEmitter, node: Node, g: Graph, geo: ConvGeometry, s: NchwcSchedule,
-                 ib: int, ep: TileEpilogue, n_eps: int) -> None:
+                 ib: int, ep: TileEpilogue, n_eps: int, y_aliased: bool = False) -> None:
         self.em, self.node, self.g, self.geo, self.s, self.ib = em, node, g, geo, s, ib
+        # y written over a residual operand (codegen/inplace.py): y may not be restrict
+        self.yq = "" if y_aliased else "restrict "
         self.ep = ep
         self.has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
         self.blk = _blocking(s.oc_bn)
@@ -428,14 +460,33 @@ class _Gen:
             lines.append(f"for (int l = 0; l < {ob}; ++l) y[{flat} + l] = {expr};")
         return lines
 
+    def epilogue_prefetch(self, jt: int, width: int) -> list[str]:
+        """Prefetches of the tile's residual operands and output lines (one line per vector)."""
+        if not PREFETCH_EPILOGUE_LINES:
+            return []
+        ptrs = [op["ptr"] for op in self.ep.ops if op.get("kind") == "full"]
+        lines = []
+        for j in range(jt):
+            for r in range(width):
+                off = self.out_flat(j, r)
+                for p in ptrs if PREFETCH_EPILOGUE_LINES != 2 else []:
+                    lines.append(f"    _mm_prefetch((const char *)({p} + {off}), _MM_HINT_T0);")
+                if not self.chunked and PREFETCH_EPILOGUE_LINES != 1:
+                    lines.append(f"    _mm_prefetch((const char *)(y + {off}), _MM_HINT_ET0);")
+        if self.chunked and lines:  # only the last chunk applies the epilogue
+            icbs = self.geo.cg // self.ib
+            lines = [f"    if (icb_hi == {icbs}) {{"] + ["    " + x for x in lines] + ["    }"]
+        return lines
+
     def tile_fn(self, width: int, jt: int, ow0: int | None) -> str:
         """A J x width tile; ``ow0`` known (an edge tile, padding taps dropped) or None (body)."""
         v, ob, ib = self.v, self.s.oc_bn, self.ib
         sw_ib, dw_ib = self.SW * ib, self.DW * ib
         icbs = self.geo.cg // ib
         L = [f"static inline __attribute__((always_inline)) void FNAME(const float *restrict x, long xo, "
-             f"const float *restrict w, float *restrict y, long yo, long ch, int kh_lo, int kh_hi"
+             f"const float *restrict w, float *{self.yq}y, long yo, long ch, int kh_lo, int kh_hi"
              f"{self.icparams}{self.eparams}) {{"]
+        L += self.epilogue_prefetch(jt, width)
         if self.chunked:
             # ic-outer order: the first chunk starts from zero, later ones from the partial sums
             for j in range(jt):
@@ -516,7 +567,7 @@ class _Gen:
         """Depthwise: ``width`` columns of one channel block; taps are vector loads."""
         v, ob = self.v, self.s.oc_bn
         L = [f"static inline __attribute__((always_inline)) void FNAME(const float *restrict x, long xo, "
-             f"const float *restrict w, float *restrict y, long yo, long ch, int kh_lo, int kh_hi{self.eparams}) {{",
+             f"const float *restrict w, float *{self.yq}y, long yo, long ch, int kh_lo, int kh_hi{self.eparams}) {{",
              f"    {v.t} " + ", ".join(f"a0_{r} = {v.zero()}" for r in range(width)) + ";",
              "    for (int kh = kh_lo; kh < kh_hi; ++kh) {",
              f"        const float *xr = x + xo + (long)kh * {self.DH * self.IW * ob};",
@@ -589,7 +640,7 @@ class _Gen:
         n_tiles = tiles_per_group * groups
         icb_per_group = geo.cg // ib if not self.dw else 1
         rows = self.rows
-        L = [f"static void FNAME(const float *restrict x, const float *restrict w, float *restrict y{self.eparams}, "
+        L = [f"static void FNAME(const float *restrict x, const float *restrict w, float *{self.yq}y{self.eparams}, "
              "int tid, int nt) {"]
         if self.chunked:
             # ic-outer: an item is (image, oc tile); its rows run inside each input-channel chunk
@@ -715,16 +766,23 @@ def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         s = NchwcSchedule(ob, max(1, min(s.reg_n, row_width(geo))), j, s.unroll_ker, ic_chunk=s.ic_chunk)
     else:
         s = NchwcSchedule(ob, max(1, min(s.reg_n, geo.outs[1])), 1, True)
+    y_ptr = em.ptr(node.outputs[0])
+    aliased = any(em.ptr(e["input"]) == y_ptr for e in node.epilogue if e.get("input"))
+    if aliased and s.ic_chunk:  # partial sums in y would overwrite the residual (inplace_residual)
+        s = NchwcSchedule(s.oc_bn, s.reg_n, s.oc_blocks, s.unroll_ker)
     w = np.asarray(g.const(node.inputs[1]), dtype=np.float32)
+    bias = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    ep, eargs = _epilogue(node, g, em, bias)
+    if winograd.applies(node, geo, ib, ob, em.target, ep):
+        winograd.emit(geo, node.name, w, em.ptr(node.inputs[0]), y_ptr, eargs, ep, em)
+        return
     if is_depthwise(geo):
         # [C, 1, KH, KW] -> [C/b][KH][KW][b]
         packed = w.reshape(geo.oc // ob, ob, geo.ks[0], geo.ks[1]).transpose(0, 2, 3, 1)
     else:
         packed = pack_weights(w, geo, s, ib)
     wptr = em.weight(packed.reshape(-1), key=f"nchwc:{node.name}:{s}:{ib}")
-    bias = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
-    ep, eargs = _epilogue(node, g, em, bias)
-    gen = _Gen(em, node, g, geo, s, ib, ep, len(eargs))
+    gen = _Gen(em, node, g, geo, s, ib, ep, len(eargs), aliased)
     fn = gen.kernel()
     args = "".join(f", {a}" for a in eargs)
     em.schedule(algorithm="direct convolution, NCHW[x]c (NeoCPU)" + (" depthwise" if gen.dw else "")
@@ -734,5 +792,5 @@ def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                 + (f" ic_chunk={gen.chunk * ib} (ic-outer)" if gen.chunked else ""),
                 threads="static split over " + ("(image, oc tile)" if gen.chunked else "(image, oc tile, output row)"),
                 layout=f"NCHW{ib}c -> NCHW{ob}c; weights [tile][IC/{ib}][KH][KW][{ib}][{s.oc_blocks}*{ob}]")
-    em.step(f"{fn}({em.ptr(node.inputs[0])}, {wptr}, {em.ptr(node.outputs[0])}{args}, tid, nt);")
+    em.step(f"{fn}({em.ptr(node.inputs[0])}, {wptr}, {y_ptr}{args}, tid, nt);")
 

@@ -483,7 +483,7 @@ def _scalar_op(op: dict, expr: str, flat: str, row: str, col: str) -> str:
     return unary_float_expr(name, expr, op)
 
 
-def _vector_ok(ep: TileEpilogue, blk: Blocking) -> bool:
+def vector_epilogue_ok(ep: TileEpilogue, blk: Blocking) -> bool:
     ok = VECTOR_UNARY if blk.fma else VECTOR_UNARY - {"Sigmoid", "Tanh", "SiLU"}
     return all(op["op"] in _BIN or op["op"] == "Scale" or op["op"] in ok for op in ep.all_ops())
 
@@ -594,7 +594,7 @@ def vector_epilogue_stmts(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, x: 
     """Statements applying the whole epilogue to vector register ``x`` whose lane 0 is the output
     element at flat index ``flat``, GEMM row ``row`` and column ``col`` (consecutive lanes:
     consecutive columns); ``mask`` limits operand loads. None when some op has no vector form."""
-    if blk.isa == "scalar" or not _vector_ok(ep, blk):
+    if blk.isa == "scalar" or not vector_epilogue_ok(ep, blk):
         return None
     v = _V(blk)
     vexp = ""
@@ -625,7 +625,7 @@ def tile_epilogue_code(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, ldc: i
         return ""
     row = f"((grow + r) % {ep.row_mod})" if ep.row_mod else "(grow + r)"
     lines = ["for (long r = 0; r < rows; ++r) {", f"    float *restrict cr = cp + r * {ldc};"]
-    if blk.isa != "scalar" and _vector_ok(ep, blk):
+    if blk.isa != "scalar" and vector_epilogue_ok(ep, blk):
         v = _V(blk)
         w = v.w
         full = vector_epilogue_stmts(ep, em, blk, "x", None, f"coff + r * {ldc} + j", row, "gcol + j")

@@ -1,0 +1,266 @@
+"""Winograd F(2x2, 3x3) convolution on NCHW16c (an algorithm of the NCHWc conv template).
+
+A 3x3, stride-1, undilated, ungrouped conv computes each 2x2 output tile from a 4x4 input patch
+d as Y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A: 16 multiplies per (tile, input channel, output channel)
+instead of 36, so 2.25x fewer FMAs than the direct kernel. All arithmetic stays fp32; the
+transforms only add, subtract and (weights, at compile time in float64) halve, so the result
+differs from the direct sum by rounding only (tested against onnxruntime at the template's
+usual tolerance).
+
+Three phases, one parallel step each (a barrier between), buffers in the node's scratch:
+1. input transform: items (image, input block, tile row); each 4x4 patch of 16-channel vectors
+   (zeros outside the image: padding) becomes 16 vectors V[e][icb][tile] (e = 4*k + l indexes
+   the 4x4 transform domain);
+2. 16 independent GEMMs M[e] = U[e] · V[e] (OC x C times C x tiles), the direct template's
+   register tile with tiles as columns: J output blocks x R tiles of accumulators, per input
+   channel J weight-vector loads and R broadcasts; items (image, e, output-channel tile), so a
+   thread keeps one U[e] tile in L1 over all tile columns;
+3. output transform: items (image, output block, tile row); the 2x2 outputs get the conv's
+   epilogue (bias, residual, activation) in registers and are stored NCHW16c, edge tiles of odd
+   planes storing only the outputs inside.
+
+Weights U = G g Gᵀ are laid out at compile time as [e][oc tile][C][J*16] (16/9 of the direct
+weights). The buffers take 16/4 = 4x the input and output bytes per 2x2 tile, which is why the
+conv template picks this algorithm only where compute dominates (``applies``): planes of at
+least ``MIN_PLANE`` outputs (ResNet-50's 56x56, 28x28 and 14x14 3x3 layers, not 7x7, whose
+16/9 larger weights would stream from memory with little compute to hide them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from smelt.codegen.emit import BlockEmitter
+from smelt.codegen.templates.conv import ConvGeometry
+from smelt.codegen.templates.gemm import (
+    _V,
+    Blocking,
+    TileEpilogue,
+    define,
+    vector_epilogue_ok,
+    vector_epilogue_stmts,
+)
+from smelt.ir.graph import Node
+from smelt.target import Target
+
+# Off only to measure what the algorithm saves (benchmarks A/B) or to get the direct sum's rounding.
+ENABLED = True
+# smallest output plane (positions per image) that takes Winograd
+MIN_PLANE = 196
+# register tile of the GEMM phase: J output blocks x R transform tiles
+GEMM_BLOCKS = 2
+GEMM_TILES = 14
+
+LANES = 16
+_G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+
+
+def applies(node: Node, geo: ConvGeometry, ib: int, ob: int, target: Target, ep: TileEpilogue) -> bool:
+    """Whether this conv runs as Winograd F(2x2, 3x3) (else the direct NCHWc kernel); a node the
+    compiler marked ``algorithm: direct`` (``compile(winograd=False)``) never does."""
+    return (ENABLED and node.schedule.get("algorithm") != "direct" and target.isa == "avx512" and ib == LANES and ob == LANES and geo.rank == 2
+            and geo.group == 1 and geo.ks == [3, 3] and geo.strides == [1, 1] and geo.dils == [1, 1]
+            and geo.c % LANES == 0 and geo.oc % LANES == 0 and geo.outs[0] * geo.outs[1] >= MIN_PLANE
+            and vector_epilogue_ok(ep, _blocking()))
+
+
+def _blocking() -> Blocking:
+    return Blocking("avx512", LANES, 1, LANES, 1, 1, 1, fma=True)
+
+
+def transform_weights(w: np.ndarray, blocks: int) -> np.ndarray:
+    """[OC, C, 3, 3] -> U = G g Gᵀ laid out [e][oc tile][C][J*16] (the last tile may be narrower)."""
+    oc, c = w.shape[:2]
+    u = np.einsum("ai,ocij,bj->abco", _G, w.astype(np.float64), _G).reshape(16, c, oc)
+    width = blocks * LANES
+    tiles = [u[:, :, t0:t0 + width] for t0 in range(0, oc, width)]
+    return np.ascontiguousarray(np.concatenate([t.reshape(16, -1) for t in tiles], axis=1), dtype=np.float32)
+
+
+class _Gen:
+    def __init__(self, em: BlockEmitter, geo: ConvGeometry, ep: TileEpilogue, n_eps: int) -> None:
+        self.em, self.geo, self.ep = em, geo, ep
+        self.v = _V(_blocking())
+        self.N = geo.batch
+        self.IH, self.IW = geo.ins
+        self.OH, self.OW = geo.outs
+        self.PT, self.PL = geo.pb
+        self.TH, self.TW = -(-self.OH // 2), -(-self.OW // 2)
+        self.T = self.TH * self.TW
+        self.ICB, self.OCB = geo.c // LANES, geo.oc // LANES
+        self.J, self.R = GEMM_BLOCKS, GEMM_TILES
+        self.eparams = "".join(f", const float *e{k}" for k in range(n_eps))
+        self.eargs = "".join(f", e{k}" for k in range(n_eps))
+        self.tag = f"C={geo.c} OC={geo.oc} in={geo.ins} out={geo.outs} pads={geo.pads}"
+
+    # -- phase 1 ---------------------------------------------------------------------------
+    def input_transform(self) -> str:
+        v, L16 = self.v, LANES
+        vs = self.ICB * self.T * L16  # stride between transform elements e in V
+        L = ["static void FNAME(const float *restrict x, float *restrict V, int tid, int nt) {",
+             f"    const long total = {self.N * self.ICB * self.TH}L;",
+             "    const long lo = total * tid / nt, hi = total * (tid + 1) / nt;",
+             "    for (long it = lo; it < hi; ++it) {",
+             f"        const long ty = it % {self.TH}, icb = (it / {self.TH}) % {self.ICB}, n = it / {self.TH * self.ICB};",
+             f"        const float *xp = x + (n * {self.ICB} + icb) * {self.IH * self.IW * L16}L;",
+             f"        float *vp = V + n * {16 * vs}L + icb * {self.T * L16}L + ty * {self.TW * L16}L;",
+             f"        const int r0 = (int)ty * 2 - {self.PT};",
+             f"        const int inner_rows = r0 >= 0 && r0 + 4 <= {self.IH};",
+             f"        for (int tx = 0; tx < {self.TW}; ++tx) {{",
+             f"            const int c0 = tx * 2 - {self.PL};",
+             f"            {v.t} " + ", ".join(f"d{k}{m}" for k in range(4) for m in range(4)) + ";",
+             f"            if (inner_rows && c0 >= 0 && c0 + 4 <= {self.IW}) {{"]
+        for k in range(4):
+            for m in range(4):
+                L.append(f"                d{k}{m} = {v.load(f'xp + ((long)(r0 + {k}) * {self.IW} + c0 + {m}) * {L16}')};")
+        L.append("            } else {  /* padding: taps outside the image read as zero */")
+        for k in range(4):
+            for m in range(4):
+                ok = f"r0 + {k} >= 0 && r0 + {k} < {self.IH} && c0 + {m} >= 0 && c0 + {m} < {self.IW}"
+                L.append(f"                d{k}{m} = ({ok}) ? {v.load(f'xp + ((long)(r0 + {k}) * {self.IW} + c0 + {m}) * {L16}')} : {v.zero()};")
+        L.append("            }")
+        # Bᵀ d (rows), then (.) B (columns): each is x0 - x2, x1 + x2, x2 - x1, x1 - x3
+        for m in range(4):
+            L += [f"            const {v.t} t0{m} = {v.op('sub', f'd0{m}', f'd2{m}')}, t1{m} = {v.op('add', f'd1{m}', f'd2{m}')};",
+                  f"            const {v.t} t2{m} = {v.op('sub', f'd2{m}', f'd1{m}')}, t3{m} = {v.op('sub', f'd1{m}', f'd3{m}')};"]
+        for k in range(4):
+            outs = [v.op("sub", f"t{k}0", f"t{k}2"), v.op("add", f"t{k}1", f"t{k}2"),
+                    v.op("sub", f"t{k}2", f"t{k}1"), v.op("sub", f"t{k}1", f"t{k}3")]
+            for m, expr in enumerate(outs):
+                L.append(f"            {v.store(f'vp + {(4 * k + m) * vs}L + tx * {L16}', expr)};")
+        L += ["        }", "    }", "}"]
+        return define(self.em, "f32_winograd2x3_input_nchw16c__avx512", "\n".join(L),
+                      f"Winograd F(2x2,3x3) input transform; {self.tag}; V [n][e][C/16][tiles][16]")
+
+    # -- phase 2 ---------------------------------------------------------------------------
+    def gemm_tile(self, jt: int, width: int) -> str:
+        v, L16 = self.v, LANES
+        L = ["static inline __attribute__((always_inline)) void FNAME(const float *restrict vb, "
+             "const float *restrict u, float *restrict m) {"]
+        for j in range(jt):
+            L.append(f"    {v.t} " + ", ".join(f"a{j}_{r} = {v.zero()}" for r in range(width)) + ";")
+        L += [f"    for (int icb = 0; icb < {self.ICB}; ++icb) {{",
+              f"        const float *vr = vb + (long)icb * {self.T * L16};",
+              f"        const float *ur = u + (long)icb * {L16 * jt * L16};",
+              f"        for (int i = 0; i < {L16}; ++i) {{"]
+        for j in range(jt):
+            L.append(f"            const {v.t} w{j} = {v.load(f'ur + i * {jt * L16} + {j * L16}')};")
+        for r in range(width):
+            L.append(f"            {{ const {v.t} b = {v.set1(f'vr[i + {r * L16}]')};")
+            for j in range(jt):
+                L.append(f"              a{j}_{r} = {v.fmadd('b', f'w{j}', f'a{j}_{r}')};")
+            L.append("            }")
+        L += ["        }", "    }"]
+        for j in range(jt):
+            for r in range(width):
+                L.append(f"    {v.store(f'm + {j * self.T * L16 + r * L16}', f'a{j}_{r}')};")
+        L.append("}")
+        return define(self.em, f"f32_winograd2x3_gemm_tile_{jt}x{width}__avx512", "\n".join(L),
+                      f"Winograd GEMM tile {jt} output blocks x {width} transform tiles; C={self.geo.c}, {self.T} tiles")
+
+    def gemm_row(self, jt: int) -> list[str]:
+        R, L16 = self.R, LANES
+        calls = []
+        full = self.T // R * R
+        if full:
+            fn = self.gemm_tile(jt, R)
+            calls.append(f"for (long t0 = 0; t0 < {full}; t0 += {R}) {fn}(vb + t0 * {L16}, u, m + t0 * {L16});")
+        if self.T - full:
+            fn = self.gemm_tile(jt, self.T - full)
+            calls.append(f"{fn}(vb + {full * L16}, u, m + {full * L16});")
+        return calls
+
+    def gemm(self) -> str:
+        J, L16 = self.J, LANES
+        oct_ = -(-self.OCB // J)
+        ragged = self.OCB % J
+        c, oc, T = self.geo.c, self.geo.oc, self.T
+        L = ["static void FNAME(const float *restrict V, const float *restrict U, float *restrict M, int tid, int nt) {",
+             f"    const long total = {self.N * 16 * oct_}L;",
+             "    const long lo = total * tid / nt, hi = total * (tid + 1) / nt;",
+             "    for (long it = lo; it < hi; ++it) {",
+             f"        const long t = it % {oct_}, e = (it / {oct_}) % 16, n = it / {16 * oct_};",
+             f"        const float *vb = V + (n * 16 + e) * {c * T}L;",
+             f"        const float *u = U + e * {c * oc}L + t * {c * J * L16}L;",
+             f"        float *m = M + (n * 16 + e) * {oc * T}L + t * {J * T * L16}L;"]
+        if ragged:
+            L.append(f"        if (t == {oct_ - 1}) {{")
+            L += ["            " + x for x in self.gemm_row(ragged)]
+            L.append("        } else {")
+            L += ["            " + x for x in self.gemm_row(J)]
+            L.append("        }")
+        else:
+            L += ["        " + x for x in self.gemm_row(J)]
+        L += ["    }", "}"]
+        return define(self.em, f"f32_winograd2x3_gemm_{J}x{self.R}__avx512", "\n".join(L),
+                      f"Winograd F(2x2,3x3) transform-domain GEMMs (16 per image); {self.tag}; "
+                      f"U [e][oc tile][C][{J}*16], M [n][e][OC/16][tiles][16]")
+
+    # -- phase 3 ---------------------------------------------------------------------------
+    def _store(self, acc: str, off: str) -> list[str]:
+        flat = f"yo + {off}"
+        lines = vector_epilogue_stmts(self.ep, self.em, _blocking(), acc, None, flat, "0", "ch") \
+            if not self.ep.empty() else []
+        assert lines is not None  # applies() requires a vector epilogue
+        return lines + [f"{self.v.store(f'y + {flat}', acc)};"]
+
+    def output_transform(self) -> str:
+        v, L16 = self.v, LANES
+        ms = self.OCB * self.T * L16
+        L = [f"static void FNAME(const float *restrict M, float *y{self.eparams}, int tid, int nt) {{",
+             f"    const long total = {self.N * self.OCB * self.TH}L;",
+             "    const long lo = total * tid / nt, hi = total * (tid + 1) / nt;",
+             "    for (long it = lo; it < hi; ++it) {",
+             f"        const long ty = it % {self.TH}, ocb = (it / {self.TH}) % {self.OCB}, n = it / {self.TH * self.OCB};",
+             f"        const float *mp = M + n * {16 * ms}L + ocb * {self.T * L16}L + ty * {self.TW * L16}L;",
+             f"        const long ch = ocb * {L16};",
+             f"        const int full_rows = ty * 2 + 1 < {self.OH};",
+             f"        for (int tx = 0; tx < {self.TW}; ++tx) {{",
+             f"            const long yo = ((n * {self.OCB} + ocb) * {self.OH} + ty * 2) * {self.OW * L16}L + tx * {2 * L16};"]
+        for k in range(4):
+            for m in range(4):
+                L.append(f"            const {v.t} m{k}{m} = {v.load(f'mp + {(4 * k + m) * ms}L + tx * {L16}')};")
+        # Aᵀ M (rows), then (.) A (columns): x0 + x1 + x2, x1 - x2 - x3
+        for m in range(4):
+            L += [f"            const {v.t} s0{m} = {v.op('add', v.op('add', f'm0{m}', f'm1{m}'), f'm2{m}')};",
+                  f"            const {v.t} s1{m} = {v.op('sub', v.op('sub', f'm1{m}', f'm2{m}'), f'm3{m}')};"]
+        for k in range(2):
+            L += [f"            {v.t} y{k}0 = {v.op('add', v.op('add', f's{k}0', f's{k}1'), f's{k}2')};",
+                  f"            {v.t} y{k}1 = {v.op('sub', v.op('sub', f's{k}1', f's{k}2'), f's{k}3')};"]
+        offs = {(k, m): str(k * self.OW * L16 + m * L16) for k in range(2) for m in range(2)}
+        body = [x for km, off in offs.items() for x in self._store(f"y{km[0]}{km[1]}", off)]
+        if self.OH % 2 == 0 and self.OW % 2 == 0:
+            L += ["            " + x for x in body]
+        else:  # odd planes: the last tile row / column stores only what lies inside
+            L.append(f"            const int full_cols = tx * 2 + 1 < {self.OW};")
+            L.append("            if (full_rows && full_cols) {")
+            L += ["                " + x for x in body]
+            L.append("            } else {")
+            for (k, m), off in offs.items():
+                cond = " && ".join(c for c in (("full_rows" if k else ""), ("full_cols" if m else "")) if c) or "1"
+                L.append(f"                if ({cond}) {{")
+                L += ["                    " + x for x in self._store(f"y{k}{m}", off)]
+                L.append("                }")
+            L.append("            }")
+        L += ["        }", "    }", "}"]
+        return define(self.em, "f32_winograd2x3_output_nchw16c__avx512", "\n".join(L),
+                      f"Winograd F(2x2,3x3) output transform + epilogue; {self.tag}")
+
+
+def emit(geo: ConvGeometry, node_name: str, w: np.ndarray, x_ptr: str, y_ptr: str, eargs: list[str],
+         ep: TileEpilogue, em: BlockEmitter) -> None:
+    """The three phases of one Winograd conv as three parallel steps."""
+    gen = _Gen(em, geo, ep, len(eargs))
+    u = em.weight(transform_weights(w, gen.J).reshape(-1), key=f"winograd:{node_name}:{gen.J}")
+    vbuf = em.scratch(geo.batch * 16 * geo.c * gen.T * 4)
+    mbuf = em.scratch(geo.batch * 16 * geo.oc * gen.T * 4)
+    f_in, f_gemm, f_out = gen.input_transform(), gen.gemm(), gen.output_transform()
+    args = "".join(f", {a}" for a in eargs)
+    em.schedule(algorithm="Winograd F(2x2,3x3), NCHW16c", kernel=f_gemm.rsplit("_", 1)[0],
+                micro_kernel=f"{gen.J}x{gen.R} x 16 lanes avx512 (16 transform-domain GEMMs)",
+                blocking=f"tiles={gen.TH}x{gen.TW} J={gen.J} R={gen.R}",
+                threads="static split over (image, block, tile row) / (image, e, oc tile) / (image, block, tile row)",
+                layout="NCHW16c -> NCHW16c; weights U [16][oc tile][C][J*16]")
+    em.step(f"{f_in}({x_ptr}, {vbuf}, tid, nt);")
+    em.step(f"{f_gemm}({vbuf}, {u}, {mbuf}, tid, nt);")
+    em.step(f"{f_out}({mbuf}, {y_ptr}{args}, tid, nt);")
