@@ -6,7 +6,8 @@ register tile (13, 14, 15 and 29 tiles), a ragged output-channel tile (3 blocks 
 tile), input channels of 1 to 4 blocks, no padding, symmetric and asymmetric padding and
 padding wider than the kernel's reach (patches entirely outside the image), batch 2, and every
 fused epilogue kind (bias, Relu, Clip, per-channel Mul, Sigmoid, residual Add); 1 and 2 threads
-(``check_cases``). Small planes are forced onto Winograd by lowering ``MIN_PLANE``; the default
+(``check_cases``). Small planes and single input blocks are forced onto Winograd by lowering
+``MIN_PLANE`` and ``MIN_CHANNELS``; the default
 threshold is checked separately, as are ``compile(winograd=False)`` and the plan's record.
 """
 
@@ -47,24 +48,25 @@ def _cases():
     return [
         # 8x8: 16 tiles (one full register tile + a 2-wide one), ragged oc tile (48 = 3 blocks),
         # residual + Relu on the second 3x3
-        C("wg8", (1, 16, 8, 8)).conv(16, (1, 1)).conv(48, (3, 3), pads=PAD1, post=("Relu",)).mark()
+        C("wg8", (1, 16, 8, 8)).conv(32, (1, 1)).conv(48, (3, 3), pads=PAD1, post=("Relu",)).mark()
         .conv(48, (3, 3), pads=PAD1, post=("residual", "Relu")).case(),
         # odd planes: 7x9 outputs -> 4x5 tiles, the last row and column half outside
         C("wg79", (1, 32, 7, 9)).conv(16, (1, 1)).mark().conv(16, (3, 3), pads=PAD1, post=("residual", "Relu"))
         .conv(32, (3, 3), pads=PAD1, post=("Clip",)).case(),
         # 13, 14, 15 and 29 tiles in one tile row (outputs 2 x 26/28/30/58)
-        C("wgt13", (1, 16, 2, 26)).conv(16, (1, 1)).conv(16, (3, 3), pads=PAD1, post=("Sigmoid",)).case(),
-        C("wgt14", (1, 16, 2, 28)).conv(16, (1, 1)).conv(32, (3, 3), pads=PAD1, post=("chan_mul",)).case(),
+        C("wgt13", (1, 16, 2, 26)).conv(32, (1, 1)).conv(16, (3, 3), pads=PAD1, post=("Sigmoid",)).case(),
+        C("wgt14", (1, 16, 2, 28)).conv(48, (1, 1)).conv(32, (3, 3), pads=PAD1, post=("chan_mul",)).case(),
         C("wgt15", (1, 64, 2, 30)).conv(64, (1, 1)).conv(16, (3, 3), pads=PAD1).case(),
-        C("wgt29", (1, 16, 4, 58)).conv(16, (1, 1)).conv(16, (3, 3), pads=PAD1, bias=False).case(),
+        C("wgt29", (1, 16, 4, 58)).conv(32, (1, 1)).conv(16, (3, 3), pads=PAD1, bias=False).case(),
         # no padding (10x10 out), asymmetric pads, padding beyond the kernel's reach, batch 2
-        C("wgnp", (2, 16, 12, 12)).conv(16, (1, 1)).conv(32, (3, 3)).conv(16, (3, 3), pads=(0, 1, 2, 0), post=("Relu",))
+        C("wgnp", (2, 16, 12, 12)).conv(32, (1, 1)).conv(32, (3, 3)).conv(16, (3, 3), pads=(0, 1, 2, 0), post=("Relu",))
         .conv(16, (3, 3), pads=(3, 2, 3, 2)).case(),
     ]
 
 
 def test_winograd_chains(monkeypatch, cache):
     monkeypatch.setattr(winograd, "MIN_PLANE", 1)
+    monkeypatch.setattr(winograd, "MIN_CHANNELS", 16)  # one input block is an edge too
     cases = _cases()
     n3x3 = sum(1 for c in cases for n in c.nodes if n.op_type == "Conv"
                and [list(a.ints) for a in n.attribute if a.name == "kernel_shape"] == [[3, 3]])
@@ -72,14 +74,15 @@ def test_winograd_chains(monkeypatch, cache):
 
 
 def test_default_threshold(monkeypatch, cache):
-    """At the default ``MIN_PLANE`` a 14x14 plane takes Winograd and a 13x15 one (195 outputs)
-    stays direct; both match."""
+    """At the defaults a 14x14 plane with 32 input channels takes Winograd; a 13x15 one (195
+    outputs) and one with 16 input channels stay direct; all match."""
     cases = [Chain("th14", (1, 32, 14, 14)).conv(32, (1, 1)).conv(32, (3, 3), pads=PAD1, post=("Relu",)).case(),
-             Chain("th13", (1, 32, 13, 15)).conv(32, (1, 1)).conv(32, (3, 3), pads=PAD1, post=("Relu",)).case()]
+             Chain("th13", (1, 32, 13, 15)).conv(32, (1, 1)).conv(32, (3, 3), pads=PAD1, post=("Relu",)).case(),
+             Chain("thc16", (1, 32, 14, 14)).conv(16, (1, 1)).conv(32, (3, 3), pads=PAD1).case()]
 
     def check(compiled, target):
         algos = list(_algorithms(compiled).values())
-        assert [("Winograd" in a) for a in algos] == [False, True, False, False], algos
+        assert [("Winograd" in a) for a in algos] == [False, True, False, False, False, False], algos
 
     check_cases(cases, "native", monkeypatch, cache, check, layout="propagate")
 
