@@ -35,10 +35,13 @@ def _algorithms(compiled) -> dict[str, str]:
             if s["kind"] == "native" for i in s["step_info"] if i["op"] == "Conv"}
 
 
-def _expect_winograd(count: int):
+def _expect_winograd(count: int, order: str):
     def check(compiled, target):
-        algos = _algorithms(compiled)
-        assert sum("Winograd" in a for a in algos.values()) >= count, algos
+        scheds = [i["schedule"] for s in compiled.plan["steps"] if s["kind"] == "native"
+                  for i in s["step_info"] if i["op"] == "Conv"]
+        wino = [s for s in scheds if "Winograd" in s.get("algorithm", "")]
+        assert len(wino) >= count, scheds
+        assert all(order in s.get("blocking", "") for s in wino), wino
     return check
 
 
@@ -64,13 +67,17 @@ def _cases():
     ]
 
 
-def test_winograd_chains(monkeypatch, cache):
+@pytest.mark.parametrize("banded", [True, False])
+def test_winograd_chains(banded, monkeypatch, cache):
+    """Both orders: per-thread bands of tile rows (uneven bands, batch 2) and the three phased
+    steps over whole planes (what big weights take)."""
+    monkeypatch.setattr(winograd, "BANDED", banded)
     monkeypatch.setattr(winograd, "MIN_PLANE", 1)
     monkeypatch.setattr(winograd, "MIN_CHANNELS", 16)  # one input block is an edge too
     cases = _cases()
     n3x3 = sum(1 for c in cases for n in c.nodes if n.op_type == "Conv"
                and [list(a.ints) for a in n.attribute if a.name == "kernel_shape"] == [[3, 3]])
-    check_cases(cases, "native", monkeypatch, cache, _expect_winograd(n3x3), layout="propagate")
+    check_cases(cases, "native", monkeypatch, cache, _expect_winograd(n3x3, "bands" if banded else "phased"), layout="propagate")
 
 
 def test_default_threshold(monkeypatch, cache):
