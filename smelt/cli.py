@@ -342,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated peers (default: onnxruntime,openvino,torch)")
     p.add_argument("--ablation", action="store_true",
                    help="NeoCPU Table 3: time the default build against smelt:nchw (NCHW baseline), smelt:conv "
-                   "(NCHWc convs, transforms around each) and smelt:global (global layout search), plus --against")
+                   "(NCHWc convs, transforms around each), smelt:direct (transforms eliminated) and smelt:global "
+                   "(global layout search), all with direct convolutions (the default adds Winograd), plus --against")
     p.add_argument("--threads", type=int, default=None, help="threads for every engine (default: physical cores)")
     p.add_argument("--batch", type=int, default=1, help="batch size for zoo models / symbolic batch dims")
     p.add_argument("--rounds", type=int, default=20, help="interleaved rounds, each 5 timed calls per engine")

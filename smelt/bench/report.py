@@ -181,7 +181,7 @@ def format_suite(report: dict, markdown: bool = False) -> str:
 
 # ----------------------------------------------------------------------------- charts
 PEER_COLORS = {"onnxruntime": "#4C72B0", "openvino": "#DD8452", "torch": "#C44E52",
-               "smelt:nchw": "#8172B3", "smelt:conv": "#937860", "smelt:global": "#DA8BC3"}
+               "smelt:nchw": "#8172B3", "smelt:conv": "#937860", "smelt:global": "#DA8BC3", "smelt:direct": "#8C8C8C"}
 
 
 def write_speedup_chart(report: dict, path: str | Path, title: str | None = None) -> None:
