@@ -488,7 +488,7 @@ def schedule_fn(plan: GlobalPlan, target: Target, threads: int, costs: Costs):
         ib = plan.problem.choose_ib(k, in_block, s.oc_bn, tcost)
         var = plan.problem.vars[k]
         tile = var.costs.get((ib, s.oc_bn), (0.0, None))[1] or s
-        return NchwcSchedule(s.oc_bn, tile.reg_n, tile.oc_blocks, tile.unroll_ker, ib)
+        return NchwcSchedule(s.oc_bn, tile.reg_n, tile.oc_blocks, tile.unroll_ker, ib, tile.ic_chunk)
 
     return lookup
 

@@ -112,3 +112,37 @@ def test_global_mode_matches_onnxruntime(which, tune_env):
                  for i in s["step_info"] if i["op"] == "Conv"]
     assert any("oc_bn=8 " in b and "reg_n=5 " in b for b in blockings), blockings
     assert_close(compiled.run(feeds), ort_run(model, feeds))
+
+
+
+def test_global_without_costs_keeps_the_default_schedules():
+    """With no measured costs the search confirms 16-channel blocks, and each conv runs its
+    default schedule whole: the ic-outer chunk of a small plane included (it was dropped once,
+    making layout="global" slower than "propagate" on ResNet-50's stages 3 and 4)."""
+    import numpy as np
+    from helpers import const, make_model, tensor
+    from onnx import helper
+
+    from smelt.codegen.templates.conv_nchwc import default_schedule
+
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]),
+             helper.make_node("Conv", ["a", "w1"], ["b"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["b", "w2"], ["y"], kernel_shape=[1, 1])]
+    inits = [const("w0", rng.standard_normal((256, 64, 1, 1)).astype(np.float32)),
+             const("w1", rng.standard_normal((256, 256, 3, 3)).astype(np.float32)),
+             const("w2", rng.standard_normal((512, 256, 1, 1)).astype(np.float32))]
+    model = make_model(nodes, [tensor("x", [1, 64, 7, 7])], [tensor("y", None)], inits)
+    target = detect()
+    g = _graph(model)
+    lookup = ls.global_schedules(g, target, 1, None)
+    planned = plan_layouts(_graph(model), target, "propagate")
+    for node in planned.nodes:
+        if node.op != "Conv":
+            continue
+        want = default_schedule(node, planned, target)
+        ib = layout_block(planned.values[node.inputs[0]].layout)
+        got = lookup(node, planned, ib)
+        assert got is not None and got.oc_bn == want.oc_bn and got.ic_chunk == want.ic_chunk, (node.name, got, want)
+        assert (got.reg_n, got.oc_blocks) == (want.reg_n, want.oc_blocks), (node.name, got, want)
+    assert any(default_schedule(n, planned, target).ic_chunk for n in planned.nodes if n.op == "Conv")
