@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from smelt.codegen.templates import winograd
 from smelt.codegen.templates.conv import ConvGeometry
 from smelt.codegen.templates.conv_nchwc import (
     NchwcSchedule,
@@ -111,10 +112,11 @@ def _input_blocks(geo: ConvGeometry, natural: Iterable[int], target: Target) -> 
 
 
 def graph_tasks(g: Graph, threads: int, target: Target) -> list[tuple[Node, ConvTask]]:
-    """(node, task) per NCHWc conv of a lowered graph (layouts planned), in node order."""
+    """(node, task) per NCHWc conv of a lowered graph (layouts planned), in node order; convs
+    that run as Winograd (no direct schedule to tune) are left out."""
     out = []
     for node in g.nodes:
-        if node.op != "Conv" or node.schedule.get("kind") != CONV_KIND:
+        if node.op != "Conv" or node.schedule.get("kind") != CONV_KIND or winograd.takes(node, g, target):
             continue
         ib = layout_block(g.values[node.inputs[0]].layout)
         geo = ConvGeometry(node, g)

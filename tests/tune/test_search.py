@@ -63,3 +63,21 @@ def test_budget_exhausted_skips_and_reports(tune_env):
     tasks = search.collect_tasks([("chain", search.lower_for_tuning(load_model(model), 1, target))], 1, target)
     report = search.tune_tasks(tasks, 0.5, 1, target, None, transforms=False)
     assert not report.results and len(report.skipped) == len(tasks)
+
+
+def test_winograd_convs_are_not_tuned():
+    """A conv that runs as Winograd has no direct schedule to tune: graph_tasks leaves it out
+    (the 3x3 32->32 conv on a 14x16 plane), and keeps the others; with Winograd off it is in."""
+    from smelt.codegen.templates import winograd
+
+    target = detect()
+    if target.isa != "avx512":
+        pytest.skip("Winograd is AVX-512 only")
+    model, _ = chain_model(c=32, hw=(14, 16))
+    g = search.lower_for_tuning(load_model(model), 1, target)
+    names = [n.name for n, _ in search.graph_tasks(g, 1, target)]
+    assert "conv2" not in names and {"conv1", "conv3"} <= set(names), names
+    conv2 = next(n for n in g.nodes if n.name == "conv2")
+    assert winograd.takes(conv2, g, target)
+    conv2.schedule["algorithm"] = "direct"
+    assert "conv2" in [n.name for n, _ in search.graph_tasks(g, 1, target)]

@@ -46,7 +46,7 @@ from smelt.codegen.templates.gemm import (
     vector_epilogue_ok,
     vector_epilogue_stmts,
 )
-from smelt.ir.graph import Node
+from smelt.ir.graph import Graph, Node, layout_block
 from smelt.target import Target
 
 # Off only to measure what the algorithm saves (benchmarks A/B) or to get the direct sum's rounding.
@@ -75,6 +75,14 @@ def applies(node: Node, geo: ConvGeometry, ib: int, ob: int, target: Target, ep:
             and geo.group == 1 and geo.ks == [3, 3] and geo.strides == [1, 1] and geo.dils == [1, 1]
             and geo.c % LANES == 0 and geo.c >= MIN_CHANNELS and geo.oc % LANES == 0 and geo.outs[0] * geo.outs[1] >= MIN_PLANE
             and vector_epilogue_ok(ep, _blocking()))
+
+
+def takes(node: Node, g: Graph, target: Target) -> bool:
+    """Whether the conv template will run ``node`` (layouts planned) as Winograd: the tuner skips
+    such convs, whose direct schedules would never run."""
+    ib = layout_block(g.values[node.inputs[0]].layout)
+    ob = layout_block(g.values[node.outputs[0]].layout)
+    return applies(node, ConvGeometry(node, g), ib, ob, target, TileEpilogue([], node))
 
 
 def _blocking() -> Blocking:
