@@ -81,3 +81,15 @@ def test_winograd_convs_are_not_tuned():
     assert winograd.takes(conv2, g, target)
     conv2.schedule["algorithm"] = "direct"
     assert "conv2" in [n.name for n, _ in search.graph_tasks(g, 1, target)]
+
+
+def test_measuring_a_winograd_eligible_shape_times_the_direct_kernel(tune_env):
+    """The harness feeds graph inputs straight to the convs (not 64-byte aligned) and means to
+    time direct schedules: a Winograd-eligible workload must run direct (it crashed on an
+    aligned load once) and give one time per entry."""
+    target = detect()
+    shape = ConvShape(1, 32, 14, 14, 32, 3, 3, pt=1, pl=1, pb=1, pr=1)
+    g, node = search.probe(shape, 16)
+    default, queue = search.ordered_candidates(node, g, target)
+    t = measure_convs(shape, [(16, default)] + [(16, s) for s in queue[:2]], 2, target)
+    assert len(t.seconds) == 3 and all(s > 0 for s in t.seconds)

@@ -152,13 +152,15 @@ class _Gen:
              f"        if (inner_rows && c0 >= 0 && c0 + 4 <= {self.IW}) {{"]
         for k in range(4):
             for m in range(4):
-                L.append(f"            d{k}{m} = {v.load(f'xp + ((long)(r0 + {k}) * {self.IW} + c0 + {m}) * {L16}')};")
+                L.append(f"            d{k}{m} = {v.loadu(f'xp + ((long)(r0 + {k}) * {self.IW} + c0 + {m}) * {L16}')};")
         L.append("        } else {  /* padding: taps outside the image read as zero */")
         for k in range(4):
             for m in range(4):
                 ok = f"r0 + {k} >= 0 && r0 + {k} < {self.IH} && c0 + {m} >= 0 && c0 + {m} < {self.IW}"
-                L.append(f"            d{k}{m} = ({ok}) ? {v.load(f'xp + ((long)(r0 + {k}) * {self.IW} + c0 + {m}) * {L16}')} : {v.zero()};")
+                L.append(f"            d{k}{m} = ({ok}) ? {v.loadu(f'xp + ((long)(r0 + {k}) * {self.IW} + c0 + {m}) * {L16}')} : {v.zero()};")
         L.append("        }")
+        # (unaligned loads: a graph input fed straight to the conv, as in the tuner's harness,
+        # need not be 64-byte aligned)
         # Bᵀ d (rows), then (.) B (columns): each is x0 - x2, x1 + x2, x2 - x1, x1 - x3
         for m in range(4):
             L += [f"        const {v.t} t0{m} = {v.op('sub', f'd0{m}', f'd2{m}')}, t1{m} = {v.op('add', f'd1{m}', f'd2{m}')};",
