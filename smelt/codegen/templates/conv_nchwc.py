@@ -41,6 +41,12 @@ Weights are re-laid out at compile time per tile: [tile][IC/ic_bn][KH][KW][ic_bn
 Depthwise (group == C == OC) has its own kernel ``f32_dwconv2d_nchw<b>c_<R>__<isa>``: input and
 output in the same block size, one vector of channels per tap (a load, not a broadcast).
 
+Per-layer algorithm choice inside this template: 3x3 stride-1 convs on AVX-512 that
+``winograd.applies`` accepts run as Winograd F(2x2, 3x3) (``templates/winograd.py``) instead of
+the direct kernel. A row-outer conv whose fused residual is dead afterwards may write its output
+over the residual's buffer (``inplace_residual``, ``codegen/inplace.py``); its ``y`` then loses
+``restrict``.
+
 The schedule (``NchwcSchedule``) comes from the node (a tuning pass or the layout pass set it)
 or from ``default_schedule``, a cost model over the target's register file.
 """
@@ -77,9 +83,6 @@ PREFETCH_NEXT_WEIGHTS = True
 PREFETCH_WEIGHT_DISTANCE = 2  # chunks ahead
 # row-outer order: software-prefetch the next oc tile's weights into L2, a slice per row
 PREFETCH_NEXT_TILE = True
-# prefetch, at the start of a tile, the lines its epilogue will read (a residual operand) and
-# write (the output, for ownership), so those misses overlap the tile's FMAs
-PREFETCH_EPILOGUE_LINES = 0
 # row-outer order with weights of at most half an L2: work items row-major (see _Gen)
 ROW_SPLIT_SMALL_WEIGHTS = True
 # ic-outer order is in the space of convs with at most this many output positions per image
@@ -460,24 +463,6 @@ class _Gen:
             lines.append(f"for (int l = 0; l < {ob}; ++l) y[{flat} + l] = {expr};")
         return lines
 
-    def epilogue_prefetch(self, jt: int, width: int) -> list[str]:
-        """Prefetches of the tile's residual operands and output lines (one line per vector)."""
-        if not PREFETCH_EPILOGUE_LINES:
-            return []
-        ptrs = [op["ptr"] for op in self.ep.ops if op.get("kind") == "full"]
-        lines = []
-        for j in range(jt):
-            for r in range(width):
-                off = self.out_flat(j, r)
-                for p in ptrs if PREFETCH_EPILOGUE_LINES != 2 else []:
-                    lines.append(f"    _mm_prefetch((const char *)({p} + {off}), _MM_HINT_T0);")
-                if not self.chunked and PREFETCH_EPILOGUE_LINES != 1:
-                    lines.append(f"    _mm_prefetch((const char *)(y + {off}), _MM_HINT_ET0);")
-        if self.chunked and lines:  # only the last chunk applies the epilogue
-            icbs = self.geo.cg // self.ib
-            lines = [f"    if (icb_hi == {icbs}) {{"] + ["    " + x for x in lines] + ["    }"]
-        return lines
-
     def tile_fn(self, width: int, jt: int, ow0: int | None) -> str:
         """A J x width tile; ``ow0`` known (an edge tile, padding taps dropped) or None (body)."""
         v, ob, ib = self.v, self.s.oc_bn, self.ib
@@ -486,7 +471,6 @@ class _Gen:
         L = [f"static inline __attribute__((always_inline)) void FNAME(const float *restrict x, long xo, "
              f"const float *restrict w, float *{self.yq}y, long yo, long ch, int kh_lo, int kh_hi"
              f"{self.icparams}{self.eparams}) {{"]
-        L += self.epilogue_prefetch(jt, width)
         if self.chunked:
             # ic-outer order: the first chunk starts from zero, later ones from the partial sums
             for j in range(jt):

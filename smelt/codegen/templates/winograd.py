@@ -71,10 +71,13 @@ _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.
 def applies(node: Node, geo: ConvGeometry, ib: int, ob: int, target: Target, ep: TileEpilogue) -> bool:
     """Whether this conv runs as Winograd F(2x2, 3x3) (else the direct NCHWc kernel); a node the
     compiler marked ``algorithm: direct`` (``compile(winograd=False)``) never does."""
-    return (ENABLED and node.schedule.get("algorithm") != "direct" and target.isa == "avx512" and ib == LANES and ob == LANES and geo.rank == 2
-            and geo.group == 1 and geo.ks == [3, 3] and geo.strides == [1, 1] and geo.dils == [1, 1]
-            and geo.c % LANES == 0 and geo.c >= MIN_CHANNELS and geo.oc % LANES == 0 and geo.outs[0] * geo.outs[1] >= MIN_PLANE
-            and vector_epilogue_ok(ep, _blocking()))
+    if not ENABLED or node.schedule.get("algorithm") == "direct" or target.isa != "avx512":
+        return False
+    shape_ok = (geo.rank == 2 and geo.group == 1 and geo.ks == [3, 3] and geo.strides == [1, 1]
+                and geo.dils == [1, 1] and geo.outs[0] * geo.outs[1] >= MIN_PLANE)
+    blocks_ok = (ib == LANES and ob == LANES and geo.c % LANES == 0 and geo.oc % LANES == 0
+                 and geo.c >= MIN_CHANNELS)
+    return shape_ok and blocks_ok and vector_epilogue_ok(ep, _blocking())
 
 
 def takes(node: Node, g: Graph, target: Target) -> bool:
