@@ -426,6 +426,25 @@ def test_large_hidden_reverse_walk():
     _check(cases[:1], threads=(2,), transform=lambda m: annotate(m, grid=(1, 2)))
 
 
+def test_gate_split_gate_major():
+    """R streamed from L3 (> 3/4 of L2) and a thread's rows above one register tile, up to
+    GATE_SPLIT_ROWS: R is packed gate-major and the cell runs gate-split passes over all the
+    thread's rows. Row counts just above the tile (LSTM 7, GRU 9), at the limit (12) and
+    above it (13: not gate-major), run-time weights (the C packer's gate-major path), 1 and 2
+    threads; the forced row split (2, 1) runs row chunks of 3-6 on the gate-major layout."""
+    from smelt.codegen.templates.rnn import GATE_SPLIT_ROWS
+
+    assert GATE_SPLIT_ROWS == 12
+    cases = [Case("LSTM", 3, 7, 8, 400, seq="rand", init=True, peep=True),
+             Case("LSTM", 2, 12, 5, 400, "reverse"),
+             Case("LSTM", 3, 13, 6, 400, init=True),
+             Case("LSTM", 2, 10, 9, 400, runtime_weights=True),
+             Case("GRU", 3, 9, 8, 400, attrs={"linear_before_reset": 1}, seq="rand", init=True),
+             Case("GRU", 2, 12, 4, 400, "bidirectional", attrs={"linear_before_reset": 1}, runtime_weights=True)]
+    _check(cases, threads=(1, 2))
+    _check(cases[:2], threads=(2,), transform=lambda m: annotate(m, grid=(2, 1)))
+
+
 def test_calibration_stores_and_is_used(tmp_path, monkeypatch):
     """rnn_calibrate times every grid of a node, stores the fastest (kind "rnn"); the next
     compile of that workload uses it (and the artifact key changes with the database)."""

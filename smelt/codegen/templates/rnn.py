@@ -17,6 +17,16 @@ Deep Learning Models 10x Faster", USENIX ATC 2018):
   all chunks of a row group reuse an L1 block of R (at H=1024 otherwise re-read from L3). When
   R exceeds L2 (H=1024: re-read from L3 every step), odd steps walk the hidden blocks in reverse,
   so each step starts on the ~2 MB the previous one left in L2 (batch 1: 17-29% faster).
+* **Gate split** (R streamed from L3 and a thread's rows between one tile and
+  ``GATE_SPLIT_ROWS``, e.g. H=1024 B=10): R is packed gate-major per hidden block
+  (``[g][H][16]``, ``RnnConfig.rgm``) and the cell computes all of the thread's rows in one
+  tile, over the gates in passes (10 rows x 2 gates), each pass one contiguous stream of R that
+  every row consumes as it arrives. Row chunks instead read each K block from L3 in one chunk
+  and from L1 in the others, so the L3 stream stalled the first chunk and idled during the rest
+  (no overlap: step time ~ stream + compute). A/B in one process, medians of 30 calls:
+  recurrence LSTM E1024 H1024 B10 43.0 -> 38.0 ms, GRU 32.1 -> 28.9 ms (whole model 1.075x /
+  1.062x). Not at 20 rows (20 rows x 1 gate: 21 loads per 20 FMAs, no faster than chunks in a
+  microbenchmark), nor with R's interleaved [H][G*16] layout (no faster either).
 * **PCP: the partition.** Per direction group, the recurrence is a grid of ``xi`` batch-row
   groups x ``xj`` hidden-unit groups (``grid_for``): the data-movement model ``step_cost``
   (DeepCPU sec. 5.2.3: a thread's R slice is read from L1, from its own L2 if it fits - reuse
@@ -96,6 +106,10 @@ GEMM_MR = 6  # GEMM rows per register tile
 GEMM_KC = 128  # GEMM K block: a 64-column panel slice of 32 KiB stays in L1
 GEMM_MC_BLOCKS = 8  # GEMM 6-row tiles per block: a 48x64 XW tile (12 KiB) stays in L1 across K blocks
 ACC_BUDGET = 24  # accumulator registers a recurrence tile may use
+# A thread's rows up to this many share each R load (gate-split passes, R streamed from L3). A
+# C microbenchmark of the H=1024 step (2 threads, per-thread 8 MB R slice): 10 rows x 2 gates
+# 0.29-0.35 ms vs row chunks 0.41; 20 rows x 1 gate 0.69-0.76 vs 0.66 (load-port bound).
+GATE_SPLIT_ROWS = 12
 REC_GROUP_ROWS = 24  # batch rows whose accumulators share one pass over an L1 block of R
 # Minimum multiply-adds per thread per time step before splitting the recurrence pays for a
 # cross-core sync (~0.25 us on this class of machine); see grid_for.
@@ -146,6 +160,7 @@ class RnnConfig:
     y: str
     yh: str
     yc: str
+    rgm: bool = False  # R packed gate-major per hidden block ([g][H][16]); else [H][G*16]
 
     @property
     def Hp(self) -> int:  # noqa: N802
@@ -288,8 +303,11 @@ def pack_w(cfg: RnnConfig, W: np.ndarray) -> np.ndarray:
 
 
 def pack_r(cfg: RnnConfig, R: np.ndarray) -> np.ndarray:
-    """R [D, G*H, H] -> [D][hb][H][G*16]."""
+    """R [D, G*H, H] -> [D][hb][H][G*16], or [D][hb][G][H][16] when ``cfg.rgm`` (gate-major)."""
     rows = fused_rows(cfg).reshape(cfg.nhb, cfg.G * VL)
+    if cfg.rgm:  # [D][hb][g][H][16]
+        return np.concatenate([_gather(R[d], rows[hb][g * VL:(g + 1) * VL]).T.reshape(-1) for d in range(cfg.D)
+                               for hb in range(cfg.nhb) for g in range(cfg.G)])
     return np.concatenate([_gather(R[d], rows[hb]).T.reshape(-1) for d in range(cfg.D) for hb in range(cfg.nhb)])
 
 
@@ -600,12 +618,23 @@ def _tile_shape(G: int, B: int) -> tuple[list[tuple[int, int]], int]:
     return chunks, _tile_nb(G, mb)
 
 
+def _gate_groups(gates: list[int], most: int) -> list[list[int]]:
+    """``gates`` cut into balanced runs of at most ``most`` consecutive gates."""
+    out, i = [], 0
+    for size, count in _row_chunks(len(gates), most):
+        for _ in range(count):
+            out.append(gates[i:i + size])
+            i += size
+    return out
+
+
 def _tile_nb(G: int, mb: int) -> int:
     """Hidden blocks per register tile of ``mb`` batch rows (at most ACC_BUDGET accumulators)."""
     return max(1, min(ACC_BUDGET // (mb * G), max(1, 8 // G)))
 
 
-def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool, pf_ahead: int = 0) -> str:
+def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool, pf_ahead: int = 0,
+              acc_gates: list[int] | None = None) -> str:
     """FNAME_d{mb}x{nb}(Rp, xw, h, rbh, hb, acc, k0, k1, hbn): the gate pre-activations of ``mb``
     batch rows x ``nb`` hidden blocks, ``xw + h·R^T`` accumulated in registers, stored to ``acc``
     (``hbn``: the first hidden block of the tile the cell computes next, whose XW it prefetches).
@@ -617,15 +646,23 @@ def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool,
     of peak). Storing and reloading the accumulators once per 256-long K loop costs nothing.
     """
     G, H, N = cfg.G, cfg.H, cfg.ntot
+    ks, gst = (VL, H * VL) if cfg.rgm else (G * VL, VL)  # R strides of k and of a gate
     sfx = "p" if pf_ahead else ""
-    L = [f"static __attribute__((noinline)) void FNAME_d{mb}x{nb}{sfx}(const float *Rp, const float *xw, "
+    name = f"d{mb}x{nb}{sfx}"
+    if acc_gates is not None:  # a gate-split pass: a subset of the gates, accumulators at their place in acc
+        name = f"s{mb}g{''.join(str(g) for g in gates)}"
+
+    def slot(m: int, n: int, g: int) -> int:
+        return (m * nb + n) * len(acc_gates) + acc_gates.index(g) if acc_gates is not None else \
+            (m * nb + n) * len(gates) + gates.index(g)
+
+    L = [f"static __attribute__((noinline)) void FNAME_{name}(const float *Rp, const float *xw, "
          "const float *h, const float *rbh, long hb, float *acc, long k0, long k1, long hbn) {",
          "    (void)rbh; (void)hbn;"]
     for n in range(nb):
         L.append(f"    const float *rp{n} = Rp + (hb + {n}) * {H * G * VL}L;")
     for m in range(mb):
         L.append(f"    const float *h{m} = h + {m * cfg.Hp}L;")
-    i = 0
     for m in range(mb):
         for n in range(nb):
             for g in gates:
@@ -633,15 +670,14 @@ def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool,
                     init = f"VX_load(rbh + (hb + {n}) * {VL})"
                 else:
                     init = f"VX_load(xw + {m * N}L + (hb + {n}) * {G * VL} + {g * VL})"
-                L.append(f"    VX_v a{m}_{n}_{g} = k0 == 0 ? {init} : VX_load(acc + {i * VL});")
-                i += 1
+                L.append(f"    VX_v a{m}_{n}_{g} = k0 == 0 ? {init} : VX_load(acc + {slot(m, n, g) * VL});")
     names = [f"a{m}_{n}_{g}" for m in range(mb) for n in range(nb) for g in gates]
     # XW of this step was written by the projection GEMM long before (T*B rows of it do not fit
     # L2), so the accumulators' first loads came from L3: fetch the next tile's lines now, a whole
     # K loop ahead (GRU B=10 H=256: recurrence 1.71 -> 1.57 ms).
     L.append("    if (k0 == 0) {")
     for m in range(mb):
-        for g in range(G):
+        for g in (gates if acc_gates is not None else range(G)):  # gate-split: each pass its own gates
             L.append(f"        __builtin_prefetch(xw + {m * N}L + hbn * {G * VL} + {g * VL}, 0, 3);")
     L.append("    }")
     # Few accumulators (batch 1): each is one FMA chain over K, 4 cycles per link, so the loop is
@@ -654,8 +690,8 @@ def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool,
         for n in range(nb):
             for g in gates:
                 if pf_ahead:
-                    L.append(f"        __builtin_prefetch(rp{n} + ({k} + {pf_ahead}) * {G * VL} + {g * VL}, 0, 2);")
-                L.append(f"        VX_v w{n}_{g}{suffix} = VX_load(rp{n} + ({k}) * {G * VL} + {g * VL});")
+                    L.append(f"        __builtin_prefetch(rp{n} + ({k} + {pf_ahead}) * {ks} + {g * gst}, 0, 2);")
+                L.append(f"        VX_v w{n}_{g}{suffix} = VX_load(rp{n} + ({k}) * {ks} + {g * gst});")
                 for m in range(mb):
                     a = f"a{m}_{n}_{g}{suffix}"
                     L.append(f"        {a} = VX_fma(h{m}k{suffix}, w{n}_{g}{suffix}, {a});")
@@ -678,12 +714,10 @@ def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool,
         L.append("    for (long k = k0; k < k1; ++k) {")
         body("k", "")
         L.append("    }")
-    i = 0
     for m in range(mb):
         for n in range(nb):
             for g in gates:
-                L.append(f"    VX_store(acc + {i * VL}, a{m}_{n}_{g});")
-                i += 1
+                L.append(f"    VX_store(acc + {slot(m, n, g) * VL}, a{m}_{n}_{g});")
     L.append("}")
     return "\n".join(L)
 
@@ -744,6 +778,10 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     pf_chunk = stream and (dynamic or any(bc > mb_most for bc in row_counts))
     kernels = [_dot_code(cfg, gates, mb, nb, kin_lbr, pf) for mb, nb in sorted(pairs)
                for pf in ((0, kc) if pf_chunk else (0,))]
+    # Gate split: a thread's rows in one tile, over the gates in passes (see GATE_SPLIT_ROWS)
+    gs_rows = [bc for bc in row_counts if mb_most < bc <= GATE_SPLIT_ROWS] if cfg.rgm else []
+    gs_groups = {bc: _gate_groups(gates, max(1, ACC_BUDGET // bc)) for bc in gs_rows}
+    kernels += [_dot_code(cfg, grp, bc, 1, kin_lbr, acc_gates=gates) for bc in gs_rows for grp in gs_groups[bc]]
 
     # the gate math of one (row, hidden block) of a tile; a{g} are the loaded accumulators
     L: list[str] = []
@@ -842,13 +880,32 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     cpg = max(1, REC_GROUP_ROWS // mb_most)  # chunks per row group (bounds acc)
     nbt_cases = " ".join(f"case {mb}: nbt0 = {_tile_nb(ng, mb)}; break;" for mb in sizes)
     zz_doc = ("; on odd steps in reverse order, so a\n       step starts with the blocks the last one ended with, still in L2" if stream else "")
+    gs_code = []
+    for bc in gs_rows:
+        passes = " ".join(f"FNAME_s{bc}g{''.join(str(g) for g in grp)}(Rp, xw + blo * {N}L, {kin} + blo * {Hp}L, rbh, hb, "
+                          f"acc, 0, {H}, hbn);" for grp in gs_groups[bc])
+        gs_code.append(f"""if (B == {bc}) {{ /* gate split: {bc} rows x gates {' + '.join(''.join(str(g) for g in grp) for grp in gs_groups[bc])}, whole K per pass */
+        const long nit = hb1 - hb0;
+        for (long it = 0; it < nit; ++it) {{
+            const long i = rev ? nit - 1 - it : it, hb = hb0 + i, inx = rev ? i - 1 : i + 1;
+            const long hbn = inx < 0 || inx >= nit ? hb : hb0 + inx;
+            {passes}
+            for (long m = 0; m < {bc}; ++m)
+                FNAME_g(acc + m * {ng * VL}, xw, hp, hn, cs, pp, zb, rh, y, slen, t, blo + m, hb, ybs);
+            {CB}
+        }}
+        return;
+    }}""")
+    acc_floats = max([cpg * chunk_acc] + [bc * ng * VL for bc in gs_rows])
     return "\n".join(kernels) + "\n" + gate_fn + f"""
 static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, float *cs,
                   const float *pp, const float *rbh, float *zb, float *rh, float *y,
                   const int32_t *slen, int t, int hb0, int hb1, long blo, long bhi, long ybs) {{
     const long B = bhi - blo;
     if (B <= 0) return;
-    float acc[{cpg * chunk_acc}] __attribute__((aligned(64)));
+    float acc[{acc_floats}] __attribute__((aligned(64)));
+    const int rev = {int(stream)} && (t & 1);
+    {chr(10).join(gs_code)}
     /* balanced row chunks of at most {mb_most} rows (at most two distinct sizes), in groups of
        {cpg} chunks; per group, K blocks of {kc} (all chunks per block), then the gate math */
     const long nch = (B + {mb_most - 1}) / {mb_most}, q = B / nch, r = B % nch;
@@ -858,7 +915,6 @@ static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, 
     switch (mb0) {{ {nbt_cases} default: break; }}
     /* items: groups of nbt0 hidden blocks, then single leftover blocks{zz_doc} */
     const long ngr = (hb1 - hb0) / nbt0, nit = ngr + (hb1 - hb0) % nbt0;
-    const int rev = {int(stream)} && (t & 1);
     for (long it = 0; it < nit; ++it) {{
         const long i = rev ? nit - 1 - it : it;
         const long nbt = i < ngr ? nbt0 : 1, hb = i < ngr ? hb0 + i * nbt0 : hb0 + ngr * nbt0 + (i - ngr);
@@ -916,10 +972,10 @@ def _pack_code(cfg: RnnConfig, src: dict[str, str], dst: dict[str, str]) -> str:
         parts.append(f"""{{ const float *S = {src['r']}; float *P = {dst['r']}; long lo, hi;
   smelt_range({N}L, tid, nt, &lo, &hi);
   for (long n = lo; n < hi; ++n) {{ {fused}
-    float *o = P + (d * {cfg.nhb} + hb) * {H * G * VL}L + g * {VL} + rem % {VL};
+    float *o = P + (d * {cfg.nhb} + hb) * {H * G * VL}L + g * {H * VL if cfg.rgm else VL} + rem % {VL};
     if (j < {H}) {{ const float *s = S + (d * {G * H} + g * {H} + j) * {H}L;
-      for (long k = 0; k < {H}; ++k) o[k * {G * VL}] = s[k]; }}
-    else for (long k = 0; k < {H}; ++k) o[k * {G * VL}] = 0.0f;
+      for (long k = 0; k < {H}; ++k) o[k * {VL if cfg.rgm else G * VL}] = s[k]; }}
+    else for (long k = 0; k < {H}; ++k) o[k * {VL if cfg.rgm else G * VL}] = 0.0f;
     {CB} }} }}""")
     if "bx" in dst:
         lbr_gate = 2 if (cfg.op == "GRU" and cfg.lbr) else -1
@@ -961,41 +1017,6 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     def fn(base: str, code: str, doc: str) -> str:
         return em.function(base, code.replace("VX_", f"{vx}_"), doc=doc)
 
-    # ---- weights: packed at compile time when constant, else by a first step each run ----
-    src: dict[str, str] = {}
-    dst: dict[str, str] = {}
-    wv, rv = g.values[cfg.w], g.values[cfg.r]
-    if wv.const is not None:
-        wp = em.weight(pack_w(cfg, wv.const.astype(np.float32)), key=f"rnn_w:{cfg.w}:{cfg.op}")
-    else:
-        wp = _scratch(em, N * cfg.E)
-        src["w"], dst["w"] = em.ptr(cfg.w), wp
-    if rv.const is not None:
-        rp = em.weight(pack_r(cfg, rv.const.astype(np.float32)), key=f"rnn_r:{cfg.r}:{cfg.op}")
-    else:
-        rp = _scratch(em, D * nhb * H * G * VL)
-        src["r"], dst["r"] = em.ptr(cfg.r), rp
-    bconst = g.values[cfg.b].const if cfg.b else None
-    if not cfg.b or bconst is not None:
-        bx_arr, rbh_arr = pack_bias(cfg, None if bconst is None else bconst.astype(np.float32))
-        bx = em.weight(bx_arr)
-        rbh = em.weight(rbh_arr) if (cfg.op == "GRU" and cfg.lbr) else "(const float *)0"
-    else:
-        bx = _scratch(em, N)
-        src["b"], dst["bx"] = em.ptr(cfg.b), bx
-        rbh = "(const float *)0"
-        if cfg.op == "GRU" and cfg.lbr:
-            rbh = _scratch(em, D * Hp)
-            dst["rbh"] = rbh
-    pp = "(const float *)0"
-    if cfg.p:
-        pv = g.values[cfg.p]
-        if pv.const is not None:
-            pp = em.weight(pack_p(cfg, pv.const.astype(np.float32)))
-        else:
-            pp = _scratch(em, D * 3 * Hp)
-            src["p"], dst["p"] = em.ptr(cfg.p), pp
-
     # ---- mode: schedule level, dynamic T/B, partition ----
     mode = str(node.attr("smelt_rnn_schedule", "wcs") or "wcs")
     if mode not in SCHEDULES:
@@ -1024,6 +1045,49 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
             grids[p_].update(grid_for(cfg, mode, p_, b_, em.target.l1d_bytes, em.target.l2_bytes, tuned))
     seq_dirs = mode != "baseline" and directions_in_sequence(cfg, P, em.target.l1d_bytes, em.target.l2_bytes,
                                                              grids)
+    # R streamed from L3 every step and a thread's rows too many for one register tile: pack R
+    # gate-major, so the cell's gate-split passes each stream one contiguous run (see cell_code)
+    rows_ = {c for gp_ in grids.values() for (xi_, _) in gp_.values() for c in (B // xi_, -(-B // xi_))}
+    mb_most_ = max(1, min(8, ACC_BUDGET // G))
+    cfg.rgm = (not dynamic and mode != "baseline" and not (cfg.op == "GRU" and not cfg.lbr)
+               and nhb * H * G * VL * 4 > em.target.l2_bytes * 3 // 4
+               and any(mb_most_ < bc <= GATE_SPLIT_ROWS for bc in rows_))
+
+    # ---- weights: packed at compile time when constant, else by a first step each run ----
+    src: dict[str, str] = {}
+    dst: dict[str, str] = {}
+    wv, rv = g.values[cfg.w], g.values[cfg.r]
+    if wv.const is not None:
+        wp = em.weight(pack_w(cfg, wv.const.astype(np.float32)), key=f"rnn_w:{cfg.w}:{cfg.op}")
+    else:
+        wp = _scratch(em, N * cfg.E)
+        src["w"], dst["w"] = em.ptr(cfg.w), wp
+    if rv.const is not None:
+        rp = em.weight(pack_r(cfg, rv.const.astype(np.float32)), key=f"rnn_r:{cfg.r}:{cfg.op}:{int(cfg.rgm)}")
+    else:
+        rp = _scratch(em, D * nhb * H * G * VL)
+        src["r"], dst["r"] = em.ptr(cfg.r), rp
+    bconst = g.values[cfg.b].const if cfg.b else None
+    if not cfg.b or bconst is not None:
+        bx_arr, rbh_arr = pack_bias(cfg, None if bconst is None else bconst.astype(np.float32))
+        bx = em.weight(bx_arr)
+        rbh = em.weight(rbh_arr) if (cfg.op == "GRU" and cfg.lbr) else "(const float *)0"
+    else:
+        bx = _scratch(em, N)
+        src["b"], dst["bx"] = em.ptr(cfg.b), bx
+        rbh = "(const float *)0"
+        if cfg.op == "GRU" and cfg.lbr:
+            rbh = _scratch(em, D * Hp)
+            dst["rbh"] = rbh
+    pp = "(const float *)0"
+    if cfg.p:
+        pv = g.values[cfg.p]
+        if pv.const is not None:
+            pp = em.weight(pack_p(cfg, pv.const.astype(np.float32)))
+        else:
+            pp = _scratch(em, D * 3 * Hp)
+            src["p"], dst["p"] = em.ptr(cfg.p), pp
+
 
     # ---- scratch (sized for Tmax, Bmax) ----
     xw = _scratch(em, T * B * N)
