@@ -611,9 +611,13 @@ static void FNAME(const float *X, float *XW, const float *Wp, const float *bias,
 # --------------------------------------------------------------------------------------------
 # C: the recurrence cell for one direction, one time step, a range of hidden blocks
 # --------------------------------------------------------------------------------------------
+def _tile_rows(ng: int) -> int:
+    """Most batch rows of one recurrence register tile computing ``ng`` gates."""
+    return max(1, min(8, ACC_BUDGET // ng))
+
+
 def _tile_shape(G: int, B: int) -> tuple[list[tuple[int, int]], int]:
-    mb_most = max(1, min(8, ACC_BUDGET // G))
-    chunks = _row_chunks(B, mb_most)
+    chunks = _row_chunks(B, _tile_rows(G))
     mb = chunks[0][0]
     return chunks, _tile_nb(G, mb)
 
@@ -652,9 +656,10 @@ def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool,
     if acc_gates is not None:  # a gate-split pass: a subset of the gates, accumulators at their place in acc
         name = f"s{mb}g{''.join(str(g) for g in gates)}"
 
+    acc_order = gates if acc_gates is None else acc_gates  # the gates of one (row, block) in acc
+
     def slot(m: int, n: int, g: int) -> int:
-        return (m * nb + n) * len(acc_gates) + acc_gates.index(g) if acc_gates is not None else \
-            (m * nb + n) * len(gates) + gates.index(g)
+        return (m * nb + n) * len(acc_order) + acc_order.index(g)
 
     L = [f"static __attribute__((noinline)) void FNAME_{name}(const float *Rp, const float *xw, "
          "const float *h, const float *rbh, long hb, float *acc, long k0, long k1, long hbn) {",
@@ -740,7 +745,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     acts = cfg.acts[d]
     gates = {"": list(range(G)), "a": [0, 1], "b": [2]}[phase]
     ng = len(gates)
-    mb_most = max(1, min(8, ACC_BUDGET // ng))
+    mb_most = _tile_rows(ng)
     row_counts = sorted(rows or {B})
     if dynamic:
         sizes = list(range(1, mb_most + 1))
@@ -1048,10 +1053,9 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     # R streamed from L3 every step and a thread's rows too many for one register tile: pack R
     # gate-major, so the cell's gate-split passes each stream one contiguous run (see cell_code)
     rows_ = {c for gp_ in grids.values() for (xi_, _) in gp_.values() for c in (B // xi_, -(-B // xi_))}
-    mb_most_ = max(1, min(8, ACC_BUDGET // G))
     cfg.rgm = (not dynamic and mode != "baseline" and not (cfg.op == "GRU" and not cfg.lbr)
                and nhb * H * G * VL * 4 > em.target.l2_bytes * 3 // 4
-               and any(mb_most_ < bc <= GATE_SPLIT_ROWS for bc in rows_))
+               and any(_tile_rows(G) < bc <= GATE_SPLIT_ROWS for bc in rows_))
 
     # ---- weights: packed at compile time when constant, else by a first step each run ----
     src: dict[str, str] = {}
