@@ -105,7 +105,7 @@ def test_symbolic_batch_specializes_per_shape():
 
 
 def test_variant_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(smelt.api, "MAX_VARIANTS", 2)
+    monkeypatch.setenv("SMELT_MAX_VARIANTS", "2")
     model = make_model([helper.make_node("Neg", ["x"], ["y"])], [tensor("x", ["N"])], [tensor("y", ["N"])])
     cm = smelt.compile(model, threads=1)
     for n in range(1, 6):
