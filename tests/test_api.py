@@ -44,7 +44,7 @@ def test_compile_from_path_bytes_and_proto(tmp_path):
         np.testing.assert_array_equal(cm(x, b), np.zeros((2, 3), np.float32))
         np.testing.assert_array_equal(cm(x=x, b=b), np.zeros((2, 3), np.float32))
         assert cm.fallback_nodes == []
-        assert cm.source_path is not None and cm.source_path.exists()
+        assert cm.source_path is None or cm.source_path.exists()  # kept under SMELT_DEBUG=1
 
 
 @pytest.mark.parametrize("feeds, message", [
