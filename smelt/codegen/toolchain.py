@@ -30,8 +30,6 @@ from smelt.target import Target, detect
 
 RUNTIME_HEADER = Path(__file__).resolve().parent.parent / "runtime" / "csrc" / "smelt_rt.h"
 
-__all__ = ["atomic_write", "file_lock"]  # re-exported: smelt.bench.peak writes through them
-
 
 def debug_enabled() -> bool:
     return settings.debug()
