@@ -1,7 +1,7 @@
 """The two public APIs: ``smelt.compile`` and the onnxruntime-compatible ``InferenceSession``.
 
 Symbolic input dimensions: the model is specialized (and compiled) on the first call with each
-new combination of input shapes; up to ``MAX_VARIANTS`` (8, or $SMELT_MAX_VARIANTS) compiled
+new combination of input shapes; up to $SMELT_MAX_VARIANTS (default 8; ``smelt.settings``) compiled
 variants are kept per model, least recently used evicted first. Compiled variants also persist
 in the on-disk cache, so a re-visited shape reloads instead of recompiling.
 
@@ -18,7 +18,6 @@ bounded by the largest input seen. ``dynamic=False`` keeps per-shape variants.
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from smelt import settings
 from smelt.codegen.toolchain import sanitize_enabled, source_path_for
 from smelt.compiler import BuildResult, CompileOptions, build
 from smelt.frontend.onnx_import import ModelLike, load_model, model_input_specs, model_output_specs
@@ -36,7 +36,6 @@ from smelt.ir.types import onnx_type_string
 from smelt.runtime.module import LoadedArtifact, ProfileCounters
 from smelt.target import detect
 
-MAX_VARIANTS = int(os.environ.get("SMELT_MAX_VARIANTS", "8"))
 RNN_OPS = frozenset({"LSTM", "GRU", "RNN"})
 # shape glue around recurrent nodes in exported models; run by the (shape-generic) fallback in
 # dynamic mode
@@ -240,7 +239,7 @@ class CompiledModel:
             self._variants[key] = art
             self._builds[key] = result
             self._last = key
-            while len(self._variants) > MAX_VARIANTS:
+            while len(self._variants) > settings.max_variants():
                 old_key, old = self._variants.popitem(last=False)
                 self._builds.pop(old_key, None)
                 old.close()

@@ -1,4 +1,4 @@
-"""The `smelt` command: compile | run | demo | info | bench | profile | tune."""
+"""The `smelt` command: compile | run | demo | info | bench | profile | tune | cache."""
 
 from __future__ import annotations
 
@@ -32,11 +32,17 @@ def _parse_shapes(items: list[str] | None) -> dict[str, list[int]]:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from contextlib import nullcontext
+
     import smelt
+    from smelt.codegen.toolchain import keeping_sources
 
     proto, name = load_model_arg(args.model)
-    model = smelt.compile(proto, threads=args.threads, input_shapes=_parse_shapes(args.shape),
-                          allow_fallback=not args.no_fallback, progress=True)
+    # the cache keeps generated C only under SMELT_DEBUG=1: --emit-c asks for it (regenerated if
+    # the library was cached without it)
+    with keeping_sources() if args.emit_c else nullcontext():
+        model = smelt.compile(proto, threads=args.threads, input_shapes=_parse_shapes(args.shape),
+                              allow_fallback=not args.no_fallback, progress=True)
     native = model.native_nodes
     fallback = model.fallback_report
     if args.verbose:
@@ -135,8 +141,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return status
 
 
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _cache_summary() -> str:
+    from smelt.cache import usage
+
+    u = usage()
+    return (f"{u.directory}: {_size(u.total_bytes)} of {_size(u.bound_bytes)} (SMELT_CACHE_MAX_BYTES); "
+            f"{u.models} artifacts ({_size(u.model_bytes)}), {u.libraries} libraries ({_size(u.library_bytes)})")
+
+
 def cmd_info(args: argparse.Namespace) -> int:
-    from smelt.codegen.toolchain import cache_dir, find_compiler
+    from smelt.codegen.toolchain import find_compiler
     from smelt.target import detect
 
     t = detect()
@@ -151,7 +172,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"compiler:   {cc.path} ({cc.identity})")
     except SmeltError as exc:
         print(f"compiler:   none ({exc})")
-    print(f"cache dir:  {cache_dir()}")
+    print(f"cache dir:  {_cache_summary()}")
     if args.peak:
         from smelt.bench.peak import format_peak, load_or_measure_peak
 
@@ -289,6 +310,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    from smelt import cache
+
+    if args.action == "clear":
+        print(f"removed {_size(cache.clear())} (artifacts and libraries no running process uses)")
+    elif args.action == "prune":
+        print(f"removed {_size(cache.enforce_bound())} (leftovers, then least recently used entries)")
+    print(_cache_summary())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="smelt", description="Optimizing compiler and runtime for "
                                      "neural-network inference on CPUs.")
@@ -387,6 +419,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", default="10m", help="total time: 30s, 10m, 1h (default 10m)")
     p.add_argument("--threads", type=int, default=None, help="threads to tune for (default: physical cores)")
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("cache", help="show, prune or clear the compiled-model cache",
+                       description="info: the cache directory's size and bound (SMELT_CACHE_MAX_BYTES). "
+                       "prune: remove leftovers of crashed processes, then least recently used entries "
+                       "until the cache is within its bound (done after every compile anyway). clear: "
+                       "remove every compiled artifact and library no running process uses; the tuning "
+                       "database and measured peaks stay.")
+    p.add_argument("action", nargs="?", choices=["info", "prune", "clear"], default="info")
+    p.set_defaults(func=cmd_cache)
     return parser
 
 

@@ -4,11 +4,13 @@ Two caches, both under the user cache directory: the shared library is keyed by
 sha256(source ‖ compiler ‖ flags ‖ target) (see ``codegen.toolchain``); the whole artifact
 (library path, weights, plan) is keyed by sha256(model ‖ input shapes ‖ options ‖ smelt sources
 ‖ target ‖ compiler), so a second compile of the same model skips every pass and loads in well
-under a second.
+under a second. Both are checked against their checksums before use and kept within the cache's
+size bound (``smelt.cache``).
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
@@ -25,10 +27,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from smelt import cache, settings
 from smelt.codegen import toolchain
 from smelt.codegen.emit import epilogue_ops, generate
 from smelt.codegen.plan import ExecutionPlan, FallbackStep, NativeBlock, build_plan
-from smelt.errors import UnsupportedOpError
+from smelt.errors import SmeltError, UnsupportedOpError
 from smelt.frontend.onnx_import import node_to_onnx, specialize_inputs, to_ir
 from smelt.ir.graph import Graph, Value
 from smelt.ir.ops import flops
@@ -92,6 +95,9 @@ class BuildResult:
     lib_path: Path | None
     compile_seconds: float
     from_cache: bool
+    # shared locks on the artifact directory and library (smelt.cache.Pin): eviction leaves them
+    # alone while this result lives, so the loader that reads them next finds them whole
+    pins: tuple[cache.Pin, ...] = field(default=(), repr=False, compare=False)
 
 
 def _spec(v: Value) -> TensorSpec:
@@ -222,6 +228,7 @@ def _check_fallbacks(plan: ExecutionPlan, options: CompileOptions) -> None:
 def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: CompileOptions,
           *, target: Target | None = None, progress: bool = False) -> BuildResult:
     """Compile ``proto`` specialized to ``shapes``; reuse a cached artifact when one exists."""
+    settings.check_all()  # a bad SMELT_* value fails here, before any work (or any thread pool)
     target = target or detect()
     compiler = toolchain.find_compiler()
     model_bytes = proto.SerializeToString()
@@ -231,8 +238,11 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
     )
     directory = toolchain.cache_dir() / "models" / key[:2] / key
     cached = _load_cached(directory)
-    if cached is not None:
+    if cached is not None and (cached.lib_path is None or not toolchain.keep_sources()
+                               or toolchain.source_path_for(cached.lib_path) is not None):
         return cached
+    # a miss, or the generated C is wanted and was not kept: generate it again (the library and
+    # artifact already cached are verified and reused, not rebuilt)
     start = time.perf_counter()
     with Phases(f"compiling {proto.graph.name or 'model'}", ["graph passes", "execution plan", "generating C",
                                                              "C compiler", "writing artifact"],
@@ -245,18 +255,19 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
         _check_fallbacks(plan, options)
         phases.start("generating C")
         module = generate(g, plan, target, options.codegen_threads(target), profile=options.profile)
-        lib_path = None
+        lib_path = lib_pin = None
         if plan.native_blocks():
             phases.start("C compiler")
-            lib_path = toolchain.build_shared_library(module.source, name=g.name, target=target,
-                                                      sanitize=options.sanitize)
+            lib_path, lib_pin = toolchain.shared_library(module.source, name=g.name, target=target,
+                                                         sanitize=options.sanitize)
         phases.start("writing artifact")
         meta = _plan_json(g, plan, module, lib_path, options, target)
         # kept in the artifact so a report on a cached build can still say what compiling cost
         meta["compile_seconds"] = round(time.perf_counter() - start, 3)
-        _write_artifact(directory, g, plan, meta, module.weights)
-    result = _load_cached(directory)
-    assert result is not None
+        written = _write_artifact(directory, g, plan, meta, module.weights)
+    result = _loaded(directory)
+    del written, lib_pin  # the result pins both now
+    cache.enforce_bound()
     result.compile_seconds = time.perf_counter() - start
     result.from_cache = False
     if toolchain.debug_enabled() and lib_path is not None:
@@ -270,16 +281,18 @@ def build_lowered(g: Graph, options: CompileOptions, directory: Path, *, target:
     already-lowered graph into ``directory`` (which must not exist yet). No artifact cache and no
     passes: the tuner builds throwaway measurement graphs whose nodes already carry their layouts
     and schedules (the shared library itself is still cached by source hash)."""
+    settings.check_all()
     target = target or detect()
     start = time.perf_counter()
     plan = plan or build_plan(g, options.force_fallback)
     _check_fallbacks(plan, options)
     module = generate(g, plan, target, options.codegen_threads(target), profile=options.profile)
-    lib_path = (toolchain.build_shared_library(module.source, name=g.name, target=target,
-                                               sanitize=options.sanitize) if plan.native_blocks() else None)
-    _write_artifact(Path(directory), g, plan, _plan_json(g, plan, module, lib_path, options, target), module.weights)
-    result = _load_cached(Path(directory))
-    assert result is not None
+    lib_path, lib_pin = (toolchain.shared_library(module.source, name=g.name, target=target,
+                                                  sanitize=options.sanitize) if plan.native_blocks() else (None, None))
+    written = _write_artifact(Path(directory), g, plan, _plan_json(g, plan, module, lib_path, options, target),
+                              module.weights)
+    result = _loaded(Path(directory))
+    del written, lib_pin
     result.compile_seconds, result.from_cache = time.perf_counter() - start, False
     return result
 
@@ -314,17 +327,23 @@ def _plan_json(g: Graph, plan: ExecutionPlan, module, lib_path: Path | None, opt
         "arena_bytes": plan.arena_bytes,
         "scratch_bytes": module.scratch_bytes,
         "weights_bytes": int(module.weights.nbytes),
-        "lib": str(lib_path) if lib_path else None,
+        # relative to the cache directory, so a moved or copied cache stays whole
+        "lib": lib_path.relative_to(toolchain.cache_dir()).as_posix() if lib_path else None,
         "codegen_threads": options.codegen_threads(target),
         "profile": options.profile,
         "native_nodes": [[n.name, n.op] for b in plan.native_blocks() for n in b.nodes],
     }
 
 
-def _write_artifact(directory: Path, g: Graph, plan: ExecutionPlan, meta: dict, weights: np.ndarray) -> None:
+def _write_artifact(directory: Path, g: Graph, plan: ExecutionPlan, meta: dict, weights: np.ndarray) -> cache.Pin:
+    """Write the artifact to a temporary directory, its manifest last, and rename it into place
+    (atomic; if another process got there first, its artifact is kept when intact). Returns a
+    pin on the installed directory."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=".tmp-"))
     try:
+        written = cache.pin(tmp)  # the inode keeps its pin through the rename
+        assert written is not None
         for i, step in enumerate(plan.steps):
             if isinstance(step, FallbackStep):
                 model, runtime_inputs = _fallback_model(g, step)
@@ -335,24 +354,60 @@ def _write_artifact(directory: Path, g: Graph, plan: ExecutionPlan, meta: dict, 
             np.savez(tmp / "consts.npz", **consts)
         weights.tofile(tmp / "weights.bin")
         (tmp / "plan.json").write_text(json.dumps(meta, indent=1))
-        try:
-            os.rename(tmp, directory)  # atomic; fails if another process got there first
-        except OSError:
-            if not (directory / "plan.json").exists():
-                shutil.rmtree(directory, ignore_errors=True)
-                os.rename(tmp, directory)
+        cache.write_manifest(tmp)
+        for _ in range(8):
+            try:
+                os.rename(tmp, directory)  # atomic; fails if another process got there first
+                return written
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                theirs = cache.pin(directory)
+                if theirs is not None and cache.check_manifest(directory) is None:
+                    return theirs
+                if theirs is not None:
+                    cache.discard(directory, theirs)  # damaged: replace it with ours
+        raise SmeltError(f"could not install the compiled artifact at {directory}: another process keeps "
+                         "replacing it")
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _load_cached(directory: Path) -> BuildResult | None:
-    plan_file = directory / "plan.json"
-    if not plan_file.exists():
+    """The artifact at ``directory`` if it and its library verify, pinned; else None (a damaged
+    one is deleted, so the caller rebuilds it)."""
+    entry = cache.pin(directory)
+    if entry is None:
         return None
-    meta = json.loads(plan_file.read_text())
-    lib = Path(meta["lib"]) if meta.get("lib") else None
-    if lib is not None and not lib.exists():
-        shutil.rmtree(directory, ignore_errors=True)  # library evicted: rebuild everything
+    problem = cache.check_manifest(directory)
+    meta = None
+    if problem is None:
+        try:
+            meta = json.loads((directory / "plan.json").read_text())
+        except (OSError, ValueError) as exc:
+            problem = f"plan.json is unreadable: {exc}"
+    if problem is not None or meta is None:
+        if directory.exists():
+            cache.warn_damaged(directory, problem or "plan.json is unreadable")
+            cache.discard(directory, entry)
         return None
-    return BuildResult(directory, lib, 0.0, True)
+    pins = [entry]
+    lib = toolchain.cache_dir() / meta["lib"] if meta.get("lib") else None
+    if lib is not None:
+        lib_pin = toolchain.open_library(lib)
+        if lib_pin is None:  # evicted or damaged: rebuild everything (the library is fixed then)
+            cache.discard(directory, entry)
+            return None
+        pins.append(lib_pin)
+    cache.touch(directory)
+    return BuildResult(directory, lib, 0.0, True, pins=tuple(pins))
+
+
+def _loaded(directory: Path) -> BuildResult:
+    """The artifact just written (pinned by its writer, so it is there)."""
+    result = _load_cached(directory)
+    if result is None:
+        raise SmeltError(f"the compiled artifact at {directory} failed its checksum right after it was written "
+                         "(is something else writing to the cache directory?)")
+    return result

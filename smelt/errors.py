@@ -30,3 +30,8 @@ class CompileError(SmeltError, RuntimeError):
 
 class VerifyError(SmeltError, AssertionError):
     """The IR verifier found an inconsistent graph after a pass (a smelt bug)."""
+
+
+class ConfigError(SmeltError, ValueError):
+    """An environment variable (SMELT_*) has a value smelt cannot use; the message names the
+    variable, the value given and what is allowed."""

@@ -44,7 +44,7 @@ def test_compile_from_path_bytes_and_proto(tmp_path):
         np.testing.assert_array_equal(cm(x, b), np.zeros((2, 3), np.float32))
         np.testing.assert_array_equal(cm(x=x, b=b), np.zeros((2, 3), np.float32))
         assert cm.fallback_nodes == []
-        assert cm.source_path is not None and cm.source_path.exists()
+        assert cm.source_path is None or cm.source_path.exists()  # kept under SMELT_DEBUG=1
 
 
 @pytest.mark.parametrize("feeds, message", [
@@ -105,7 +105,7 @@ def test_symbolic_batch_specializes_per_shape():
 
 
 def test_variant_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(smelt.api, "MAX_VARIANTS", 2)
+    monkeypatch.setenv("SMELT_MAX_VARIANTS", "2")
     model = make_model([helper.make_node("Neg", ["x"], ["y"])], [tensor("x", ["N"])], [tensor("y", ["N"])])
     cm = smelt.compile(model, threads=1)
     for n in range(1, 6):

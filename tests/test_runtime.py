@@ -139,7 +139,8 @@ def test_two_processes_compiling_at_once_both_succeed(tmp_path):
     assert len(list((cache / "models").rglob("plan.json"))) == 1
 
 
-def test_hostile_names_never_reach_c_unescaped():
+def test_hostile_names_never_reach_c_unescaped(monkeypatch):
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
     evil = 'x*/ system("id"); /*'
     nodes = [helper.make_node("Relu", [evil], ["r*/ exit(1); /*"], name=evil),
              helper.make_node("Neg", ["r*/ exit(1); /*"], ["y\n#include </etc/passwd>"], name="n2\n#error boom")]

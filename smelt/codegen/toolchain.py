@@ -1,13 +1,15 @@
 """Build generated C with the system compiler, cached by content, written atomically.
 
-Cache key: sha256(source ‖ compiler identity ‖ flags ‖ target). The artifact is compiled to a
-temporary file in the cache directory and renamed into place while holding an exclusive file
-lock, so concurrent processes compiling the same model all succeed and leave one intact file.
+Cache key: sha256(source ‖ compiler identity ‖ flags ‖ target). The library is compiled to a
+temporary file in the cache directory, its checksum written (``smelt.cache``), and renamed into
+place while holding an exclusive file lock, so concurrent processes compiling the same model all
+succeed and leave one intact file. A cached library is hashed before its path is handed out (it
+is never dlopened unverified); one that fails is deleted and rebuilt. The generated source is
+kept beside it only under SMELT_DEBUG=1 or inside ``keeping_sources()``.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shlex
@@ -15,11 +17,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from smelt import cache, settings
+from smelt.cache import Pin, atomic_write, file_lock
 from smelt.errors import CompileError, CompilerNotFoundError
 from smelt.target import Target, detect
 
@@ -27,23 +32,35 @@ RUNTIME_HEADER = Path(__file__).resolve().parent.parent / "runtime" / "csrc" / "
 
 
 def debug_enabled() -> bool:
-    return os.environ.get("SMELT_DEBUG", "") not in ("", "0")
+    return settings.debug()
 
 
 def sanitize_enabled() -> bool:
-    return os.environ.get("SMELT_SANITIZE", "") not in ("", "0")
+    return settings.sanitize()
 
 
 def cache_dir() -> Path:
     """Where compiled artifacts live: $SMELT_CACHE_DIR, else the user cache directory."""
-    env = os.environ.get("SMELT_CACHE_DIR")
-    if env:
-        path = Path(env)
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        path = Path(base) / "smelt"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return settings.cache_dir()
+
+
+_keep_sources = 0
+
+
+@contextmanager
+def keeping_sources() -> Iterator[None]:
+    """Keep the generated C of libraries built or loaded inside (``smelt compile --emit-c``)."""
+    global _keep_sources
+    _keep_sources += 1
+    try:
+        yield
+    finally:
+        _keep_sources -= 1
+
+
+def keep_sources() -> bool:
+    """Whether generated C stays beside its library: SMELT_DEBUG=1 or ``keeping_sources()``."""
+    return _keep_sources > 0 or settings.debug()
 
 
 @dataclass(frozen=True)
@@ -103,16 +120,6 @@ def source_with_runtime(source: str) -> str:
     return source.replace('#include "smelt_rt.h"', RUNTIME_HEADER.read_text(), 1)
 
 
-@contextmanager
-def file_lock(path: Path):
-    with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
 def artifact_key(*parts: str) -> str:
     h = hashlib.sha256()
     for p in parts:
@@ -121,9 +128,22 @@ def artifact_key(*parts: str) -> str:
     return h.hexdigest()
 
 
+_PROCESS_PINS: list[Pin] = []  # libraries handed out by build_shared_library, kept till exit
+
+
 def build_shared_library(source: str, *, name: str = "model", target: Target | None = None,
                          sanitize: bool | None = None) -> Path:
-    """Compile ``source`` (with the runtime embedded) to a cached shared library; return its path."""
+    """Compile ``source`` (with the runtime embedded) to a cached shared library; return its path.
+    The library stays pinned (never evicted) while this process lives: callers dlopen it."""
+    lib, pin = shared_library(source, name=name, target=target, sanitize=sanitize)
+    _PROCESS_PINS.append(pin)
+    return lib
+
+
+def shared_library(source: str, *, name: str = "model", target: Target | None = None,
+                   sanitize: bool | None = None) -> tuple[Path, Pin]:
+    """The verified cached library for ``source`` (compiled on a miss) and a pin that keeps
+    eviction away from it until released."""
     target = target or detect()
     compiler = find_compiler()
     full = source_with_runtime(source)
@@ -132,43 +152,66 @@ def build_shared_library(source: str, *, name: str = "model", target: Target | N
     out_dir = cache_dir() / "lib" / key[:2]
     out_dir.mkdir(parents=True, exist_ok=True)
     lib = out_dir / f"{key}.so"
-    if lib.exists():
-        return lib
-    with file_lock(out_dir / f"{key}.lock"):
-        if lib.exists():  # another process finished it while we waited
-            return lib
-        src = out_dir / f"{key}.c"
+    src = lib.with_suffix(cache.SOURCE_SUFFIX)
+    pin = open_library(lib)
+    built = False
+    if pin is None:
+        with file_lock(lib.with_suffix(cache.LOCK_SUFFIX), remove=True):
+            pin = open_library(lib)  # another process built it while we waited
+            if pin is None:
+                problem = cache.check_library(lib)
+                if lib.exists() or lib.with_suffix(cache.SUM_SUFFIX).exists():
+                    cache.warn_damaged(lib, problem or "replaced while checking")
+                    cache.remove_library(lib)
+                pin = _compile(full, flags, compiler, lib, src, name)
+                built = True
+    if keep_sources() and not src.exists():  # a cached library: its source was not kept
         atomic_write(src, full.encode())
-        with tempfile.NamedTemporaryFile(dir=out_dir, suffix=".so.tmp", delete=False) as tmp:
-            tmp_path = Path(tmp.name)
-        cmd = [compiler.path, *flags, "-o", str(tmp_path), str(src), "-lm"]
-        if debug_enabled():
-            print("smelt: " + shlex.join(cmd), file=sys.stderr)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise CompileError(
-                    f"the C compiler failed building {name} (a smelt bug; please report it).\n"
-                    f"command: {shlex.join(cmd)}\n{proc.stderr[-8000:]}"
-                )
-            os.replace(tmp_path, lib)
-        finally:
-            if tmp_path.exists():
-                tmp_path.unlink()
-    return lib
+    if built:
+        cache.enforce_bound()
+    return lib, pin
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+def open_library(lib: Path) -> Pin | None:
+    """A pin on ``lib`` if it matches its checksum (its last use recorded), else None."""
+    pin = cache.pin(lib)
+    if pin is None:
+        return None
+    if cache.check_library(lib) is not None:
+        pin.release()
+        return None
+    cache.touch(lib.with_suffix(cache.SUM_SUFFIX))
+    return pin
+
+
+def _compile(full: str, flags: list[str], compiler: Compiler, lib: Path, src: Path, name: str) -> Pin:
+    """Compile under the library's lock: checksum first, then the library renamed into place."""
+    atomic_write(src, full.encode())
+    with tempfile.NamedTemporaryFile(dir=lib.parent, suffix=".so.tmp", delete=False) as tmp:
+        tmp_path = Path(tmp.name)
+    cmd = [compiler.path, *flags, "-o", str(tmp_path), str(src), "-lm"]
+    if debug_enabled():
+        print("smelt: " + shlex.join(cmd), file=sys.stderr)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CompileError(
+                f"the C compiler failed building {name} (a smelt bug; please report it with the "
+                f"source, kept at {src}).\ncommand: {shlex.join(cmd)}\n{proc.stderr[-8000:]}"
+            )
+        pin = cache.pin(tmp_path)  # the inode keeps its pin through the rename
+        assert pin is not None
+        cache.seal_library(tmp_path, lib)
+        os.replace(tmp_path, lib)
+        if not keep_sources():
+            src.unlink()
+        return pin
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
 
 
-def source_path_for(lib: Path) -> Path:
-    return lib.with_suffix(".c")
+def source_path_for(lib: Path) -> Path | None:
+    """The generated C of ``lib`` if it was kept (SMELT_DEBUG=1, ``keeping_sources()``)."""
+    src = lib.with_suffix(cache.SOURCE_SUFFIX)
+    return src if src.exists() else None

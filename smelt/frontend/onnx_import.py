@@ -7,8 +7,9 @@ onnx's version converter, newer ones load and each node keeps its exact operator
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,27 +27,142 @@ ModelLike = str | os.PathLike | bytes | onnx.ModelProto
 
 
 def load_model(model: ModelLike) -> onnx.ModelProto:
-    """Read a model from a path, serialized bytes or a ModelProto, with external data."""
+    """Read a model from a path, serialized bytes or a ModelProto, with external data (read from
+    the model file's directory only; see ``load_external_data``)."""
     if isinstance(model, onnx.ModelProto):
         proto = model
+        _refuse_external_data(proto, "an onnx.ModelProto")
     elif isinstance(model, bytes | bytearray):
         try:
             proto = onnx.load_from_string(bytes(model))
         except Exception as exc:  # protobuf raises DecodeError and friends
             raise ModelLoadError(f"the given bytes are not a valid ONNX model: {exc}") from exc
+        _refuse_external_data(proto, "bytes")
     elif isinstance(model, str | os.PathLike):
         path = Path(model)
         if not path.is_file():
             raise ModelLoadError(f"model file not found: {path}")
         try:
-            proto = onnx.load(str(path), load_external_data=True)
+            proto = onnx.load(str(path), load_external_data=False)
         except Exception as exc:
             raise ModelLoadError(f"{path} is not a valid ONNX model: {exc}") from exc
+        load_external_data(proto, path.parent)
     else:
         raise TypeError(f"model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}")
     if not proto.graph.node and not proto.graph.output:
         raise ModelLoadError("the model has an empty graph (is it really an ONNX model?)")
     return _upgrade_opset(proto)
+
+
+def _tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor of the model: initializers and attribute tensors, in subgraphs and functions."""
+    def sparse(sp: onnx.SparseTensorProto) -> Iterator[onnx.TensorProto]:
+        yield sp.values
+        yield sp.indices
+
+    def nodes(ns) -> Iterator[onnx.TensorProto]:
+        for n in ns:
+            for a in n.attribute:
+                if a.HasField("t"):
+                    yield a.t
+                yield from a.tensors
+                if a.HasField("sparse_tensor"):
+                    yield from sparse(a.sparse_tensor)
+                for sp in a.sparse_tensors:
+                    yield from sparse(sp)
+                if a.HasField("g"):
+                    yield from graph(a.g)
+                for sub in a.graphs:
+                    yield from graph(sub)
+
+    def graph(g: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+        yield from g.initializer
+        for sp in g.sparse_initializer:
+            yield from sparse(sp)
+        yield from nodes(g.node)
+
+    yield from graph(proto.graph)
+    for f in proto.functions:
+        yield from nodes(f.node)
+
+
+def _external(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
+    return [t for t in _tensors(proto) if t.data_location == onnx.TensorProto.EXTERNAL]
+
+
+def _refuse_external_data(proto: onnx.ModelProto, given: str) -> None:
+    external = _external(proto)
+    if external:
+        t = external[0]
+        location = {e.key: e.value for e in t.external_data}.get("location", "")
+        raise ModelLoadError(
+            f"tensor {t.name!r} keeps its data in an external file ({location!r}), and the model was given as "
+            f"{given}, which has no directory to find it in; pass the model's file path instead (external data "
+            "is read from the model's directory, as onnxruntime does), or load the data into the model first "
+            "(onnx.load(path))")
+
+
+_PACKED_4BIT = frozenset(getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1")
+                         if hasattr(onnx.TensorProto, n))
+
+
+def _raw_bytes(t: onnx.TensorProto) -> int | None:
+    """Bytes of ``t``'s raw data by its shape and type (None: a type without a fixed size)."""
+    n = int(np.prod(t.dims, dtype=np.int64))
+    if t.data_type in _PACKED_4BIT:
+        return (n + 1) // 2
+    if t.data_type == onnx.TensorProto.STRING:
+        return None
+    try:
+        return n * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    except Exception:  # an unknown data type: left to the importer to report
+        return None
+
+
+def _external_error(tensor: str, location: str, why: str) -> ModelLoadError:
+    return ModelLoadError(f"tensor {tensor!r}: external data location {location!r} {why}")
+
+
+def load_external_data(proto: onnx.ModelProto, base: Path) -> None:
+    """Read every external tensor's data into ``proto``, confined to ``base`` (the model file's
+    directory) as onnxruntime confines it: a location must be a relative path that resolves,
+    symbolic links included, to a regular file inside ``base``; offset and length must lie within
+    it and match the tensor's size. The working directory is never consulted."""
+    base_real = os.path.realpath(base)
+    for t in _external(proto):
+        info = {e.key: e.value for e in t.external_data}
+        location = info.get("location", "")
+        refuse = functools.partial(_external_error, t.name, location)
+        if not location:
+            raise refuse("is empty (the tensor names no file)")
+        if os.path.isabs(location):
+            raise refuse(f"is an absolute path; external data must be a path relative to the model's directory {base_real}")
+        try:
+            real = os.path.realpath(os.path.join(base_real, location))
+        except (ValueError, OSError) as exc:
+            raise refuse(f"is not a usable path: {exc}") from None
+        if os.path.commonpath([real, base_real]) != base_real:
+            raise refuse(f"resolves to {real}, outside the model's directory {base_real} (external data must stay "
+                         "inside it, as onnxruntime requires)")
+        if not os.path.isfile(real):
+            raise refuse(f"is not a file in the model's directory {base_real}")
+        try:
+            offset = int(info.get("offset", 0))
+            length = int(info["length"]) if "length" in info else None
+        except ValueError:
+            raise refuse(f"has a non-integer offset or length ({info.get('offset')!r}, {info.get('length')!r})") from None
+        size = os.path.getsize(real)
+        if offset < 0 or (length is not None and length < 0) or offset + (length or 0) > size:
+            raise refuse(f"asks for bytes {offset}..{offset + (length or 0)} of a {size}-byte file")
+        with open(real, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(length if length is not None else -1)
+        want = _raw_bytes(t)
+        if want is not None and len(data) != want:
+            raise refuse(f"holds {len(data)} bytes, but the tensor's shape {list(t.dims)} needs {want}")
+        t.raw_data = data
+        t.data_location = onnx.TensorProto.DEFAULT
+        del t.external_data[:]
 
 
 def default_opset(proto: onnx.ModelProto) -> int:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
+from smelt import settings
 from smelt.ir.graph import Graph
 from smelt.ir.verify import verify
 from smelt.passes.constant_folding import fold_constants
@@ -29,7 +29,7 @@ PASSES: list[tuple[str, Pass, int]] = [
 
 
 def run_passes(g: Graph, opt_level: int = 1) -> Graph:
-    check = os.environ.get("SMELT_DEBUG", "") not in ("", "0")
+    check = settings.debug()
     if check:
         verify(g, "import")
     for name, fn, level in PASSES:

@@ -58,15 +58,10 @@ class Record:
 
 
 def default_path() -> Path | None:
-    """Where the database lives, or None when ``SMELT_TUNING_DB=off``."""
-    env = os.environ.get("SMELT_TUNING_DB", "")
-    if env.lower() in ("off", "none", "0"):
-        return None
-    if env:
-        return Path(env)
-    from smelt.codegen.toolchain import cache_dir
+    """Where the database lives, or None when ``SMELT_TUNING_DB=off`` (``smelt.settings``)."""
+    from smelt import settings
 
-    return cache_dir() / "tuning.sqlite"
+    return settings.tuning_db()
 
 
 class TuningDB:

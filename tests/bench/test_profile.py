@@ -171,7 +171,8 @@ def test_counters_api_and_block_accounting(cache):
     m.close()
 
 
-def test_plain_build_has_no_instrumentation(cache):
+def test_plain_build_has_no_instrumentation(cache, monkeypatch):
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
     model, feeds = _tiny()
     plain = smelt.compile(model, threads=2)
     prof = smelt.compile(model, threads=2, profile=True)

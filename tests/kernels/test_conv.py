@@ -174,6 +174,7 @@ def test_resnet_like_layers(monkeypatch, cache):
 
 def test_kernel_header_comments(monkeypatch, cache):
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
     cases = [conv_case("h_pw", (1, 8, 4, 4), 8, (1, 1)), conv_case("h_3x3", (1, 4, 6, 6), 8, (3, 3)),
              conv_case("h_dw", (1, 4, 6, 6), 4, (3, 3), group=4)]
     model, feeds = _model(cases)

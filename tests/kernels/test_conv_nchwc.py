@@ -231,6 +231,7 @@ def test_schedule_space_and_default():
 
 def test_kernel_source_names_template_and_schedule(monkeypatch, cache):
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
     model, _ = _model([Chain("h", (1, 16, 9, 9)).conv(32, (3, 3), pads=(1, 1, 1, 1), post=("Relu",)).case()])
     src = smelt.compile(model, threads=1, layout="propagate").source_path.read_text()
     assert "template: f32_conv2d_nchw16c_" in src or "template: f32_conv2d_nchw8c_" in src

@@ -171,6 +171,7 @@ MATMUL_CASES = [
 
 
 def _check(cases: list[Case], isa: str, monkeypatch, cache) -> None:
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
     def structure(compiled, target):
         assert f"__{target.isa}_" in compiled.source_path.read_text()  # the kernels asked for
 
@@ -179,6 +180,7 @@ def _check(cases: list[Case], isa: str, monkeypatch, cache) -> None:
 
 def test_fused_graphs_have_no_standalone_epilogue(monkeypatch, cache):
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
     case = gemm_case("fuse", 4, 40, 8, c="n", post=("Relu",))
     model, feeds = _model([case])
     compiled = smelt.compile(model, threads=2)
@@ -218,6 +220,7 @@ def test_non_float_falls_back(monkeypatch, cache):
 def test_vector_exp_epilogues_accuracy(isa, monkeypatch, cache):
     """Sigmoid / Tanh / SiLU epilogues use a vector expf: check them over a wide range."""
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
     target = _isa_target(isa)
     monkeypatch.setattr("smelt.compiler.detect", lambda: target)
     xs = np.concatenate([np.linspace(-100, 100, 2001), np.linspace(-1e-3, 1e-3, 101),

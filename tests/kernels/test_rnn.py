@@ -529,6 +529,7 @@ def test_bidirectional_directions_in_sequence(monkeypatch):
     cases = [Case("GRU", 4, 1, 8, 512, "bidirectional", attrs={"linear_before_reset": 1}, init=True),
              Case("LSTM", 3, 2, 5, 384, "bidirectional", seq=[3, 1], init=True, peep=True),
              Case("GRU", 3, 1, 4, 400, "bidirectional", 1)]
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
     model, _, _, _ = _models(cases, 0)
     compiled = smelt.compile(model, threads=2)
     src = compiled.source_path.read_text()
