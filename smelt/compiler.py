@@ -30,6 +30,7 @@ from smelt.codegen.emit import epilogue_ops, generate
 from smelt.codegen.plan import ExecutionPlan, FallbackStep, NativeBlock, build_plan
 from smelt.errors import UnsupportedOpError
 from smelt.frontend.onnx_import import node_to_onnx, specialize_inputs, to_ir
+from smelt.frontend.validate import check_model
 from smelt.ir.graph import Graph, Value
 from smelt.ir.ops import flops
 from smelt.ir.types import onnx_from_np_dtype
@@ -188,7 +189,8 @@ def _db_schedules(options: CompileOptions, target: Target):
 
 
 def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None = None) -> Graph:
-    """Import and optimize: the IR graph the code generator consumes."""
+    """Validate, import and optimize: the IR graph the code generator consumes."""
+    check_model(proto)  # InvalidModelError before anything trusts the model (frontend/validate.py)
     g = to_ir(proto)
     g = run_passes(g, options.opt_level)
     if options.opt_level >= 1:

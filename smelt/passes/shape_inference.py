@@ -4,14 +4,27 @@ Needs: a graph of standard ONNX nodes (no fused epilogues yet).
 Guarantees: every value onnx's inference can type gets a dtype and shape; symbolic dimensions
 stay symbols; concrete sizes replace symbols wherever data propagation resolves them. Values it
 cannot type (data-dependent shapes) stay unknown, which keeps their nodes out of native blocks.
+Shapes come from the graph inputs and constants only: what the model declares for other values
+(``Graph.declared``) is never believed, only checked (``frontend.validate.check_graph``).
+
+Inference is strict: a node whose inference function finds the model invalid (Split sizes that
+do not add up, a stride of 0, operands that do not broadcast, inputs of different types for one
+type parameter, ...: what onnxruntime refuses when it loads the model) raises
+``InvalidModelError``. Where onnx's strict mode fails for reasons that are not the model's
+(``_lenient``), inference falls back to best effort.
 """
 
 from __future__ import annotations
 
+import re
+
 import onnx
 
+from smelt.errors import InvalidModelError
 from smelt.frontend.onnx_import import _type_of, to_onnx
 from smelt.ir.graph import Graph
+
+_NODE_ERROR = re.compile(r"\(op_type:([^,]+), node name: ([^)]*)\): (.*)", re.S)
 
 
 def _better(old, new):
@@ -22,10 +35,30 @@ def _better(old, new):
     return tuple(n if isinstance(n, int) else o for o, n in zip(old, new, strict=True))
 
 
+def _lenient(message: str) -> bool:
+    """Strict-mode failures that say nothing about the model: smelt's IR keeps no type for
+    sequence and optional values (so their readers see "null"), and errors raised inside a
+    function body or subgraph (onnx's inference of those is incomplete; the fallback runs them)."""
+    return "null" in message or "type info" in message or message.count("Inference error(s)") > 1
+
+
 def infer_shapes(g: Graph) -> Graph:
     model = to_onnx(g, small_consts_only=True)
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    except onnx.shape_inference.InferenceError as exc:
+        message = str(exc)
+        if not _lenient(message):
+            m = _NODE_ERROR.search(message)
+            if m is None:
+                raise InvalidModelError(f"shape inference: {message.strip()}") from None
+            detail = " ".join(m.group(3).split())
+            raise InvalidModelError(detail, node=m.group(2) or None, op=m.group(1)) from None
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
+                                                         data_prop=True)
+        except Exception:  # best effort: unknown shapes fall back, never crash
+            return g
     except Exception:  # inference is best effort; unknown shapes fall back, never crash
         return g
     infos = list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
