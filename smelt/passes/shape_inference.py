@@ -35,11 +35,18 @@ def _better(old, new):
     return tuple(n if isinstance(n, int) else o for o, n in zip(old, new, strict=True))
 
 
+# ops whose inference walks subgraphs, which smelt's export leaves partly untyped
+_SUBGRAPH_OPS = ("If", "Loop", "Scan", "SequenceMap")
+
+
 def _lenient(message: str) -> bool:
     """Strict-mode failures that say nothing about the model: smelt's IR keeps no type for
-    sequence and optional values (so their readers see "null"), and errors raised inside a
-    function body or subgraph (onnx's inference of those is incomplete; the fallback runs them)."""
-    return "null" in message or "type info" in message or message.count("Inference error(s)") > 1
+    sequence and optional values (their readers see "null" or a type-case mismatch), and errors
+    raised inside a function body or subgraph (onnx's inference of those is incomplete; the
+    fallback runs them)."""
+    m = _NODE_ERROR.search(message)
+    return ("null" in message or "type info" in message or "type case mismatch" in message
+            or message.count("Inference error(s)") > 1 or (m is not None and m.group(1) in _SUBGRAPH_OPS))
 
 
 def infer_shapes(g: Graph) -> Graph:
