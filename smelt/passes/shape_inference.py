@@ -49,8 +49,35 @@ def _lenient(message: str) -> bool:
             or message.count("Inference error(s)") > 1 or (m is not None and m.group(1) in _SUBGRAPH_OPS))
 
 
+def _guard_slices(model: onnx.ModelProto) -> None:
+    """onnx's Slice inference aborts the whole process (a failed std::clamp assertion) when its
+    data input has a negative dim, which onnx's Pad, Conv and pooling inference produce for
+    invalid models without complaint. So when the graph has Slice nodes, shapes are first
+    inferred without them and a negative dim is refused before the real inference runs."""
+    if not any(n.op_type == "Slice" for n in model.graph.node):
+        return
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    kept = [n for n in probe.graph.node if n.op_type != "Slice"]
+    del probe.graph.node[:]
+    probe.graph.node.extend(kept)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(probe, check_type=False, strict_mode=False, data_prop=True)
+    except Exception:  # best effort: the strict run reports what is wrong
+        return
+    producer = {o: n for n in kept for o in n.output}
+    for vi in inferred.graph.value_info:
+        dims = vi.type.tensor_type.shape.dim
+        if any(d.HasField("dim_value") and d.dim_value < 0 for d in dims):
+            n = producer.get(vi.name)
+            shape = [d.dim_value if d.HasField("dim_value") else "?" for d in dims]
+            raise InvalidModelError(f"its output {vi.name!r} would have shape {shape}, with a negative "
+                                    "dimension", node=n.name if n else None, op=n.op_type if n else None)
+
+
 def infer_shapes(g: Graph) -> Graph:
     model = to_onnx(g, small_consts_only=True)
+    _guard_slices(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except onnx.shape_inference.InferenceError as exc:
