@@ -72,6 +72,7 @@ def check_model(proto: onnx.ModelProto) -> None:
 
 def _check_graph_proto(graph: onnx.GraphProto, opset: dict[str, int], outer: frozenset[str],
                        where: str) -> None:
+    _check_names(graph, where)
     origin: dict[str, str] = {}  # value name -> what defines it, for messages
     for t in graph.initializer:
         if t.name in origin:
@@ -131,6 +132,17 @@ def _check_graph_proto(graph: onnx.GraphProto, opset: dict[str, int], outer: fro
         if vi.name not in origin and vi.name not in produced_at and vi.name not in outer:
             raise InvalidModelError(f"graph output {vi.name!r} of {where} is not a graph input, an "
                                     "initializer or the output of any node")
+
+
+def _check_names(graph: onnx.GraphProto, where: str) -> None:
+    """Names are text: protobuf hands back a string field that is not valid UTF-8 as bytes."""
+    names = [t.name for t in graph.initializer] + [v.name for v in graph.input] + \
+        [v.name for v in graph.output] + [v.name for v in graph.value_info]
+    for n in graph.node:
+        names += [n.name, n.op_type, n.domain, *n.input, *n.output, *(a.name for a in n.attribute)]
+    bad = next((v for v in names if not isinstance(v, str)), None)
+    if bad is not None:
+        raise InvalidModelError(f"{where} has a name that is not valid UTF-8 text: {bytes(bad)[:40]!r}")
 
 
 def check_tensor(t: TensorProto, what: str) -> None:
