@@ -117,12 +117,11 @@ def _check_graph_proto(graph: onnx.GraphProto, opset: dict[str, int], outer: fro
                     f"reads {i!r} before node {node_label(graph.node[at], at)!r} produces it: nodes "
                     "must be listed in topological order", node=label, op=n.op_type)
         check_node_schema(n, label, opset)
-        inner_scope = outer | origin.keys() | {o for k in range(idx) for o in graph.node[k].output if o}
         for a in n.attribute:
             subs = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS else []
-            for sub in subs:
-                _check_graph_proto(sub, opset, frozenset(inner_scope),
-                                   f"subgraph {a.name!r} of node {label!r}")
+            for sub in subs:  # a subgraph sees every name defined before its node
+                scope = outer | origin.keys() | {o for k in range(idx) for o in graph.node[k].output if o}
+                _check_graph_proto(sub, opset, frozenset(scope), f"subgraph {a.name!r} of node {label!r}")
             if a.type == AttributeProto.TENSOR:
                 check_tensor(a.t, f"attribute {a.name!r} of node {label!r} (op {n.op_type})")
             elif a.type == AttributeProto.TENSORS:
