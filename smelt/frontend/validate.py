@@ -31,8 +31,10 @@ constraints, ...) are not repeated here: ``passes.shape_inference`` turns its er
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -190,18 +192,17 @@ def check_node_schema(n: onnx.NodeProto, label: str, opset: dict[str, int]) -> N
     if version is None:
         raise InvalidModelError(f"uses the {domain or 'default ONNX'} domain, which the model does not "
                                 f"import (opset_import lists {sorted(opset)})", node=label, op=n.op_type)
-    if not defs.has(n.op_type, domain):
-        raise InvalidModelError(f"{n.op_type!r} is not an operator of the {domain or 'ONNX'} domain",
-                                node=label, op=n.op_type)
-    try:
-        schema = defs.get_schema(n.op_type, version, domain)
-    except defs.SchemaError:
+    schema = _schema(n.op_type, version, domain)
+    if schema is None:
+        if not defs.has(n.op_type, domain):
+            raise InvalidModelError(f"{n.op_type!r} is not an operator of the {domain or 'ONNX'} domain",
+                                    node=label, op=n.op_type)
         raise InvalidModelError(f"{n.op_type} does not exist at opset {version} of the "
                                 f"{domain or 'ONNX'} domain (it appeared in a later opset)", node=label,
-                                op=n.op_type) from None
+                                op=n.op_type)
     _check_arity(n, label, "input", list(n.input), schema.inputs, schema.min_input, schema.max_input)
     _check_arity(n, label, "output", list(n.output), schema.outputs, schema.min_output, schema.max_output)
-    given = {}
+    given: dict[str, AttributeProto] = {}
     for a in n.attribute:
         if a.name in given:
             raise InvalidModelError(f"attribute {a.name!r} is given twice", node=label, op=n.op_type,
@@ -214,7 +215,7 @@ def check_node_schema(n: onnx.NodeProto, label: str, opset: dict[str, int]) -> N
             raise InvalidModelError(f"unknown attribute {a.name!r}; {n.op_type}-{schema.since_version} "
                                     f"takes {sorted(schema.attributes) or 'none'}", node=label,
                                     op=n.op_type, attribute=a.name)
-        want = int(spec.type.value)
+        want = spec[0]
         if a.ref_attr_name:
             continue  # a function body's reference to its caller's attribute
         if a.type != want:
@@ -223,24 +224,51 @@ def check_node_schema(n: onnx.NodeProto, label: str, opset: dict[str, int]) -> N
             raise InvalidModelError(f"attribute {a.name!r} must be of type "
                                     f"{AttributeProto.AttributeType.Name(want)}, given {got}",
                                     node=label, op=n.op_type, attribute=a.name)
-    for name, spec in schema.attributes.items():
-        if spec.required and name not in given:
+    for name, (_, required) in schema.attributes.items():
+        if required and name not in given:
             raise InvalidModelError(f"required attribute {name!r} is missing", node=label, op=n.op_type,
                                     attribute=name)
 
 
+@dataclass(frozen=True)
+class _Schema:
+    """What the checks read of an OpSchema, converted once (onnx.defs builds its Python objects
+    on every attribute access)."""
+
+    since_version: int
+    inputs: tuple[tuple[str, bool], ...]  # (name, required) per formal input
+    outputs: tuple[tuple[str, bool], ...]
+    min_input: int
+    max_input: int
+    min_output: int
+    max_output: int
+    attributes: dict[str, tuple[int, bool]]  # name -> (AttributeProto type, required)
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema(op: str, version: int, domain: str) -> _Schema | None:
+    try:
+        s = defs.get_schema(op, version, domain)
+    except defs.SchemaError:
+        return None
+    single = defs.OpSchema.FormalParameterOption.Single
+    return _Schema(s.since_version, tuple((p.name, p.option == single) for p in s.inputs),
+                   tuple((p.name, p.option == single) for p in s.outputs), s.min_input, s.max_input,
+                   s.min_output, s.max_output,
+                   {k: (int(a.type.value), bool(a.required)) for k, a in s.attributes.items()})
+
+
 def _check_arity(n: onnx.NodeProto, label: str, kind: str, names: list[str],
-                 params: Sequence[defs.OpSchema.FormalParameter], lo: int, hi: int) -> None:
+                 params: tuple[tuple[str, bool], ...], lo: int, hi: int) -> None:
     if not lo <= len(names) <= hi:
         allowed = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi < 2**30 else f"at least {lo}"
         raise InvalidModelError(f"takes {allowed} {kind}s, given {len(names)}", node=label, op=n.op_type)
-    single = defs.OpSchema.FormalParameterOption.Single
     for k, name in enumerate(names):
         if name or not params:
             continue
-        param = params[min(k, len(params) - 1)]
-        if param.option == single:
-            raise InvalidModelError(f"{kind} {k} ({param.name}) is required but its name is empty",
+        param, required = params[min(k, len(params) - 1)]
+        if required:
+            raise InvalidModelError(f"{kind} {k} ({param}) is required but its name is empty",
                                     node=label, op=n.op_type)
 
 
@@ -361,7 +389,7 @@ def _window_rules(c: _Ctx, kernel: list[int] | None, *, pool: bool) -> None:
             c.fail(f"the kernel must have {s} spatial dims (one per spatial axis); given {kernel}", "kernel_shape")
         if any(k < 1 for k in kernel):
             c.fail(f"kernel sizes must be positive; given {kernel}", "kernel_shape")
-    strides = c.ints("strides", s, 1, axes)
+    c.ints("strides", s, 1, axes)
     dils = c.ints("dilations", s, 1, axes)
     pads = c.ints("pads", 2 * s if s is not None else None, 0, "begin and end per spatial axis")
     auto_pad = c.choice("auto_pad", "NOTSET", AUTO_PAD)

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -680,6 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", type=int, default=None, help="run only iteration N (compiled and run too)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
+    warnings.simplefilter("ignore")  # mutated constants overflow casts; onnx.reference warns too
     save = args.save or (Path("/work/fuzz-findings") if Path("/work/fuzz-findings").is_dir()
                          else Path(tempfile.mkdtemp(prefix="smelt-fuzz-")))
     os.environ.setdefault("SMELT_CACHE_DIR", tempfile.mkdtemp(prefix="smelt-fuzz-cache-"))
