@@ -91,7 +91,12 @@ def _check_graph_proto(graph: onnx.GraphProto, opset: dict[str, int], outer: fro
             raise InvalidModelError(f"{where} declares graph input {vi.name!r} twice")
         origin.setdefault(vi.name, "a graph input")
     produced_at: dict[str, int] = {}
+    named: dict[str, int] = {}
     for idx, n in enumerate(graph.node):
+        if n.name and named.setdefault(n.name, idx) != idx:  # names identify nodes in reports
+            raise InvalidModelError(f"{where} has two nodes named {n.name!r} (ops "
+                                    f"{graph.node[named[n.name]].op_type} and {n.op_type}); node names "
+                                    "must be unique")
         for o in n.output:
             if not o:
                 continue
@@ -137,7 +142,7 @@ def _check_graph_proto(graph: onnx.GraphProto, opset: dict[str, int], outer: fro
 
 def _check_names(graph: onnx.GraphProto, where: str) -> None:
     """Names are text: protobuf hands back a string field that is not valid UTF-8 as bytes."""
-    names = [t.name for t in graph.initializer] + [v.name for v in graph.input] + \
+    names = [graph.name] + [t.name for t in graph.initializer] + [v.name for v in graph.input] + \
         [v.name for v in graph.output] + [v.name for v in graph.value_info]
     for n in graph.node:
         names += [n.name, n.op_type, n.domain, *n.input, *n.output, *(a.name for a in n.attribute)]
@@ -519,6 +524,13 @@ def _reshape(c: _Ctx) -> None:
         c.fail(f"the target shape {spec} may hold at most one -1 and no other negative value")
     if allowzero and 0 in spec and -1 in spec:
         c.fail(f"with allowzero=1 the target shape {spec} may not hold both 0 and -1", "allowzero")
+    xs = c.shape(c.input(0))
+    if not _static(xs):
+        return
+    dims = [xs[k] if v == 0 and not allowzero and k < len(xs) else v for k, v in enumerate(spec)]
+    size, known = math.prod(xs), math.prod(d for d in dims if d != -1)
+    if -1 not in dims and known != size or -1 in dims and (known == 0 and size != 0 or known and size % known):
+        c.fail(f"cannot reshape {c.input(0)!r} of shape {list(xs)} ({size} elements) to {spec}")
 
 
 def _transpose(c: _Ctx) -> None:

@@ -24,7 +24,8 @@ from smelt.errors import InvalidModelError
 from smelt.frontend.onnx_import import _type_of, to_onnx
 from smelt.ir.graph import Graph
 
-_NODE_ERROR = re.compile(r"\(op_type:([^,]+), node name: ([^)]*)\): (.*)", re.S)
+# one node's error in onnx's report; the first is the cause (the nodes after it see no type)
+_NODE_ERROR = re.compile(r"\(op_type:([^,]+), node name: ([^)]*)\): (.*?)(?=\n\(op_type:|\Z)", re.S)
 
 
 def _better(old, new):
@@ -45,8 +46,9 @@ def _lenient(message: str) -> bool:
     raised inside a function body or subgraph (onnx's inference of those is incomplete; the
     fallback runs them)."""
     m = _NODE_ERROR.search(message)
-    return ("null" in message or "type info" in message or "type case mismatch" in message
-            or message.count("Inference error(s)") > 1 or (m is not None and m.group(1) in _SUBGRAPH_OPS))
+    first = m.group(3) if m is not None else message
+    return ("null" in first or "type info" in first or "type case mismatch" in first
+            or "Inference error(s)" in first or (m is not None and m.group(1) in _SUBGRAPH_OPS))
 
 
 def _guard_slices(model: onnx.ModelProto) -> None:
