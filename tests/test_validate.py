@@ -311,3 +311,57 @@ def test_validation_and_verifier_are_cheap() -> None:
     verify(g)
     verified = time.perf_counter() - start
     assert checked < 2.0 and verified < 1.0, (checked, verified)
+
+
+# -- found by the fuzzer (tests/fuzz/fuzz_models.py) -------------------------------------------
+
+def _pad_slice(pad: int) -> onnx.ModelProto:
+    return make_model(
+        [h("Pad", ["x", "p"], ["q"], name="pad"), h("Slice", ["q", "s", "e", "a"], ["y"], name="slice")],
+        _x((1, 2, 4, 4)), [tensor("y", None)],
+        [const("p", np.array([0, 0, 1, pad, 0, 0, 1, 1], np.int64)), const("s", np.array([0], np.int64)),
+         const("e", np.array([2], np.int64)), const("a", np.array([3], np.int64))])
+
+
+def test_negative_dim_into_slice_does_not_abort_the_process() -> None:
+    """onnx's Slice inference aborts the process (a failed assertion) on a negative input dim,
+    which Pad's inference produces from a large negative pad: refused before it runs."""
+    kind, message = _in_child(_pad_slice(-(2**62)), {"x": _w(1, 2, 4, 4)})
+    assert kind == "InvalidModelError", (kind, message)
+    assert "'pad'" in message and "negative" in message
+
+
+def test_names_must_be_utf8() -> None:
+    model = _relu_neg(outputs=("y", "z"))
+    model.graph.output[0].name = "y"
+    data = model.SerializeToString().replace(b"test", b"t\xd5st")  # the graph's name
+    with pytest.raises(InvalidModelError, match="UTF-8"):
+        _lower(onnx.load_from_string(data))
+
+
+def test_duplicate_node_names_are_refused() -> None:
+    model = make_model([h("Relu", ["x"], ["t"], name="n"), h("Neg", ["t"], ["y"], name="n")], _x((2, 3)),
+                       [tensor("y", None)])
+    with pytest.raises(InvalidModelError, match="two nodes named 'n'"):
+        _lower(model)
+    assert _ort_refuses(model)
+
+
+def test_reshape_element_count_is_checked() -> None:
+    """onnx's inference checks the count only when the target holds a -1; the fallback's numpy
+    reshape then failed at run time with a ValueError."""
+    model = make_model([h("Reshape", ["x", "s"], ["y"], name="r")], _x((2, 3)), [tensor("y", None)],
+                       [const("s", np.array([3, 4], np.int64))])
+    with pytest.raises(InvalidModelError, match="'r'.*cannot reshape 'x' of shape \\[2, 3\\] \\(6 elements\\) to \\[3, 4\\]"):
+        _lower(model)
+
+
+def test_specialised_symbolic_input_that_does_not_broadcast() -> None:
+    """The first inference error is the cause: the nodes after it only report an untyped input,
+    which must not make inference fall back to lenient (the fallback then failed at run time)."""
+    import smelt
+
+    model = make_model([h("Add", ["x", "z"], ["a"], name="add"), h("Relu", ["a"], ["y"], name="relu")],
+                       _x((2, 3, 4)) + [tensor("z", ["N", 1])], [tensor("y", None)])
+    with pytest.raises(InvalidModelError, match="'add' \\(op Add\\).*Incompatible dimensions"):
+        smelt.compile(model, threads=1, input_shapes={"z": (2, 1)})

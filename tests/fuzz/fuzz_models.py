@@ -592,7 +592,7 @@ def fuzz(iterations: int, seconds: float, seed: int, compile_sample: int = 24, t
     start = time.monotonic()
     every = max(1, iterations // max(1, compile_sample)) if compile_sample else 0
     bar = None
-    if progress:
+    if progress and sys.stderr.isatty():
         try:
             from tqdm import tqdm
 
@@ -627,6 +627,9 @@ def fuzz(iterations: int, seconds: float, seed: int, compile_sample: int = 24, t
             bar.update(1)
             bar.set_postfix(refused=sum(stats.refused.values()), ran=stats.sampled, fail=len(stats.failures),
                             refresh=False)
+        elif progress and stats.iterations % 1000 == 0:  # a log, not a terminal: a line per 1000
+            print(f"fuzz: {stats.iterations}/{iterations} in {time.monotonic() - start:.0f} s, "
+                  f"{len(stats.failures)} failures", file=sys.stderr, flush=True)
     if bar is not None:
         bar.close()
     stats.seconds = time.monotonic() - start
