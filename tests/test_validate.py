@@ -365,3 +365,11 @@ def test_specialised_symbolic_input_that_does_not_broadcast() -> None:
                        _x((2, 3, 4)) + [tensor("z", ["N", 1])], [tensor("y", None)])
     with pytest.raises(InvalidModelError, match="'add' \\(op Add\\).*Incompatible dimensions"):
         smelt.compile(model, threads=1, input_shapes={"z": (2, 1)})
+
+
+def test_unknown_element_type_of_an_input() -> None:
+    import smelt
+
+    model = make_model([h("Relu", ["x"], ["y"], name="a")], [tensor("x", [2, 3], 118)], [tensor("y", None)])
+    with pytest.raises(InvalidModelError, match="118 is not an ONNX element type"):
+        smelt.compile(model, threads=1)
