@@ -34,6 +34,7 @@ from smelt.frontend.validate import check_model
 from smelt.ir.graph import Graph, Value
 from smelt.ir.ops import flops
 from smelt.ir.types import onnx_from_np_dtype
+from smelt.ir.verify import verify
 from smelt.passes.layout import plan_layouts
 from smelt.passes.pipeline import run_passes
 from smelt.progress import Phases
@@ -206,6 +207,7 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
             for node in g.nodes:
                 if node.op == "Conv":
                     node.schedule["algorithm"] = "direct"
+        verify(g, "plan_layouts")  # the graph codegen reads: invariants hold (cheap: linear)
     return g
 
 

@@ -784,7 +784,7 @@ OP_RULES: dict[str, Callable[[_Ctx], None]] = {
     "LayerNormalization": _axis_rule(0), "ArgMax": _axis_rule(0), "ArgMin": _axis_rule(0),
     "Flatten": _axis_rule(1),
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "Slice": _slice, "Pad": _pad, "Tile": _tile,
-    "Gemm": _gemm, "PRelu": _prelu,
+    "Gemm": _gemm, "PRelu": _prelu, "Gelu": lambda c: c.choice("approximate", "none", ("none", "tanh")),
     "BatchNormalization": _channel_params((1, 2, 3, 4)), "InstanceNormalization": _channel_params((1, 2)),
     "LSTM": _rnn, "GRU": _rnn, "RNN": _rnn,
 }
