@@ -47,8 +47,10 @@ from smelt.ir.graph import Graph, Node
 # domains whose operators onnx.defs describes; other domains (custom ops) have no schema here
 # and are refused or run by the rules of the fallback (compiler._check_fallbacks)
 ONNX_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training")
-# attributes smelt itself puts on nodes (e.g. api's ``smelt_dynamic`` on recurrent nodes)
-SMELT_ATTR_PREFIX = "smelt_"
+# attributes smelt itself puts on recurrent nodes (api's ``smelt_dynamic``, the rnn template's
+# ``annotate``); any other attribute outside the schema is refused, as onnxruntime refuses it
+SMELT_ATTRS = {op: frozenset({"smelt_dynamic", "smelt_rnn_schedule", "smelt_rnn_grid", "smelt_rnn_pipeline"})
+               for op in ("LSTM", "GRU", "RNN")}
 AUTO_PAD = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 RNN_ACTIVATIONS = ("relu", "tanh", "sigmoid", "affine", "leakyrelu", "thresholdedrelu", "scaledtanh",
                    "hardsigmoid", "elu", "softsign", "softplus")
@@ -213,7 +215,7 @@ def check_node_schema(n: onnx.NodeProto, label: str, opset: dict[str, int]) -> N
             raise InvalidModelError(f"attribute {a.name!r} is given twice", node=label, op=n.op_type,
                                     attribute=a.name)
         given[a.name] = a
-        if a.name.startswith(SMELT_ATTR_PREFIX):
+        if a.name in SMELT_ATTRS.get(n.op_type, ()) and domain == "":
             continue
         spec = schema.attributes.get(a.name)
         if spec is None:
@@ -463,8 +465,8 @@ def _global_pool(c: _Ctx) -> None:
 
 def _lrn(c: _Ctx) -> None:
     size = int(c.attr("size", 0))
-    if size < 1:
-        c.fail(f"attribute 'size' must be a positive integer; given {size}", "size")
+    if size < 1 or size % 2 == 0:  # onnxruntime refuses an even size too
+        c.fail(f"attribute 'size' must be a positive odd integer; given {size}", "size")
     if c.rank() is not None and c.rank() < 3:
         c.fail(f"input {c.input(0)!r} must have rank >= 3; given shape {list(c.shape(c.input(0)))}")
 
