@@ -378,3 +378,24 @@ def test_unknown_element_type_of_an_input() -> None:
     model = make_model([h("Relu", ["x"], ["y"], name="a")], [tensor("x", [2, 3], 118)], [tensor("y", None)])
     with pytest.raises(InvalidModelError, match="118 is not an ONNX element type"):
         smelt.compile(model, threads=1)
+
+
+@pytest.mark.slow
+def test_node_test_models_onnxruntime_loads_pass_validation() -> None:
+    """Validation must not refuse valid models: every ONNX backend node-test model that
+    onnxruntime loads passes validation, import and the passes (no C compiler; ~45 s)."""
+    from conformance.cases import all_cases
+
+    from smelt.passes.pipeline import run_passes
+
+    refused = []
+    for case in all_cases():
+        if _ort_refuses(case.model):
+            continue
+        try:
+            proto = load_model(case.model)
+            check_model(proto)
+            run_passes(to_ir(proto))
+        except InvalidModelError as exc:
+            refused.append(f"{case.name}: {exc}")
+    assert refused == [], "\n".join(refused)
