@@ -33,9 +33,11 @@ from smelt.codegen.emit import epilogue_ops, generate
 from smelt.codegen.plan import ExecutionPlan, FallbackStep, NativeBlock, build_plan
 from smelt.errors import SmeltError, UnsupportedOpError
 from smelt.frontend.onnx_import import node_to_onnx, specialize_inputs, to_ir
+from smelt.frontend.validate import check_model
 from smelt.ir.graph import Graph, Value
 from smelt.ir.ops import flops
 from smelt.ir.types import onnx_from_np_dtype
+from smelt.ir.verify import verify
 from smelt.passes.layout import plan_layouts
 from smelt.passes.pipeline import run_passes
 from smelt.progress import Phases
@@ -194,7 +196,8 @@ def _db_schedules(options: CompileOptions, target: Target):
 
 
 def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None = None) -> Graph:
-    """Import and optimize: the IR graph the code generator consumes."""
+    """Validate, import and optimize: the IR graph the code generator consumes."""
+    check_model(proto)  # InvalidModelError before anything trusts the model (frontend/validate.py)
     g = to_ir(proto)
     g = run_passes(g, options.opt_level)
     if options.opt_level >= 1:
@@ -210,6 +213,7 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
             for node in g.nodes:
                 if node.op == "Conv":
                     node.schedule["algorithm"] = "direct"
+        verify(g, "plan_layouts")  # the graph codegen reads: invariants hold (cheap: linear)
     return g
 
 

@@ -11,6 +11,21 @@ class ModelLoadError(SmeltError, ValueError):
     """The model file or bytes could not be read as an ONNX model."""
 
 
+class InvalidModelError(SmeltError, ValueError):
+    """The model breaks the ONNX specification or asks a kernel for something undefined (a value
+    produced twice, a declared shape that disagrees with the inferred one, a stride of 0, ...).
+    The message names the node, its op, the attribute or value, what is allowed and what was
+    given; ``node``, ``op`` and ``attribute`` carry the same for programs (None when n/a)."""
+
+    def __init__(self, message: str, *, node: str | None = None, op: str | None = None,
+                 attribute: str | None = None) -> None:
+        where = f"node {node!r} (op {op}): " if node is not None else ""
+        super().__init__(f"invalid model: {where}{message}")
+        self.node = node
+        self.op = op
+        self.attribute = attribute
+
+
 class UnsupportedOpError(SmeltError):
     """A node has no native template and cannot fall back."""
 

@@ -261,11 +261,13 @@ def to_ir(proto: onnx.ModelProto) -> Graph:
         g.add_value(Value(init.name, arr.dtype, tuple(arr.shape), const=arr))
     for sparse in proto.graph.sparse_initializer:
         raise ModelLoadError(f"sparse initializer {sparse.values.name!r} is not supported")
-    for vi in list(proto.graph.input) + list(proto.graph.value_info) + list(proto.graph.output):
-        if vi.name in g.values:
-            continue
-        dtype, shape = _type_of(vi.type)
-        g.add_value(Value(vi.name, dtype, shape))
+    for vi in proto.graph.input:
+        if vi.name not in g.values:
+            g.add_value(Value(vi.name, *_type_of(vi.type)))
+    for vi in list(proto.graph.value_info) + list(proto.graph.output):
+        if vi.name not in g.values:  # types come from inference; the declaration is only checked
+            g.add_value(Value(vi.name))
+            g.declared[vi.name] = _type_of(vi.type)
     g.inputs = [vi.name for vi in proto.graph.input if g.values[vi.name].const is None]
     g.outputs = [vi.name for vi in proto.graph.output]
     for idx, n in enumerate(proto.graph.node):

@@ -124,6 +124,10 @@ class Graph:
         self.inputs: list[str] = []
         self.outputs: list[str] = []
         self.opset: dict[str, int] = dict(opset or {"": 17})
+        # (dtype, shape) the model *declares* for values it does not feed (graph outputs,
+        # value_info): checked against inference (smelt.frontend.validate), never used to size
+        # a buffer, since a model's declaration can be wrong
+        self.declared: dict[str, tuple[np.dtype | None, Shape | None]] = {}
         self._counter = itertools.count()
 
     # -- construction -----------------------------------------------------------------

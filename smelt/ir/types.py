@@ -10,6 +10,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from smelt.errors import InvalidModelError
+
 # numpy dtype name -> C type used in generated code.
 C_TYPES: dict[str, str] = {
     "float32": "float",
@@ -33,8 +35,8 @@ def np_dtype_from_onnx(elem_type: int) -> np.dtype:
     """The numpy dtype of an ONNX ``TensorProto`` element type."""
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
-    except (KeyError, ValueError, TypeError) as exc:
-        raise ValueError(f"unsupported ONNX element type {elem_type}") from exc
+    except (KeyError, ValueError, TypeError) as exc:  # numpy knows every valid ONNX type
+        raise InvalidModelError(f"{elem_type} is not an ONNX element type") from exc
 
 
 def onnx_from_np_dtype(dtype: np.dtype) -> int:
