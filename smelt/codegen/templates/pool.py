@@ -272,7 +272,7 @@ def emit_global_pool(node: Node, g: Graph, em: BlockEmitter) -> None:
     t = c_type(dt)
     rows, length = xs[0] * xs[1], int(np.prod(xs[2:], dtype=np.int64))
     avg = node.op == "GlobalAveragePool"
-    fn = row_reduce_fn(em, "sum" if avg else "max", dt)
+    fn = row_reduce_fn(em, "sum" if avg else "maxnum", dt)  # max pooling skips NaN, like MaxPool
     res = f"{fn}(X + r * {length}, {length})"
     if avg:
         res = f"{res} / {c_literal(length, dt)}"
