@@ -179,23 +179,26 @@ def _max_like_cases() -> Cases:
 def test_max_reductions_and_pools_nan(isa, monkeypatch, cache):
     """ReduceMax/Min, MaxPool and GlobalMaxPool. onnxruntime's vector kernels keep or drop a NaN
     depending on the SIMD lane it lands in (its issue #10514), so smelt follows the rule of its
-    scalar code: max pooling skips NaN (init -Inf, ``v > a``); ReduceMax/Min fold from the first
-    element (a NaN there is the result, later NaNs are skipped). The oracle is onnxruntime on the
-    input with every NaN replaced by -Inf (+Inf for Min), then NaN where the first element is NaN."""
+    scalar code: max pooling skips NaN, a window of only NaN gives NaN (IEEE maxNum); ReduceMax/Min
+    fold from the first element (a NaN there is the result, later NaNs are skipped). The oracle is
+    onnxruntime on the input with every NaN replaced by -Inf (+Inf for Min), then NaN where the
+    first element is NaN (reductions) or the window is all NaN (pools)."""
     _target(isa, monkeypatch, cache)
     cases = _max_like_cases()
     r, p = _reduce_input(), _pool_input(6)
     feeds = {"r": r, "p": p, "p1": p[:, :, 0].copy()}
     model = build_model(cases, feeds, opset=18)
+    all_nan = oracle(model, {k: np.where(np.isnan(v), -1, 0).astype(np.float32) for k, v in feeds.items()})
     want = []
-    for node, out in zip(cases.nodes, cases.outputs, strict=True):
+    for i, node in enumerate(cases.nodes):
         lo = -INF if node.op_type != "ReduceMin" else INF
-        skip = {k: np.where(np.isnan(v), lo, v).astype(np.float32) for k, v in feeds.items()}
-        w = oracle(model, skip)[cases.outputs.index(out)]
+        w = oracle(model, {k: np.where(np.isnan(v), lo, v).astype(np.float32) for k, v in feeds.items()})[i]
         if node.op_type.startswith("Reduce"):
             axes = list(node.input[1:] and cases.inits[node.input[1]]) or [0, 1, 2]
             first = np.isnan(r[tuple(0 if d in axes else slice(None) for d in range(3))])
             w = np.where(first.reshape(w.shape), NAN, w)
+        else:
+            w = np.where(all_nan[i] == -1, NAN, w)
         want.append(w)
     for threads in (1, 2):
         compiled = smelt.compile(model, threads=threads)
@@ -291,6 +294,44 @@ def test_gemm_conv_epilogues(isa, monkeypatch, cache):
     _target(isa, monkeypatch, cache)
     cases, feeds = _gemm_conv_cases()
     check(cases, feeds, opset=17, layout="nchw")
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_nchwc_epilogues_and_blocked_ops(isa, monkeypatch, cache):
+    """The blocked (NCHW<b>c) templates: direct 1x1 / 3x3 / depthwise convs with every epilogue kind
+    (bias and residual with NaN/Inf), then max / average / global pooling, BatchNorm + Relu and a
+    standalone Relu on blocked values (their inputs carry +-Inf, not NaN: onnxruntime's pooling
+    keeps or drops a NaN by SIMD lane, see test_max_reductions_and_pools_nan)."""
+    target = _target(isa, monkeypatch, cache)
+    if target.isa not in ("avx2", "avx512"):
+        pytest.skip("NCHWc needs AVX2 or AVX-512")
+    _, _, _, _, x = _gemm_conv_feeds()
+    c, oc = x.shape[1], 16
+    cases = Cases()
+    bias = sprinkle(uniform(oc), {1: NAN, 5: INF, 12: -INF})
+    chan = sprinkle(uniform(oc, 1, 1), {(3, 0, 0): NAN})
+    for post in POSTS:
+        _host(cases, "Conv", ["x"], (uniform(oc, c, 1, 1), bias), post, "res", chan)
+    for post in (("Relu",), ("Clip",), ("Add", "Relu"), ("SiLU",)):
+        _host(cases, "Conv", ["x"], (uniform(oc, c, 3, 3), bias), post, "res", chan, pads=[1, 1, 1, 1])
+        h = hidden(cases, "Conv", ["x"], (uniform(oc, c, 1, 1),))
+        _host(cases, "Conv", [h], (uniform(oc, 1, 3, 3), bias), post, "res", chan, pads=[1, 1, 1, 1], group=oc)
+    inf_only = hidden(cases, "Conv", ["xi"], (uniform(oc, c, 1, 1), uniform(oc)))
+    cases.add("MaxPool", [inf_only], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cases.add("AveragePool", [inf_only], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    cases.add("GlobalMaxPool", [inf_only])
+    cases.add("GlobalAveragePool", [inf_only])
+    pooled = hidden(cases, "MaxPool", [inf_only], kernel_shape=[2, 2])
+    b = hidden(cases, "BatchNormalization", [pooled], (uniform(oc), uniform(oc), uniform(oc), uniform(oc, lo=0.5, hi=1)))
+    cases.add("Relu", [b])
+    nan_in = hidden(cases, "MaxPool", [hidden(cases, "Conv", ["x"], (uniform(oc, c, 1, 1),))], kernel_shape=[1, 1])
+    cases.add("Relu", [nan_in])
+    xi = sprinkle(uniform(*x.shape) * 2, {(0, 1, 2, 3): INF, (0, 4, 6, 7): -INF, (0, 2, 0, 0): INF})
+    res = sprinkle(uniform(1, oc, *x.shape[2:]), {(0, 2, 3, 3): NAN, (0, 6, 0, 0): INF, (0, 9, 4, 4): -INF})
+    check(cases, {"x": x, "xi": xi, "res": res}, opset=17, layout="propagate")
+    plan = smelt.compile(build_model(cases, {"x": x, "xi": xi, "res": res}, 17), threads=1).plan
+    templates = {i["schedule"].get("template") for s in plan["steps"] if s["kind"] == "native" for i in s["step_info"]}
+    assert {"f32_conv_nchwc", "pool_nchwc", "global_pool_nchwc", "batchnorm_nchwc"} <= templates, templates
 
 
 RNN_ACTS = {"LSTM": [("Sigmoid", "Tanh", "Tanh"), ("HardSigmoid", "Relu", "LeakyRelu"), ("Sigmoid", "Affine", "Softsign")],
