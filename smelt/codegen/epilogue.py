@@ -3,7 +3,9 @@
 Every template that applies an activation renders it here: the element-wise template, the
 GEMM/conv epilogues (gemm.py and the templates that share its tile epilogue: conv.py,
 conv_nchwc.py, winograd.py, blocked.py, norm.py) and the RNN template (relu, clip, leaky relu,
-hard sigmoid). So NaN and Inf behave the same in a standalone op and in a fused one.
+hard sigmoid). So NaN and Inf behave the same in a standalone op and in a fused one. (The RNN
+template asks for onnxruntime's RNN activation semantics, where Relu and HardSigmoid map NaN to
+0: ``nan_to_zero``.)
 
 NaN and Inf follow onnxruntime (the oracle):
 - max(a, b) and min(a, b) are always spelled so that a NaN *value* survives: ``SMELT_MAX(a, b)``
@@ -108,10 +110,11 @@ class VectorOps(Protocol):
     def ge_zero_select(self, v: str, if_ge: str, if_lt: str) -> str: ...
 
 
-def vector_relu(v: VectorOps, x: str) -> str:
+def vector_relu(v: VectorOps, x: str, nan_to_zero: bool = False) -> str:
     """max(0, x) in one instruction; x second, so NaN survives (``max_ps`` returns its second
-    operand when either is NaN)."""
-    return v.op("max", v.zero(), x)
+    operand when either is NaN). ``nan_to_zero``: x first, NaN gives 0 (onnxruntime's RNN
+    activation functors, ``std::max(0.0f, x)``, unlike its Relu op)."""
+    return v.op("max", x, v.zero()) if nan_to_zero else v.op("max", v.zero(), x)
 
 
 def vector_clamp(v: VectorOps, x: str, lo: str | None, hi: str | None) -> str:
@@ -128,9 +131,10 @@ def vector_leaky_relu(v: VectorOps, x: str, alpha: float) -> str:
     return v.ge_zero_select(x, x, v.op("mul", v.set1(_lit(alpha)), x))
 
 
-def vector_hard_sigmoid(v: VectorOps, x: str, alpha: float, beta: float) -> str:
+def vector_hard_sigmoid(v: VectorOps, x: str, alpha: float, beta: float, nan_to_zero: bool = False) -> str:
+    """min(1, max(0, alpha x + beta)); ``nan_to_zero`` as in ``vector_relu``."""
     t = v.op("add", v.op("mul", v.set1(_lit(alpha)), x), v.set1(_lit(beta)))
-    return vector_clamp(v, t, v.zero(), v.set1("1.0f"))
+    return v.op("min", v.set1("1.0f"), vector_relu(v, t, nan_to_zero))
 
 
 def vector_unary_expr(v: VectorOps, step: dict, x: str, vexp: str = "") -> str:
