@@ -335,6 +335,50 @@ def test_nchwc_epilogues_and_blocked_ops(isa, monkeypatch, cache):
     assert {"f32_conv_nchwc", "pool_nchwc", "global_pool_nchwc", "batchnorm_nchwc"} <= templates, templates
 
 
+def test_avx512_rendering_keeps_nan(tmp_path):
+    """AVX-512 code cannot run here: generate it for a forced AVX-512 target (GEMM micro-kernel store
+    epilogue, tile epilogue, NCHW16c direct and Winograd convs, blocked max pooling) and check that
+    every max/min of an epilogue has the value second (``max_ps(0, x)``: NaN kept, one
+    instruction), none the old way round, and that gcc compiles it with AVX-512 enabled."""
+    import dataclasses
+    import re
+    import subprocess
+
+    from smelt.codegen import toolchain
+    from smelt.codegen.emit import generate
+    from smelt.codegen.plan import build_plan
+    from smelt.compiler import CompileOptions, lower
+    from smelt.frontend.onnx_import import load_model
+
+    target = dataclasses.replace(detect(), isa="avx512", vector_bits=512, vector_registers=32)
+    cases = Cases()
+    a, w, bias = uniform(20, 24), uniform(24, 40), uniform(40)
+    _host(cases, "MatMul", ["a"], (w,), ("Relu",), "", None)
+    _host(cases, "Gemm", ["a"], (w, bias), ("Clip",), "", None)
+    _host(cases, "Gemm", ["a"], (w, bias), ("HardSwish",), "", None)
+    h = hidden(cases, "Conv", ["x"], (uniform(32, 8, 1, 1), uniform(32)))
+    _host(cases, "Conv", [h], (uniform(32, 32, 3, 3),), ("Relu",), "", None, pads=[1, 1, 1, 1])  # Winograd
+    _host(cases, "Conv", [h], (uniform(32, 32, 1, 1), uniform(32)), ("Clip06",), "", None)
+    cases.add("MaxPool", [h], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    model = build_model(cases, {"a": a, "x": uniform(1, 8, 14, 14)}, 17)
+    g = lower(load_model(model), CompileOptions(threads=2), target)
+    src = toolchain.source_with_runtime(generate(g, build_plan(g, ()), target, 2).source)
+    assert "winograd" in src.lower() and "nchw16c" in src
+    calls = re.findall(r"_mm512_(max|min)_ps\(([^(),]+(?:\([^()]*\))?), ", src)
+    assert calls, "no AVX-512 max/min rendered"
+    value_first = [c for c in calls if not re.match(r"_mm512_set(zero|1)_ps|[lh]$|x$", c[1])]
+    # the only value-first max is max pooling's max_ps(x, a), which skips a NaN element on purpose
+    assert all(arg.startswith("_mm512_load") for _, arg in value_first), value_first
+    assert "_mm512_max_ps(_mm512_setzero_ps(), c0_0)" in src  # the micro-kernel's fused Relu
+    assert "_mm512_min_ps(h, _mm512_max_ps(l, c0_0))" in src  # its fused Clip
+    c_file = tmp_path / "avx512.c"
+    c_file.write_text(src)
+    cc = toolchain.find_compiler().path
+    proc = subprocess.run([cc, "-std=gnu11", "-fPIC", "-O1", "-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl",
+                           "-mfma", "-c", "-o", str(tmp_path / "avx512.o"), str(c_file)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 # (activations, clip): every activation family onnxruntime treats differently at +-Inf / NaN
 RNN_CASES = {"LSTM": [(("Sigmoid", "Tanh", "Tanh"), None), (("HardSigmoid", "Affine", "Relu"), 2.5)],
              "GRU": [(("Sigmoid", "Tanh"), None), (("HardSigmoid", "Relu"), 2.5)],
