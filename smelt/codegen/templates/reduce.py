@@ -8,6 +8,13 @@ by the usual rounding). When the innermost group is kept, each output row is the
 the reduction streams over the input with the vector loop along that kept dimension. A reduction
 to fewer outputs than threads splits each run over the threads, with a combine step after.
 
+NaN (onnxruntime is the oracle; its vector kernels keep or drop a NaN by SIMD lane, so smelt
+follows its scalar rule, which does not depend on where a NaN lands): ReduceMax/ReduceMin give
+the first element if it is NaN and skip every other NaN (a std::max fold from the first
+element); ArgMax/ArgMin scan from the first element with a strict compare (non-strict for
+select_last_index), so a NaN first element wins and no later NaN is ever chosen. The sums and
+products propagate NaN; Softmax and ReduceLogSumExp use the NaN-propagating max.
+
 Also here: the lane-parallel row helpers (``row_reduce_fn``, ``row_expsum_fn``) the pool, norm and
 softmax templates share.
 """
