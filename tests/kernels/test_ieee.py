@@ -59,10 +59,8 @@ ROW = np.array([NAN, INF, -INF, -1.5, -0.0, 0.0, 0.3, 2.0, 7.0, -7.0, 100.0, -10
                np.float32)
 
 
-def test_elementwise_and_activations(monkeypatch, cache):
-    """Standalone unary, Clip, binary and Softmax ops (one native template family, all dtypes' code)."""
-    _target("native", monkeypatch, cache)
-    cases = Cases()
+def _elementwise_cases(cases: Cases) -> dict:
+    """Standalone unary, Clip, binary and Softmax ops on rows of specials; returns their feeds."""
     for op in ("Relu", "Neg", "Abs", "Sign", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Reciprocal", "Floor", "Ceil",
                "Round", "Erf", "Sin", "Cos", "Tan", "Softplus", "Softsign", "Elu", "Celu", "Selu", "HardSwish",
                "Mish"):
@@ -92,9 +90,8 @@ def test_elementwise_and_activations(monkeypatch, cache):
     x = np.stack([ROW, np.roll(ROW, 5), -ROW, np.roll(ROW, -3)])
     s = sprinkle(uniform(6, 5) * 3, {(0, 1): NAN, (1, 0): INF, (2, 4): -INF, (3, 2): INF, (3, 3): INF,
                                               (4, 0): -INF, (4, 1): -INF, (4, 2): -INF, (4, 3): -INF, (4, 4): -INF})
-    feeds = {"x": x, "xr": x[:, ::-1].copy(), "lo": np.array(-2.0, np.float32),
-             "hi": np.array(1.0, np.float32), "cond": RNG.integers(0, 2, x.shape).astype(bool), "s": s}
-    check(cases, feeds, opset=20)
+    return {"x": x, "xr": x[:, ::-1].copy(), "lo": np.array(-2.0, np.float32),
+            "hi": np.array(1.0, np.float32), "cond": RNG.integers(0, 2, x.shape).astype(bool), "s": s}
 
 
 def _reduce_input() -> np.ndarray:
@@ -121,8 +118,10 @@ def _pool_input(c: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("isa", ISAS)
-def test_reductions_pools_norms(isa, monkeypatch, cache):
-    """Ops whose onnxruntime kernels treat NaN the same at every position: sums, means, products,
+def test_standalone_ops(isa, monkeypatch, cache):
+    """The element-wise family (unary math and activations, Clip with every bound form, binary
+    ops in both operand orders, Softmax) and the ops whose onnxruntime kernels treat NaN the same
+    at every position: sums, means, products,
     norms, LogSumExp, ArgMax/ArgMin (first and last index), average / Lp pooling, BatchNorm (NaN/Inf
     in the input and in its parameters, fused Relu/Clip), LRN, Layer/InstanceNorm; and ReduceMax /
     ReduceMin over leading axes (onnxruntime folds std::max from the first element there)."""
@@ -158,7 +157,8 @@ def test_reductions_pools_norms(isa, monkeypatch, cache):
     cases.add("LayerNormalization", ["p"], (uniform(7), uniform(7)))
     cases.add("InstanceNormalization", ["p"], (uniform(c), uniform(c)))
     q = sprinkle(uniform(2, c, 5, 7) * 4, {(0, 1, 1, 1): NAN})
-    check(cases, {"r": _reduce_input(), "p": _pool_input(c), "q": q}, opset=18)
+    feeds = _elementwise_cases(cases)
+    check(cases, {**feeds, "r": _reduce_input(), "p": _pool_input(c), "q": q}, opset=20)
 
 
 def _max_like_cases() -> Cases:

@@ -297,9 +297,11 @@ def emit_batchnorm_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     hw = h * w
     eps = float(node.attr("epsilon", 1e-5))
     scale, bias, mean, var = (np.asarray(g.const(i), np.float64).reshape(-1) for i in node.inputs[1:5])
-    s = scale / np.sqrt(var + eps)
+    with np.errstate(all="ignore"):  # NaN/Inf parameters give NaN/Inf, as computed at run time
+        s = scale / np.sqrt(var + eps)
+        shift = bias - mean * s
     sc = em.weight(s.astype(np.float32))
-    sh = em.weight((bias - mean * s).astype(np.float32))
+    sh = em.weight(shift.astype(np.float32))
     total = n * (c // b)
     L = [f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};",
          f"const float *restrict SC = {sc}; const float *restrict SH = {sh};",

@@ -105,9 +105,11 @@ def emit_batchnorm(node: Node, g: Graph, em: BlockEmitter) -> None:
     L = [f"const {t} *restrict X = {em.ptr(x)};", f"{t} *restrict Y = (void *){em.ptr(y)};"]
     if all(p is not None for p in consts):
         scale, bias, mean, var = (np.asarray(p, np.float64).reshape(-1) for p in consts)
-        s = scale / np.sqrt(var + eps)
+        with np.errstate(all="ignore"):  # NaN/Inf parameters give NaN/Inf, as computed at run time
+            s = scale / np.sqrt(var + eps)
+            sh = bias - mean * s
         L.append(f"const {t} *restrict SC = {em.weight(s.astype(dt))};")
-        L.append(f"const {t} *restrict SH = {em.weight((bias - mean * s).astype(dt))};")
+        L.append(f"const {t} *restrict SH = {em.weight(sh.astype(dt))};")
         coef = lambda ch: [f"const {t} sc = SC[{ch}], sh = SH[{ch}];"]  # noqa: E731
     else:
         names = ("PS", "PB", "PM", "PV")
