@@ -1,4 +1,21 @@
-"""Render a node's fused epilogue (see passes/fuse_epilogue.py) as a C expression.
+"""Activations, in scalar and vector C, and a node's fused epilogue (see passes/fuse_epilogue.py).
+
+Every template that applies an activation renders it here: the element-wise template, the
+GEMM/conv epilogues (gemm.py and the templates that share its tile epilogue: conv.py,
+conv_nchwc.py, winograd.py, blocked.py, norm.py) and the RNN template (relu, clip, leaky relu,
+hard sigmoid). So NaN and Inf behave the same in a standalone op and in a fused one. (The RNN
+template asks for onnxruntime's RNN activation semantics, where Relu and HardSigmoid map NaN to
+0: ``nan_to_zero``.)
+
+NaN and Inf follow onnxruntime (the oracle):
+- max(a, b) and min(a, b) are always spelled so that a NaN *value* survives: ``SMELT_MAX(a, b)``
+  is ``a > b ? a : b`` and x86 ``max_ps(a, b)`` returns ``b`` when either is NaN, so the value
+  goes second and the constant first (``max_ps(zero, x)``): one instruction, NaN kept.
+  Relu(NaN) = NaN, Clip(NaN) = NaN, HardSigmoid(NaN) = NaN, HardSwish(NaN) = NaN.
+- Clip's absent bounds are the float range (ONNX's defaults, what onnxruntime uses), so
+  Clip() maps +-Inf to +-FLT_MAX; the fuse pass stores them in the step (``min``/``max``).
+- Sigmoid(+-Inf) = 1 / 0 exactly and SiLU(-Inf) = -Inf * 0 = NaN (the vector exp is exact at
+  +-Inf); HardSwish(-Inf) = -Inf * 0 = NaN; LeakyRelu(-Inf) = -Inf.
 
 Templates of epilogue hosts (Conv, Gemm, MatMul, BatchNormalization) call
 ``epilogue_expr(em, node, acc, flat_index, channel)`` on each output element before storing it.
@@ -8,7 +25,7 @@ host's channel axis (output channel for Conv/BN, column for Gemm/MatMul).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from smelt.ir.graph import Node
 
@@ -18,40 +35,136 @@ if TYPE_CHECKING:
 
 _BINARY_C = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
 
+# activations with a rendering here (node.epilogue ops besides the binary ones)
+ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "SiLU")
 
-def _f(x: float) -> str:
+
+def _lit(x: float, dtype: str = "float32") -> str:
     from smelt.codegen.emit import c_literal
 
-    return c_literal(x, "float32")
+    return c_literal(x, dtype)
 
 
-def unary_float_expr(op: str, v: str, params: dict) -> str:
-    """C expression for a float32 unary activation applied to expression ``v``."""
+def _fn(name: str, dtype: str) -> str:
+    """libm function for the element type: expf for float32, exp for float64."""
+    return f"{name}f" if dtype == "float32" else name
+
+
+# ------------------------------------------------------------------------------------------
+# scalar C (``SMELT_MAX(a, b)`` is ``a > b ? a : b``, ``SMELT_MIN(a, b)`` is ``a < b ? a : b``)
+# ------------------------------------------------------------------------------------------
+def scalar_relu(v: str, dtype: str = "float32") -> str:
+    """max(0, v) keeping NaN (``0 > NaN`` is false, so the value is taken)."""
+    return f"SMELT_MAX({_lit(0, dtype)}, {v})"
+
+
+def scalar_clamp(v: str, lo: str | None, hi: str | None) -> str:
+    """min(hi, max(lo, v)) with C expressions for the bounds (None: that side unbounded); NaN kept."""
+    if lo is not None:
+        v = f"SMELT_MAX({lo}, {v})"
+    if hi is not None:
+        v = f"SMELT_MIN({hi}, {v})"
+    return v
+
+
+def _bound(x: float, dtype: str) -> str | None:
+    """A clip bound as a literal, or None when it cannot clip (an infinite bound)."""
+    return None if x in (float("inf"), float("-inf")) else _lit(x, dtype)
+
+
+def unary_float_expr(op: str, v: str, params: dict, dtype: str = "float32") -> str:
+    """C expression for the float unary activation ``op`` (an epilogue step: ``params`` holds its
+    attributes, Clip's ``min``/``max`` always present) applied to expression ``v``."""
+    one, zero = _lit(1, dtype), _lit(0, dtype)
     if op == "Relu":
-        return f"SMELT_MAX({v}, 0.0f)"
+        return scalar_relu(v, dtype)
     if op == "Clip":
-        lo, hi = params.get("min", float("-inf")), params.get("max", float("inf"))
-        expr = v
-        if lo != float("-inf"):
-            expr = f"SMELT_MAX({expr}, {_f(lo)})"
-        if hi != float("inf"):
-            expr = f"SMELT_MIN({expr}, {_f(hi)})"
-        return expr
+        return scalar_clamp(v, _bound(params["min"], dtype), _bound(params["max"], dtype))
     if op == "Sigmoid":
-        return f"(1.0f / (1.0f + expf(-({v}))))"
+        return f"({one} / ({one} + {_fn('exp', dtype)}(-({v}))))"
     if op == "Tanh":
-        return f"tanhf({v})"
+        return f"{_fn('tanh', dtype)}({v})"
     if op == "LeakyRelu":
-        return f"(({v}) >= 0.0f ? ({v}) : {_f(params['alpha'])} * ({v}))"
+        return f"(({v}) >= {zero} ? ({v}) : {_lit(params['alpha'], dtype)} * ({v}))"
     if op == "HardSigmoid":
-        return f"SMELT_MIN(SMELT_MAX({_f(params['alpha'])} * ({v}) + {_f(params['beta'])}, 0.0f), 1.0f)"
-    if op == "HardSwish":
-        return f"(({v}) * SMELT_MIN(SMELT_MAX(({v}) * (1.0f / 6.0f) + 0.5f, 0.0f), 1.0f))"
-    if op == "SiLU":
-        return f"(({v}) / (1.0f + expf(-({v}))))"
+        return scalar_clamp(f"{_lit(params['alpha'], dtype)} * ({v}) + {_lit(params['beta'], dtype)}", zero, one)
+    if op == "HardSwish":  # x * HardSigmoid(x) with alpha 1/6, beta 1/2 (its ONNX definition)
+        return f"(({v}) * {scalar_clamp(f'({v}) * {_lit(1 / 6, dtype)} + {_lit(0.5, dtype)}', zero, one)})"
+    if op == "SiLU":  # x / (1 + e^-x): -Inf / Inf = NaN, as onnxruntime's x * sigmoid(x)
+        return f"(({v}) / ({one} + {_fn('exp', dtype)}(-({v}))))"
     raise KeyError(op)
 
 
+# ------------------------------------------------------------------------------------------
+# vector C
+# ------------------------------------------------------------------------------------------
+class VectorOps(Protocol):
+    """How a template spells vector operations (gemm's ``_V``, the RNN's ``VX_`` helpers)."""
+
+    def zero(self) -> str: ...
+
+    def set1(self, x: str) -> str: ...
+
+    def op(self, name: str, a: str, b: str) -> str: ...  # "add", "sub", "mul", "div", "max", "min"
+
+    def ge_zero_select(self, v: str, if_ge: str, if_lt: str) -> str: ...
+
+
+def vector_relu(v: VectorOps, x: str, nan_to_zero: bool = False) -> str:
+    """max(0, x) in one instruction; x second, so NaN survives (``max_ps`` returns its second
+    operand when either is NaN). ``nan_to_zero``: x first, NaN gives 0 (onnxruntime's RNN
+    activation functors, ``std::max(0.0f, x)``, unlike its Relu op)."""
+    return v.op("max", x, v.zero()) if nan_to_zero else v.op("max", v.zero(), x)
+
+
+def vector_clamp(v: VectorOps, x: str, lo: str | None, hi: str | None) -> str:
+    """min(hi, max(lo, x)) with vector expressions for the bounds (None: unbounded); NaN kept."""
+    if lo is not None:
+        x = v.op("max", lo, x)
+    if hi is not None:
+        x = v.op("min", hi, x)
+    return x
+
+
+def vector_leaky_relu(v: VectorOps, x: str, alpha: float) -> str:
+    """x >= 0 ? x : alpha * x (an ordered compare: NaN takes alpha * NaN = NaN)."""
+    return v.ge_zero_select(x, x, v.op("mul", v.set1(_lit(alpha)), x))
+
+
+def vector_hard_sigmoid(v: VectorOps, x: str, alpha: float, beta: float, nan_to_zero: bool = False) -> str:
+    """min(1, max(0, alpha x + beta)); ``nan_to_zero`` as in ``vector_relu``."""
+    t = v.op("add", v.op("mul", v.set1(_lit(alpha)), x), v.set1(_lit(beta)))
+    return v.op("min", v.set1("1.0f"), vector_relu(v, t, nan_to_zero))
+
+
+def vector_unary_expr(v: VectorOps, step: dict, x: str, vexp: str = "") -> str:
+    """Vector expression for activation ``step`` on vector ``x``; ``vexp`` names a vector expf
+    (exact at +-Inf) for Sigmoid, Tanh and SiLU."""
+    op = step["op"]
+    if op == "Relu":
+        return vector_relu(v, x)
+    if op == "Clip":
+        lo, hi = _bound(step["min"], "float32"), _bound(step["max"], "float32")
+        return vector_clamp(v, x, lo and v.set1(lo), hi and v.set1(hi))
+    if op == "LeakyRelu":
+        return vector_leaky_relu(v, x, step["alpha"])
+    if op == "HardSigmoid":
+        return vector_hard_sigmoid(v, x, step["alpha"], step["beta"])
+    if op == "HardSwish":
+        return v.op("mul", x, vector_hard_sigmoid(v, x, 1 / 6, 0.5))
+    one, zero = v.set1("1.0f"), v.zero()
+    if op == "Sigmoid":  # 1 / (1 + e^-x)
+        return v.op("div", one, v.op("add", one, f"{vexp}({v.op('sub', zero, x)})"))
+    if op == "SiLU":  # x / (1 + e^-x)
+        return v.op("div", x, v.op("add", one, f"{vexp}({v.op('sub', zero, x)})"))
+    if op == "Tanh":  # 1 - 2 / (e^2x + 1)
+        return v.op("sub", one, v.op("div", v.set1("2.0f"), v.op("add", f"{vexp}({v.op('add', x, x)})", one)))
+    raise KeyError(op)
+
+
+# ------------------------------------------------------------------------------------------
+# a node's fused epilogue, per element
+# ------------------------------------------------------------------------------------------
 def epilogue_expr(em: BlockEmitter, node: Node, acc: str, flat_index: str, channel: str) -> str:
     """Apply ``node.epilogue`` to the accumulator expression ``acc``."""
     expr = acc

@@ -4,7 +4,8 @@ Needs: shapes inferred; BatchNorm already folded. Guarantees: a chain of element
 (bias/residual Add, Sub, Mul, Div with a same-shape, per-channel or scalar operand; Relu, Clip,
 Sigmoid, Tanh, LeakyRelu, HardSigmoid, HardSwish, and the SiLU pattern x*sigmoid(x)) that
 follows a Conv, Gemm, MatMul or BatchNormalization whose output has no other reader becomes
-that producer's ``epilogue`` list, applied in order to each output element. The fused producer
+that producer's ``epilogue`` list, applied in order to each output element. A Clip step always
+carries both bounds (``min``/``max``; absent ones are ONNX's defaults, the float32 range). The fused producer
 writes the last op's output value. Only float32 outputs are fused.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.ir.graph import Graph, Node
-from smelt.ir.ops import EPILOGUE_HOSTS
+from smelt.ir.ops import EPILOGUE_HOSTS, activation_params, clip_default_bounds
 
 UNARY = {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Clip"}
 BINARY = {"Add", "Sub", "Mul", "Div"}
@@ -32,12 +33,9 @@ def _unary_spec(g: Graph, node: Node) -> dict | None:
             if c is None:
                 return None
             hi = float(c)
-        return {"op": "Clip", "min": -np.inf if lo is None else float(lo), "max": np.inf if hi is None else float(hi)}
-    if node.op == "LeakyRelu":
-        return {"op": "LeakyRelu", "alpha": float(node.attr("alpha", 0.01))}
-    if node.op == "HardSigmoid":
-        return {"op": "HardSigmoid", "alpha": float(node.attr("alpha", 0.2)), "beta": float(node.attr("beta", 0.5))}
-    return {"op": node.op}
+        dlo, dhi = clip_default_bounds(np.float32)  # not +-Inf: Clip() maps +-Inf to +-FLT_MAX
+        return {"op": "Clip", "min": dlo if lo is None else float(lo), "max": dhi if hi is None else float(hi)}
+    return activation_params(node)
 
 
 def broadcast_kind(out_shape: tuple, operand_shape: tuple, channel_axis: int) -> str | None:

@@ -121,6 +121,18 @@ def _block_vector(b: int, target: Target) -> Blocking | None:
     return None
 
 
+def _all_nan_windows(out: str, b: int, scan: list[str], ind: str, any_inf: str | None = None) -> list[str]:
+    """C lines setting to NaN the lanes of the ``b`` max-pool results at ``out`` whose window held
+    only NaN (they came out -Inf: NaN never wins, see pool.py); ``scan`` ORs ``num[lane]`` over
+    the window. Runs only when some lane is -Inf (``any_inf``: a vector test of that), which real
+    data almost never makes."""
+    head = [f"if ({any_inf}) {{"] if any_inf else [
+        f"int any_inf = 0; for (int l = 0; l < {b}; ++l) any_inf |= ({out})[l] == -INFINITY;", "if (any_inf) {"]
+    body = [*head, f"    int num[{b}] = {{0}};", *["    " + line for line in scan],
+            f"    for (int l = 0; l < {b}; ++l) if (!num[l] && ({out})[l] == -INFINITY) ({out})[l] = NAN;", "}"]
+    return [ind + line for line in body]
+
+
 def _c_ints(name: str, values: list[int]) -> str:
     return f"static const int {name}[{len(values)}] = {{{', '.join(str(v) for v in values)}}};"
 
@@ -161,12 +173,22 @@ def emit_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
           f"    const long oy = it % {oh}, cbn = it / {oh};",
           f"    const float *restrict xb = X + cbn * {ih * iw * b}L;",
           f"    float *restrict yr = Y + it * {ow * b}L;"]
+    window_scan = ["for (int kh = KHL[oy]; kh < KHH[oy]; ++kh)",
+                   "    for (int kw = KWL[ox]; kw < KWH[ox]; ++kw) {",
+                   f"        const float *xp = xb + (oy * {sh} - {ph} + kh * {dh}) * {iw * b}L + (ox * {sw} - {pw} + kw * {dw}) * {b};",
+                   f"        for (int l = 0; l < {b}; ++l) num[l] |= xp[l] == xp[l];",
+                   "    }"]
     blk = _block_vector(b, em.target)
     if blk is not None:
         # one vector of channels per position; a window column that lies wholly inside the
         # image has a compile-time trip count (unrolled), edge columns use the tables
         v = _V(blk)
+        # max: max_ps(x, a) returns a when x is NaN, so NaN is skipped (see _all_nan_windows)
         acc = (lambda x: v.op("max", x, "a")) if is_max else (lambda x: v.op("add", x, "a"))
+        if blk.isa == "avx512":
+            any_inf = "_mm512_cmp_ps_mask(a, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ)"
+        else:
+            any_inf = "_mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ))"
         kw_full = geo.kernel[1]
         L += [f"    for (int ox = 0; ox < {ow}; ++ox) {{",
               f"        {v.t} a = {v.set1('-INFINITY') if is_max else v.zero()};",
@@ -181,6 +203,7 @@ def emit_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
               "        }"]
         if is_max:
             L.append(f"        {v.store(f'yr + ox * {b}', 'a')}")
+            L += _all_nan_windows(f"yr + ox * {b}", b, window_scan, "        ", any_inf)
         else:  # a true division, as onnxruntime does
             L.append(f"        {v.store(f'yr + ox * {b}', v.op('div', 'a', v.set1('(float)(CH[oy] * CW[ox])')))}")
         L += ["    }", "}"]
@@ -196,9 +219,10 @@ def emit_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
               "            }",
               "        }",
               f"        {fin}",
-              f"        for (int l = 0; l < {b}; ++l) yr[ox * {b} + l] = {store};",
-              "    }",
-              "}"]
+              f"        for (int l = 0; l < {b}; ++l) yr[ox * {b} + l] = {store};"]
+        if is_max:
+            L += _all_nan_windows(f"yr + ox * {b}", b, window_scan, "        ")
+        L += ["    }", "}"]
     em.schedule(algorithm=f"{node.op} on NCHW{b}c, lanes = channels",
                 threads="static split over (image, channel block, output row)", layout=f"NCHW{b}c")
     em.step("\n".join(L))
@@ -235,8 +259,12 @@ def emit_global_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
          f"    for (int l = 0; l < {b}; ++l) a[l] = {init};",
          f"    for (long p = 0; p < {hw}; ++p)",
          f"        for (int l = 0; l < {b}; ++l) {{ const float v = xb[p * {b} + l]; {upd} }}",
-         f"    for (int l = 0; l < {b}; ++l) Y[it * {b} + l] = {store};",  # [n][cb][l] == [n][c]
-         "}"]
+         f"    for (int l = 0; l < {b}; ++l) Y[it * {b} + l] = {store};"]  # [n][cb][l] == [n][c]
+    if is_max:
+        L += _all_nan_windows(f"Y + it * {b}", b, [f"for (long p = 0; p < {hw}; ++p)",
+                                                   f"    for (int l = 0; l < {b}; ++l) num[l] |= xb[p * {b} + l] == xb[p * {b} + l];"],
+                              "    ")
+    L.append("}")
     em.schedule(algorithm=f"{node.op} on NCHW{b}c", threads="static split over (image, channel block)",
                 layout=f"NCHW{b}c -> plain (same bytes for a 1x1 plane)")
     em.step("\n".join(L))
@@ -269,9 +297,11 @@ def emit_batchnorm_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     hw = h * w
     eps = float(node.attr("epsilon", 1e-5))
     scale, bias, mean, var = (np.asarray(g.const(i), np.float64).reshape(-1) for i in node.inputs[1:5])
-    s = scale / np.sqrt(var + eps)
+    with np.errstate(all="ignore"):  # NaN/Inf parameters give NaN/Inf, as computed at run time
+        s = scale / np.sqrt(var + eps)
+        shift = bias - mean * s
     sc = em.weight(s.astype(np.float32))
-    sh = em.weight((bias - mean * s).astype(np.float32))
+    sh = em.weight(shift.astype(np.float32))
     total = n * (c // b)
     L = [f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};",
          f"const float *restrict SC = {sc}; const float *restrict SH = {sh};",

@@ -1,8 +1,9 @@
 """Element-wise templates: unary math and activations, binary and ternary ops with broadcasting.
 
 Template ``f32_eltwise_*``: one loop nest from ``codegen.broadcast`` per node; float ops use
-libm (no fast-math: results stay IEEE fp32/fp64) and propagate NaN like the ONNX reference
-(numpy's maximum/minimum/clip); integer ops only where C semantics equal ONNX's (integer
+libm (no fast-math: results stay IEEE fp32/fp64) and propagate NaN like onnxruntime (Max, Min,
+Clip keep NaN; Clip's absent bounds are the type's range); the activations a fused epilogue can
+hold are rendered by ``codegen.epilogue``, so standalone and fused agree; integer ops only where C semantics equal ONNX's (integer
 division and modulo fall back: C's truncation and division by zero differ). Integer Add, Sub,
 Mul, Neg and Abs wrap like numpy: they compute in unsigned arithmetic, so there is no signed
 overflow (undefined behaviour in C) and no promotion of uint16 to a signed int.
@@ -14,8 +15,10 @@ import numpy as np
 
 from smelt.codegen.broadcast import broadcast_strides, elementwise_loop
 from smelt.codegen.emit import BlockEmitter, c_literal
+from smelt.codegen.epilogue import ACTIVATIONS, scalar_clamp, scalar_relu, unary_float_expr
 from smelt.codegen.templates.registry import register, same_layout_flat
 from smelt.ir.graph import Graph, Node
+from smelt.ir.ops import activation_params, clip_default_bounds
 from smelt.ir.types import FLOAT_TYPES, INT_TYPES, c_type, has_c_type
 
 SIGNED = ("int8", "int16", "int32", "int64")
@@ -48,7 +51,7 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
     if op == "Identity":
         return x
     if op == "Relu" and dtype in FLOAT_TYPES + SIGNED:
-        return f"({x} < {zero} ? {zero} : {x})"  # NaN stays NaN, like numpy.maximum(x, 0)
+        return scalar_relu(x, dtype)
     if op == "Neg" and dtype in FLOAT_TYPES:
         return f"(-{x})"
     if op == "Neg" and dtype in SIGNED:
@@ -65,11 +68,11 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
         return f"(!{x})"
     if not fl:
         return None
+    if op in ACTIVATIONS:  # rendered with the fused epilogues' semantics (NaN/Inf as onnxruntime)
+        return unary_float_expr(op, x, activation_params(node), dtype)
     f = lambda name: _fn(name, dtype)  # noqa: E731
     a = lambda key, default: _lit(node.attr(key, default), dtype)  # noqa: E731
     table = {
-        "Sigmoid": f"({one} / ({one} + {f('exp')}(-{x})))",
-        "Tanh": f"{f('tanh')}({x})",
         "Exp": f"{f('exp')}({x})",
         "Log": f"{f('log')}({x})",
         "Sqrt": f"{f('sqrt')}({x})",
@@ -83,13 +86,10 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
         "Tan": f"{f('tan')}({x})",
         "Softplus": f"({x} > {_lit(20, dtype)} ? {x} : {f('log1p')}({f('exp')}({x})))",
         "Softsign": f"({x} / ({one} + {f('fabs')}({x})))",
-        "LeakyRelu": f"({x} >= {zero} ? {x} : {a('alpha', 0.01)} * {x})",
         "Elu": f"({x} >= {zero} ? {x} : {a('alpha', 1.0)} * ({f('exp')}({x}) - {one}))",
         "Celu": _nan_guard(x, f"({f('fmax')}({zero}, {x}) + {f('fmin')}({zero}, {a('alpha', 1.0)} * ({f('exp')}({x} / {a('alpha', 1.0)}) - {one})))"),
         "Selu": f"({a('gamma', 1.0507009873554805)} * ({x} > {zero} ? {x} : {a('alpha', 1.6732632423543772)} * ({f('exp')}({x}) - {one})))",
         "ThresholdedRelu": f"({x} > {a('alpha', 1.0)} ? {x} : {zero})",
-        "HardSigmoid": _nan_guard(x, f"{f('fmin')}({one}, {f('fmax')}({zero}, {a('alpha', 0.2)} * {x} + {a('beta', 0.5)}))"),
-        "HardSwish": f"({x} * {f('fmin')}({one}, {f('fmax')}({zero}, {x} / {_lit(6, dtype)} + {_lit(0.5, dtype)})))",
         "Mish": f"({x} * {f('tanh')}({f('log1p')}({f('exp')}({x}))))",
     }
     if op == "Gelu":
@@ -160,14 +160,13 @@ def _check_clip(node: Node, g: Graph) -> str | None:
 def emit_clip(node: Node, g: Graph, em: BlockEmitter) -> None:
     x, y = node.inputs[0], node.outputs[0]
     dt = _dtype(g, x)
-    expr = "X[I0]"
-    for kind, (mode, val) in zip(("max", "min"), [b if b else (None, None) for b in _clip_bounds(node, g)],
-                                 strict=True):
-        if mode is None:
-            continue
-        bound = f"({em.ptr(val)}[0])" if mode == "ptr" else c_literal(val, dt)
-        cmp = "<" if kind == "max" else ">"  # lower bound: take max(x, lo)
-        expr = f"(({expr}) {cmp} {bound} ? {bound} : ({expr}))"
+    # an absent float bound is ONNX's default, the type's range (Clip() maps +-Inf to +-FLT_MAX)
+    defaults = clip_default_bounds(dt) if dt in FLOAT_TYPES else (None, None)
+    bounds = []
+    for b, default in zip(_clip_bounds(node, g), defaults, strict=True):
+        mode, val = b if b else (None, default)
+        bounds.append(f"({em.ptr(val)}[0])" if mode == "ptr" else None if val is None else c_literal(val, dt))
+    expr = scalar_clamp("X[I0]", *bounds)
     loop = elementwise_loop(g.values[y].shape, [g.values[x].shape],
                             lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', f'X[{idx[0]}]')};")
     em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"

@@ -48,7 +48,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from smelt.codegen.emit import BlockEmitter, c_literal
-from smelt.codegen.epilogue import epilogue_doc, epilogue_expr, unary_float_expr
+from smelt.codegen.epilogue import (
+    ACTIVATIONS,
+    epilogue_doc,
+    epilogue_expr,
+    scalar_clamp,
+    scalar_relu,
+    unary_float_expr,
+    vector_clamp,
+    vector_relu,
+    vector_unary_expr,
+)
 from smelt.codegen.templates.registry import register
 from smelt.ir.graph import Graph, Node
 from smelt.target import Target
@@ -233,8 +243,8 @@ def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False
             "            if (ef & 1) x = x + rb[r];",
             "            if (ef & 2) x = x + cb[j];",
             "            if (ef & 4) x = x + fr[r * ldf + j];",
-            "            if (ef & 8) x = SMELT_MAX(x, 0.0f);",
-            "            if (ef & 16) { x = SMELT_MAX(x, lo); x = SMELT_MIN(x, hi); }",
+            f"            if (ef & 8) x = {scalar_relu('x')};",
+            f"            if (ef & 16) x = {scalar_clamp('x', 'lo', 'hi')};",
             "            c[j] = x;",
             "        }",
             "    }",
@@ -317,11 +327,11 @@ def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False
     lines += ["        }", "        if (ef & 4) {"]
     for r, j in allc:
         lines.append(f"            c{r}_{j} = {v.op('add', f'c{r}_{j}', ldp(f'fr + {r} * ldf + {j * w}', j))};")
-    lines += ["        }", "        if (ef & 8) {", f"            const {v.t} z = {v.zero()};"]
-    lines += [f"            c{r}_{j} = {v.op('max', f'c{r}_{j}', 'z')};" for r, j in allc]
+    lines += ["        }", "        if (ef & 8) {"]
+    lines += [f"            c{r}_{j} = {vector_relu(v, f'c{r}_{j}')};" for r, j in allc]
     lines += ["        }", "        if (ef & 16) {",
               f"            const {v.t} l = {v.set1('lo')}, h = {v.set1('hi')};"]
-    lines += [f"            c{r}_{j} = {v.op('min', v.op('max', f'c{r}_{j}', 'l'), 'h')};" for r, j in allc]
+    lines += [f"            c{r}_{j} = {vector_clamp(v, f'c{r}_{j}', 'l', 'h')};" for r, j in allc]
     lines += ["        }", "    }"]
     for r in range(rows):
         lines.append("    " + " ".join(st(r, j) for j in range(nv)))
@@ -388,34 +398,49 @@ def microkernel(em: BlockEmitter, blk: Blocking, rows: int, nv: int, direct_a: b
 #  "swap": bool, "scale": float|None} ("row": indexed by the GEMM row + row offset,
 # "col": by the column, "full": by the element's flat index in the output), or
 # {"op": "Scale", "value": float}.
-VECTOR_UNARY = {"Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "SiLU"}
 
 
 def vexp_source(isa: str) -> str:
     """``static inline`` vector expf (FNAME): Cephes' degree-6 polynomial on x - n*ln2, scaled by
-    2^n; max relative error ~2 ulp over the clamped range (-87.3, 88.0); NaN propagates."""
+    2^n; max relative error ~2 ulp. NaN propagates (the clamp keeps it: the value is the second
+    operand of max/min), e^+Inf = +Inf and e^-Inf = 0 exactly, so Sigmoid(-Inf) = 0 and
+    SiLU(-Inf) = NaN as in onnxruntime. AVX-512 clamps x to [-104, 89] and lets ``scalef``
+    overflow to Inf and underflow to 0; AVX2 builds 2^n in the exponent bits, valid for
+    x in [-87.3, 88.0], and blends in Inf above ln(FLT_MAX) and 0 below -87.3."""
     if isa == "avx512":
         t, p = "__m512", "_mm512"
+        lo, hi = "-104.0f", "89.0f"
         scale = "_mm512_scalef_ps(y, n)"
         rnd = "_mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"
     else:
         t, p = "__m256", "_mm256"
+        lo, hi = "-87.3f", "88.0f"
         scale = ("_mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32("
                  "_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)))")
         rnd = "_mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"
     coefs = ["1.9875691500E-4f", "1.3981999507E-3f", "8.3334519073E-3f", "4.1665795894E-2f",
              "1.6666665459E-1f", "5.0000001201E-1f"]
-    L = [f"static inline {t} FNAME({t} x) {{",
-         f"    x = {p}_max_ps({p}_set1_ps(-87.3f), {p}_min_ps({p}_set1_ps(88.0f), x));",
+    L = [f"static inline {t} FNAME({t} x0) {{",
+         f"    const {t} x = {p}_max_ps({p}_set1_ps({lo}), {p}_min_ps({p}_set1_ps({hi}), x0));",
          f"    const {t} n = {rnd};",
          f"    {t} r = {p}_fnmadd_ps(n, {p}_set1_ps(0.693359375f), x);",
          f"    r = {p}_fnmadd_ps(n, {p}_set1_ps(-2.12194440e-4f), r);",
          f"    {t} q = {p}_set1_ps({coefs[0]});"]
     for c in coefs[1:]:
         L.append(f"    q = {p}_fmadd_ps(q, r, {p}_set1_ps({c}));")
-    L += [f"    {t} y = {p}_fmadd_ps({p}_mul_ps(q, r), r, {p}_add_ps(r, {p}_set1_ps(1.0f)));",
-          f"    return {scale};", "}"]
+    L.append(f"    {t} y = {p}_fmadd_ps({p}_mul_ps(q, r), r, {p}_add_ps(r, {p}_set1_ps(1.0f)));")
+    if isa == "avx512":
+        L.append(f"    return {scale};")
+    else:
+        L += [f"    y = {scale};",
+              "    /* 0 below the clamp (an unordered compare keeps NaN), Inf above ln(FLT_MAX) */",
+              "    y = _mm256_and_ps(y, _mm256_cmp_ps(x0, _mm256_set1_ps(-87.3f), _CMP_NLT_UQ));",
+              "    return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), "
+              "_mm256_cmp_ps(x0, _mm256_set1_ps(88.7228394f), _CMP_GT_OQ));"]
+    L.append("}")
     return "\n".join(L)
+
+
 _BIN = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
 
 
@@ -484,7 +509,7 @@ def _scalar_op(op: dict, expr: str, flat: str, row: str, col: str) -> str:
 
 
 def vector_epilogue_ok(ep: TileEpilogue, blk: Blocking) -> bool:
-    ok = VECTOR_UNARY if blk.fma else VECTOR_UNARY - {"Sigmoid", "Tanh", "SiLU"}
+    ok = set(ACTIVATIONS) if blk.fma else set(ACTIVATIONS) - {"Sigmoid", "Tanh", "SiLU"}
     return all(op["op"] in _BIN or op["op"] == "Scale" or op["op"] in ok for op in ep.all_ops())
 
 
@@ -499,32 +524,7 @@ def _vector_op(v: _V, op: dict, x: str, operand: str | None, vexp: str = "") -> 
             o = v.op("mul", v.set1(_lit(op["scale"])), o)
         fn = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}[name]
         return v.op(fn, o, x) if op.get("swap") else v.op(fn, x, o)
-    zero = v.zero()
-    if name == "Relu":
-        return v.op("max", x, zero)
-    if name == "Clip":
-        lo, hi = op.get("min", float("-inf")), op.get("max", float("inf"))
-        if lo != float("-inf"):
-            x = v.op("max", x, v.set1(_lit(lo)))
-        if hi != float("inf"):
-            x = v.op("min", x, v.set1(_lit(hi)))
-        return x
-    if name == "LeakyRelu":
-        return v.ge_zero_select(x, x, v.op("mul", v.set1(_lit(op["alpha"])), x))
-    if name == "HardSigmoid":
-        t = v.op("add", v.op("mul", v.set1(_lit(op["alpha"])), x), v.set1(_lit(op["beta"])))
-        return v.op("min", v.op("max", t, zero), v.set1("1.0f"))
-    one = v.set1("1.0f")
-    if name == "Sigmoid":  # 1 / (1 + e^-x)
-        return v.op("div", one, v.op("add", one, f"{vexp}({v.op('sub', zero, x)})"))
-    if name == "SiLU":  # x / (1 + e^-x)
-        return v.op("div", x, v.op("add", one, f"{vexp}({v.op('sub', zero, x)})"))
-    if name == "Tanh":  # 1 - 2 / (e^2x + 1)
-        return v.op("sub", one, v.op("div", v.set1("2.0f"), v.op("add", f"{vexp}({v.op('add', x, x)})", one)))
-    if name == "HardSwish":
-        t = v.op("add", v.op("mul", x, v.set1("(1.0f / 6.0f)")), v.set1("0.5f"))
-        return v.op("mul", x, v.op("min", v.op("max", t, zero), v.set1("1.0f")))
-    raise KeyError(name)
+    return vector_unary_expr(v, op, x, vexp)
 
 
 def describe_epilogue(ep: TileEpilogue) -> str:
@@ -559,8 +559,8 @@ def kernel_epilogue(ep: TileEpilogue, em: BlockEmitter) -> dict | None:
                 out["ef"] |= EF_RELU
             else:
                 out["ef"] |= EF_CLIP
-                out["lo"] = _lit(op.get("min", float("-inf")))
-                out["hi"] = _lit(op.get("max", float("inf")))
+                out["lo"] = _lit(op["min"])
+                out["hi"] = _lit(op["max"])
         else:
             return None
     return out

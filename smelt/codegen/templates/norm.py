@@ -8,8 +8,9 @@ is split over the threads, so a batch of one with few channels still uses every 
 
 ``layernorm`` / ``instancenorm``: per normalized row, the mean (lane-parallel sum) and the
 variance as the mean of squared deviations (two passes: no cancellation), then one fused
-scale-and-shift pass. ``lrn``: the channel window's sum of squares accumulated per spatial row,
-vectorized along the row.
+scale-and-shift pass. ``lrn``: per chunk of positions (vectorized along it), a running sum of
+squares over the channels as onnxruntime computes it (head added, tail subtracted), so NaN and
+Inf reach the same outputs as there.
 """
 
 from __future__ import annotations
@@ -104,9 +105,11 @@ def emit_batchnorm(node: Node, g: Graph, em: BlockEmitter) -> None:
     L = [f"const {t} *restrict X = {em.ptr(x)};", f"{t} *restrict Y = (void *){em.ptr(y)};"]
     if all(p is not None for p in consts):
         scale, bias, mean, var = (np.asarray(p, np.float64).reshape(-1) for p in consts)
-        s = scale / np.sqrt(var + eps)
+        with np.errstate(all="ignore"):  # NaN/Inf parameters give NaN/Inf, as computed at run time
+            s = scale / np.sqrt(var + eps)
+            sh = bias - mean * s
         L.append(f"const {t} *restrict SC = {em.weight(s.astype(dt))};")
-        L.append(f"const {t} *restrict SH = {em.weight((bias - mean * s).astype(dt))};")
+        L.append(f"const {t} *restrict SH = {em.weight(sh.astype(dt))};")
         coef = lambda ch: [f"const {t} sc = SC[{ch}], sh = SH[{ch}];"]  # noqa: E731
     else:
         names = ("PS", "PB", "PM", "PV")
@@ -259,6 +262,8 @@ def emit_instancenorm(node: Node, g: Graph, em: BlockEmitter) -> None:
 
 # -- LRN -------------------------------------------------------------------------------------------
 
+LRN_CHUNK = 512  # positions per work item: the running sums stay in L1
+
 def _check_lrn(node: Node, g: Graph) -> str | None:
     x = node.inputs[0]
     dt = dtype_name(g, x)
@@ -289,20 +294,31 @@ def emit_lrn(node: Node, g: Graph, em: BlockEmitter) -> None:
         scale = f"({lit(1)} / q)"
     else:
         scale = f"{powf}(q, {lit(-beta)})"
-    acc = em.scratch(em.n_threads * s * np.dtype(dt).itemsize, dt)
+    # onnxruntime's algorithm, so NaN and Inf spread alike: per position, a running sum over the
+    # channels (bias + a*x^2 of the window's head added, of its tail subtracted), so a NaN or Inf
+    # that enters the window stays in every later channel's sum (Inf - Inf = NaN)
+    chunk = min(s, LRN_CHUNK)
+    chunks = -(-s // chunk)
+    acc = em.scratch(em.n_threads * chunk * np.dtype(dt).itemsize, dt)
+    a = lit(alpha / size)
+    out = f"{{ const {t} q = A[i - i0]; yr[i] = xr[i] * {scale}; }}"
     L = [f"const {t} *restrict X = {em.ptr(x)};", f"{t} *restrict Y = (void *){em.ptr(y)};",
-         f"{t} *restrict A = {acc} + (long)tid * {s};",
-         work_range(n * c, n * c * s * size >= PARALLEL_MIN_ELEMS),
-         "for (long r = wb; r < we; ++r) {",
-         f"    const long b = r / {c}, ch = r % {c};",
-         f"    const long c0 = SMELT_MAX(0, ch - {lo}), c1 = SMELT_MIN({c - 1}, ch + {hi});",
-         f"    for (long i = 0; i < {s}; ++i) A[i] = 0;",
-         "    for (long k = c0; k <= c1; ++k) {",
-         f"        const {t} *restrict xk = X + (b * {c} + k) * {s};",
-         f"        for (long i = 0; i < {s}; ++i) A[i] += xk[i] * xk[i];",
+         f"{t} *restrict A = {acc} + (long)tid * {chunk};",
+         work_range(n * chunks, n * c * s * size >= PARALLEL_MIN_ELEMS),
+         "for (long w = wb; w < we; ++w) {",
+         f"    const long b = w / {chunks}, i0 = (w % {chunks}) * {chunk}, i1 = SMELT_MIN({s}, i0 + {chunk});",
+         f"    const {t} *restrict xb = X + b * {c * s}L; {t} *restrict yb = Y + b * {c * s}L;",
+         f"    for (long i = i0; i < i1; ++i) A[i - i0] = {lit(bias)};",
+         f"    for (long k = 0; k <= {min(hi, c - 1)}; ++k)",
+         f"        for (long i = i0; i < i1; ++i) A[i - i0] += {a} * (xb[k * {s} + i] * xb[k * {s} + i]);",
+         f"    for (long ch = 0; ch < {c}; ++ch) {{",
+         "        if (ch > 0) {",
+         f"            const long head = ch + {hi}, tail = ch - {lo + 1};",
+         f"            if (head < {c}) for (long i = i0; i < i1; ++i) A[i - i0] += {a} * (xb[head * {s} + i] * xb[head * {s} + i]);",
+         f"            if (tail >= 0) for (long i = i0; i < i1; ++i) A[i - i0] -= {a} * (xb[tail * {s} + i] * xb[tail * {s} + i]);",
+         "        }",
+         f"        const {t} *restrict xr = xb + ch * {s}; {t} *restrict yr = yb + ch * {s};",
+         f"        for (long i = i0; i < i1; ++i) {out}",
          "    }",
-         f"    const {t} *restrict xr = X + r * {s}; {t} *restrict yr = Y + r * {s};",
-         f"    for (long i = 0; i < {s}; ++i) {{ const {t} q = {lit(bias)} + {lit(alpha / size)} * A[i]; "
-         f"yr[i] = xr[i] * {scale}; }}",
          "}"]
     emit_kernel(em, f"lrn_{dt}", "\n".join(L), f"LRN size={size} over [{n}, {c}, {s}]")

@@ -11,6 +11,11 @@ the last window must start inside the input or its left padding) and must agree 
 inferred shape, else the node falls back; so do windows that would hold no input element.
 MaxPool's optional Indices output (flat input index of the first maximum; storage_order 1, the
 column-major plane index, for 2-D only) is tracked in the same loop with a select per element.
+
+NaN in max pooling (MaxPool, GlobalMaxPool, here and in blocked.py): a NaN never wins over a
+number and a window of only NaN gives NaN (IEEE maxNum), the rule of onnxruntime's scalar
+pooling code; its vector kernels keep or drop a NaN by the SIMD lane it lands in, which is not
+followed. -Inf stays -Inf (onnxruntime's kernels that start from -FLT_MAX give -FLT_MAX).
 """
 
 from __future__ import annotations
@@ -220,29 +225,44 @@ def emit_pool(node: Node, g: Graph, em: BlockEmitter) -> None:
         L.append(f"    int64_t *restrict ir = (int64_t *){em.ptr(node.outputs[1])} + r * {ow};")
         L.append(f"    for (long i = 0; i < {ow}; ++i) ir[i] = -1;")
         L.append(f"    const long plane = rem * {in_plane};")
-    ind = "    "
-    pos = []
-    for d in range(k - 1):
-        L.append(f"{ind}for (long k{d} = LO{d}[o{d}]; k{d} < HI{d}[o{d}]; ++k{d}) {{")
-        ind += "    "
-        L.append(f"{ind}const long i{d} = o{d} * {geo.strides[d]} - {geo.pads_begin[d]} + k{d} * {geo.dilations[d]};")
-        pos.append(f"i{d} * {in_strides[d]}")
-    L.append(f"{ind}const {t} *restrict xr = xp{''.join(' + ' + p for p in pos)};")
-    stmt = f"yr[o] = {upd.format(a='yr[o]', v=f'xr[o * {sw} + off]')};"
+    pos = [f"i{d} * {in_strides[d]}" for d in range(k - 1)]
+
+    def nest(stmt: str) -> list[str]:
+        """The window loops running ``stmt`` (in terms of ``xr``, ``o``, ``off``) per tap."""
+        out, ind = [], "    "
+        for d in range(k - 1):
+            out.append(f"{ind}for (long k{d} = LO{d}[o{d}]; k{d} < HI{d}[o{d}]; ++k{d}) {{")
+            ind += "    "
+            out.append(f"{ind}const long i{d} = o{d} * {geo.strides[d]} - {geo.pads_begin[d]} + k{d} * {geo.dilations[d]};")
+        out.append(f"{ind}const {t} *restrict xr = xp{''.join(' + ' + p for p in pos)};")
+        out.append(f"{ind}for (int kw = 0; kw < {geo.kernel[-1]}; ++kw) {{")
+        out.append(f"{ind}    const long off = (long)kw * {dw} - {pw};")
+        out.append(f"{ind}    for (long o = TLO[kw]; o < THI[kw]; ++o) {stmt}")
+        out.append(f"{ind}}}")
+        for _ in range(k - 1):
+            ind = ind[:-4]
+            out.append(f"{ind}}}")
+        return out
+
+    v = f"xr[o * {sw} + off]"
+    stmt = f"yr[o] = {upd.format(a='yr[o]', v=v)};"
     if indices:
         if col_major:  # 2-D only: index = plane + w * H + h
             ib, ws = "plane + i0", str(geo.ins[0])
         else:
             ib, ws = "plane" + "".join(" + " + p for p in pos), "1"
-        stmt = (f"{{ const {t} v = xr[o * {sw} + off]; const int up = v > yr[o]; yr[o] = up ? v : yr[o]; "
+        stmt = (f"{{ const {t} v = {v}; const int up = v > yr[o]; yr[o] = up ? v : yr[o]; "
                 f"ir[o] = up ? {ib} + (o * {sw} + off) * {ws} : ir[o]; }}")
-    L.append(f"{ind}for (int kw = 0; kw < {geo.kernel[-1]}; ++kw) {{")
-    L.append(f"{ind}    const long off = (long)kw * {dw} - {pw};")
-    L.append(f"{ind}    for (long o = TLO[kw]; o < THI[kw]; ++o) {stmt}")
-    L.append(f"{ind}}}")
-    for _ in range(k - 1):
-        ind = ind[:-4]
-        L.append(f"{ind}}}")
+    L += nest(stmt)
+    if geo.kind == "max" and dt in FLOAT_TYPES:
+        # a window of only NaN gives NaN (IEEE maxNum): the rare -Inf results are set to NaN
+        # and their windows scanned again, where any number replaces the NaN (max is idempotent
+        # for every other output)
+        L += ["    int again = 0;",
+              f"    for (long o = 0; o < {ow}; ++o) if (yr[o] == -INFINITY) {{ yr[o] = NAN; again = 1; }}",
+              "    if (again) {"]
+        L += ["    " + line for line in nest(f"yr[o] = ({v} > yr[o] || yr[o] != yr[o]) ? {v} : yr[o];")]
+        L.append("    }")
     if final == "avg":
         cnt = " * ".join([f"(long)CN{d}[o{d}]" for d in range(k - 1)] + ["(long)CW[o]"])
         L.append(f"    for (long o = 0; o < {ow}; ++o) yr[o] = yr[o] / ({t})({cnt});")
@@ -272,11 +292,14 @@ def emit_global_pool(node: Node, g: Graph, em: BlockEmitter) -> None:
     t = c_type(dt)
     rows, length = xs[0] * xs[1], int(np.prod(xs[2:], dtype=np.int64))
     avg = node.op == "GlobalAveragePool"
-    fn = row_reduce_fn(em, "sum" if avg else "max", dt)
+    fn = row_reduce_fn(em, "sum" if avg else "maxnum", dt)  # max pooling skips NaN, like MaxPool
     res = f"{fn}(X + r * {length}, {length})"
     if avg:
         res = f"{res} / {c_literal(length, dt)}"
     L = [f"const {t} *restrict X = {em.ptr(x)};", f"{t} *restrict Y = (void *){em.ptr(y)};",
          work_range(rows, rows * length >= PARALLEL_MIN_ELEMS),
          f"for (long r = wb; r < we; ++r) Y[r] = {res};"]
+    if not avg:  # a plane of only NaN gives NaN (maxNum skips NaN; see the module docstring)
+        L.append(f"for (long r = wb; r < we; ++r) if (Y[r] == -INFINITY) {{ int num = 0; const {t} *xr = X + r * {length}; "
+                 f"for (long i = 0; i < {length}; ++i) num |= xr[i] == xr[i]; if (!num) Y[r] = NAN; }}")
     emit_kernel(em, f"{node.op}_{dt}", "\n".join(L), f"{node.op} over [{rows}, {length}]")

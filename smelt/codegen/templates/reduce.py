@@ -8,6 +8,13 @@ by the usual rounding). When the innermost group is kept, each output row is the
 the reduction streams over the input with the vector loop along that kept dimension. A reduction
 to fewer outputs than threads splits each run over the threads, with a combine step after.
 
+NaN (onnxruntime is the oracle; its vector kernels keep or drop a NaN by SIMD lane, so smelt
+follows its scalar rule, which does not depend on where a NaN lands): ReduceMax/ReduceMin give
+the first element if it is NaN and skip every other NaN (a std::max fold from the first
+element); ArgMax/ArgMin scan from the first element with a strict compare (non-strict for
+select_last_index), so a NaN first element wins and no later NaN is ever chosen. The sums and
+products propagate NaN; Softmax and ReduceLogSumExp use the NaN-propagating max.
+
 Also here: the lane-parallel row helpers (``row_reduce_fn``, ``row_expsum_fn``) the pool, norm and
 softmax templates share.
 """
@@ -106,6 +113,8 @@ class Combine:
 
 
 def combine_for(kind: str, dtype: str) -> Combine:
+    """``max``/``min`` propagate NaN (numpy); ``maxnum``/``minnum`` skip it (IEEE maxNum: a NaN
+    element never replaces the running value, an all-NaN run gives the identity)."""
     fl = dtype in FLOAT_TYPES
     lit = lambda x: c_literal(x, dtype) if fl else str(x)  # noqa: E731
     if kind == "sum":
@@ -116,24 +125,27 @@ def combine_for(kind: str, dtype: str) -> Combine:
         return Combine(lit(0), f"{{a}} + {fn_suffix('fabs', dtype)}({{v}})", "{a} + {b}")
     if kind == "prod":
         return Combine(lit(1), "{a} * {v}", "{a} * {b}")
-    if kind in ("max", "min"):
-        cmp = ">" if kind == "max" else "<"
-        if fl:  # NaN propagates, as numpy's maximum.reduce
-            init = "(-INFINITY)" if kind == "max" else "INFINITY"
+    if kind in ("max", "min", "maxnum", "minnum"):
+        cmp = ">" if kind.startswith("max") else "<"
+        if fl:
+            init = "(-INFINITY)" if kind.startswith("max") else "INFINITY"
+            if kind in ("maxnum", "minnum"):  # a NaN never replaces the running value (maxps(v, a))
+                return Combine(init, f"({{v}}) {cmp} ({{a}}) ? ({{v}}) : ({{a}})", f"({{b}}) {cmp} ({{a}}) ? ({{b}}) : ({{a}})")
+            # NaN propagates, as numpy's maximum.reduce
             return Combine(init, f"(({{v}}) {cmp} ({{a}}) || ({{v}}) != ({{v}})) ? ({{v}}) : ({{a}})",
                            f"(({{b}}) {cmp} ({{a}}) || ({{b}}) != ({{b}})) ? ({{b}}) : ({{a}})")
         if dtype == "bool":
-            init = "0" if kind == "max" else "1"
+            init = "0" if kind.startswith("max") else "1"
         else:
             info = np.iinfo(np.dtype(dtype))
-            init = c_literal(info.min if kind == "max" else info.max, dtype)
+            init = c_literal(info.min if kind.startswith("max") else info.max, dtype)
         return Combine(init, f"({{v}}) {cmp} ({{a}}) ? ({{v}}) : ({{a}})", f"({{b}}) {cmp} ({{a}}) ? ({{b}}) : ({{a}})")
     raise KeyError(kind)
 
 
 def acc_ctype(kind: str, dtype: str) -> str:
     """Accumulator type: the element type; integer sums/products wrap in the unsigned type."""
-    if dtype in FLOAT_TYPES or kind in ("max", "min"):
+    if dtype in FLOAT_TYPES or kind in ("max", "min", "maxnum", "minnum"):
         return c_type(dtype)
     return unsigned_of(dtype)
 
@@ -229,8 +241,10 @@ def row_expsum_fn(em: BlockEmitter, dtype: str, store: bool) -> str:
 REDUCE_OPS: dict[str, tuple[str, str, bool]] = {
     "ReduceSum": ("sum", "{a}", False),
     "ReduceMean": ("sum", "{a} / {n}", True),
-    "ReduceMax": ("max", "{a}", False),
-    "ReduceMin": ("min", "{a}", False),
+    # onnxruntime's rule: a NaN first element is the result, any other NaN is skipped
+    # (``_first_nan``), i.e. a sequential std::max from the first element
+    "ReduceMax": ("maxnum", "{a}", False),
+    "ReduceMin": ("minnum", "{a}", False),
     "ReduceProd": ("prod", "{a}", False),
     "ReduceSumSquare": ("sumsq", "{a}", True),
     "ReduceL1": ("sumabs", "{a}", True),
@@ -281,7 +295,7 @@ def _check_reduce(node: Node, g: Graph) -> str | None:
             return f"{node.op} is native for float types only"
         if kind in ("sum", "prod") and dt not in INT_SUMS:
             return f"no native {node.op} for {dt}"
-        if kind in ("max", "min") and dt not in INT_MAXMIN:
+        if kind in ("maxnum", "minnum") and dt not in INT_MAXMIN:
             return f"no native {node.op} for {dt}"
     if g.values[x].size == 0 or g.values[y].size == 0:
         return "empty tensor"
@@ -346,6 +360,14 @@ for _op in REDUCE_OPS:
     register(_op, versions=REDUCE_VERSIONS[_op], check=_check_reduce, name="reduce")(emit_reduce)
 
 
+def _first_nan(kind: str, dt: str, first: str, result: str) -> str:
+    """``result``, or the reduction's first element when that is NaN (ReduceMax/Min: onnxruntime
+    folds std::max from the first element, which keeps a NaN there and skips any later one)."""
+    if kind in ("maxnum", "minnum") and dt in FLOAT_TYPES:
+        return f"({first} != {first} ? {first} : {result})"
+    return result
+
+
 def _reduce_inner(em: BlockEmitter, head: str, kind: str, fin: str, dt: str,
                   grps: list[list[int]], parallel: bool) -> str:
     """The innermost group is reduced: each output reduces contiguous runs of length L."""
@@ -393,9 +415,10 @@ def _reduce_inner(em: BlockEmitter, head: str, kind: str, fin: str, dt: str,
         emit_kernel(em, f"reduce_{kind}_{dt}_split", head + "\n".join(lines), "per-thread partials")
         lines = [f"{acc_t} *P = ({acc_t} *){parts};",
                  f"if (tid == 0) for (long o = 0; o < {n_out}; ++o) {{",
+                 "    long base = 0;", *decompose("o", kept, "base"),
                  f"    {acc_t} a = {c.init};",
                  f"    for (int p = 0; p < nt; ++p) a = {c.merge.format(a='a', b=f'P[o * {em.n_threads} + p]')};",
-                 f"    Y[o] = ({t})({final});",
+                 f"    Y[o] = ({t})({_first_nan(kind, dt, 'X[base]', final)});",
                  "}"]
         return "\n".join(lines)
     lines.append(work_range(n_out, parallel and n_out > 1))
@@ -409,7 +432,7 @@ def _reduce_inner(em: BlockEmitter, head: str, kind: str, fin: str, dt: str,
         lines.append(f"    for (long q = 0; q < {n_q}; ++q) {{ long off = base;")
         lines += decompose("q", others, "off", "        ")
         lines.append(f"        {acc_t} p = {fn}(X + off, {length}); a = {c.merge.format(a='a', b='p')}; }}")
-    lines.append(f"    Y[o] = ({t})({final});")
+    lines.append(f"    Y[o] = ({t})({_first_nan(kind, dt, 'X[base]', final)});")
     lines.append("}")
     return "\n".join(lines)
 
@@ -464,6 +487,9 @@ def _reduce_outer(em: BlockEmitter, kind: str, fin: str, dt: str, grps: list[lis
     lines.append(f"        const {t} *restrict xr = X + off;")
     cast = f"({acc_t})" if acc_t != t else ""
     lines.append(f"        for (long i = i0; i < i1; ++i) A[i] = {c.update.format(a='A[i]', v=cast + 'xr[i]')}; }}")
+    if _first_nan(kind, dt, "f", "a") != "a":
+        lines.append(f"    for (long i = i0; i < i1; ++i) {{ const {t} f = X[base + i]; "
+                     f"Yr[i] = {_first_nan(kind, dt, 'f', 'Yr[i]')}; }}")
     if fin != "{a}":
         lines.append(f"    for (long i = i0; i < i1; ++i) Yr[i] = {fin.format(a='Yr[i]')};")
     lines.append("}")
@@ -490,13 +516,11 @@ def _check_arg(node: Node, g: Graph) -> str | None:
 
 
 def arg_better(op: str, dt: str, last: bool, v: str, best: str) -> str:
-    """C condition: element ``v`` replaces the running ``best`` (numpy's NaN and tie rules)."""
+    """C condition: element ``v`` replaces the running ``best``. onnxruntime's rule (the oracle):
+    scan from the first element with a strict compare (non-strict for select_last_index), so a
+    NaN first element is never replaced and any later NaN never replaces anything."""
     cmp = ">" if op == "ArgMax" else "<"
-    if dt not in FLOAT_TYPES:
-        return f"{v} {cmp}= {best}" if last else f"{v} {cmp} {best}"
-    if last:
-        return f"({v} {cmp}= {best} || {v} != {v})"
-    return f"({v} {cmp} {best} || ({v} != {v} && {best} == {best}))"
+    return f"{v} {cmp}= {best}" if last else f"{v} {cmp} {best}"
 
 
 @register(("ArgMax", "ArgMin"), versions=(11, 12, 13), check=_check_arg, name="argminmax")
@@ -514,16 +538,16 @@ def emit_arg(node: Node, g: Graph, em: BlockEmitter) -> None:
     parallel = g.values[x].size >= PARALLEL_MIN_ELEMS
     lines = [f"const {t} *restrict X = {em.ptr(x)};", f"int64_t *restrict Y = (void *){em.ptr(y)};"]
     if inner == 1:
-        # two vectorizable passes: the extreme value (NaN-propagating), then its first/last index
-        fext = row_reduce_fn(em, "max" if node.op == "ArgMax" else "min", dt)
+        # two vectorizable passes: the extreme value (NaN skipped), then its first/last index; a
+        # NaN first element wins (see arg_better)
+        fext = row_reduce_fn(em, "maxnum" if node.op == "ArgMax" else "minnum", dt)
         scan = (f"for (long l = {length - 1}; l >= 0; --l)" if last else f"for (long l = 0; l < {length}; ++l)")
         lines.append(work_range(outer, parallel))
         lines.append("for (long o = wb; o < we; ++o) {")
         lines.append(f"    const {t} *restrict xr = X + o * {length};")
         lines.append(f"    const {t} m = {fext}(xr, {length}); long bi = 0;")
         if dt in FLOAT_TYPES:
-            lines.append(f"    if (m != m) {{ {scan} if (xr[l] != xr[l]) {{ bi = l; break; }} }}")
-            lines.append(f"    else {scan} if (xr[l] == m) {{ bi = l; break; }}")
+            lines.append(f"    if (xr[0] == xr[0]) {scan} if (xr[l] == m) {{ bi = l; break; }}")
         else:
             lines.append(f"    {scan} if (xr[l] == m) {{ bi = l; break; }}")
         lines.append("    Y[o] = bi;")

@@ -97,6 +97,7 @@ import numpy as np
 import onnx
 
 from smelt.codegen.emit import BlockEmitter, c_literal
+from smelt.codegen.epilogue import vector_clamp, vector_hard_sigmoid, vector_leaky_relu, vector_relu
 from smelt.codegen.templates.registry import register
 from smelt.ir.graph import Graph, Node
 
@@ -368,7 +369,7 @@ static inline VX_m VX_ge(VX_v a, VX_v b) { return _mm512_cmp_ps_mask(a, b, _CMP_
 static inline VX_m VX_gt(VX_v a, VX_v b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
 /* exp(x): Cephes expf polynomial on x - n*ln2, |x - n*ln2| <= ln2/2; 2^n via scalef. */
 static inline VX_v VX_exp(VX_v x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
+    x = _mm512_max_ps(_mm512_set1_ps(-87.33654f), _mm512_min_ps(_mm512_set1_ps(88.72283f), x)); /* x second: NaN kept */
     VX_v n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     VX_v r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -395,7 +396,7 @@ static inline VX_v VX_sigmoid(VX_v x) {
  * operations of the exp form 1 - 2/(exp(2x)+1) with a polynomial near 0 (which evaluated both),
  * and relative accuracy near 0 by construction. */
 static inline VX_v VX_tanh(VX_v x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(7.99881172180175781f)), _mm512_set1_ps(-7.99881172180175781f));
+    x = _mm512_max_ps(_mm512_set1_ps(-7.99881172180175781f), _mm512_min_ps(_mm512_set1_ps(7.99881172180175781f), x));
     VX_v z = _mm512_mul_ps(x, x);
     VX_v p = _mm512_set1_ps(-2.76076847742355e-16f);
     p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(2.00018790482477e-13f));
@@ -478,25 +479,47 @@ def _f(x: float) -> str:
     return c_literal(x, "float32")
 
 
+class _VXOps:
+    """``codegen.epilogue.VectorOps`` spelled with this template's ``VX_`` helpers (whose min/max
+    have x86 ``min_ps``/``max_ps`` semantics on the 16-lane struct too)."""
+
+    def zero(self) -> str:
+        return "VX_zero()"
+
+    def set1(self, x: str) -> str:
+        return f"VX_set1({x})"
+
+    def op(self, name: str, a: str, b: str) -> str:
+        return f"VX_{name}({a}, {b})"
+
+    def ge_zero_select(self, v: str, if_ge: str, if_lt: str) -> str:
+        return f"VX_select(VX_ge({v}, VX_zero()), {if_ge}, {if_lt})"
+
+
+VX = _VXOps()
+
+
 def act_code(name: str, alpha: float, beta: float, x: str) -> str:
-    """C expression applying an activation to the vector variable ``x``."""
+    """C expression applying an activation to the vector variable ``x`` (Relu, LeakyRelu and
+    HardSigmoid rendered by codegen/epilogue.py). NaN as onnxruntime's RNN activation functors
+    (rnn_activation_functors.h): Relu and HardSigmoid (``std::max(0.0f, x)``) and
+    ThresholdedRelu map NaN to 0, the others keep it."""
     if name == "sigmoid":
         return f"VX_sigmoid({x})"
     if name == "tanh":
         return f"VX_tanh({x})"
     if name == "relu":
-        return f"VX_max({x}, VX_zero())"
+        return vector_relu(VX, x, nan_to_zero=True)
     if name == "affine":
         return f"VX_fma(VX_set1({_f(alpha)}), {x}, VX_set1({_f(beta)}))"
     if name == "leakyrelu":
-        return f"VX_select(VX_ge({x}, VX_zero()), {x}, VX_mul(VX_set1({_f(alpha)}), {x}))"
+        return vector_leaky_relu(VX, x, alpha)
     if name == "thresholdedrelu":
         return f"VX_select(VX_gt({x}, VX_set1({_f(alpha)})), {x}, VX_zero())"
     if name == "scaledtanh":
         return f"VX_mul(VX_set1({_f(alpha)}), VX_tanh(VX_mul(VX_set1({_f(beta)}), {x})))"
     if name == "hardsigmoid":
-        return (f"VX_min(VX_set1(1.0f), VX_max(VX_zero(), VX_fma(VX_set1({_f(alpha)}), {x}, "
-                f"VX_set1({_f(beta)}))))")
+        return vector_hard_sigmoid(VX, x, alpha, beta, nan_to_zero=True)
     if name == "elu":
         return f"VX_elu({x}, {_f(alpha)})"
     if name == "softsign":
@@ -504,6 +527,20 @@ def act_code(name: str, alpha: float, beta: float, x: str) -> str:
     if name == "softplus":
         return f"VX_softplus({x})"
     raise ValueError(name)
+
+
+def clip_code(cfg: RnnConfig, x: str) -> str:
+    """A gate pre-activation clipped as onnxruntime does. LSTM and GRU clip to [-clip, clip], or
+    to the float range without a clip (their default), so +-Inf becomes +-FLT_MAX; with a bias
+    they clip with std::min(b, x) then std::max(-b, x), which turns NaN into +b (``VX_min(x, b)``
+    returns b for a NaN x), without one NaN is kept. RNN clips only with a clip, keeping NaN."""
+    if cfg.op == "RNN" and cfg.clip is None:
+        return x
+    b = cfg.clip if cfg.clip is not None else float(np.finfo(np.float32).max)
+    lo, hi = VX.set1(_f(-b)), VX.set1(_f(b))
+    if cfg.op != "RNN" and cfg.b:
+        return VX.op("max", lo, VX.op("min", x, hi))
+    return vector_clamp(VX, x, lo, hi)
 
 
 # --------------------------------------------------------------------------------------------
@@ -753,8 +790,9 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
         sizes = sorted({s for bc in row_counts if bc > 0 for s, _ in _row_chunks(bc, mb_most)})
     last_mask = (1 << (H % VL)) - 1 if H % VL else 0
     nhb = cfg.nhb
-    clip = (lambda e: f"VX_min(VX_max({e}, VX_set1({_f(-cfg.clip)})), VX_set1({_f(cfg.clip)}))") \
-        if cfg.clip is not None else (lambda e: e)
+    def clip(e: str) -> str:
+        return clip_code(cfg, e)
+
     kin_lbr = op == "GRU" and cfg.lbr
 
     def act(slot: int, e: str) -> str:
@@ -831,8 +869,11 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     elif phase == "a":
         L.append(f"    VX_v xz = {clip(a[0])};")
         L.append(f"    VX_v xr = {clip(a[1])};")
-        L.append(f"    VX_store(zb + b * {Hp} + j0, {act(0, 'xz')});")
-        L.append(f"    VX_store(rh + b * {Hp} + j0, VX_mul({act(0, 'xr')}, hpv));")
+        zr = [f"{act(0, 'xz')}", f"VX_mul({act(0, 'xr')}, hpv)"]
+        if last_mask:  # padded lanes (0 * Inf = NaN there) must not reach the real units via Rh
+            zr = [f"VX_maskz(km, {e})" for e in zr]
+        L.append(f"    VX_store(zb + b * {Hp} + j0, {zr[0]});")
+        L.append(f"    VX_store(rh + b * {Hp} + j0, {zr[1]});")
     else:  # GRU: lbr (whole cell) or phase b
         if phase == "b":
             L.append(f"    VX_v zg = VX_load(zb + b * {Hp} + j0);")
