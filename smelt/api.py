@@ -112,7 +112,7 @@ class CompiledModel:
 
     ``profile=True`` builds the instrumented variant (a separate cached library) that times every
     step inside the native code: read with ``profile_counters()``, zero with ``profile_reset()``
-    (the counters live in the library, so models loaded from the same cached library share them).
+    (each compiled instance keeps its own counters, even when instances share one library).
     ``smelt.bench.profile.run_profile`` turns that into a report.
     """
 
