@@ -239,7 +239,7 @@ class CompiledModel:
         while True:
             with self._lock:
                 art = self._variants.get(DYNAMIC_KEY)
-                if art is not None and all(n <= self._bounds[d] for d, n in need.items()) and art.acquire():
+                if art is not None and all(n <= self._bounds.get(d, 0) for d, n in need.items()) and art.acquire():
                     self._last = DYNAMIC_KEY
                     return art
                 pending = next((b for b in self._pending.values()

@@ -27,8 +27,8 @@ each fallback step, measured here. ``profile_counters()`` reads them all, in exe
 A dynamic artifact (recurrent models, ``smelt.api``'s dynamic mode) is compiled for bounds of the
 sequence length T and batch B; its recurrent kernels read the actual T and B of each recurrent
 node from the node's int64 pair in the instance state, which ``run`` sets from the node's X
-before the call (the template records, in the step's schedule, which input carries them and the output
-shapes in terms of T and B). Its fallback steps (the shape glue) run on whatever shapes arrive.
+before the call (the template records, in the step's schedule, where the pair is, which input
+carries T and B, and the output shapes in terms of T and B). Its fallback steps (the shape glue) run on whatever shapes arrive.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -359,6 +361,16 @@ class LoadedArtifact:
     def closed(self) -> bool:
         return self._closed
 
+    @contextmanager
+    def _in_use(self) -> Iterator[None]:
+        """A reference held for the block; SmeltError if the artifact is closed."""
+        if not self.acquire():
+            raise SmeltError(f"this compiled model variant ({self.directory.name}) was closed")
+        try:
+            yield
+        finally:
+            self.release()
+
     def _free(self) -> None:
         """Destroy the pool, drop every ctypes object of the library, then dlclose it (this
         instance's dlopen reference: the library stays mapped while another instance has it open)."""
@@ -391,12 +403,8 @@ class LoadedArtifact:
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Run one inference on validated, contiguous inputs; returns fresh output arrays. Safe
         against a concurrent ``close``; raises SmeltError if the artifact is already closed."""
-        if not self.acquire():
-            raise SmeltError(f"this compiled model variant ({self.directory.name}) was closed")
-        try:
+        with self._in_use():
             return self.run_acquired(feeds)
-        finally:
-            self.release()
 
     def run_acquired(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """``run`` for a caller that holds a reference (``acquire``)."""
@@ -447,29 +455,19 @@ class LoadedArtifact:
     def profile_reset(self) -> None:
         """Zero every timing counter (native and fallback)."""
         self._require_profiling()
-        if not self.acquire():
-            raise SmeltError("this compiled model variant was closed")
-        try:
-            with self._lock:
-                if self.lib is not None:
-                    self.lib.smelt_profile_reset(self._state_ptr)
-                self._fallback_ns.clear()
-                self._profile_calls = 0
-        finally:
-            self.release()
+        with self._in_use(), self._lock:
+            if self.lib is not None:
+                self.lib.smelt_profile_reset(self._state_ptr)
+            self._fallback_ns.clear()
+            self._profile_calls = 0
 
     def profile_counters(self) -> ProfileCounters:
         """A snapshot of the timings since the last reset (see ``ProfileCounters``)."""
         self._require_profiling()
-        if not self.acquire():
-            raise SmeltError("this compiled model variant was closed")
-        try:
-            with self._lock:  # not in the middle of an inference
-                raw = [v.copy() for v in self._prof_views]
-                fallback_ns = dict(self._fallback_ns)
-                calls = self._profile_calls
-        finally:
-            self.release()
+        with self._in_use(), self._lock:  # not in the middle of an inference
+            raw = [v.copy() for v in self._prof_views]
+            fallback_ns = dict(self._fallback_ns)
+            calls = self._profile_calls
         # native ticks -> seconds: the entries' CLOCK_MONOTONIC_RAW total over their tick total
         ticks = sum(int(r[_PROF_TICKS]) for r in raw)
         ns = sum(int(r[_PROF_NS]) for r in raw)
