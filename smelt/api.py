@@ -396,11 +396,13 @@ class CompiledModel:
 
     @property
     def compile_seconds(self) -> float:
-        return self._builds[self._last].compile_seconds if self._last in self._builds else 0.0
+        result = self._builds.get(self._last)  # one lookup: another thread may evict it meanwhile
+        return result.compile_seconds if result is not None else 0.0
 
     @property
     def from_cache(self) -> bool:
-        return self._builds[self._last].from_cache if self._last in self._builds else False
+        result = self._builds.get(self._last)
+        return result.from_cache if result is not None else False
 
     @property
     def plan(self) -> dict:
