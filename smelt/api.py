@@ -13,6 +13,16 @@ two): the recurrent kernels read the actual sequence length and batch at run tim
 in numpy, and the arena is sized for the bounds. Calls within the bounds never recompile; a
 larger call raises the bound (to the next power of two) with one recompile, so memory stays
 bounded by the largest input seen. ``dynamic=False`` keeps per-shape variants.
+
+Concurrency: a model may be called from any number of threads. A call holds a reference to its
+variant for its duration (``LoadedArtifact.acquire``), so evicting or replacing a variant only
+unlinks it; it is freed (pool, arena, library) when its last call returns. Variants are built
+outside the model's lock: calls that fit a variant already loaded keep running while another
+builds (in dynamic mode, calls within the current bounds keep using the current variant while a
+larger one compiles), callers needing the same new variant wait for one build
+(``_PendingBuild``), and a failed build raises in every caller that waited for it while a later
+call tries again. After ``os.fork()`` a child re-creates the model's lock and forgets builds in
+flight in the parent (``_after_fork_in_child``).
 """
 
 from __future__ import annotations
@@ -33,9 +43,10 @@ from smelt.codegen.toolchain import sanitize_enabled, source_path_for
 from smelt.compiler import BuildResult, CompileOptions, build
 from smelt.frontend.onnx_import import ModelLike, load_model, model_input_specs, model_output_specs
 from smelt.ir.types import onnx_type_string
-from smelt.runtime.module import LoadedArtifact, ProfileCounters
+from smelt.runtime.module import LoadedArtifact, ProfileCounters, reinit_after_fork
 from smelt.target import detect
 
+DYNAMIC_KEY = ("__dynamic__",)  # the one variant of a dynamic model
 RNN_OPS = frozenset({"LSTM", "GRU", "RNN"})
 # shape glue around recurrent nodes in exported models; run by the (shape-generic) fallback in
 # dynamic mode
@@ -51,6 +62,22 @@ def dynamic_rnn_eligible(proto: onnx.ModelProto) -> bool:
 
 def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+class _PendingBuild:
+    """A variant being built; callers that need the same one wait here instead of building it too."""
+
+    def __init__(self, bounds: dict[str, int] | None = None) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.bounds = bounds  # dynamic mode: the bounds it compiles for
+        self.waiters = 0  # callers that waited for it (for tests and debugging)
+
+    def wait(self) -> None:
+        """Block until the build ends; raise its error if it failed."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
 
 
 @dataclass(frozen=True)
@@ -79,7 +106,7 @@ class CompiledModel:
 
     ``profile=True`` builds the instrumented variant (a separate cached library) that times every
     step inside the native code: read with ``profile_counters()``, zero with ``profile_reset()``
-    (the counters live in the library, so models loaded from the same cached library share them).
+    (each compiled instance keeps its own counters, even when instances share one library).
     ``smelt.bench.profile.run_profile`` turns that into a report.
     """
 
@@ -96,11 +123,15 @@ class CompiledModel:
                                       winograd=winograd)
         self._inputs = model_input_specs(self.proto)
         self._outputs = model_output_specs(self.proto)
+        # guarded by _lock (never held during a build): the variants (LRU order), their build
+        # results, the builds in progress, the dynamic bounds, the last variant used
         self._variants: OrderedDict[tuple, LoadedArtifact] = OrderedDict()
         self._builds: dict[tuple, BuildResult] = {}
+        self._pending: dict[tuple, _PendingBuild] = {}
         self._lock = threading.Lock()
         self._last: tuple | None = None
         self.compilations = 0  # variants built (or loaded from the disk cache) by this object
+        reinit_after_fork(self)
         symbols = {d for _, _, shp in self._inputs if shp for d in shp if isinstance(d, str)}
         if dynamic is None:
             dynamic = bool(symbols) and dynamic_rnn_eligible(self.proto)
@@ -122,14 +153,14 @@ class CompiledModel:
                     if isinstance(want, str):
                         self._bounds[want] = max(self._bounds.get(want, 0), int(got))
             if set(self._bounds) == symbols:
-                self._dynamic_variant()
+                self._dynamic_variant({}).release()
             return
         shapes = dict(input_shapes or {})
         for name, _, shape in self._inputs:
             if name not in shapes and shape is not None and all(isinstance(d, int) for d in shape):
                 shapes[name] = shape
         if len(shapes) == len([i for i in self._inputs if i[1] is not None]):
-            self._variant(self._key(shapes))
+            self._variant(self._key(shapes)).release()
 
     # -- inputs ----------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -189,37 +220,47 @@ class CompiledModel:
                 n.attribute.append(onnx.helper.make_attribute("smelt_dynamic", 1))
         return out
 
-    def _dynamic_variant(self, arrays: Mapping[str, np.ndarray] | None = None) -> LoadedArtifact:
-        """The one dynamic variant (recurrent models); rebuilt only when a call exceeds a bound."""
-        grow: dict[str, int] = {}
+    def _dynamic_variant(self, arrays: Mapping[str, np.ndarray]) -> LoadedArtifact:
+        """The one dynamic variant (recurrent models), acquired for a call with ``arrays``; rebuilt
+        (outside the lock, once however many callers need it) only when a call exceeds a bound."""
+        need: dict[str, int] = {}
         for name, _, shape in self._inputs:
-            if arrays is None or shape is None or name not in arrays:
+            if shape is None or name not in arrays:
                 continue
             for want, got in zip(shape, np.shape(arrays[name]), strict=False):
-                if isinstance(want, str) and got > self._bounds.get(want, 0):
-                    grow[want] = max(grow.get(want, 0), _pow2(got))
-        key = ("__dynamic__",)
-        with self._lock:
-            art = self._variants.get(key)
-            if art is not None and not grow:
-                self._last = key
-                return art
-            self._bounds.update(grow)
-            shapes = {name: tuple(self._bounds[d] if isinstance(d, str) else d for d in shape)
+                if isinstance(want, str):
+                    need[want] = max(need.get(want, 0), int(got))
+        while True:
+            with self._lock:
+                art = self._variants.get(DYNAMIC_KEY)
+                if art is not None and all(n <= self._bounds.get(d, 0) for d, n in need.items()) and art.acquire():
+                    self._last = DYNAMIC_KEY
+                    return art
+                pending = next((b for b in self._pending.values()
+                                if all(n <= b.bounds.get(d, 0) for d, n in need.items())), None)
+                if pending is None:  # bounds at least those of the variant and of every build running
+                    base = dict(self._bounds)
+                    for b in self._pending.values():
+                        base.update({d: max(v, base.get(d, 0)) for d, v in b.bounds.items()})
+                    bounds = {d: _pow2(n) for d, n in need.items() if n > base.get(d, 0)}
+                    bounds = {**base, **bounds}
+                    pending = self._pending[tuple(sorted(bounds.items()))] = _PendingBuild(bounds)
+                    owner = True
+                else:
+                    pending.waiters += 1
+                    owner = False
+            if not owner:
+                pending.wait()
+                continue  # the new variant is installed (or a larger one): look again
+            shapes = {name: tuple(pending.bounds[d] if isinstance(d, str) else d for d in shape)
                       for name, dtype, shape in self._inputs if shape is not None and dtype is not None}
             glue = frozenset(n.name for n in self._dyn_proto.graph.node if n.op_type not in RNN_OPS)
             options = dataclasses.replace(self.options, allow_fallback=True,
                                           force_fallback=self.options.force_fallback | glue)
-            result = build(self._dyn_proto, shapes, options, progress=self.progress)
-            self.compilations += 1
-            new = LoadedArtifact(result.directory, result.lib_path, self.threads, list(detect().core_cpus),
-                                 dynamic=True)
+            art = self._build_variant(tuple(sorted(pending.bounds.items())), pending, self._dyn_proto, shapes,
+                                      options, dynamic=True)
             if art is not None:
-                art.close()
-            self._variants[key] = new
-            self._builds[key] = result
-            self._last = key
-            return new
+                return art
 
     @property
     def max_dims(self) -> dict[str, int]:
@@ -227,23 +268,72 @@ class CompiledModel:
         return dict(self._bounds) if self.dynamic else {}
 
     def _variant(self, key: tuple) -> LoadedArtifact:
-        with self._lock:
-            art = self._variants.get(key)
+        """The variant for input shapes ``key``, acquired for a call; built outside the lock
+        (once however many callers need it) if it is not loaded."""
+        while True:
+            with self._lock:
+                art = self._variants.get(key)
+                if art is not None and art.acquire():  # in the LRU, so not closed: always succeeds
+                    self._variants.move_to_end(key)
+                    self._last = key
+                    return art
+                pending = self._pending.get(key)
+                owner = pending is None
+                if owner:
+                    pending = self._pending[key] = _PendingBuild()
+                else:
+                    pending.waiters += 1
+            if not owner:
+                pending.wait()
+                continue  # built: look again (it may have been evicted meanwhile)
+            art = self._build_variant(key, pending, self.proto, dict(key), self.options)
             if art is not None:
-                self._variants.move_to_end(key)
-                self._last = key
                 return art
-            result = build(self.proto, dict(key), self.options, progress=self.progress)
+
+    def _build_variant(self, pkey: tuple, pending: _PendingBuild, proto: onnx.ModelProto,
+                       shapes: Mapping[str, Sequence[int]], options: CompileOptions, dynamic: bool = False
+                       ) -> LoadedArtifact | None:
+        """Build and load a variant (no lock held), install it and wake whoever waits on
+        ``pending``. Returns it acquired for the builder, or None when a larger dynamic variant
+        was installed meanwhile (this one is dropped; the caller looks again)."""
+        try:
+            result = build(proto, shapes, options, progress=self.progress)
+            art = LoadedArtifact(result.directory, result.lib_path, self.threads, list(detect().core_cpus),
+                                 dynamic=dynamic)
+        except BaseException as err:
+            with self._lock:
+                if self._pending.get(pkey) is pending:
+                    del self._pending[pkey]  # a later call tries again
+            pending.error = err
+            pending.done.set()
+            raise
+        retired: list[LoadedArtifact] = []
+        with self._lock:
+            if self._pending.get(pkey) is pending:
+                del self._pending[pkey]
             self.compilations += 1
-            art = LoadedArtifact(result.directory, result.lib_path, self.threads, list(detect().core_cpus))
-            self._variants[key] = art
-            self._builds[key] = result
-            self._last = key
-            while len(self._variants) > settings.max_variants():
-                old_key, old = self._variants.popitem(last=False)
-                self._builds.pop(old_key, None)
-                old.close()
-            return art
+            key = DYNAMIC_KEY if dynamic else pkey
+            old = self._variants.get(key)
+            if dynamic and old is not None and all(v <= self._bounds.get(d, 0) for d, v in pending.bounds.items()):
+                retired.append(art)  # a build started later (larger bounds) finished first
+                art = None
+            else:
+                if old is not None:
+                    retired.append(self._variants.pop(key))
+                if dynamic:
+                    self._bounds = dict(pending.bounds)
+                self._variants[key] = art
+                self._builds[key] = result
+                self._last = key
+                art.acquire()
+                while len(self._variants) > settings.max_variants():
+                    old_key, evicted = self._variants.popitem(last=False)
+                    self._builds.pop(old_key, None)
+                    retired.append(evicted)
+        pending.done.set()
+        for r in retired:  # freed now, or by the last call still running on it
+            r.close()
+        return art
 
     def _current(self) -> LoadedArtifact | None:
         return self._variants.get(self._last) if self._last is not None else None
@@ -252,9 +342,13 @@ class CompiledModel:
     def run(self, feeds: Mapping[str, Any]) -> list[np.ndarray]:
         arrays = self._check_feed(feeds)
         if self.dynamic:
-            return self._dynamic_variant(arrays).run(arrays)
-        art = self._variant(self._key({k: a.shape for k, a in arrays.items() if isinstance(a, np.ndarray)}))
-        return art.run(arrays)
+            art = self._dynamic_variant(arrays)
+        else:
+            art = self._variant(self._key({k: a.shape for k, a in arrays.items() if isinstance(a, np.ndarray)}))
+        try:
+            return art.run_acquired(arrays)
+        finally:
+            art.release()
 
     def __call__(self, *args: Any, **kwargs: Any) -> np.ndarray | list[np.ndarray]:
         names = [n for n, _, _ in self._inputs]
@@ -296,11 +390,13 @@ class CompiledModel:
 
     @property
     def compile_seconds(self) -> float:
-        return self._builds[self._last].compile_seconds if self._last in self._builds else 0.0
+        result = self._builds.get(self._last)  # one lookup: another thread may evict it meanwhile
+        return result.compile_seconds if result is not None else 0.0
 
     @property
     def from_cache(self) -> bool:
-        return self._builds[self._last].from_cache if self._last in self._builds else False
+        result = self._builds.get(self._last)
+        return result.from_cache if result is not None else False
 
     @property
     def plan(self) -> dict:
@@ -326,13 +422,24 @@ class CompiledModel:
 
     @property
     def native_calls(self) -> int:
-        """Native entry calls made so far (one per native block per inference)."""
-        return sum(a.native_calls for a in self._variants.values())
+        """Native entry calls made so far (one per native block per inference) by the variants kept."""
+        with self._lock:
+            return sum(a.native_calls for a in self._variants.values())
 
     def close(self) -> None:
-        for art in self._variants.values():
+        """Free every variant (those running a call: when it returns). A later call rebuilds."""
+        with self._lock:
+            arts = list(self._variants.values())
+            self._variants.clear()
+            self._builds.clear()
+        for art in arts:
             art.close()
-        self._variants.clear()
+
+    def _after_fork_in_child(self) -> None:
+        """In a child after os.fork(): the lock may have been held by a thread that is gone, and
+        builds in flight belong to the parent's threads (a later call here builds again)."""
+        self._lock = threading.Lock()
+        self._pending = {}
 
 
 def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1, allow_fallback: bool = True,

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -39,3 +44,36 @@ def assert_close(got, want, rel: float = 1e-4) -> None:
         scale = max(1.0, float(np.max(np.abs(w)))) if w.size else 1.0
         err = float(np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))) if w.size else 0.0
         assert err <= rel * scale, f"max abs error {err} > {rel} * {scale}"
+
+
+def chain_model(n_nodes: int = 4, shape=(1 << 16,)) -> onnx.ModelProto:
+    """x -> Relu, Neg, Relu, ... -> y (``n_nodes`` nodes; ``shape`` may hold symbols)."""
+    nodes, prev = [], "x"
+    for i in range(n_nodes):
+        nodes.append(helper.make_node("Relu" if i % 2 == 0 else "Neg", [prev], [f"t{i}"], name=f"n{i}"))
+        prev = f"t{i}"
+    nodes.append(helper.make_node("Identity", [prev], ["y"]))
+    return make_model(nodes, [tensor("x", list(shape))], [tensor("y", list(shape))])
+
+
+def chain_expected(x: np.ndarray, n_nodes: int) -> np.ndarray:
+    """What ``chain_model(n_nodes)`` computes, in numpy (exact)."""
+    for i in range(n_nodes):
+        x = np.maximum(x, 0) if i % 2 == 0 else -x
+    return x
+
+
+def run_python(code: str | Path, *args: str, env: dict | None = None, timeout: float = 300,
+               extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``code`` (source text, or a script's path) in a fresh Python with this directory on its
+    path: crash and hang cases, so a regression fails the test instead of killing pytest. A
+    timeout fails the test naming the hang."""
+    import pytest
+
+    env = dict(os.environ if env is None else env, **(extra_env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(__file__).parent), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, str(code)] if isinstance(code, Path) else [sys.executable, "-c", code]
+    try:
+        return subprocess.run(cmd + list(args), capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"the child process hung (no exit after {timeout} s); its stderr:\n{err.stderr}")

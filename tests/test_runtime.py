@@ -8,26 +8,14 @@ import threading
 import time
 
 import numpy as np
-from helpers import make_model, tensor
+from helpers import chain_expected, chain_model, make_model, tensor
 from onnx import helper
 
 import smelt
 
 
 def _chain(n_nodes: int = 4, size: int = 1 << 16):
-    nodes, prev = [], "x"
-    for i in range(n_nodes):
-        op = "Relu" if i % 2 == 0 else "Neg"
-        nodes.append(helper.make_node(op, [prev], [f"t{i}"], name=f"n{i}"))
-        prev = f"t{i}"
-    nodes.append(helper.make_node("Identity", [prev], ["y"]))
-    return make_model(nodes, [tensor("x", [size])], [tensor("y", [size])])
-
-
-def _expected_chain(x, n_nodes):
-    for i in range(n_nodes):
-        x = np.maximum(x, 0) if i % 2 == 0 else -x
-    return x
+    return chain_model(n_nodes, (size,))
 
 
 def test_idle_pool_uses_no_cpu():
@@ -50,7 +38,7 @@ def test_concurrent_callers_get_their_own_answers():
         rng = np.random.default_rng(seed)
         for _ in range(30):
             x = rng.standard_normal(1 << 16).astype(np.float32)
-            if not np.array_equal(cm(x), _expected_chain(x, 6)):
+            if not np.array_equal(cm(x), chain_expected(x, 6)):
                 errors.append(seed)
 
     threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]

@@ -1,4 +1,5 @@
-"""Generated C built with AddressSanitizer and UBSan, run on zoo models: no report allowed.
+"""Generated C built with AddressSanitizer and UBSan, run on zoo models and under concurrency:
+no report allowed.
 
 The sanitizer runtimes must be loaded first, so each model runs in a child Python started with
 LD_PRELOAD; the onnxruntime reference is computed here, in the parent, and handed over as .npy.
@@ -8,12 +9,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import ort_run
+from helpers import ort_run, run_python
 
 pytestmark = pytest.mark.sanitize
 
@@ -28,13 +29,15 @@ def _runtime_libs() -> str:
     return ":".join(libs)
 
 
+def _sanitizer_env(tmp_path) -> dict[str, str]:
+    return dict(os.environ, LD_PRELOAD=_runtime_libs(), SMELT_SANITIZE="1",
+                ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:halt_on_error=1",
+                UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
+                SMELT_CACHE_DIR=str(tmp_path / "cache"))
+
+
 def _run_child(code: str, tmp_path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, LD_PRELOAD=_runtime_libs(), SMELT_SANITIZE="1",
-               ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:halt_on_error=1",
-               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
-               SMELT_CACHE_DIR=str(tmp_path / "cache"))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, timeout=900)
+    return run_python(textwrap.dedent(code), env=_sanitizer_env(tmp_path), timeout=900)
 
 
 def _assert_clean(proc: subprocess.CompletedProcess) -> None:
@@ -92,3 +95,17 @@ def test_sanitizer_build_does_report_a_real_overflow(tmp_path):
         lib.overflow(4)
     """, tmp_path)
     assert "heap-buffer-overflow" in proc.stderr
+
+
+def test_concurrency_stress_clean_under_sanitizers(tmp_path):
+    """tests/concurrency_stress.py for 10 s on sanitized builds: variants evicted, closed and
+    replaced while other threads run them, two instances of one library, a bound growing
+    mid-run. A pool, arena or library freed under a call would be a use-after-free report."""
+    from concurrency_stress import write_references
+
+    refs = tmp_path / "refs.npz"
+    write_references(str(refs))
+    proc = run_python(Path(__file__).parent / "concurrency_stress.py", "10", str(refs),
+                      env=_sanitizer_env(tmp_path), extra_env={"SMELT_MAX_VARIANTS": "2"}, timeout=1800)
+    _assert_clean(proc)
+    assert "stress ok" in proc.stdout

@@ -5,6 +5,12 @@ pool runs with ``tid`` and ``nt`` in scope, followed by a barrier. A block's ent
 as one job on the pool, so an inference of a fully native model is one call from Python and one
 fork/join in C. Kernels are emitted once per distinct source (identical workloads share code).
 
+Nothing mutable lives in the library's globals: every instance loaded from one ``.so`` shares
+them (dlopen of one path is one mapping). What a model must keep per instance besides its arena
+goes into the *instance state*, a zeroed buffer the loader allocates (``smelt_state_bytes()``,
+initialised by ``smelt_state_init``) and every entry receives as ``state``
+(``BlockEmitter.state``): a dynamic RNN's run-time T and B, the profile counters.
+
 An instrumented build (``profile=True``) adds timestamps around every step (see the
 "Instrumented build" section of ``smelt_rt.h``); an ordinary build contains no profiling code.
 Templates describe how they compute a node with ``BlockEmitter.schedule``; that and each step's
@@ -88,6 +94,20 @@ class WeightsBlob:
         return buf
 
 
+class InstanceState:
+    """Offsets in the per-instance state buffer (see the module doc), 64-byte aligned regions."""
+
+    ALIGN = 64
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def add(self, nbytes: int) -> int:
+        offset = self.size
+        self.size += -(-max(1, nbytes) // self.ALIGN) * self.ALIGN
+        return offset
+
+
 @dataclass
 class Step:
     node: Node
@@ -107,12 +127,14 @@ class BlockEmitter:
     """What a template sees while rendering one node into an execution block."""
 
     def __init__(self, g: Graph, plan: ExecutionPlan, block: NativeBlock, target: Target,
-                 weights: WeightsBlob, functions: dict[str, tuple[str, str]], n_threads: int) -> None:
+                 weights: WeightsBlob, functions: dict[str, tuple[str, str]], n_threads: int,
+                 state: InstanceState | None = None) -> None:
         self.g = g
         self.plan = plan
         self.block = block
         self.target = target
         self.weights = weights
+        self.instance_state = state if state is not None else InstanceState()
         self._functions = functions
         self.n_threads = n_threads
         self.source = BlockSource(block.index)
@@ -147,6 +169,12 @@ class BlockEmitter:
         base = self._scratch_bytes
         self._scratch_bytes = base + nbytes
         return f"(({c_type(dtype)} *)(scratch + {base}))"
+
+    def state(self, nbytes: int) -> int:
+        """Reserve ``nbytes`` of per-instance state (zeroed at load, kept across calls, written
+        by the loader or the kernels); returns its byte offset from ``state``, which steps have
+        in scope. For what a library global would otherwise hold (see the module doc)."""
+        return self.instance_state.add(nbytes)
 
     @property
     def scratch_bytes(self) -> int:
@@ -207,6 +235,7 @@ typedef struct {{
     char *arena;
     char *scratch;
     const char *W;
+    char *state; /* this instance's mutable state (InstanceState) */
     atomic_int status; /* 0, or 1 + the step that called SMELT_FAIL() */{profile_field}
 }} smelt_ctx_t;
 
@@ -217,7 +246,7 @@ static _Thread_local int smelt_tls_error;
 """
 
 
-def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1) -> str:
+def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1, prof_offset: int = 0) -> str:
     """A block: one function per step (gcc compiles many small functions far faster than one huge
     one), a body calling them with a barrier between, and the exported entry.
 
@@ -225,28 +254,25 @@ def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1) 
     records which step failed and the entry returns its number + 1 (0 = success).
 
     ``profile``: the instrumented variant. Each step is timed on every thread (busy time) and on
-    thread 0 up to the end of its barrier; the last step ends after the join, in the entry.
+    thread 0 up to the end of its barrier; the last step ends after the join, in the entry. The
+    block's counters are at ``prof_offset`` in the instance state (``render_state_exports``).
     """
     k = block.index
     n = len(block.steps)
     lines = []
-    if profile:
-        lines.append(f"/* block {k} profile counters: {n} steps x {n_threads} threads (layout: smelt_rt.h) */")
-        lines.append(f"static _Alignas(64) uint64_t smelt_prof_{k}[SMELT_PROF_WORDS({n}, {n_threads})] = "
-                     f"{{[SMELT_PROF_STEPS] = {n}, [SMELT_PROF_THREADS] = {n_threads}, "
-                     f"[SMELT_PROF_STRIDE] = SMELT_PROF_STRIDE_OF({n})}};")
+    prof = f"(uint64_t *)(c->state + {prof_offset})"  # this block's counters (layout: smelt_rt.h)
     for i, step in enumerate(block.steps):
         lines.append(f"/* block {k} step {i}: {c_comment_text(step.node.op)} {c_comment_text(step.node.name)} */")
         lines.append(f"static __attribute__((noinline)) void smelt_b{k}_s{i}(smelt_ctx_t *c, int tid, int nt) {{")
         lines.append("    void *const *in = c->in; void *const *out = c->out;")
-        lines.append("    char *arena = c->arena; char *scratch = c->scratch; const char *W = c->W;")
-        lines.append("    (void)in; (void)out; (void)arena; (void)scratch; (void)W; (void)tid; (void)nt;")
+        lines.append("    char *arena = c->arena; char *scratch = c->scratch; const char *W = c->W; char *state = c->state;")
+        lines.append("    (void)in; (void)out; (void)arena; (void)scratch; (void)W; (void)state; (void)tid; (void)nt;")
         lines.append("    { " + step.code.strip().replace("\n", "\n      ") + " }")
         lines.append("}")
     lines.append(f"static void smelt_body_{k}(void *vctx, int tid, int nt) {{")
     lines.append("    smelt_ctx_t *c = (smelt_ctx_t *)vctx;")
     if profile and n:
-        lines.append(f"    uint64_t *prof = smelt_prof_{k}, t = smelt_prof_ticks(); /* t: start of the step */")
+        lines.append(f"    uint64_t *prof = {prof}, t = smelt_prof_ticks(); /* t: start of the step */")
     for i in range(n):
         lines.append(f"    smelt_b{k}_s{i}(c, tid, nt);")
         lines.append(f"    if (smelt_tls_error) {{ atomic_store(&c->status, {i + 1}); smelt_tls_error = 0; }}")
@@ -260,28 +286,44 @@ def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1) 
             lines.append("    if (tid == 0) c->prof_t = t; /* the entry ends the last step, after the join */")
     lines.append("}")
     entry = [f"SMELT_EXPORT int smelt_block_{k}(void *pool, void *const *in, void *const *out, "
-             "char *arena, char *scratch, const char *W) {",
-             "    smelt_ctx_t ctx = {(smelt_pool_t *)pool, in, out, arena, scratch, W, 0};"]
+             "char *arena, char *scratch, const char *W, char *state) {",
+             "    smelt_ctx_t ctx = {(smelt_pool_t *)pool, in, out, arena, scratch, W, state, 0};"]
     if profile:
         entry.append("    const uint64_t t0 = smelt_prof_ticks(), ns0 = smelt_prof_ns();")
     entry.append(f"    smelt_pool_run((smelt_pool_t *)pool, smelt_body_{k}, &ctx);")
     if profile:
-        entry.append(f"    smelt_prof_block_done(smelt_prof_{k}, {n - 1}, ctx.prof_t, t0, ns0);")
+        entry.append(f"    smelt_prof_block_done((uint64_t *)(state + {prof_offset}), {n - 1}, ctx.prof_t, t0, ns0);")
     entry += ["    return atomic_load(&ctx.status);", "}", ""]
     return "\n".join(lines + entry)
 
 
-def render_profile_exports(n_blocks: int) -> str:
-    """What Python reads the counters through (``LoadedArtifact.profile_counters``)."""
-    table = ", ".join(f"smelt_prof_{k}" for k in range(n_blocks)) or "0"
-    return (f"static uint64_t *const smelt_prof_blocks[{max(1, n_blocks)}] = {{{table}}};\n"
-            f"SMELT_EXPORT int smelt_profile_blocks(void) {{ return {n_blocks}; }}\n"
-            "SMELT_EXPORT uint64_t *smelt_profile_counters(int block) {\n"
-            f"    return block >= 0 && block < {n_blocks} ? smelt_prof_blocks[block] : 0;\n"
-            "}\n"
-            "SMELT_EXPORT void smelt_profile_reset(void) {\n"
-            f"    for (int k = 0; k < {n_blocks}; ++k) smelt_prof_reset(smelt_prof_blocks[k]);\n"
-            "}\n")
+def profile_words(steps: int, threads: int) -> int:
+    """Size of a block's counter array in uint64 words: SMELT_PROF_WORDS in smelt_rt.h."""
+    header, stride = 8, -(-steps // 8) * 8
+    return header + stride * (1 + threads)
+
+
+def render_state_exports(state_bytes: int, prof: list[tuple[int, int, int]] | None = None) -> str:
+    """What the loader sizes and initialises the instance state with; for an instrumented build
+    also what Python reads the counters through (``LoadedArtifact.profile_counters``). ``prof``:
+    per block (offset in the state, steps, threads)."""
+    code = f"SMELT_EXPORT long smelt_state_bytes(void) {{ return {state_bytes}; }}\n"
+    init = "".join(f"    p = (uint64_t *)(state + {off}); p[SMELT_PROF_STEPS] = {n}; p[SMELT_PROF_THREADS] = {nt}; "
+                   f"p[SMELT_PROF_STRIDE] = SMELT_PROF_STRIDE_OF({n});\n" for off, n, nt in prof or [])
+    code += ("SMELT_EXPORT void smelt_state_init(char *state) {\n"
+             + ("    uint64_t *p;\n" + init if init else "    (void)state;\n") + "}\n")
+    if prof is None:
+        return code
+    n_blocks = len(prof)
+    table = ", ".join(str(off) for off, _, _ in prof) or "0"
+    return code + (f"static const long smelt_prof_offsets[{max(1, n_blocks)}] = {{{table}}};\n"
+                   f"SMELT_EXPORT int smelt_profile_blocks(void) {{ return {n_blocks}; }}\n"
+                   "SMELT_EXPORT uint64_t *smelt_profile_counters(char *state, int block) {\n"
+                   f"    return block >= 0 && block < {n_blocks} ? (uint64_t *)(state + smelt_prof_offsets[block]) : 0;\n"
+                   "}\n"
+                   "SMELT_EXPORT void smelt_profile_reset(char *state) {\n"
+                   f"    for (int k = 0; k < {n_blocks}; ++k) smelt_prof_reset((uint64_t *)(state + smelt_prof_offsets[k]));\n"
+                   "}\n")
 
 
 @dataclass
@@ -324,11 +366,12 @@ def generate(g: Graph, plan: ExecutionPlan, target: Target, n_threads: int,
     ``profile``: the instrumented variant (per-step timestamps), a different source and library.
     """
     weights = WeightsBlob()
+    state = InstanceState()
     functions: dict[str, tuple[str, str]] = {}
     blocks = []
     scratch = 0
     for block in plan.native_blocks():
-        em = BlockEmitter(g, plan, block, target, weights, functions, n_threads)
+        em = BlockEmitter(g, plan, block, target, weights, functions, n_threads, state)
         for node in block.nodes:
             em.emit_node(node)
             scratch = max(scratch, em.scratch_bytes)
@@ -339,9 +382,11 @@ def generate(g: Graph, plan: ExecutionPlan, target: Target, n_threads: int,
         profile_define="#define SMELT_PROFILE 1 /* smelt_rt.h: timestamps around every step */\n" if profile else "",
         profile_field="\n    uint64_t prof_t; /* profiling: thread 0's start of the last step */" if profile else "")]
     parts += [code for _, code in functions.values()]
-    parts += [render_block(b, profile, n_threads) for b in blocks]
-    if profile:
-        parts.append(render_profile_exports(len(blocks)))
+    # per block (counters' offset, steps, threads)
+    prof = [(state.add(8 * profile_words(len(b.steps), n_threads)), len(b.steps), n_threads)
+            for b in blocks] if profile else None
+    parts += [render_block(b, profile, n_threads, prof[i][0] if prof else 0) for i, b in enumerate(blocks)]
+    parts.append(render_state_exports(state.size, prof))
     step_nodes = {b.index: [[st.node.name, st.node.op] for st in b.steps] for b in blocks}
     infos = {b.index: step_info(g, b) for b in blocks}
     return GeneratedModule("\n".join(parts), weights.to_bytes(), scratch, step_nodes, infos)

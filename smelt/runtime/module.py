@@ -6,7 +6,19 @@ native model is a single native block: ``run`` makes exactly one foreign call pe
 
 Concurrency: one ``LoadedArtifact`` has one arena and one pool, so calls are serialized by a
 lock; concurrent callers are safe and are served one after the other (each inference already
-uses every core). For parallel throughput, load several instances (``smelt bench --instances``).
+uses every core). For parallel throughput, load several instances (``smelt bench --instances``):
+instances share nothing mutable (one ``.so`` may back several, so the generated code keeps its
+mutable state in the per-instance state buffer, never in library globals).
+
+Lifetime: a call holds a reference (``acquire``/``release``; ``run`` takes one itself), and
+``close`` only marks the artifact closed: its pool, arena, state and library are freed when the
+last call in flight returns. The library is dlclosed then (each instance dlopens it, so it stays
+mapped while another instance uses it), so memory is bounded by the artifacts kept.
+
+fork(): the pool's workers do not exist in a forked child. After ``os.fork()`` every live
+artifact re-creates its locks (another thread may have held them at the fork), forgets the calls
+in flight in the parent, and replaces its pool with a new one on its next call (the C pool also
+refuses to post jobs to workers of another process: see ``csrc/smelt_rt.h``).
 
 An instrumented artifact (compiled with ``profile=True``) also keeps per-step timings: the native
 code's counters (see the "Instrumented build" section of ``csrc/smelt_rt.h``), and the time of
@@ -14,17 +26,22 @@ each fallback step, measured here. ``profile_counters()`` reads them all, in exe
 
 A dynamic artifact (recurrent models, ``smelt.api``'s dynamic mode) is compiled for bounds of the
 sequence length T and batch B; its recurrent kernels read the actual T and B of each recurrent
-node from the library's ``smelt_rnn_dims`` array, which ``run`` sets from the node's X before
-the call (the template records, in the step's schedule, which input carries them and the output
-shapes in terms of T and B). Its fallback steps (the shape glue) run on whatever shapes arrive.
+node from the node's int64 pair in the instance state, which ``run`` sets from the node's X
+before the call (the template records, in the step's schedule, where the pair is, which input
+carries T and B, and the output shapes in terms of T and B). Its fallback steps (the shape glue) run on whatever shapes arrive.
 """
 
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import json
+import os
 import threading
 import time
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +100,23 @@ class ProfileCounters:
     def __sub__(self, other: ProfileCounters) -> ProfileCounters:
         return ProfileCounters(self.steps, self.calls - other.calls, self.seconds - other.seconds,
                                self.busy - other.busy, self.block_seconds - other.block_seconds)
+
+
+# Objects whose ``_after_fork_in_child()`` runs in the child after os.fork() (see the module doc).
+_FORK_AWARE: weakref.WeakSet = weakref.WeakSet()
+
+
+def reinit_after_fork(obj: object) -> None:
+    """Have ``obj._after_fork_in_child()`` called in every child forked from now on."""
+    _FORK_AWARE.add(obj)
+
+
+def _after_fork_in_child() -> None:
+    for obj in list(_FORK_AWARE):
+        obj._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
@@ -175,7 +209,11 @@ class _FallbackRunner:
 
 
 class LoadedArtifact:
-    """A compiled variant in memory: library, pool, weights, arena and plan."""
+    """A compiled variant in memory: library, pool, weights, arena, instance state and plan.
+
+    Reference-counted (see the module doc): ``acquire`` before a call (False once closed),
+    ``release`` after; ``run`` does both. ``close`` frees everything once no call is in flight.
+    """
 
     def __init__(self, directory: Path, lib_path: Path, n_threads: int, cpus: list[int],
                  dynamic: bool = False) -> None:
@@ -186,6 +224,11 @@ class LoadedArtifact:
         self.inputs = [TensorSpec.from_json(d) for d in meta["inputs"]]
         self.outputs = [TensorSpec.from_json(d) for d in meta["outputs"]]
         self.lib_path = lib_path
+        self._lock = threading.Lock()  # one call at a time: one arena, one pool
+        self._refs_lock = threading.Lock()  # guards the lifetime fields below
+        self._refs = 0  # calls in flight
+        self._closed = False  # no new calls; freed when _refs drops to 0
+        self._freed = False
         self.lib = ctypes.CDLL(str(lib_path)) if meta["native_blocks"] else None
         self.weights = aligned_empty(max(1, meta["weights_bytes"]))
         if meta["weights_bytes"]:
@@ -195,18 +238,18 @@ class LoadedArtifact:
         self._arena_ptr = ctypes.c_void_p(self.arena.ctypes.data)
         self._scratch_ptr = ctypes.c_void_p(self.arena.ctypes.data + meta["arena_bytes"])
         self._weights_ptr = ctypes.c_void_p(self.weights.ctypes.data)
-        self._lock = threading.Lock()
-        self.pool = None
+        self.state = aligned_empty(64)  # mutable per-instance data of the generated code
         if self.lib is not None:
-            self.lib.smelt_create_pool.restype = ctypes.c_void_p
-            self.lib.smelt_create_pool.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
-            self.lib.smelt_destroy_pool.argtypes = [ctypes.c_void_p]
-            cpu_arr = (ctypes.c_int * max(1, n_threads))(*(cpus + [-1] * n_threads)[:n_threads])
-            self.pool = ctypes.c_void_p(self.lib.smelt_create_pool(n_threads, cpu_arr))
+            self.lib.smelt_state_bytes.restype = ctypes.c_long
+            self.lib.smelt_state_init.argtypes = [ctypes.c_void_p]
+            self.state = aligned_empty(max(64, self.lib.smelt_state_bytes()))
+            self.lib.smelt_state_init(self.state.ctypes.data)
+        self._state_ptr = ctypes.c_void_p(self.state.ctypes.data)
         self.n_threads = n_threads
+        self._cpus = list(cpus)
         self.native_calls = 0
         self.profiling = bool(meta.get("profile"))
-        self._prof_views: list[np.ndarray] = []  # per native block, a view of its C counters
+        self._prof_views: list[np.ndarray] = []  # per native block, a view of its counters in the state
         self._fallback_ns: dict[int, int] = {}  # fallback step index -> ns summed over calls
         self._profile_calls = 0
         self.steps: list[tuple] = []
@@ -218,7 +261,7 @@ class LoadedArtifact:
             if step["kind"] == "native":
                 fn = getattr(self.lib, f"smelt_block_{step['index']}")
                 fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_void_p] * 6
+                fn.argtypes = [ctypes.c_void_p] * 7
                 ins = [TensorSpec.from_json(d) for d in step["ext_inputs"]]
                 outs = [TensorSpec.from_json(d) for d in step["ext_outputs"]]
                 self.steps.append(("native", fn, ins, outs, (ctypes.c_void_p * max(1, len(ins)))(),
@@ -229,7 +272,7 @@ class LoadedArtifact:
                 self.steps.append(("fallback", runner, step["node"], step["op"]))
         if self.profiling and self.lib is not None:
             self._bind_profile_counters()
-        # dynamic artifacts: per native step, the recurrent nodes' run-time dimension slots
+        # dynamic artifacts: per native step, the recurrent nodes' run-time (T, B) slots in the state
         self._dyn: dict[int, list[dict]] = {}
         self._dims = None
         if dynamic and self.lib is not None:
@@ -237,9 +280,23 @@ class LoadedArtifact:
                 if step["kind"] == "native":
                     infos = [json.loads(i["schedule"]["dynamic"]) for i in step.get("step_info", [])
                              if "dynamic" in i.get("schedule", {})]
-                    self._dyn[si] = list({d["slot"]: d for d in infos}.values())
+                    self._dyn[si] = list({d["state"]: d for d in infos}.values())  # one per node
             if any(self._dyn.values()):
-                self._dims = (ctypes.c_long * 256).in_dll(self.lib, "smelt_rnn_dims")
+                self._dims = (ctypes.c_int64 * (self.state.size // 8)).from_address(self.state.ctypes.data)
+        self.pool = None
+        self._pool_stale = False  # created before a fork(): replaced on the next call
+        if self.lib is not None:
+            self.lib.smelt_create_pool.restype = ctypes.c_void_p
+            self.lib.smelt_create_pool.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+            self.lib.smelt_destroy_pool.argtypes = [ctypes.c_void_p]
+            self.pool = self._create_pool()
+        reinit_after_fork(self)
+
+    def _create_pool(self) -> ctypes.c_void_p:
+        assert self.lib is not None
+        n = self.n_threads
+        cpu_arr = (ctypes.c_int * max(1, n))(*(self._cpus + [-1] * n)[:n])
+        return ctypes.c_void_p(self.lib.smelt_create_pool(n, cpu_arr))
 
     def _dynamic_shapes(self, si: int, env: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
         """Set the recurrent nodes' T and B for native step ``si``; its outputs' actual shapes."""
@@ -254,27 +311,108 @@ class LoadedArtifact:
                 raise SmeltError(f"recurrent input {d['x']!r} has sequence length {T} and batch {B}; this "
                                  f"library was compiled for 1..{tmax} and 1..{bmax}")
             assert self._dims is not None
-            self._dims[2 * d["slot"]], self._dims[2 * d["slot"] + 1] = T, B
+            self._dims[d["state"] // 8], self._dims[d["state"] // 8 + 1] = T, B
             for name, shp in d["outputs"].items():
                 shapes[name] = tuple(T if v == "T" else B if v == "B" else int(v) for v in shp)
         return shapes
 
     def _bind_profile_counters(self) -> None:
-        """numpy views of every block's counter array (it lives in the library's data)."""
+        """numpy views of every block's counter array (in this instance's state buffer)."""
         lib = self.lib
         assert lib is not None
         lib.smelt_profile_counters.restype = ctypes.POINTER(ctypes.c_uint64)
-        lib.smelt_profile_counters.argtypes = [ctypes.c_int]
+        lib.smelt_profile_counters.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.smelt_profile_reset.argtypes = [ctypes.c_void_p]
         lib.smelt_profile_reset.restype = None
         for k in range(lib.smelt_profile_blocks()):
-            ptr = lib.smelt_profile_counters(k)
+            ptr = lib.smelt_profile_counters(self._state_ptr, k)
             header = np.ctypeslib.as_array(ptr, shape=(_PROF_HEADER,))
             steps, threads, stride = (int(header[i]) for i in (_PROF_STEPS, _PROF_THREADS, _PROF_STRIDE))
             self._prof_views.append(np.ctypeslib.as_array(ptr, shape=(_PROF_HEADER + stride * (1 + threads),)))
 
+    # -- lifetime ----------------------------------------------------------------------
+    def acquire(self) -> bool:
+        """Take a reference for a call; False once the artifact is closed (then do not call it)."""
+        with self._refs_lock:
+            if self._closed:
+                return False
+            self._refs += 1
+            return True
+
+    def release(self) -> None:
+        """Drop a reference taken by ``acquire``; the last one frees a closed artifact."""
+        with self._refs_lock:
+            self._refs -= 1
+            free = self._closed and self._refs == 0 and not self._freed
+            self._freed |= free
+        if free:
+            self._free()
+
+    def close(self) -> None:
+        """No new calls; free everything now, or when the calls in flight have returned."""
+        with self._refs_lock:
+            self._closed = True
+            free = self._refs == 0 and not self._freed
+            self._freed |= free
+        if free:
+            self._free()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @contextmanager
+    def _in_use(self) -> Iterator[None]:
+        """A reference held for the block; SmeltError if the artifact is closed."""
+        if not self.acquire():
+            raise SmeltError(f"this compiled model variant ({self.directory.name}) was closed")
+        try:
+            yield
+        finally:
+            self.release()
+
+    def _free(self) -> None:
+        """Destroy the pool, drop every ctypes object of the library, then dlclose it (this
+        instance's dlopen reference: the library stays mapped while another instance has it open)."""
+        lib, pool = self.lib, self.pool
+        self.pool = None
+        if lib is not None and pool is not None:
+            lib.smelt_destroy_pool(pool)
+        self.steps = []  # the entries' ctypes function objects
+        self._prof_views = []
+        self._dims = None
+        self.arena = self.weights = self.state = None  # type: ignore[assignment]
+        self._arena_ptr = self._scratch_ptr = self._weights_ptr = self._state_ptr = None  # type: ignore[assignment]
+        self.lib = None
+        if lib is not None:
+            handle = lib._handle
+            del lib  # and with it the function objects ctypes cached on the CDLL
+            _ctypes.dlclose(handle)
+
+    def _after_fork_in_child(self) -> None:
+        """In a child after os.fork(): only the forking thread exists (see the module doc)."""
+        self._lock = threading.Lock()
+        self._refs_lock = threading.Lock()
+        self._refs = 0
+        self._pool_stale = self.pool is not None
+        if self._closed and not self._freed:
+            self._freed = True
+            self._free()
+
+    # -- running ---------------------------------------------------------------------
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """Run one inference on validated, contiguous inputs; returns fresh output arrays."""
+        """Run one inference on validated, contiguous inputs; returns fresh output arrays. Safe
+        against a concurrent ``close``; raises SmeltError if the artifact is already closed."""
+        with self._in_use():
+            return self.run_acquired(feeds)
+
+    def run_acquired(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """``run`` for a caller that holds a reference (``acquire``)."""
         with self._lock:
+            if self._pool_stale:  # forked since the pool was made: its workers are the parent's
+                self._pool_stale = False
+                self.lib.smelt_destroy_pool(self.pool)  # the child's copy: freed, nothing joined
+                self.pool = self._create_pool()
             env: dict[str, np.ndarray] = dict(self.consts)
             env.update(feeds)
             for si, step in enumerate(self.steps):
@@ -291,7 +429,7 @@ class LoadedArtifact:
                         env[spec.name] = arr
                         out_ptrs[i] = arr.ctypes.data
                     status = fn(self.pool, in_ptrs, out_ptrs, self._arena_ptr, self._scratch_ptr,
-                                self._weights_ptr)
+                                self._weights_ptr, self._state_ptr)
                     self.native_calls += 1
                     if status:
                         node, op = step_nodes[status - 1]
@@ -317,16 +455,16 @@ class LoadedArtifact:
     def profile_reset(self) -> None:
         """Zero every timing counter (native and fallback)."""
         self._require_profiling()
-        with self._lock:
+        with self._in_use(), self._lock:
             if self.lib is not None:
-                self.lib.smelt_profile_reset()
+                self.lib.smelt_profile_reset(self._state_ptr)
             self._fallback_ns.clear()
             self._profile_calls = 0
 
     def profile_counters(self) -> ProfileCounters:
         """A snapshot of the timings since the last reset (see ``ProfileCounters``)."""
         self._require_profiling()
-        with self._lock:  # not in the middle of an inference
+        with self._in_use(), self._lock:  # not in the middle of an inference
             raw = [v.copy() for v in self._prof_views]
             fallback_ns = dict(self._fallback_ns)
             calls = self._profile_calls
@@ -362,11 +500,6 @@ class LoadedArtifact:
         block_seconds = np.array([int(r[_PROF_NS]) * 1e-9 for r in raw], dtype=np.float64)
         return ProfileCounters(steps, calls, np.array(seconds, dtype=np.float64),
                                np.array(busy, dtype=np.float64).reshape(len(steps), threads), block_seconds)
-
-    def close(self) -> None:
-        if self.pool is not None and self.lib is not None:
-            self.lib.smelt_destroy_pool(self.pool)
-            self.pool = None
 
     def __del__(self) -> None:
         try:

@@ -51,9 +51,11 @@ Deep Learning Models 10x Faster", USENIX ATC 2018):
   ``hoist`` = hoisted projection, same recurrence; ``pcp`` = the model's grid, still rotating;
   ``wcs`` (default) = the model's grid, fixed per thread.
 * **Dynamic axes** (``smelt_dynamic``, set by ``smelt.api`` for recurrent models): T and B are
-  read at run time from ``smelt_rnn_dims`` (set by ``smelt.runtime.module``); every index is a
-  run-time expression, the tile kernels exist for every chunk size and the partition table has
-  a row per batch size; scratch is sized for the compile-time shapes, which are the bounds.
+  read at run time from the node's int64 pair in the instance state (``BlockEmitter.state``,
+  written by ``smelt.runtime.module``; not a library global, which instances of one .so would
+  share); every index is a run-time expression, the tile kernels exist for every chunk size and
+  the partition table has a row per batch size; scratch is sized for the compile-time shapes,
+  which are the bounds.
 * **Stacked layers** (``pipeline_chain`` / ``emit_pipeline``): ModelCompiler's pipeline plan.
 * Hidden sizes are padded to Hp = ceil(H/16)*16 lanes; padded lanes of the state are kept at
   zero (masked), and never reach an output (masked stores).
@@ -1072,13 +1074,10 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     dynamic = bool(node.attr("smelt_dynamic", 0))
     P = max(1, em.n_threads)
     Tmax, Bmax = T, B  # scratch is sized for these; dynamic mode reads the actual T, B at run time
-    if dynamic:
-        slot = [n for n in g.nodes if n.op in GATES].index(node)
-        if slot >= DYN_SLOTS:
-            raise ValueError(f"dynamic RNN models support at most {DYN_SLOTS} recurrent nodes")
-        dims = em.function("rnn_dims", DYN_DIMS_C, doc="run-time T and B of each recurrent node (dynamic axes)")
-        assert dims  # defines smelt_rnn_dims
-        tb_decl = (f"const long T = smelt_rnn_dims[{2 * slot}], B = smelt_rnn_dims[{2 * slot + 1}];\n"
+    if dynamic:  # this node's (T, B), per instance: smelt.runtime.module writes them before each call
+        dims_at = em.state(2 * 8)
+        tb_decl = (f"const long T = (long)((const int64_t *)(state + {dims_at}))[0], "
+                   f"B = (long)((const int64_t *)(state + {dims_at}))[1];\n"
                    f"if (T < 1 || T > {Tmax} || B < 1 || B > {Bmax}) {{ SMELT_FAIL(); return; }}\n")
     else:
         tb_decl = f"const long T = {T}, B = {B};\n"
@@ -1316,7 +1315,7 @@ if (lid < nact) {{
                         + (f", T<={Tmax} and B<={Bmax} at run time" if dynamic else ""),
                 layout=f"gates fused, hidden padded to {Hp}")
     if dynamic:
-        em.schedule(dynamic=json.dumps({"slot": slot, "x": cfg.x, "layout": cfg.layout, "max": [Tmax, Bmax],
+        em.schedule(dynamic=json.dumps({"state": dims_at, "x": cfg.x, "layout": cfg.layout, "max": [Tmax, Bmax],
                                         "outputs": _dyn_output_shapes(cfg)}))
     em.step(f"""{tb_decl}float *y = {y}; const int32_t *slen = {slen}; (void)y; (void)slen;
 {assign}
@@ -1330,10 +1329,6 @@ if (lid < nact) {{
 # dynamic axes, schedules, partitioning model
 # --------------------------------------------------------------------------------------------
 SCHEDULES = ("baseline", "hoist", "pcp", "wcs")  # DeepCPU Fig. 4(a) ablation levels; wcs = full
-DYN_SLOTS = 128
-# Run-time (T, B) per recurrent node, written by smelt.runtime.module before each call of a
-# dynamic artifact (found by name with ctypes). Defined once per library.
-DYN_DIMS_C = f"SMELT_EXPORT long smelt_rnn_dims[2 * {DYN_SLOTS}];\n"
 
 
 def _dyn_output_shapes(cfg: RnnConfig) -> dict[str, list]:

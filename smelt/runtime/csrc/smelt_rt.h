@@ -9,7 +9,16 @@
  *  - between jobs workers spin for SMELT_SPIN_US microseconds (default 2000), then sleep on a
  *    futex, so an idle model costs no CPU;
  *  - a pool runs one job at a time: smelt_pool_run() takes the pool's mutex, which is what makes
- *    concurrent callers of one compiled model safe (they are served one after the other).
+ *    concurrent callers of one compiled model safe (they are served one after the other);
+ *  - fork(): the child has none of the workers, so a pool created before the fork must never post
+ *    a job there (the caller would wait for them forever). A pthread_atfork child handler bumps
+ *    the library's fork epoch; a pool whose epoch is older runs every job on the caller alone
+ *    (the generated code runs with any thread count) and is freed without joining. smelt's
+ *    loader (smelt/runtime/module.py) replaces such a pool with a fresh one on the next call.
+ * Everything mutable a model needs per instance lives in memory the loader passes in (arena,
+ * scratch, the per-instance state buffer), never in library globals: instances loaded from one
+ * .so share the library's data. The only exceptions are process-wide by nature: the fork epoch
+ * and the per-thread error flag (smelt_tls_error).
  * No OpenMP: it would fight this pool for the same cores.
  */
 #ifndef SMELT_RT_H
@@ -54,6 +63,7 @@ typedef struct {
     _Alignas(SMELT_CACHELINE) smelt_job_fn fn;
     void *ctx;
     int n_threads;
+    unsigned fork_epoch; /* smelt_fork_epoch when created; older = created before a fork() */
     atomic_int stop;
     long spin_ns;
     pthread_mutex_t run_lock;
@@ -65,6 +75,19 @@ typedef struct {
     smelt_pool_t *pool;
     int tid;
 } smelt_worker_arg_t;
+
+/* Forks of this process seen by this library (bumped in the child only, while it has one thread). */
+static atomic_uint smelt_fork_epoch;
+static void smelt_after_fork_child(void) { atomic_fetch_add(&smelt_fork_epoch, 1); }
+/* Unregistered by glibc when the library is dlclosed (the handler is tied to this DSO). */
+__attribute__((constructor)) static void smelt_rt_register_fork_handler(void) {
+    pthread_atfork(NULL, NULL, smelt_after_fork_child);
+}
+
+/* Whether the pool's workers exist in this process (false in a child forked after its creation). */
+static inline int smelt_pool_live(const smelt_pool_t *pool) {
+    return pool->fork_epoch == atomic_load_explicit(&smelt_fork_epoch, memory_order_relaxed);
+}
 
 static inline long smelt_now_ns(void) {
     struct timespec ts;
@@ -152,15 +175,24 @@ smelt_pool_t *smelt_pool_create(int n_threads, const int *cpus) {
     if (!pool) return NULL;
     memset(pool, 0, sizeof(*pool));
     pool->n_threads = n_threads;
+    pool->fork_epoch = atomic_load(&smelt_fork_epoch);
     const char *spin = getenv("SMELT_SPIN_US");
     pool->spin_ns = (spin ? atol(spin) : 2000) * 1000L;
     pthread_mutex_init(&pool->run_lock, NULL);
     for (int i = 0; i < n_threads; ++i) pool->cpus[i] = cpus ? cpus[i] : -1;
     for (int i = 1; i < n_threads; ++i) {
         smelt_worker_arg_t *arg = (smelt_worker_arg_t *)malloc(sizeof(*arg));
-        arg->pool = pool;
-        arg->tid = i;
-        pthread_create(&pool->threads[i], NULL, smelt_worker_main, arg);
+        if (arg) {
+            arg->pool = pool;
+            arg->tid = i;
+        }
+        if (!arg || pthread_create(&pool->threads[i], NULL, smelt_worker_main, arg) != 0) {
+            /* out of threads or memory: run with the workers that exist (jobs wait for exactly
+             * n_threads - 1 of them; the generated code runs with any thread count) */
+            free(arg);
+            pool->n_threads = i;
+            break;
+        }
 #if defined(__linux__)
         if (pool->cpus[i] >= 0) {
             cpu_set_t set;
@@ -175,6 +207,10 @@ smelt_pool_t *smelt_pool_create(int n_threads, const int *cpus) {
 
 void smelt_pool_destroy(smelt_pool_t *pool) {
     if (!pool) return;
+    if (!smelt_pool_live(pool)) { /* a forked child's copy: no workers to join, the mutex may be held */
+        free(pool);
+        return;
+    }
     pthread_mutex_lock(&pool->run_lock);
     atomic_store(&pool->stop, 1);
     atomic_fetch_add(&pool->generation, 1);
@@ -189,7 +225,7 @@ int smelt_pool_threads(const smelt_pool_t *pool) { return pool ? pool->n_threads
 
 /* Run fn(ctx, tid, nt) on every thread of the pool and return when all are done. */
 static void smelt_pool_run(smelt_pool_t *pool, smelt_job_fn fn, void *ctx) {
-    if (!pool || pool->n_threads == 1) {
+    if (!pool || pool->n_threads == 1 || !smelt_pool_live(pool)) {
         fn(ctx, 0, 1);
         return;
     }
@@ -229,7 +265,8 @@ static void smelt_pool_run(smelt_pool_t *pool, smelt_job_fn fn, void *ctx) {
  *   [0, SMELT_PROF_HEADER)       header: calls, ticks, ns, steps, threads, stride
  *   [HEADER, HEADER + stride)    per step: thread 0's wall ticks
  *   then threads rows of stride  per thread and step: busy ticks
- * Counters live in the library (static), so every model loaded from one .so shares them. */
+ * Counters live in the instance's state buffer (the generated smelt_profile_counters(state, k)
+ * finds block k's), so two models loaded from one .so keep their own. */
 static inline uint64_t smelt_prof_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_RAW, &ts);
