@@ -22,8 +22,10 @@ node, FLOPs and fused epilogue go into plan.json (``step_info``) for ``smelt pro
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass, field
+from functools import cache
 
 import numpy as np
 
@@ -48,14 +50,20 @@ def c_identifier(text: str) -> str:
     return ident if ident and not ident[0].isdigit() else f"_{ident}"
 
 
+@cache
+def _dtype_name(dtype: np.dtype | str) -> str:
+    return np.dtype(dtype).name
+
+
 def c_literal(value: float | int | bool, dtype: np.dtype | str = "float32") -> str:
-    """A C literal of the given element type that round-trips exactly."""
-    name = np.dtype(dtype).name
+    """A C literal of the given element type that round-trips exactly. (Templates render about
+    15 literals a node: numpy's dtype and NaN tests cost more than the rest.)"""
+    name = _dtype_name(dtype)
     if name in ("float32", "float64"):
         v = float(value)
-        if np.isnan(v):
+        if math.isnan(v):
             return "NAN"
-        if np.isinf(v):
+        if math.isinf(v):
             return "INFINITY" if v > 0 else "(-INFINITY)"
         text = repr(float(np.float32(v))) if name == "float32" else repr(v)
         return f"{text}f" if name == "float32" else text
