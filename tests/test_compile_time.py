@@ -87,9 +87,10 @@ def test_block_body_is_a_step_table(cache, threads):
     compiled = smelt.compile(model, threads=threads)
     src = _generated(compiled)
     assert src.count("smelt_barrier(") == 1
-    functions = re.findall(r"^static [^;{]*void (step_\w+)\(", src, re.M)
+    functions = re.findall(r"^static [^;{]*void (\w+)\(smelt_ctx_t \*c, int tid, int nt, void \*const \*smelt_args\)",
+                           src, re.M)
     assert len(functions) == len(set(functions)) <= distinct
-    rows = re.findall(r"^    \{(step_\w+), \d+, \d+\}, /\* (\d+): ", src, re.M)
+    rows = re.findall(r"^    \{(\w+), \d+, \d+\}, /\* (\d+): ", src, re.M)
     assert [int(i) for _, i in rows] == list(range(n)) and {f for f, _ in rows} == set(functions)
     assert_close([compiled(x)], ort_run(model, {"x": x}, threads=threads), rel=1e-5)
 

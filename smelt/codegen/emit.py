@@ -213,18 +213,19 @@ class BlockEmitter:
 
     def step(self, code: str, name: str = "", doc: str = "", attributes: str = "") -> None:
         """Statements run by every thread (``tid``, ``nt`` and the buffers of ``ptr``, ``weight``
-        and ``scratch`` in scope); a barrier follows. They become a step function named for
-        ``name`` (default: the template's), shared with every step whose code differs only in
-        its buffers; ``doc`` goes into its header comment and must not depend on the buffers;
-        ``attributes`` are C function attributes (e.g. the preferred vector width)."""
+        and ``scratch`` in scope); a barrier follows. They become a step function shared with
+        every step whose code differs only in its buffers, named ``name`` (a kernel's name, e.g.
+        ``f32_gemm_...``; default ``step_<template>``) plus a digest of the code. ``doc`` goes
+        into its header comment and must not depend on the buffers; ``attributes`` are C
+        function attributes (e.g. the preferred vector width)."""
         assert self._node is not None
         lifted, refs = lift_refs(code)
         body = lifted.strip().replace("\n", "\n    ")
         fn = self.function(
-            f"step_{name or self._schedule['template']}",
+            name or f"step_{self._schedule['template']}",
             f"static {attributes}__attribute__((noinline)) void FNAME({STEP_PARAMS}) {{\n"
             f"    {STEP_LOCALS}\n    {{ {body} }}\n}}\n",
-            doc or f"{self._node.op} {list(self.g.values[self._node.outputs[0]].shape)}")
+            doc or " ".join([self._node.op] + [str(list(self.g.values[o].shape)) for o in self._node.outputs[:1] if o]))
         self.source.steps.append(Step(self._node, fn, refs, self._schedule))
 
     def schedule(self, **fields: str) -> None:
