@@ -5,12 +5,12 @@ the pool runs with ``tid`` and ``nt`` in scope, followed by a barrier. A block's
 body as one job on the pool, so an inference of a fully native model is one call from Python and
 one fork/join in C.
 
-Compile time stays linear in the number of distinct workloads, not of nodes. A step's buffers
+gcc's time follows the number of distinct step codes, not of nodes. A step's buffers
 (``BlockEmitter.ptr``/``weight``/``scratch`` expressions) are lifted out of its code into
 arguments, so its code names no particular buffer and becomes a step function emitted once per
 distinct source: a 2,000-node chain of Relu on one shape compiles one Relu function. The block
-body is a loop over a static table of (function, buffer references), not one statement per
-step: one indirect call per step at run time, the same gcc time for 10 steps or 10,000.
+body is a loop over a static table of (function, buffer references), not statements per step:
+one indirect call per step at run time, and gcc's time does not grow with the step count.
 Kernels are likewise emitted once per distinct source.
 
 An instrumented build (``profile=True``) adds timestamps around every step (see the
@@ -84,7 +84,8 @@ REF_BASES = {"arena": "SMELT_REF_ARENA", "scratch": "SMELT_REF_SCRATCH", "W": "S
 _REF = re.compile(r"\(\((const )?([A-Za-z_][A-Za-z0-9_]*) \*\)(?:\((arena|scratch|W) \+ (\d+)\)|(in|out)\[(\d+)\])\)")
 STEP_ARGS = "smelt_args"
 STEP_PARAMS = f"smelt_ctx_t *c, int tid, int nt, void *const *{STEP_ARGS}"
-# what a step's code may still name directly (everything it needs is lifted in practice)
+# what a step's code could name without BlockEmitter: it compiles, but is not shared (no template
+# does this today)
 STEP_LOCALS = ("void *const *in = c->in; void *const *out = c->out; char *arena = c->arena; "
                "char *scratch = c->scratch; const char *W = c->W;\n"
                f"    (void)in; (void)out; (void)arena; (void)scratch; (void)W; (void)tid; (void)nt; (void){STEP_ARGS};")
@@ -298,7 +299,6 @@ static inline void smelt_resolve(const smelt_ctx_t *c, const smelt_ref_t *r, uns
 """
 
 
-
 def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1) -> str:
     """A block: its step table, a body looping over it with a barrier between steps, and the
     exported entry. The table keeps gcc's time independent of the number of steps (a body with
@@ -321,12 +321,13 @@ def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1) 
     if n:
         refs, rows, first = [], [], 0
         for i, step in enumerate(block.steps):
-            refs.append(" ".join(f"{{{REF_BASES[b]}, {off}}}," for b, off in step.refs) + f" /* step {i} */")
+            if step.refs:
+                refs.append("    " + " ".join(f"{{{REF_BASES[b]}, {off}}}," for b, off in step.refs) + f" /* step {i} */")
             rows.append(f"    {{{step.function}, {first}, {len(step.refs)}}}, /* {i}: "
                         f"{c_comment_text(step.node.op)} {c_comment_text(step.node.name)} */")
             first += len(step.refs)
         lines.append(f"static const smelt_ref_t smelt_refs_{k}[{max(1, first)}] = {{")
-        lines += [f"    {r}" for r in refs if r.startswith("{")] if first else ["    {0, 0},"]
+        lines += refs or ["    {0, 0}, /* no step has a buffer */"]
         lines.append("};")
         lines.append(f"static const smelt_step_t smelt_steps_{k}[{n}] = {{")
         lines += rows
