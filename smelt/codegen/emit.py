@@ -1,9 +1,17 @@
 """Render a planned graph as one C translation unit: one entry point per execution block.
 
-Every native node becomes a *step* of its block's body: C statements that every thread of the
-pool runs with ``tid`` and ``nt`` in scope, followed by a barrier. A block's entry runs its body
-as one job on the pool, so an inference of a fully native model is one call from Python and one
-fork/join in C. Kernels are emitted once per distinct source (identical workloads share code).
+Every native node becomes one or more *steps* of its block: C statements that every thread of
+the pool runs with ``tid`` and ``nt`` in scope, followed by a barrier. A block's entry runs its
+body as one job on the pool, so an inference of a fully native model is one call from Python and
+one fork/join in C.
+
+gcc's time follows the number of distinct step codes, not of nodes. A step's buffers
+(``BlockEmitter.ptr``/``weight``/``scratch`` expressions) are lifted out of its code into
+arguments, so its code names no particular buffer and becomes a step function emitted once per
+distinct source: a 2,000-node chain of Relu on one shape compiles one Relu function. The block
+body is a loop over a static table of (function, buffer references), not statements per step:
+one indirect call per step at run time, and gcc's time does not grow with the step count.
+Kernels are likewise emitted once per distinct source.
 
 Nothing mutable lives in the library's globals: every instance loaded from one ``.so`` shares
 them (dlopen of one path is one mapping). What a model must keep per instance besides its arena
@@ -20,8 +28,10 @@ node, FLOPs and fused epilogue go into plan.json (``step_info``) for ``smelt pro
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass, field
+from functools import cache
 
 import numpy as np
 
@@ -46,14 +56,20 @@ def c_identifier(text: str) -> str:
     return ident if ident and not ident[0].isdigit() else f"_{ident}"
 
 
+@cache
+def _dtype_name(dtype: np.dtype | str) -> str:
+    return np.dtype(dtype).name
+
+
 def c_literal(value: float | int | bool, dtype: np.dtype | str = "float32") -> str:
-    """A C literal of the given element type that round-trips exactly."""
-    name = np.dtype(dtype).name
+    """A C literal of the given element type that round-trips exactly. (Templates render about
+    15 literals a node: numpy's dtype and NaN tests cost more than the rest.)"""
+    name = _dtype_name(dtype)
     if name in ("float32", "float64"):
         v = float(value)
-        if np.isnan(v):
+        if math.isnan(v):
             return "NAN"
-        if np.isinf(v):
+        if math.isinf(v):
             return "INFINITY" if v > 0 else "(-INFINITY)"
         text = repr(float(np.float32(v))) if name == "float32" else repr(v)
         return f"{text}f" if name == "float32" else text
@@ -64,6 +80,43 @@ def c_literal(value: float | int | bool, dtype: np.dtype | str = "float32") -> s
         return "INT64_MIN"
     suffix = {"int64": "LL", "uint64": "ULL", "uint32": "U"}.get(name, "")
     return f"{iv}{suffix}"
+
+
+# Where a step's buffer lives: the base its byte offset is relative to (C names in PRELUDE).
+# Every pointer a template gets from BlockEmitter is spelled by ``ref_expr`` and found again by
+# ``_REF``, which lifts it out of the step's code into the step function's arguments.
+REF_BASES = {"arena": "SMELT_REF_ARENA", "scratch": "SMELT_REF_SCRATCH", "W": "SMELT_REF_WEIGHTS",
+             "in": "SMELT_REF_IN", "out": "SMELT_REF_OUT"}
+_REF = re.compile(r"\(\((const )?([A-Za-z_][A-Za-z0-9_]*) \*\)(?:\((arena|scratch|W) \+ (\d+)\)|(in|out)\[(\d+)\])\)")
+STEP_ARGS = "smelt_args"
+STEP_PARAMS = f"smelt_ctx_t *c, int tid, int nt, void *const *{STEP_ARGS}"
+# what a step's code could name without BlockEmitter: it compiles, but is not shared (no template
+# does this today)
+STEP_LOCALS = ("void *const *in = c->in; void *const *out = c->out; char *arena = c->arena; "
+               "char *scratch = c->scratch; const char *W = c->W; char *state = c->state;\n"
+               "    (void)in; (void)out; (void)arena; (void)scratch; (void)W; (void)state; (void)tid; (void)nt; "
+               f"(void){STEP_ARGS};")
+
+
+def ref_expr(base: str, offset: int, ctype: str, const: bool = False) -> str:
+    """Typed pointer to byte ``offset`` of ``base`` (for ``in``/``out``: the ``offset``-th external
+    buffer). Only these expressions may name a buffer in a step's code."""
+    where = f"{base}[{offset}]" if base in ("in", "out") else f"({base} + {offset})"
+    return f"(({'const ' if const else ''}{ctype} *){where})"
+
+
+def lift_refs(code: str) -> tuple[str, list[tuple[str, int]]]:
+    """``code`` with every buffer expression replaced by an argument of the step function, and
+    the (base, offset) of each argument, numbered in order of first use."""
+    refs: dict[tuple[str, int], int] = {}
+
+    def arg(m: re.Match) -> str:
+        const, ctype, base, off, ext, k = m.groups()
+        key = (base, int(off)) if base else (ext, int(k))
+        j = refs.setdefault(key, len(refs))
+        return f"(({const or ''}{ctype} *){STEP_ARGS}[{j}])"
+
+    return _REF.sub(arg, code), list(refs)
 
 
 class WeightsBlob:
@@ -111,7 +164,8 @@ class InstanceState:
 @dataclass
 class Step:
     node: Node
-    code: str
+    function: str  # the step function (shared by steps whose lifted code is the same)
+    refs: list[tuple[str, int]]  # its arguments: (base, byte offset) per buffer, see lift_refs
     # how the node is computed: {"template": ..., plus what the template told BlockEmitter.schedule};
     # shared by every step of the node
     schedule: dict = field(default_factory=dict)
@@ -148,27 +202,24 @@ class BlockEmitter:
         v = self.g.values[name]
         ctype = c_type(v.dtype)
         if v.const is not None:
-            off = self.weights.add(v.const, key=f"value:{name}")
-            return f"((const {ctype} *)(W + {off}))"
+            return ref_expr("W", self.weights.add(v.const, key=f"value:{name}"), ctype, const=True)
         if name in self.block.ext_inputs:
-            return f"(({ctype} *)in[{self.block.ext_inputs.index(name)}])"
+            return ref_expr("in", self.block.ext_inputs.index(name), ctype)
         if name in self.block.ext_outputs:
-            return f"(({ctype} *)out[{self.block.ext_outputs.index(name)}])"
-        off = self.plan.arena_offsets[name]
-        return f"(({ctype} *)(arena + {off}))"
+            return ref_expr("out", self.block.ext_outputs.index(name), ctype)
+        return ref_expr("arena", self.plan.arena_offsets[name], ctype)
 
     def weight(self, array: np.ndarray, key: str | None = None) -> str:
         """Add a compile-time transformed constant; returns a typed const pointer expression."""
         arr = np.ascontiguousarray(array)
-        off = self.weights.add(arr, key=key)
-        return f"((const {c_type(arr.dtype)} *)(W + {off}))"
+        return ref_expr("W", self.weights.add(arr, key=key), c_type(arr.dtype), const=True)
 
     def scratch(self, nbytes: int, dtype: str = "float32") -> str:
         """Scratch memory valid during this node only (shared by all nodes of the model)."""
         nbytes = -(-nbytes // 64) * 64
         base = self._scratch_bytes
         self._scratch_bytes = base + nbytes
-        return f"(({c_type(dtype)} *)(scratch + {base}))"
+        return ref_expr("scratch", base, c_type(dtype))
 
     def state(self, nbytes: int) -> int:
         """Reserve ``nbytes`` of per-instance state (zeroed at load, kept across calls, written
@@ -190,10 +241,22 @@ class BlockEmitter:
             self._functions[fname] = (fname, header + code.replace("FNAME", fname))
         return fname
 
-    def step(self, code: str) -> None:
-        """Statements run by every thread (``tid``, ``nt`` in scope); a barrier follows."""
+    def step(self, code: str, name: str = "", doc: str = "", attributes: str = "") -> None:
+        """Statements run by every thread (``tid``, ``nt`` and the buffers of ``ptr``, ``weight``
+        and ``scratch`` in scope); a barrier follows. They become a step function shared with
+        every step whose code differs only in its buffers, named ``name`` (a kernel's name, e.g.
+        ``f32_gemm_...``; default ``step_<template>``) plus a digest of the code. ``doc`` goes
+        into its header comment and must not depend on the buffers; ``attributes`` are C
+        function attributes (e.g. the preferred vector width)."""
         assert self._node is not None
-        self.source.steps.append(Step(self._node, code, self._schedule))
+        lifted, refs = lift_refs(code)
+        body = lifted.strip().replace("\n", "\n    ")
+        fn = self.function(
+            name or f"step_{self._schedule['template']}",
+            f"static {attributes}__attribute__((noinline)) void FNAME({STEP_PARAMS}) {{\n"
+            f"    {STEP_LOCALS}\n    {{ {body} }}\n}}\n",
+            doc or " ".join([self._node.op] + [str(list(self.g.values[o].shape)) for o in self._node.outputs[:1] if o]))
+        self.source.steps.append(Step(self._node, fn, refs, self._schedule))
 
     def schedule(self, **fields: str) -> None:
         """Record how the current node is computed, for ``smelt profile`` and plan.json; calls
@@ -243,12 +306,33 @@ typedef struct {{
  * finishes its steps, then the entry returns the failing step and Python raises naming the node. */
 static _Thread_local int smelt_tls_error;
 #define SMELT_FAIL() (smelt_tls_error = 1)
+
+/* A block is a table of steps. A step function takes its buffers as arguments (emit.py's
+ * lift_refs), so steps that differ only in their buffers share one function; each buffer is a
+ * byte offset into the arena, the scratch or the weights, or the index of an external buffer. */
+enum {{ SMELT_REF_ARENA, SMELT_REF_SCRATCH, SMELT_REF_WEIGHTS, SMELT_REF_IN, SMELT_REF_OUT }};
+typedef struct {{ unsigned base; unsigned long long offset; }} smelt_ref_t;
+typedef void (*smelt_step_fn)(smelt_ctx_t *c, int tid, int nt, void *const *smelt_args);
+typedef struct {{ smelt_step_fn fn; unsigned first_ref, n_refs; }} smelt_step_t;
+
+static inline void smelt_resolve(const smelt_ctx_t *c, const smelt_ref_t *r, unsigned n, void **args) {{
+    for (unsigned j = 0; j < n; ++j) {{
+        switch (r[j].base) {{
+        case SMELT_REF_ARENA: args[j] = c->arena + r[j].offset; break;
+        case SMELT_REF_SCRATCH: args[j] = c->scratch + r[j].offset; break;
+        case SMELT_REF_WEIGHTS: args[j] = (void *)(c->W + r[j].offset); break;
+        case SMELT_REF_IN: args[j] = c->in[r[j].offset]; break;
+        default: args[j] = c->out[r[j].offset]; break;
+        }}
+    }}
+}}
 """
 
 
 def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1, prof_offset: int = 0) -> str:
-    """A block: one function per step (gcc compiles many small functions far faster than one huge
-    one), a body calling them with a barrier between, and the exported entry.
+    """A block: its step table, a body looping over it with a barrier between steps, and the
+    exported entry. The table keeps gcc's time independent of the number of steps (a body with
+    one call and one inlined barrier per step took gcc 20 s at 2,000 steps).
 
     A step reports a run-time failure (e.g. an index out of range) with SMELT_FAIL(); the body
     records which step failed and the entry returns its number + 1 (0 = success).
@@ -260,30 +344,42 @@ def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1, 
     k = block.index
     n = len(block.steps)
     lines = []
-    prof = f"(uint64_t *)(c->state + {prof_offset})"  # this block's counters (layout: smelt_rt.h)
-    for i, step in enumerate(block.steps):
-        lines.append(f"/* block {k} step {i}: {c_comment_text(step.node.op)} {c_comment_text(step.node.name)} */")
-        lines.append(f"static __attribute__((noinline)) void smelt_b{k}_s{i}(smelt_ctx_t *c, int tid, int nt) {{")
-        lines.append("    void *const *in = c->in; void *const *out = c->out;")
-        lines.append("    char *arena = c->arena; char *scratch = c->scratch; const char *W = c->W; char *state = c->state;")
-        lines.append("    (void)in; (void)out; (void)arena; (void)scratch; (void)W; (void)state; (void)tid; (void)nt;")
-        lines.append("    { " + step.code.strip().replace("\n", "\n      ") + " }")
-        lines.append("}")
+    if n:
+        refs, rows, first = [], [], 0
+        for i, step in enumerate(block.steps):
+            if step.refs:
+                refs.append("    " + " ".join(f"{{{REF_BASES[b]}, {off}}}," for b, off in step.refs) + f" /* step {i} */")
+            rows.append(f"    {{{step.function}, {first}, {len(step.refs)}}}, /* {i}: "
+                        f"{c_comment_text(step.node.op)} {c_comment_text(step.node.name)} */")
+            first += len(step.refs)
+        lines.append(f"static const smelt_ref_t smelt_refs_{k}[{max(1, first)}] = {{")
+        lines += refs or ["    {0, 0}, /* no step has a buffer */"]
+        lines.append("};")
+        lines.append(f"static const smelt_step_t smelt_steps_{k}[{n}] = {{")
+        lines += rows
+        lines.append("};")
     lines.append(f"static void smelt_body_{k}(void *vctx, int tid, int nt) {{")
     lines.append("    smelt_ctx_t *c = (smelt_ctx_t *)vctx;")
-    if profile and n:
-        lines.append(f"    uint64_t *prof = {prof}, t = smelt_prof_ticks(); /* t: start of the step */")
-    for i in range(n):
-        lines.append(f"    smelt_b{k}_s{i}(c, tid, nt);")
-        lines.append(f"    if (smelt_tls_error) {{ atomic_store(&c->status, {i + 1}); smelt_tls_error = 0; }}")
+    if n:
+        lines.append(f"    void *args[{max(1, max(len(st.refs) for st in block.steps))}];")
         if profile:
-            lines.append(f"    smelt_prof_busy(prof, {i}, tid, t);")
-        if i + 1 < n:
-            lines.append("    smelt_barrier(c->pool, nt);")
-            if profile:
-                lines.append(f"    t = smelt_prof_step(prof, {i}, tid, t);")
-        elif profile:
+            lines.append(f"    uint64_t *prof = (uint64_t *)(c->state + {prof_offset}), t = smelt_prof_ticks(); /* t: start of the step */")
+        lines += [f"    for (int i = 0; i < {n}; ++i) {{",
+                  f"        const smelt_step_t *s = &smelt_steps_{k}[i];",
+                  f"        smelt_resolve(c, smelt_refs_{k} + s->first_ref, s->n_refs, args);",
+                  "        s->fn(c, tid, nt, args);",
+                  "        if (smelt_tls_error) { atomic_store(&c->status, i + 1); smelt_tls_error = 0; }"]
+        if profile:
+            lines.append("        smelt_prof_busy(prof, i, tid, t);")
+        lines.append(f"        if (i + 1 == {n}) break;")
+        lines.append("        smelt_barrier(c->pool, nt);")
+        if profile:
+            lines.append("        t = smelt_prof_step(prof, i, tid, t);")
+        lines.append("    }")
+        if profile:
             lines.append("    if (tid == 0) c->prof_t = t; /* the entry ends the last step, after the join */")
+    else:
+        lines.append("    (void)c; (void)tid; (void)nt;")
     lines.append("}")
     entry = [f"SMELT_EXPORT int smelt_block_{k}(void *pool, void *const *in, void *const *out, "
              "char *arena, char *scratch, const char *W, char *state) {",

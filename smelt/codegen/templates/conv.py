@@ -36,7 +36,6 @@ from smelt.codegen.templates.gemm import (
     Strided,
     TileEpilogue,
     blocking_for,
-    define,
     pack_const_a,
     render_gemm,
     tile_epilogue_code,
@@ -450,17 +449,14 @@ def _emit_depthwise(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry) -
     if not flat:
         L.append("    }")
     L.append("}")
-    code = ("static void FNAME(int tid, int nt, void *const *in, void *const *out, char *arena, "
-            "char *scratch, const char *W) {\n    " + "\n    ".join(L) + "\n}\n")
     doc = f"depthwise Conv {geo.describe()} multiplier={mult}; {epilogue_doc(node)}"
-    fname = define(em, f"f32_conv{geo.rank}d_depthwise_direct", code, doc)
     em.schedule(algorithm="depthwise direct" + (
         " (whole plane in registers)" if flat else " (row by row in registers)" if blk.isa == "avx512" else ""),
         kernel=f"f32_conv{geo.rank}d_depthwise_direct", layout="NCHW",
         threads="thread 0 only" if macs < DW_PARALLEL_MIN_MACS else "planes split over threads",
         epilogue_at="in registers" if epi_in_regs and not ep.empty() else "row pass" if epi else "",
         shape=f"{geo.ks} kernel, stride {geo.strides}, multiplier {mult}")
-    em.step(f"{fname}(tid, nt, in, out, arena, scratch, W);")
+    em.step("\n".join(L), name=f"f32_conv{geo.rank}d_depthwise_direct", doc=doc)
 
 
 DW_CHUNKS = 8  # output vectors accumulated in registers at once by the AVX-512 depthwise row

@@ -984,15 +984,11 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
     inner += ["}"]
     lines.append("            " + "\n".join(inner).replace("\n", "\n            "))
     lines += ["        }", "    }", "}"]
-    body = "\n    ".join(lines)
-    code = ("static void FNAME(int tid, int nt, void *const *in, void *const *out, char *arena, "
-            "char *scratch, const char *W) {\n    " + body + "\n}\n")
     doc = (f"{p.doc}; M={p.M} N={p.N} K={p.K} items={p.items}; MRxNR={mr}x{nr} KC={kb_max} NC={blk.nc} "
            f"MC={mc}; A {'read in place' if direct_a else 'prepacked' if not pack_a else 'packed whole at run time' if prepack_a else 'packed at run time'}, B "
            f"{'read in place' if direct_b else 'packed at run time' if pack_b else 'prepacked'}; threads: {mode}"
            f"{f' pn={pn}' if mode == 'grid' else ''}; {describe_epilogue(p.epilogue)}"
            f"{' (fused into the micro-kernel store)' if kernel_epilogue(p.epilogue, em) else ''}")
-    fname = define(em, f"{p.name}_{blk.tag}", code, doc)
     a_how = "A read in place" if direct_a else "A prepacked" if not pack_a else "A packed at run time"
     b_how = "B read in place" if direct_b else "B packed at run time" if pack_b else "B prepacked"
     em.schedule(kernel=f"{p.name}_{blk.tag}",
@@ -1002,7 +998,7 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
                 threads=f"{mode}{f' pn={pn}' if mode == 'grid' else ''} (sized for {nt})",
                 epilogue_at=("in the micro-kernel store" if kernel_epilogue(p.epilogue, em)
                              else "tile pass" if not p.epilogue.empty() else ""))
-    em.step(f"{fname}(tid, nt, in, out, arena, scratch, W);")
+    em.step("\n".join(lines), name=f"{p.name}_{blk.tag}", doc=doc)
 
 
 # ------------------------------------------------------------------------------------------

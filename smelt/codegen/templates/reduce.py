@@ -78,27 +78,19 @@ def decompose(index: str, dims: list[tuple[int, int]], acc: str, indent: str = "
 
 # -- shared kernel plumbing -----------------------------------------------------------------------
 
-KERNEL_PARAMS = ("int tid, int nt, void *const *in, void *const *out, char *arena, char *scratch, "
-                 "const char *W")
-
-
 def wide_vectors(em: BlockEmitter) -> str:
     """Function attribute asking gcc for 512-bit vectors on AVX-512 targets (it prefers 256)."""
     return '__attribute__((target("prefer-vector-width=512"))) ' if em.target.isa == "avx512" else ""
 
 
 def emit_kernel(em: BlockEmitter, base: str, body: str, doc: str = "", wide: bool = False) -> None:
-    """Render ``body`` as its own (non-inlined) kernel function and call it as the node's step.
+    """Render ``body`` as the node's step, a function named for ``base`` (``BlockEmitter.step``:
+    shared by every node whose body differs only in its buffers).
 
     Inside ``body`` the step's names are in scope (``tid``, ``nt`` and what ``em.ptr`` and
-    ``em.scratch`` expressions refer to). Separate functions keep gcc's time linear in the number
-    of nodes and let identical nodes share one kernel.
+    ``em.scratch`` expressions refer to).
     """
-    code = (f"static {wide_vectors(em) if wide else ''}__attribute__((noinline)) void FNAME({KERNEL_PARAMS}) {{\n"
-            "    (void)tid; (void)nt; (void)in; (void)out; (void)arena; (void)scratch; (void)W;\n    "
-            + body.strip().replace("\n", "\n    ") + "\n}\n")
-    fname = em.function(base, code, doc)
-    em.step(f"{fname}(tid, nt, in, out, arena, scratch, W);")
+    em.step(body, name=base, doc=doc, attributes=wide_vectors(em) if wide else "")
 
 
 # -- shared row helpers ----------------------------------------------------------------------------
