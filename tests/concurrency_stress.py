@@ -59,7 +59,7 @@ def main(seconds: float, ref_path: str) -> None:
     chain = smelt.compile(chain_model(CHAIN_NODES, ("N", CHAIN_WIDTH)), threads=2)
     a = smelt.compile(lstm_model(*LSTM_ARGS), threads=1, max_dims=LSTM_BOUNDS)
     b = smelt.compile(lstm_model(*LSTM_ARGS), threads=1, max_dims=LSTM_BOUNDS)
-    assert a.source_path == b.source_path  # one library behind both instances
+    assert a._current().lib_path == b._current().lib_path  # one library behind both instances
     for n in range(1, 5):  # compiled (or loaded) before the clock starts
         chain(np.zeros((n, CHAIN_WIDTH), np.float32))
     errors: list[str] = []

@@ -79,9 +79,10 @@ def test_long_chain_compiles_in_bounded_time(cache):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_block_body_is_a_step_table(cache, threads):
+def test_block_body_is_a_step_table(cache, threads, monkeypatch):
     """One barrier call in the generated C (in the body's loop), one step function per distinct
     step code, one table row per step; and the shared functions compute the right answer."""
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
     n = 300
     model, x, distinct = _chain(n, with_movement=True)
     compiled = smelt.compile(model, threads=threads)
