@@ -91,11 +91,16 @@ def chain(kind: str, n: int, seed: int = 0) -> tuple[onnx.ModelProto, list[int]]
 
 
 def measure(kind: str, n: int) -> str:
+    with tempfile.TemporaryDirectory(prefix="smelt-compile-time-") as cache:
+        os.environ["SMELT_CACHE_DIR"] = cache
+        return _measure(kind, n)
+
+
+def _measure(kind: str, n: int) -> str:
     import smelt
     from smelt.codegen import toolchain
 
     model, shape = chain(kind, n)
-    os.environ["SMELT_CACHE_DIR"] = tempfile.mkdtemp(prefix="smelt-compile-time-")
     cc_wall = [0.0]
     run = subprocess.run
 
