@@ -46,3 +46,13 @@ def test_step_call_is_not_deleted():
     got = arena[128:128 + 36 * 4].view(np.float32)
     want = np.where(np.arange(36) % 3 == 0, -np.inf, 5.0).astype(np.float32)
     np.testing.assert_array_equal(got, want)
+
+
+def test_c_literal_beyond_the_float_range_is_infinity():
+    """A float32 literal from a value beyond the float range (a float64 folded constant) rounds to
+    +-Inf as a cast does; it was rendered as the invalid C token `inff`."""
+    from smelt.codegen.emit import c_literal
+
+    assert c_literal(1e40) == "INFINITY" and c_literal(-1e40) == "(-INFINITY)"
+    assert c_literal(1e40, "float64") == "1e+40"
+    assert c_literal(3.4028235e38) == "3.4028234663852886e+38f"  # FLT_MAX stays finite

@@ -69,9 +69,12 @@ def c_literal(value: float | int | bool, dtype: np.dtype | str = "float32") -> s
         v = float(value)
         if math.isnan(v):
             return "NAN"
+        if name == "float32" and not math.isinf(v):
+            with np.errstate(over="ignore"):  # beyond the float range rounds to +-Inf, as a cast does
+                v = float(np.float32(v))
         if math.isinf(v):
             return "INFINITY" if v > 0 else "(-INFINITY)"
-        text = repr(float(np.float32(v))) if name == "float32" else repr(v)
+        text = repr(v)
         return f"{text}f" if name == "float32" else text
     if name == "bool":
         return "1" if value else "0"
