@@ -141,3 +141,22 @@ def test_hostile_names_never_reach_c_unescaped(monkeypatch):
     assert not re.search(r"\*/ *int evil", source)
     x = np.linspace(-1, 1, 8, dtype=np.float32)
     np.testing.assert_array_equal(cm(x), -np.maximum(x, 0))
+
+
+def test_fallback_node_failing_on_its_run_time_inputs_is_a_smelt_error(tmp_path, monkeypatch):
+    """A fallback node whose run-time data no check can see (a Reshape to a shape fed as an
+    input) raised numpy's ValueError; now a SmeltError naming the node and op."""
+    import pytest
+    from onnx import TensorProto
+
+    from smelt.errors import SmeltError
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path / "cache"))
+    node = helper.make_node("Reshape", ["x", "s"], ["y"], name="reshape_to_input")
+    model = make_model([node], [tensor("x", [2, 3]), tensor("s", [2], TensorProto.INT64)],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    compiled = smelt.compile(model, threads=1)
+    ok = compiled.run({"x": np.ones((2, 3), np.float32), "s": np.array([3, 2], np.int64)})
+    assert ok[0].shape == (3, 2)
+    with pytest.raises(SmeltError, match=r"reshape_to_input.*Reshape.*cannot reshape"):
+        compiled.run({"x": np.ones((2, 3), np.float32), "s": np.array([4, 5], np.int64)})

@@ -191,10 +191,15 @@ class _FallbackRunner:
 
     def run(self, env: dict[str, np.ndarray]) -> None:
         feeds = {name: env[name] for name in self.inputs}
-        if self.fast is not None and len(self.inputs) == 1:
-            results = [self.fast(feeds[self.inputs[0]])]
-        else:
-            results = self.evaluator.run(None, feeds)
+        try:
+            if self.fast is not None and len(self.inputs) == 1:
+                results = [self.fast(feeds[self.inputs[0]])]
+            else:
+                results = self.evaluator.run(None, feeds)
+        except Exception as exc:  # run-time data no check could see (a Reshape target fed as input)
+            node = self.model.graph.node[0]
+            raise SmeltError(f"node {node.name!r} ({node.op_type}, run by the onnx.reference fallback) failed "
+                             f"on its run-time inputs: {type(exc).__name__}: {exc}") from exc
         for spec, name, value in zip(self.outputs, self.model.graph.output, results, strict=False):
             if value is None or isinstance(value, list):  # optional / sequence values pass through
                 env[name.name] = value
