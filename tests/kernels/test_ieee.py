@@ -81,8 +81,9 @@ def _elementwise_cases(cases: Cases) -> dict:
         cases.add(op, ["xr", "x"])
     for op in ("Max", "Min", "PRelu"):
         cases.add(op, ["x"], (np.float32(0),))
-        cases.add(op, [], (np.float32(0),))
-        cases.nodes[-1].input.append("x")
+        if op != "PRelu":  # PRelu's slope must broadcast to X: a scalar X with slope x is invalid
+            cases.add(op, [], (np.float32(0),))
+            cases.nodes[-1].input.append("x")
     cases.add("Where", ["cond", "x", "xr"])
     for op in ("Softmax", "LogSoftmax"):
         cases.add(op, ["s"])
