@@ -77,11 +77,75 @@ def _guard_slices(model: onnx.ModelProto) -> None:
                                     "dimension", node=n.name if n else None, op=n.op_type if n else None)
 
 
-def infer_shapes(g: Graph) -> Graph:
-    model = to_onnx(g, small_consts_only=True)
-    _guard_slices(model)
+_CEIL_POOLS = ("MaxPool", "AveragePool", "LpPool")
+
+
+def _ceil_pool_sizes(node: onnx.NodeProto, in_shape: list[int]) -> tuple[list[int], list[int]] | None:
+    """For a ceil_mode pool with explicit pads: (onnx's output sizes, onnxruntime's), else None.
+    onnxruntime drops a last window that would start in the end padding ((out-1)*stride >=
+    in + pad_begin), onnx 1.23's inference keeps it: a MaxPool 2x2/2 with pads [1,1,1,0] on an
+    11x13 input is 6x7 in onnxruntime, 7x7 in onnx."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    if not attrs.get("ceil_mode") or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+        return None
+    k = list(attrs.get("kernel_shape", []))
+    r = len(k)
+    if r == 0 or len(in_shape) != r + 2 or not all(isinstance(d, int) and d > 0 for d in in_shape[2:]):
+        return None
+    strides = list(attrs.get("strides", [1] * r))
+    dil = list(attrs.get("dilations", [1] * r))
+    pads = list(attrs.get("pads", [0] * (2 * r)))
+    ours, theirs = [], []
+    for a in range(r):
+        n, s, ek = in_shape[2 + a], strides[a], dil[a] * (k[a] - 1) + 1
+        span = n + pads[a] + pads[a + r] - ek
+        if s <= 0 or span < 0:
+            return None  # invalid: onnx's inference and the validator report it
+        out = -(-span // s) + 1
+        ours.append(out)
+        theirs.append(out - 1 if (out - 1) * s >= n + pads[a] else out)
+    return ours, theirs
+
+
+def _inferred_shapes(inferred: onnx.ModelProto) -> dict[str, list]:
+    shapes = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input):
+        dims = vi.type.tensor_type.shape.dim
+        shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    return shapes
+
+
+def _patch_ceil_pools(model: onnx.ModelProto, shapes: dict[str, list]) -> bool:
+    """Make the exported copy's ceil_mode pools infer onnxruntime's sizes: where they differ,
+    the copy's node gets ceil_mode 0 and the end pads that give onnxruntime's size (the copy is
+    only inferred, never run). Whether any node changed."""
+    changed = False
+    for node in model.graph.node:
+        if node.op_type not in _CEIL_POOLS or not node.input or node.input[0] not in shapes:
+            continue
+        sizes = _ceil_pool_sizes(node, shapes[node.input[0]])
+        if sizes is None or sizes[0] == sizes[1]:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        k, r = list(attrs["kernel_shape"]), len(attrs["kernel_shape"])
+        strides, dil = list(attrs.get("strides", [1] * r)), list(attrs.get("dilations", [1] * r))
+        pads = list(attrs.get("pads", [0] * (2 * r)))
+        for a in range(r):  # floor((n + pb + pe - ek) / s) + 1 == out; where that needs pe < 0,
+            # pe = 0 already gives out (floor mode without end pads is at most onnxruntime's size)
+            n, ek = shapes[node.input[0]][2 + a], dil[a] * (k[a] - 1) + 1
+            pads[a + r] = max(0, (sizes[1][a] - 1) * strides[a] + ek - n - pads[a])
+        kept = [a for a in node.attribute if a.name not in ("ceil_mode", "pads")]
+        del node.attribute[:]
+        node.attribute.extend(kept + [onnx.helper.make_attribute("pads", pads)])
+        changed = True
+    return changed
+
+
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """onnx's inference in strict mode (errors about the model raise ``InvalidModelError``),
+    else best effort; None when even that fails."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+        return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except onnx.shape_inference.InferenceError as exc:
         message = str(exc)
         if not _lenient(message):
@@ -91,11 +155,26 @@ def infer_shapes(g: Graph) -> Graph:
             detail = " ".join(m.group(3).split())
             raise InvalidModelError(detail, node=m.group(2) or None, op=m.group(1)) from None
         try:
-            inferred = onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False,
-                                                         data_prop=True)
+            return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
         except Exception:  # best effort: unknown shapes fall back, never crash
-            return g
+            return None
     except Exception:  # inference is best effort; unknown shapes fall back, never crash
+        return None
+
+
+def infer_shapes(g: Graph) -> Graph:
+    model = to_onnx(g, small_consts_only=True)
+    _guard_slices(model)
+    # pools whose input shape is known already (a second inference exports the sizes the first
+    # found, which onnx's own pool inference would contradict), then each round fixes at least
+    # the first ceil_mode pool onnx sized differently from onnxruntime
+    _patch_ceil_pools(model, {k: list(v.shape) for k, v in g.values.items() if v.shape is not None})
+    inferred = _infer(model)
+    for _ in range(sum(n.op_type in _CEIL_POOLS for n in model.graph.node)):
+        if inferred is None or not _patch_ceil_pools(model, _inferred_shapes(inferred)):
+            break
+        inferred = _infer(model)
+    if inferred is None:
         return g
     infos = list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
     for vi in infos:

@@ -153,3 +153,23 @@ def test_int_constant_folding_keeps_dtype():
     assert _ops(g) == ["Mul"]
     cm = smelt.compile(model)
     np.testing.assert_array_equal(cm(np.array([1, 2, 3], np.int64)), [2, 6, 12])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_ceil_mode_pool_is_sized_as_onnxruntime_does(tmp_path, monkeypatch, threads):
+    """onnx 1.23's inference keeps a ceil_mode window that would start in the end padding;
+    onnxruntime drops it (MaxPool 2x2/2, pads [1,1,1,0] on 11x13: 6x7, not 7x7). Shapes come from
+    inference alone now, so smelt must size it as onnxruntime does, through a following op too."""
+    from helpers import ort_run
+    from onnx import TensorProto
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path / "cache"))
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 2], strides=[2, 2], pads=[1, 1, 1, 0],
+                              ceil_mode=1),
+             helper.make_node("Relu", ["p"], ["y"])]
+    model = make_model(nodes, [tensor("x", [2, 3, 11, 13])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    x = np.random.default_rng(0).standard_normal((2, 3, 11, 13)).astype(np.float32)
+    want = ort_run(model, {"x": x})[0]
+    got = smelt.compile(model, threads=threads).run({"x": x})[0]
+    assert got.shape == want.shape == (2, 3, 6, 7)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
