@@ -705,8 +705,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="NaN/Inf differences on models with non-finite constants fail too")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")  # mutated constants overflow casts; onnx.reference warns too
-    save = args.save or (Path("/work/fuzz-findings") if Path("/work/fuzz-findings").is_dir()
-                         else Path(tempfile.mkdtemp(prefix="smelt-fuzz-")))
+    save = args.save or Path(tempfile.mkdtemp(prefix="smelt-fuzz-"))
     os.environ.setdefault("SMELT_CACHE_DIR", tempfile.mkdtemp(prefix="smelt-fuzz-cache-"))
     stats = fuzz(args.iterations, args.seconds, args.seed, args.compile_sample, args.timeout, save,
                  progress=not args.no_progress, only=args.replay, strict_nan=args.strict_nan)
