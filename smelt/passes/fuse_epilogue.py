@@ -5,8 +5,8 @@ Needs: shapes inferred; BatchNorm already folded. Guarantees: a chain of element
 Sigmoid, Tanh, LeakyRelu, HardSigmoid, HardSwish, and the SiLU pattern x*sigmoid(x)) that
 follows a Conv, Gemm, MatMul or BatchNormalization whose output has no other reader becomes
 that producer's ``epilogue`` list, applied in order to each output element. A Clip step always
-carries both bounds (``min``/``max``; absent ones are ONNX's defaults, the float32 range). The fused producer
-writes the last op's output value. Only float32 outputs are fused.
+carries both bounds (``min``/``max``; absent ones are ONNX's defaults, the float32 range). The
+fused producer writes the last op's output value. Only float32 outputs are fused.
 """
 
 from __future__ import annotations

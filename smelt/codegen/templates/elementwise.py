@@ -3,8 +3,9 @@
 Template ``f32_eltwise_*``: one loop nest from ``codegen.broadcast`` per node; float ops use
 libm (no fast-math: results stay IEEE fp32/fp64) and propagate NaN like onnxruntime (Max, Min,
 Clip keep NaN; Clip's absent bounds are the type's range); the activations a fused epilogue can
-hold are rendered by ``codegen.epilogue``, so standalone and fused agree; integer ops only where C semantics equal ONNX's (integer
-division and modulo fall back: C's truncation and division by zero differ). Integer Add, Sub,
+hold are rendered by ``codegen.epilogue``, so standalone and fused agree. Integer ops only where
+C semantics equal ONNX's (integer division and modulo fall back: C's truncation and division by
+zero differ). Integer Add, Sub,
 Mul, Neg and Abs wrap like numpy: they compute in unsigned arithmetic, so there is no signed
 overflow (undefined behaviour in C) and no promotion of uint16 to a signed int.
 """
