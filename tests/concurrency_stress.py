@@ -28,9 +28,9 @@ from helpers import chain_expected, chain_model
 CHAIN_NODES = 6
 CHAIN_WIDTH = 1 << 15
 LSTM_ARGS = (8, 16, "B", "T")  # smelt.frontend.zoo.rnn.lstm_model(E, H, B, T)
-LSTM_BOUNDS = {"T": 8, "B": 2}
-SMALL = [(8, 2), (3, 1), (5, 2), (1, 1)]  # (T, B) within LSTM_BOUNDS
-LARGE = [(12, 2), (16, 1)]  # longer: grows the T bound to 16
+LSTM_BOUNDS = {"T": 8, "B": 4}
+SMALL = [(8, 4), (3, 1), (5, 2), (1, 3)]  # (T, B) within LSTM_BOUNDS
+LARGE = [(12, 4), (16, 1)]  # longer: grows the T bound to 16
 
 
 def _lstm_input(T: int, B: int) -> np.ndarray:
@@ -57,8 +57,8 @@ def main(seconds: float, ref_path: str) -> None:
 
     refs = dict(np.load(ref_path))
     chain = smelt.compile(chain_model(CHAIN_NODES, ("N", CHAIN_WIDTH)), threads=2)
-    a = smelt.compile(lstm_model(*LSTM_ARGS), threads=1, max_dims=LSTM_BOUNDS)
-    b = smelt.compile(lstm_model(*LSTM_ARGS), threads=1, max_dims=LSTM_BOUNDS)
+    a = smelt.compile(lstm_model(*LSTM_ARGS), threads=2, max_dims=LSTM_BOUNDS)
+    b = smelt.compile(lstm_model(*LSTM_ARGS), threads=2, max_dims=LSTM_BOUNDS)
     assert a._current().lib_path == b._current().lib_path  # one library behind both instances
     for n in range(1, 5):  # compiled (or loaded) before the clock starts
         chain(np.zeros((n, CHAIN_WIDTH), np.float32))
@@ -115,7 +115,7 @@ def main(seconds: float, ref_path: str) -> None:
     for t in threads:
         t.join()
     assert not errors, errors[:5]
-    assert a.max_dims == {"T": 16, "B": 2} and b.max_dims == LSTM_BOUNDS, (a.max_dims, b.max_dims)
+    assert a.max_dims == {"T": 16, "B": 4} and b.max_dims == LSTM_BOUNDS, (a.max_dims, b.max_dims)
     assert calls["chain"] > 20 and calls["lstm"] > 20, calls
     print("stress ok", calls, flush=True)
 

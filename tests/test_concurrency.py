@@ -24,8 +24,9 @@ import smelt.api
 from smelt.errors import CompileError
 
 TESTS = Path(__file__).parent
-# Every LSTM here is concurrency_stress's (lstm_model(*LSTM_ARGS), threads=1) with bounds T 8 or
-# 16 and B 2, so the module compiles two LSTM libraries in all.
+# Every LSTM here is lstm_model(8, 16, "B", "T") at 2 threads with bounds T 8 or 16 and B 4, as in
+# concurrency_stress.py and tests/kernels/test_rnn_dynamic.py::test_bound_grows_geometrically, and
+# the cache directory is that file's: one session compiles these two libraries once for both.
 
 # Child prelude: a chain model with a symbolic batch, and a compiled dynamic LSTM helper.
 PRELUDE = """
@@ -43,7 +44,7 @@ def close(got, want):
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("smelt-concurrency-cache")
+    return tmp_path_factory.getbasetemp() / "smelt-rnn-dyn-cache"  # see above
 
 
 @pytest.fixture(autouse=True)
@@ -86,12 +87,12 @@ def test_two_instances_of_a_dynamic_lstm_share_nothing():
     global T/B array before: wrong shapes, then a crash)."""
     out = _child("""
         model = lstm_model(8, 16, "B", "T")
-        a = smelt.compile(model, threads=1, max_dims={"T": 8, "B": 2})
-        b = smelt.compile(model, threads=1, max_dims={"T": 8, "B": 2})
+        a = smelt.compile(model, threads=2, max_dims={"T": 8, "B": 4})
+        b = smelt.compile(model, threads=2, max_dims={"T": 8, "B": 4})
         assert a._current().lib_path == b._current().lib_path
         rng = np.random.default_rng(0)
         cases = {m: rng.standard_normal(shape).astype(np.float32)
-                 for m, shape in ((a, (8, 2, 8)), (b, (3, 1, 8)))}
+                 for m, shape in ((a, (8, 4, 8)), (b, (3, 1, 8)))}
         refs = {m: ort_run(model, {"x": x}) for m, x in cases.items()}
         bad = []
         def worker(m):
@@ -124,7 +125,7 @@ def test_growing_an_rnn_bound_never_stalls_or_breaks_other_callers():
             finally:
                 span["end"] = time.monotonic()
         model = lstm_model(8, 16, "B", "T")
-        cm = smelt.compile(model, threads=1, max_dims={"T": 8, "B": 2})
+        cm = smelt.compile(model, threads=2, max_dims={"T": 8, "B": 4})
         api.build = slow_build
         rng = np.random.default_rng(0)
         small, big, mid = (rng.standard_normal(s).astype(np.float32) for s in ((4, 2, 8), (12, 2, 8), (9, 1, 8)))
@@ -150,7 +151,7 @@ def test_growing_an_rnn_bound_never_stalls_or_breaks_other_callers():
         stop.set(); s.join()
         during = sum(span["start"] <= t <= span["end"] for t in done)
         assert not errors, errors
-        assert cm.compilations == 2 and cm.max_dims == {"T": 16, "B": 2}, (cm.compilations, cm.max_dims)
+        assert cm.compilations == 2 and cm.max_dims == {"T": 16, "B": 4}, (cm.compilations, cm.max_dims)
         assert during >= 20, f"the small caller completed {during} calls during the {span['end'] - span['start']:.1f} s build"
         print("ok", during)
     """)
@@ -378,7 +379,7 @@ def test_generated_libraries_have_no_mutable_globals(monkeypatch):
     from smelt.frontend.zoo.rnn import lstm_model
 
     monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
-    models = [smelt.compile(lstm_model(8, 16, "B", "T"), threads=1, max_dims={"T": 8, "B": 2}),
+    models = [smelt.compile(lstm_model(8, 16, "B", "T"), threads=2, max_dims={"T": 8, "B": 4}),
               smelt.compile(chain_model(3, (256,)), threads=2, profile=True)]
     for cm in models:
         lib = cm._current().lib_path
