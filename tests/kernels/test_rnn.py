@@ -483,8 +483,12 @@ def test_pipeline_plan_eligibility():
     """Only chains of forward, single-direction layers qualify (a reverse or bidirectional layer
     needs the whole sequence below it first)."""
     from smelt.codegen.templates.rnn import pipeline_chain
-    from smelt.frontend.onnx_import import to_ir
+    from smelt.frontend.onnx_import import to_ir as import_ir
     from smelt.frontend.zoo.rnn import lstm_model
+    from smelt.passes.shape_inference import infer_shapes
+
+    def to_ir(model):  # shapes come from inference (a model's declared shapes are only checked)
+        return infer_shapes(import_ir(model))
 
     g = to_ir(lstm_model(8, 8, 1, 4, layers=3))
     heads = [n for n in g.nodes if n.op == "LSTM"]
