@@ -18,7 +18,7 @@ from helpers import assert_close, const, make_model, ort_run, tensor
 from onnx import helper
 
 import smelt
-from smelt.codegen.emit import lift_refs, ref_expr
+from smelt.codegen.emitter import lift_refs, ref_expr
 from smelt.codegen.toolchain import RUNTIME_HEADER
 
 CHAIN_NODES = 2000

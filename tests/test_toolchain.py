@@ -51,7 +51,7 @@ def test_step_call_is_not_deleted():
 def test_c_literal_beyond_the_float_range_is_infinity():
     """A float32 literal from a value beyond the float range (a float64 folded constant) rounds to
     +-Inf as a cast does; it was rendered as the invalid C token `inff`."""
-    from smelt.codegen.emit import c_literal
+    from smelt.codegen.emitter import c_literal
 
     assert c_literal(1e40) == "INFINITY" and c_literal(-1e40) == "(-INFINITY)"
     assert c_literal(1e40, "float64") == "1e+40"

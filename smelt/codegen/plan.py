@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from smelt.codegen.concat_views import plan_concat_views
 from smelt.codegen.inplace import plan_inplace
-from smelt.codegen.templates.registry import find_template
+from smelt.codegen.registry import find_template
 from smelt.ir.graph import Graph, Node
 
 ALIGN = 64

@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from smelt.codegen.registry import SMELT_DOMAIN, find_template
 from smelt.codegen.templates.conv import ConvGeometry
 from smelt.codegen.templates.conv_nchwc import (
     NchwcSchedule,
@@ -37,7 +38,6 @@ from smelt.codegen.templates.conv_nchwc import (
     nchwc_reason,
     prefers_gemm,
 )
-from smelt.codegen.templates.registry import SMELT_DOMAIN, find_template
 from smelt.ir.graph import PLAIN, Graph, Node, Value, blocked_layout, layout_block
 from smelt.target import Target
 

@@ -125,7 +125,7 @@ Transform = tuple[int, int, int, int, int, int]  # (n, c, h, w, source block, de
 
 def transform_graph(items: Sequence[Transform]) -> Graph:
     """One LayoutTransform per item, each reading its own graph input in the source layout."""
-    from smelt.codegen.templates.registry import SMELT_DOMAIN
+    from smelt.codegen.registry import SMELT_DOMAIN
 
     g = Graph("tune_transform")
     for k, (n, c, h, w, src, dst) in enumerate(items):

@@ -9,8 +9,8 @@ from tune_models import branchy_model, chain_model
 
 import smelt
 from smelt.codegen.plan import build_plan
+from smelt.codegen.registry import find_template
 from smelt.codegen.templates.conv_nchwc import PLAIN, NchwcSchedule, layout_block, prefers_gemm
-from smelt.codegen.templates.registry import find_template
 from smelt.frontend.onnx_import import load_model, to_ir
 from smelt.passes.layout import plan_layouts
 from smelt.passes.pipeline import run_passes

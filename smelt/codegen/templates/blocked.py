@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from smelt.codegen.emit import BlockEmitter
-from smelt.codegen.epilogue import epilogue_doc
+from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.epilogue import epilogue_doc
+from smelt.codegen.registry import SMELT_DOMAIN, register
 from smelt.codegen.templates.gemm import (
     _V,
     Blocking,
@@ -31,7 +32,6 @@ from smelt.codegen.templates.gemm import (
 )
 from smelt.codegen.templates.pool import geometry
 from smelt.codegen.templates.reduce import work_range
-from smelt.codegen.templates.registry import SMELT_DOMAIN, register
 from smelt.ir.graph import PLAIN, Graph, Node
 from smelt.ir.graph import layout_block as block_of
 from smelt.target import Target

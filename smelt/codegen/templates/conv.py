@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from smelt.codegen.emit import BlockEmitter
-from smelt.codegen.epilogue import epilogue_doc
+from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.epilogue import epilogue_doc
+from smelt.codegen.registry import register
 from smelt.codegen.templates.gemm import (
     Blocking,
     ConstPacked,
@@ -41,7 +42,6 @@ from smelt.codegen.templates.gemm import (
     tile_epilogue_code,
     vector_epilogue_stmts,
 )
-from smelt.codegen.templates.registry import register
 from smelt.ir.graph import Graph, Node
 
 # Below this many multiply-adds a depthwise conv runs on thread 0 alone.

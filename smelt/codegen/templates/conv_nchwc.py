@@ -58,8 +58,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from smelt.codegen.emit import BlockEmitter
-from smelt.codegen.epilogue import epilogue_doc
+from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.epilogue import epilogue_doc
+from smelt.codegen.registry import register
 from smelt.codegen.templates import winograd
 from smelt.codegen.templates.conv import ConvGeometry, _check_conv
 from smelt.codegen.templates.gemm import (
@@ -72,7 +73,6 @@ from smelt.codegen.templates.gemm import (
     vector_epilogue_ok,
     vector_epilogue_stmts,
 )
-from smelt.codegen.templates.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node, blocked_layout, layout_block  # noqa: F401 (re-exported)
 from smelt.target import Target
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from smelt.codegen.broadcast import broadcast_strides, elementwise_loop
-from smelt.codegen.emit import BlockEmitter, c_literal
-from smelt.codegen.epilogue import ACTIVATIONS, scalar_clamp, scalar_relu, unary_float_expr
-from smelt.codegen.templates.registry import register, same_layout_flat
+from smelt.codegen.emitter import BlockEmitter, c_literal
+from smelt.codegen.kernels.broadcast import broadcast_strides, elementwise_loop
+from smelt.codegen.kernels.epilogue import ACTIVATIONS, scalar_clamp, scalar_relu, unary_float_expr
+from smelt.codegen.registry import register, same_layout_flat
 from smelt.ir.graph import Graph, Node
 from smelt.ir.ops import activation_params, clip_default_bounds
 from smelt.ir.types import FLOAT_TYPES, INT_TYPES, c_type, has_c_type

@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from smelt.codegen.emit import BlockEmitter, c_literal
-from smelt.codegen.epilogue import (
+from smelt.codegen.emitter import BlockEmitter, c_literal
+from smelt.codegen.kernels.epilogue import (
     ACTIVATIONS,
     epilogue_doc,
     epilogue_expr,
@@ -59,7 +59,7 @@ from smelt.codegen.epilogue import (
     vector_relu,
     vector_unary_expr,
 )
-from smelt.codegen.templates.registry import register
+from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
 from smelt.target import Target
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from smelt.codegen.emit import BlockEmitter
-from smelt.codegen.templates.registry import blocked_concat_reason, register
+from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.registry import blocked_concat_reason, register
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import has_c_type
 

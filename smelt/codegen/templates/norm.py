@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from smelt.codegen.broadcast import PARALLEL_MIN_ELEMS
-from smelt.codegen.emit import BlockEmitter, c_literal
-from smelt.codegen.epilogue import epilogue_doc, epilogue_expr
+from smelt.codegen.emitter import BlockEmitter, c_literal
+from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS
+from smelt.codegen.kernels.epilogue import epilogue_doc, epilogue_expr
+from smelt.codegen.registry import register
 from smelt.codegen.templates.reduce import (
     LANES,
     dtype_name,
@@ -29,7 +30,6 @@ from smelt.codegen.templates.reduce import (
     wide_vectors,
     work_range,
 )
-from smelt.codegen.templates.registry import register
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import FLOAT_TYPES, c_type
 

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from smelt.codegen.broadcast import PARALLEL_MIN_ELEMS
-from smelt.codegen.emit import BlockEmitter, c_literal
+from smelt.codegen.emitter import BlockEmitter, c_literal
+from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS
+from smelt.codegen.registry import register
 from smelt.codegen.templates.reduce import (
     dtype_name,
     emit_kernel,
@@ -33,7 +34,6 @@ from smelt.codegen.templates.reduce import (
     row_reduce_fn,
     work_range,
 )
-from smelt.codegen.templates.registry import register
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import FLOAT_TYPES, c_type
 

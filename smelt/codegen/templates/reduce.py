@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from smelt.codegen.broadcast import PARALLEL_MIN_ELEMS
-from smelt.codegen.emit import BlockEmitter, c_literal
+from smelt.codegen.emitter import BlockEmitter, c_literal
+from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS
+from smelt.codegen.registry import register
 from smelt.codegen.templates.movement import copy_step
-from smelt.codegen.templates.registry import register
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import FLOAT_TYPES, c_type
 

@@ -98,9 +98,14 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from smelt.codegen.emit import BlockEmitter, c_literal
-from smelt.codegen.epilogue import vector_clamp, vector_hard_sigmoid, vector_leaky_relu, vector_relu
-from smelt.codegen.templates.registry import register
+from smelt.codegen.emitter import BlockEmitter, c_literal
+from smelt.codegen.kernels.epilogue import (
+    vector_clamp,
+    vector_hard_sigmoid,
+    vector_leaky_relu,
+    vector_relu,
+)
+from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
 
 VL = 16  # floats per vector (AVX-512); the packing unit of hidden blocks

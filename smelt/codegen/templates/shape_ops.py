@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from smelt.codegen.broadcast import PARALLEL_MIN_ELEMS, elementwise_loop
-from smelt.codegen.emit import BlockEmitter, c_literal
+from smelt.codegen.emitter import BlockEmitter, c_literal
+from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS, elementwise_loop
+from smelt.codegen.registry import register
 from smelt.codegen.templates.reduce import dtype_name, emit_kernel, inner_chunks, work_range
-from smelt.codegen.templates.registry import register
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import FLOAT_TYPES, c_type, has_c_type
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from smelt.codegen.broadcast import PARALLEL_MIN_ELEMS
-from smelt.codegen.emit import BlockEmitter
+from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS
+from smelt.codegen.registry import register
 from smelt.codegen.templates.reduce import (
     dtype_name,
     emit_kernel,
@@ -24,7 +25,6 @@ from smelt.codegen.templates.reduce import (
     row_reduce_fn,
     work_range,
 )
-from smelt.codegen.templates.registry import register
 from smelt.frontend.onnx_import import op_version
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import FLOAT_TYPES, c_type

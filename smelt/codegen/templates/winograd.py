@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from smelt.codegen.emit import BlockEmitter
+from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.templates.conv import ConvGeometry
 from smelt.codegen.templates.gemm import (
     _V,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 from smelt.ir.graph import Node
 
 if TYPE_CHECKING:
-    from smelt.codegen.emit import BlockEmitter
+    from smelt.codegen.emitter import BlockEmitter
 
 
 _BINARY_C = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
@@ -40,7 +40,7 @@ ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid
 
 
 def _lit(x: float, dtype: str = "float32") -> str:
-    from smelt.codegen.emit import c_literal
+    from smelt.codegen.emitter import c_literal
 
     return c_literal(x, dtype)
 

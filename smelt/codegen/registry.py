@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from smelt.ir.graph import PLAIN, Graph, Node, layout_block
 
 if TYPE_CHECKING:
-    from smelt.codegen.emit import BlockEmitter
+    from smelt.codegen.emitter import BlockEmitter
 
 CheckFn = Callable[[Node, Graph], "str | None"]
 EmitFn = Callable[[Node, Graph, "BlockEmitter"], None]
@@ -145,6 +145,7 @@ def native_ops() -> list[str]:
 
 
 _loaded = False
+TEMPLATES_PACKAGE = "smelt.codegen.templates"
 
 
 def _load_all() -> None:
@@ -156,8 +157,8 @@ def _load_all() -> None:
     import importlib
     import pkgutil
 
-    import smelt.codegen.templates as pkg
-
+    # by name: the templates import this module (to register), never the other way round
+    pkg = importlib.import_module(TEMPLATES_PACKAGE)
     for mod in pkgutil.iter_modules(pkg.__path__):
-        if mod.name != "registry" and not mod.name.startswith("_"):
-            importlib.import_module(f"{pkg.__name__}.{mod.name}")
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"{TEMPLATES_PACKAGE}.{mod.name}")
