@@ -260,8 +260,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from smelt.bench.suites import suite_models
     from smelt.frontend.onnx_import import specialize_inputs
     from smelt.progress import track
+    from smelt.schedule.db import default_path, open_default
     from smelt.target import detect
-    from smelt.tune.db import default_path, open_default
     from smelt.tune.search import collect_tasks, lower_for_tuning, tune_tasks
 
     start = time.perf_counter()

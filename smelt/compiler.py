@@ -42,8 +42,8 @@ from smelt.passes.layout import plan_layouts
 from smelt.passes.pipeline import run_passes
 from smelt.progress import Phases
 from smelt.runtime.module import TensorSpec
+from smelt.schedule.db import open_default
 from smelt.target import Target, detect
-from smelt.tune.db import open_default
 
 # the tuning database's record kind for NCHWc convolution schedules
 CONV_KIND = "conv_nchwc"
@@ -62,7 +62,7 @@ class CompileOptions:
     # layout planning (smelt.passes.layout.MODES): "propagate" = NCHW[x]c convolutions with
     # transform elimination; "nchw", "conv" and "global" reproduce NeoCPU's Table 3 ablation
     layout: str = "propagate"
-    # look up tuned schedules in the tuning database (smelt.tune.db); off: template defaults only
+    # look up tuned schedules in the tuning database (smelt.schedule.db); off: template defaults only
     use_tuning_db: bool = True
     # 3x3 stride-1 convs may run as Winograd F(2x2,3x3) where it is faster (fp32 throughout;
     # templates/winograd.py); off: the direct kernels only (the direct sum's rounding)
@@ -204,7 +204,7 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
         target = target or detect()
         schedules = _db_schedules(options, target)
         if options.layout == "global":  # NeoCPU's global search picks every conv's blocks
-            from smelt.tune.layout_search import global_schedules
+            from smelt.schedule.layout_search import global_schedules
 
             db = open_default(create=False) if options.use_tuning_db else None
             schedules = global_schedules(g, target, options.threads, db, options.force_fallback)

@@ -15,7 +15,7 @@ Modes (NeoCPU's Table 3 ablation):
   template accepts them (pooling, concat on channels, element-wise, BatchNorm); transforms only
   at the boundary of layout-dependent ops.
 - ``global``: as ``propagate``, with each conv's schedule (and wanted input block) chosen by the
-  global search (``smelt.tune.layout_search``, run by ``compiler.lower``), passed in as
+  global search (``smelt.schedule.layout_search``, run by ``compiler.lower``), passed in as
   ``schedules``: its ``oc_bn`` is the output block the search picked and its ``ic_bn`` the input
   block, converted to here when it differs from the producer's.
 
@@ -181,7 +181,7 @@ class _Planner:
             self.all_plain(node)
             return
         # the majority layout; ties go to the first input's (deterministic, and what the global
-        # search in smelt.tune.layout_search models)
+        # search in smelt.schedule.layout_search models)
         lay = max(dict.fromkeys(layouts), key=layouts.count)
         for in_l, out_l in ((None, lay), (lay, lay), (None, PLAIN), (lay, PLAIN)):
             if self.try_layouts(node, in_l, out_l):

@@ -95,8 +95,8 @@ def calibrate(model: onnx.ModelProto, threads: int = 0, rounds: int = 15, store:
     """Time every recurrence grid of every LSTM/GRU/RNN node of ``model`` (static shapes) at
     ``threads`` threads; store the fastest per workload in the tuning database."""
     import smelt
+    from smelt.schedule.db import open_default
     from smelt.target import detect
-    from smelt.tune.db import open_default
 
     target = detect()
     threads = threads or target.physical_cores

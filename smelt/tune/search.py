@@ -51,8 +51,8 @@ from smelt.codegen.templates.conv_nchwc import (
 )
 from smelt.errors import SmeltError
 from smelt.ir.graph import Graph, Node
+from smelt.schedule.db import TuningDB
 from smelt.target import Target, detect
-from smelt.tune.db import TuningDB
 from smelt.tune.measure import (
     ConvShape,
     Entry,
@@ -128,7 +128,7 @@ def graph_tasks(g: Graph, threads: int, target: Target) -> list[tuple[Node, Conv
 
 def collect_tasks(models: Sequence[tuple[str, Graph]], threads: int, target: Target) -> list[ConvTask]:
     """Distinct conv geometries of lowered models (see the module docstring), biggest first."""
-    from smelt.tune.db import canonical
+    from smelt.schedule.db import canonical
 
     by_key: dict[str, ConvTask] = {}
     natural: dict[str, list[int]] = {}

@@ -115,8 +115,8 @@ def test_tuned_schedules_from_database(monkeypatch, cache, tmp_path):
     tuning database give the same answers; the plan records the schedule used."""
     from smelt.compiler import CONV_KIND, CompileOptions, lower
     from smelt.frontend.onnx_import import load_model
+    from smelt.schedule.db import TuningDB
     from smelt.target import detect
-    from smelt.tune.db import TuningDB
 
     db_path = tmp_path / "tuning.sqlite"
     monkeypatch.setenv("SMELT_TUNING_DB", str(db_path))
@@ -175,8 +175,8 @@ def test_ic_outer_schedules_from_database(monkeypatch, cache, tmp_path):
 
     from smelt.compiler import CONV_KIND, CompileOptions, lower
     from smelt.frontend.onnx_import import load_model
+    from smelt.schedule.db import TuningDB
     from smelt.target import detect
-    from smelt.tune.db import TuningDB
 
     db_path = tmp_path / "tuning.sqlite"
     monkeypatch.setenv("SMELT_TUNING_DB", str(db_path))

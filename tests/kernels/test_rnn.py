@@ -449,7 +449,7 @@ def test_gate_split_gate_major():
 def test_calibration_stores_and_is_used(tmp_path, monkeypatch):
     """rnn_calibrate times every grid of a node, stores the fastest (kind "rnn"); the next
     compile of that workload uses it (and the artifact key changes with the database)."""
-    from smelt.tune import db as tdb
+    from smelt.schedule import db as tdb
     from smelt.tune.rnn_calibrate import calibrate
 
     monkeypatch.setenv("SMELT_TUNING_DB", str(tmp_path / "tune.sqlite"))

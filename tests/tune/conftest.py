@@ -19,7 +19,7 @@ def shared_cache(tmp_path_factory):
 @pytest.fixture
 def tune_env(tmp_path, monkeypatch, shared_cache):
     """SMELT_CACHE_DIR shared, SMELT_TUNING_DB a fresh file; returns the database path."""
-    from smelt.tune import db as dbmod
+    from smelt.schedule import db as dbmod
 
     path = tmp_path / "tuning.sqlite"
     monkeypatch.setenv("SMELT_CACHE_DIR", str(shared_cache))

@@ -8,8 +8,8 @@ from tune_models import chain_model
 
 from smelt.cli import main, parse_budget
 from smelt.errors import SmeltError
+from smelt.schedule.db import TuningDB
 from smelt.target import detect
-from smelt.tune.db import TuningDB
 
 
 def test_parse_budget():

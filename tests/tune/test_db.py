@@ -6,8 +6,8 @@ import sqlite3
 
 import pytest
 
-from smelt.tune import db as dbmod
-from smelt.tune.db import TuningDB
+from smelt.schedule import db as dbmod
+from smelt.schedule.db import TuningDB
 
 WL = {"n": 1, "c": 16, "h": 8, "w": 8, "oc": 32, "kh": 3, "kw": 3, "ib": 16, "threads": 2}
 
@@ -78,7 +78,7 @@ def test_default_path_env(tmp_path, monkeypatch):
 def test_compiling_reads_but_never_creates_the_database(tmp_path, monkeypatch):
     """Compiles only read the database: with none on disk they neither create nor lock one (two
     processes compiling at once used to race on creating it)."""
-    from smelt.tune import db as dbmod
+    from smelt.schedule import db as dbmod
 
     path = tmp_path / "tuning.sqlite"
     monkeypatch.setenv("SMELT_TUNING_DB", str(path))

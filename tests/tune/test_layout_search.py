@@ -14,8 +14,8 @@ from smelt.codegen.templates.conv_nchwc import PLAIN, NchwcSchedule, layout_bloc
 from smelt.frontend.onnx_import import load_model, to_ir
 from smelt.passes.layout import plan_layouts
 from smelt.passes.pipeline import run_passes
+from smelt.schedule import layout_search as ls
 from smelt.target import detect
-from smelt.tune import layout_search as ls
 
 pytestmark = pytest.mark.skipif(detect().isa != "avx512", reason="the 8/16 block choice needs AVX-512")
 
@@ -94,8 +94,8 @@ def test_greedy_fallback_on_a_branchy_graph_gives_a_valid_plan():
 @pytest.mark.parametrize("which", ["chain", "branchy"])
 def test_global_mode_matches_onnxruntime(which, tune_env):
     from smelt.codegen.templates.conv_nchwc import workload
+    from smelt.schedule.db import TuningDB
     from smelt.target import detect as _detect
-    from smelt.tune.db import TuningDB
     from smelt.tune.search import SCHEME_KIND
 
     model, feeds = chain_model() if which == "chain" else branchy_model(modules=2)

@@ -9,9 +9,9 @@ from tune_models import chain_model
 
 import smelt
 from smelt.frontend.onnx_import import load_model
+from smelt.schedule.db import TuningDB
 from smelt.target import detect
 from smelt.tune import search
-from smelt.tune.db import TuningDB
 from smelt.tune.measure import ConvShape, measure_convs, measure_transforms
 
 pytestmark = pytest.mark.skipif(detect().isa not in ("avx512", "avx2"), reason="NCHWc needs AVX2/AVX-512")

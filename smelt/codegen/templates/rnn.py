@@ -1425,7 +1425,7 @@ def _tuned_grid(node: Node, cfg: RnnConfig, p: int, em: BlockEmitter) -> tuple[i
         xi, xj = (int(v) for v in forced)
         return (xi, xj)
     try:
-        from smelt.tune.db import open_default
+        from smelt.schedule.db import open_default
 
         db = open_default(create=False)
         if db is None:
