@@ -40,9 +40,10 @@ import onnx
 
 from smelt import settings
 from smelt.codegen.toolchain import sanitize_enabled, source_path_for
-from smelt.compiler import BuildResult, CompileOptions, build
+from smelt.compiler import BuildResult, build
 from smelt.frontend.onnx_import import ModelLike, load_model, model_input_specs, model_output_specs
 from smelt.ir.types import onnx_type_string
+from smelt.options import CompileOptions
 from smelt.runtime.module import LoadedArtifact, ProfileCounters, reinit_after_fork
 from smelt.target import detect
 
@@ -114,13 +115,15 @@ class CompiledModel:
                  allow_fallback: bool = True, input_shapes: Mapping[str, Sequence[int]] | None = None,
                  force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False,
                  layout: str = "propagate", use_tuning_db: bool = True, dynamic: bool | None = None,
-                 max_dims: Mapping[str, int] | None = None, winograd: bool = True) -> None:
+                 max_dims: Mapping[str, int] | None = None, winograd: bool | str = True,
+                 schedule: Mapping[str, object] | None = None) -> None:
         self.progress = progress  # a progress bar on stderr while a variant compiles
         self.proto: onnx.ModelProto = load_model(model)
         self.threads = _resolve_threads(threads)
-        self.options = CompileOptions(self.threads, opt_level, allow_fallback, frozenset(force_fallback),
-                                      sanitize_enabled(), profile, layout=layout, use_tuning_db=use_tuning_db,
-                                      winograd=winograd)
+        self.options = _options(self.threads, opt_level=opt_level, allow_fallback=allow_fallback,
+                                force_fallback=frozenset(force_fallback), sanitize=sanitize_enabled(),
+                                profile=profile, layout=layout, use_tuning_db=use_tuning_db, winograd=winograd,
+                                **dict(schedule or {}))
         self._inputs = model_input_specs(self.proto)
         self._outputs = model_output_specs(self.proto)
         # guarded by _lock (never held during a build): the variants (LRU order), their build
@@ -446,7 +449,8 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
             input_shapes: Mapping[str, Sequence[int]] | None = None,
             force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False,
             layout: str = "propagate", use_tuning_db: bool = True, dynamic: bool | None = None,
-            max_dims: Mapping[str, int] | None = None, winograd: bool = True) -> CompiledModel:
+            max_dims: Mapping[str, int] | None = None, winograd: bool | str = True,
+            schedule: Mapping[str, object] | None = None) -> CompiledModel:
     """Compile an ONNX model (path, bytes or ModelProto) for this CPU.
 
     ``threads``: worker threads including the caller (default: physical cores).
@@ -463,12 +467,24 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     dimension, the model compiles before the first call.
     ``winograd``: 3x3 stride-1 convolutions on AVX-512 may run as Winograd F(2x2, 3x3) where it is
     faster (still fp32; its rounding differs from the direct sum's by about 1e-6 relative);
-    False keeps every convolution on the direct kernels.
+    False keeps every convolution on the direct kernels; "always" takes it wherever it is legal.
+    ``schedule``: further schedule-stage switches, by ``smelt.options.CompileOptions`` field name
+    (``winograd_order``, ``inplace``, ``concat_views``, ``gemm_for_half_width``); each is part of
+    the cache key.
     """
     return CompiledModel(model, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
                          input_shapes=input_shapes, force_fallback=force_fallback, profile=profile,
                          progress=progress, layout=layout, use_tuning_db=use_tuning_db, dynamic=dynamic,
-                         max_dims=max_dims, winograd=winograd)
+                         max_dims=max_dims, winograd=winograd, schedule=schedule)
+
+
+def _options(threads: int, **fields: object) -> CompileOptions:
+    """CompileOptions from keyword fields; an unknown field or a bad value is a ValueError naming it."""
+    known = {f.name for f in dataclasses.fields(CompileOptions)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"unknown compile option {unknown[0]!r} (known: {', '.join(sorted(known - {'threads'}))})")
+    return CompileOptions(threads, **fields)  # type: ignore[arg-type]
 
 
 class SessionOptions:

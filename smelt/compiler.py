@@ -38,45 +38,12 @@ from smelt.ir.graph import Graph, Value
 from smelt.ir.ops import flops
 from smelt.ir.types import onnx_from_np_dtype
 from smelt.ir.verify import verify
-from smelt.passes.layout import plan_layouts
+from smelt.options import CompileOptions
 from smelt.passes.pipeline import run_passes
 from smelt.progress import Phases
 from smelt.runtime.module import TensorSpec
-from smelt.schedule.db import open_default
+from smelt.schedule.stage import fingerprint_for, schedule_graph
 from smelt.target import Target, detect
-
-# the tuning database's record kind for NCHWc convolution schedules
-CONV_KIND = "conv_nchwc"
-
-
-@dataclass(frozen=True)
-class CompileOptions:
-    threads: int
-    opt_level: int = 1
-    allow_fallback: bool = True
-    force_fallback: frozenset[str] = field(default_factory=frozenset)
-    sanitize: bool = False
-    # instrumented build: per-step timestamps in the native code (``smelt profile``); a separate
-    # artifact and library, so the ordinary build carries no profiling code
-    profile: bool = False
-    # layout planning (smelt.passes.layout.MODES): "propagate" = NCHW[x]c convolutions with
-    # transform elimination; "nchw", "conv" and "global" reproduce NeoCPU's Table 3 ablation
-    layout: str = "propagate"
-    # look up tuned schedules in the tuning database (smelt.schedule.db); off: template defaults only
-    use_tuning_db: bool = True
-    # 3x3 stride-1 convs may run as Winograd F(2x2,3x3) where it is faster (fp32 throughout;
-    # templates/winograd.py); off: the direct kernels only (the direct sum's rounding)
-    winograd: bool = True
-
-    def codegen_threads(self, target: Target) -> int:
-        """Threads the generated code is sized for (per-thread scratch). It runs correctly with any
-        pool of up to this many threads, so 1-thread and all-core runs share one library."""
-        return max(self.threads, target.physical_cores)
-
-    def key(self, target: Target) -> str:
-        return json.dumps([self.codegen_threads(target), self.opt_level, self.allow_fallback,
-                           sorted(self.force_fallback), self.sanitize, self.profile, self.layout,
-                           tuning_fingerprint(self, target), self.winograd])
 
 
 @functools.lru_cache(maxsize=1)
@@ -166,54 +133,14 @@ def _expand_epilogue(node) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]
     return nodes, inits
 
 
-def tuning_fingerprint(options: CompileOptions, target: Target) -> str:
-    if not options.use_tuning_db or options.layout == "nchw":
-        return ""
-    db = open_default(create=False)
-    if db is None:
-        return ""
-    # "rnn": recurrence grids from smelt.tune.rnn_calibrate, read by the rnn template
-    fp = db.fingerprint(CONV_KIND, target.key()) + "|" + db.fingerprint("rnn", target.key())
-    if options.layout == "global":  # the global search also reads scheme and transform costs
-        from smelt.tune.search import SCHEME_KIND, TRANSFORM_KIND
-
-        fp += "|" + db.fingerprint(SCHEME_KIND, target.key()) + "|" + db.fingerprint(TRANSFORM_KIND, target.key())
-    return fp
-
-
-def _db_schedules(options: CompileOptions, target: Target):
-    """The layout pass's schedule source: the tuning database's record for each conv workload."""
-    db = open_default(create=False) if options.use_tuning_db else None
-    if db is None:
-        return None
-    from smelt.codegen.templates.conv_nchwc import NchwcSchedule, workload
-
-    def lookup(node, g, in_block):
-        cfg = db.lookup(CONV_KIND, workload(node, g, in_block, options.threads), target.key())
-        return NchwcSchedule.from_dict(cfg) if cfg else None
-
-    return lookup
-
-
 def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None = None) -> Graph:
     """Validate, import and optimize: the IR graph the code generator consumes."""
     check_model(proto)  # InvalidModelError before anything trusts the model (frontend/validate.py)
     g = to_ir(proto)
     g = run_passes(g, options.opt_level)
     if options.opt_level >= 1:
-        target = target or detect()
-        schedules = _db_schedules(options, target)
-        if options.layout == "global":  # NeoCPU's global search picks every conv's blocks
-            from smelt.schedule.layout_search import global_schedules
-
-            db = open_default(create=False) if options.use_tuning_db else None
-            schedules = global_schedules(g, target, options.threads, db, options.force_fallback)
-        g = plan_layouts(g, target, options.layout, options.force_fallback, schedules)
-        if not options.winograd:
-            for node in g.nodes:
-                if node.op == "Conv":
-                    node.schedule["algorithm"] = "direct"
-        verify(g, "plan_layouts")  # the graph codegen reads: invariants hold (cheap: linear)
+        g = schedule_graph(g, target or detect(), options)
+        verify(g, "schedule")  # the graph codegen reads: invariants hold (cheap: linear)
     return g
 
 
@@ -238,7 +165,7 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
     model_bytes = proto.SerializeToString()
     key = toolchain.artifact_key(
         hashlib.sha256(model_bytes).hexdigest(), json.dumps({k: list(v) for k, v in sorted(shapes.items())}),
-        options.key(target), smelt_source_digest(), target.key(), compiler.identity,
+        options.key(target), fingerprint_for(options, target), smelt_source_digest(), target.key(), compiler.identity,
     )
     directory = toolchain.cache_dir() / "models" / key[:2] / key
     cached = _load_cached(directory)
@@ -255,7 +182,7 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
         specialized = specialize_inputs(proto, shapes)
         g = lower(specialized, options, target)
         phases.start("execution plan")
-        plan = build_plan(g, options.force_fallback)
+        plan = build_plan(g, options.force_fallback, concat_views=options.concat_views)
         _check_fallbacks(plan, options)
         phases.start("generating C")
         module = generate(g, plan, target, options.codegen_threads(target), profile=options.profile)
@@ -288,7 +215,7 @@ def build_lowered(g: Graph, options: CompileOptions, directory: Path, *, target:
     settings.check_all()
     target = target or detect()
     start = time.perf_counter()
-    plan = plan or build_plan(g, options.force_fallback)
+    plan = plan or build_plan(g, options.force_fallback, concat_views=options.concat_views)
     _check_fallbacks(plan, options)
     module = generate(g, plan, target, options.codegen_threads(target), profile=options.profile)
     lib_path, lib_pin = (toolchain.shared_library(module.source, name=g.name, target=target,

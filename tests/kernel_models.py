@@ -52,11 +52,13 @@ def _isa_target(isa: str):
     return dataclasses.replace(real, isa="scalar", vector_bits=32, vector_registers=16)
 
 
-def check_cases(cases: list[Case], isa: str, monkeypatch, cache, check_compiled, layout: str = "nchw") -> None:
+def check_cases(cases: list[Case], isa: str, monkeypatch, cache, check_compiled, layout: str = "nchw",
+                **compile_kw) -> None:
     """Compile the cases for ``isa`` at 1 and 2 threads and compare every output with onnxruntime.
 
     ``check_compiled(compiled, target)`` adds the caller's structural assertions. ``layout``: the
-    layout planning mode (default "nchw": the plain-layout templates; "propagate" for NCHWc).
+    layout planning mode (default "nchw": the plain-layout templates; "propagate" for NCHWc);
+    ``compile_kw``: further ``smelt.compile`` options (``winograd``, ``schedule``).
     """
     import smelt
 
@@ -67,7 +69,7 @@ def check_cases(cases: list[Case], isa: str, monkeypatch, cache, check_compiled,
     want = ort_run(model, feeds)
     first = None
     for threads in (1, 2):
-        compiled = smelt.compile(model, threads=threads, layout=layout)
+        compiled = smelt.compile(model, threads=threads, layout=layout, **compile_kw)
         assert compiled.fallback_nodes == []
         check_compiled(compiled, target)
         got = compiled.run(feeds)

@@ -21,11 +21,12 @@ import pytest
 from helpers import assert_close, const, make_model, ort_run, tensor
 from onnx import TensorProto, helper
 
-from smelt.compiler import CompileOptions, lower
+from smelt.compiler import lower
 from smelt.errors import InvalidModelError, SmeltError
 from smelt.frontend.onnx_import import load_model, specialize_inputs, to_ir
 from smelt.frontend.validate import check_model
 from smelt.ir.verify import verify
+from smelt.options import CompileOptions
 
 h = helper.make_node
 RS = np.random.RandomState(0)

@@ -29,9 +29,6 @@ import numpy as np
 
 from smelt.ir.graph import Graph, Node
 
-# Off only to measure what the views save (benchmarks A/B); the copies are always correct.
-ENABLED = True
-
 
 @dataclass
 class ConcatViews:
@@ -83,8 +80,6 @@ def _slices(node: Node, g: Graph, align: int) -> list[tuple[str, int]] | None:
 def plan_concat_views(g: Graph, nodes: list[Node], internal: set[str], align: int) -> ConcatViews:
     """Decide, in topological order, which Concats of ``nodes`` become views."""
     views = ConcatViews()
-    if not ENABLED:
-        return views
     nbytes = {v: g.values[v].nbytes for v in internal}
     producers = g.producers()
     for node in nodes:

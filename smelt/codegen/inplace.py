@@ -9,8 +9,9 @@ kernel reads each operand element before writing that same element and nothing e
 operand meanwhile.
 
 Safety rules (each checked, else the output gets its own buffer):
-- the template vouches for the node (conv_nchwc: row-outer order, the residual is not the conv's
-  own input, same shape and layout as the output);
+- the schedule stage vouches for the node (``ConvSchedule.inplace_operand``, set by
+  ``schedule.conv.inplace_residual`` when ``CompileOptions.inplace``: the NCHWc kernel's
+  row-outer order, the residual is not the conv's own input, same shape and layout);
 - both values are internal to the arena and in no concat-view group;
 - the node is the operand's last reader;
 - the two values have the same size.
@@ -20,17 +21,10 @@ from __future__ import annotations
 
 from smelt.ir.graph import Graph, Node
 
-# Off only to measure what in-place outputs save (benchmarks A/B); separate buffers are always correct.
-ENABLED = True
 
-
-def inplace_operand(node: Node, g: Graph) -> str | None:
-    """The operand ``node``'s template may overwrite with its output, or None."""
-    if node.op == "Conv":
-        from smelt.codegen.templates.conv_nchwc import inplace_residual
-
-        return inplace_residual(node, g)
-    return None
+def inplace_operand(node: Node) -> str | None:
+    """The operand ``node``'s schedule allows its output to overwrite, or None."""
+    return getattr(node.schedule, "inplace_operand", None)
 
 
 def plan_inplace(g: Graph, order: list[Node], start: dict[str, int], end: dict[str, int],
@@ -38,11 +32,9 @@ def plan_inplace(g: Graph, order: list[Node], start: dict[str, int], end: dict[s
     """output -> operand whose buffer it reuses, for every pair the rules allow (``order``: the
     arena's node order, ``start``/``end``: live ranges of internal values, ``excluded``: values
     placed by another rule)."""
-    if not ENABLED:
-        return {}
     pairs: dict[str, str] = {}
     for t, node in enumerate(order):
-        src = inplace_operand(node, g)
+        src = inplace_operand(node)
         if src is None or not node.outputs:
             continue
         out = node.outputs[0]

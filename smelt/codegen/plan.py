@@ -92,8 +92,9 @@ def _block_io(g: Graph, steps: list[NativeBlock | FallbackStep]) -> None:
         step.ext_inputs, step.ext_outputs = ins, outs
 
 
-def plan_arena(g: Graph, steps: list[NativeBlock | FallbackStep]) -> tuple[dict[str, int], int]:
-    """Offsets for block-internal values: greedy first-fit over live ranges (node indices)."""
+def plan_arena(g: Graph, steps: list[NativeBlock | FallbackStep], concat_views: bool = True) -> tuple[dict[str, int], int]:
+    """Offsets for block-internal values: greedy first-fit over live ranges (node indices).
+    ``concat_views``: Concat inputs may be written in place (``CompileOptions.concat_views``)."""
     order: list[Node] = []
     internal: set[str] = set()
     for step in steps:
@@ -127,7 +128,7 @@ def plan_arena(g: Graph, steps: list[NativeBlock | FallbackStep]) -> tuple[dict[
                     start[o], end[o] = min(start[o], lo), max(end[o], hi)
     # Concats whose inputs can be written in place (concat_views.py): each group of views is
     # one region, live from its first member's producer to its last member's last reader
-    groups = plan_concat_views(g, order, internal, ALIGN).groups()
+    groups = plan_concat_views(g, order, internal, ALIGN).groups() if concat_views else {}
     regions: dict[str, tuple[int, int, int, int]] = {}  # key -> (size, start, end, lowest offset)
     member_of: dict[str, str] = {}
     for root, members in groups.items():
@@ -173,8 +174,8 @@ def plan_arena(g: Graph, steps: list[NativeBlock | FallbackStep]) -> tuple[dict[
     return offsets, total
 
 
-def build_plan(g: Graph, force_fallback: frozenset[str] = frozenset()) -> ExecutionPlan:
+def build_plan(g: Graph, force_fallback: frozenset[str] = frozenset(), *, concat_views: bool = True) -> ExecutionPlan:
     steps = partition(g, force_fallback)
     _block_io(g, steps)
-    offsets, total = plan_arena(g, steps)
+    offsets, total = plan_arena(g, steps, concat_views)
     return ExecutionPlan(steps, offsets, total)

@@ -94,7 +94,8 @@ class Node:
     epilogue: list[dict[str, Any]] = field(default_factory=list)
     # how a template should compute this node, chosen by a layout/tuning pass (e.g. the NCHWc
     # convolution's blocking); empty = the template's deterministic default
-    schedule: dict[str, Any] = field(default_factory=dict)
+    # how the node runs, written by the schedule stage (smelt.schedule: ConvSchedule, RnnSchedule); None before it
+    schedule: Any = None
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)

@@ -22,6 +22,24 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+# Record kinds (who writes them: smelt.tune; who reads them: the schedule stage)
+CONV_KIND = "conv_nchwc"  # an NCHWc conv's tile, when it beat the cost model's default
+SCHEME_KIND = "conv_nchwc_scheme"  # best tile and time per (input block, output block): global search costs
+TRANSFORM_KIND = "layout_transform"  # measured LayoutTransform times: global search costs
+RNN_KIND = "rnn"  # a recurrence's thread grid (smelt.tune.rnn_calibrate)
+
+
+def transform_key(n: int, c: int, h: int, w: int, src: int, dst: int, threads: int) -> dict:
+    """The workload of a LayoutTransform record."""
+    return {"n": n, "c": c, "h": h, "w": w, "src": src, "dst": dst, "threads": threads}
+
+
+def fingerprint(db: TuningDB | None, target_key: str, kinds: tuple[str, ...]) -> str:
+    """What a build read from the database (part of its artifact key): tuning rebuilds the
+    models it affects."""
+    return "" if db is None else "|".join(db.fingerprint(k, target_key) for k in kinds)
+
+
 # Bump when a template's configuration fields change meaning; records of other versions are
 # invisible to lookups.
 SCHEMA_VERSION = 1

@@ -37,20 +37,21 @@ from typing import Protocol
 
 import numpy as np
 
-from smelt.codegen.templates.conv import ConvGeometry
-from smelt.codegen.templates.conv_nchwc import (
+from smelt.codegen.kernels.conv_geometry import ConvGeometry, is_depthwise
+from smelt.ir.graph import Graph, Node
+from smelt.ir.ops import UNARY_ELEMENTWISE
+from smelt.options import CompileOptions
+from smelt.schedule.conv import (
     NchwcSchedule,
     candidate_schedules,
     default_schedule,
-    is_depthwise,
     nchwc_reason,
     oc_block_choices,
     prefers_gemm,
     schedule_cost,
     workload,
 )
-from smelt.ir.graph import Graph, Node
-from smelt.ir.ops import UNARY_ELEMENTWISE
+from smelt.schedule.db import SCHEME_KIND, TRANSFORM_KIND, transform_key
 from smelt.target import Target
 
 # non-conv ops whose blocked templates exist (see templates/blocked.py, elementwise, movement)
@@ -76,13 +77,11 @@ class DBCosts:
         self.db, self.tk, self.threads = db, target.key(), threads
 
     def conv(self, node: Node, g: Graph, ib: int, ob: int) -> tuple[float, NchwcSchedule | None] | None:
-        from smelt.tune.search import SCHEME_KIND
 
         rec = self.db.record(SCHEME_KIND, {**workload(node, g, ib, self.threads), "ob": ob}, self.tk)
         return None if rec is None else (rec.cost_s, NchwcSchedule.from_dict(rec.config))
 
     def transform(self, shape: tuple[int, ...], src: int, dst: int) -> float | None:
-        from smelt.tune.search import TRANSFORM_KIND, transform_key
 
         n, c, h, w = (int(d) for d in shape)
         rec = self.db.record(TRANSFORM_KIND, transform_key(n, c, h, w, src, dst, self.threads), self.tk)
@@ -222,7 +221,7 @@ def build_problem(g: Graph, target: Target, threads: int, costs: Costs,
 
     for node in g.nodes:
         if (node.op == "Conv" and node.domain in ("", "ai.onnx") and node.name not in force_fallback
-                and nchwc_reason(node, g, target) is None and not prefers_gemm(node, g, target)):
+                and nchwc_reason(node, g, target) is None and not prefers_gemm(node, g, target, CompileOptions(threads))):
             geo = ConvGeometry(node, g)
             dw = is_depthwise(geo)
             grouped = geo.group > 1 and not dw
@@ -474,7 +473,7 @@ def schedule_fn(plan: GlobalPlan, target: Target, threads: int, costs: Costs):
     tile, and the input block that is cheapest given the block that actually arrives."""
     index = {v.node: k for k, v in enumerate(plan.problem.vars)}
 
-    def lookup(node: Node, g: Graph, in_block: int) -> NchwcSchedule | None:
+    def lookup(node: Node, g: Graph, in_block: int) -> tuple[NchwcSchedule, str] | None:
         k = index.get(node.name)
         if k is None:
             return None
@@ -488,7 +487,7 @@ def schedule_fn(plan: GlobalPlan, target: Target, threads: int, costs: Costs):
         ib = plan.problem.choose_ib(k, in_block, s.oc_bn, tcost)
         var = plan.problem.vars[k]
         tile = var.costs.get((ib, s.oc_bn), (0.0, None))[1] or s
-        return NchwcSchedule(s.oc_bn, tile.reg_n, tile.oc_blocks, tile.unroll_ker, ib, tile.ic_chunk)
+        return NchwcSchedule(s.oc_bn, tile.reg_n, tile.oc_blocks, tile.unroll_ker, ib, tile.ic_chunk), "forced"
 
     return lookup
 

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 
 from smelt.codegen.plan import ALIGN, ExecutionPlan, build_plan
-from smelt.codegen.templates.conv_nchwc import NchwcSchedule, blocked_layout
-from smelt.ir.graph import Graph, Node, Value
+from smelt.ir.graph import Graph, Node, Value, blocked_layout
+from smelt.schedule.conv import ConvSchedule, NchwcSchedule
 from smelt.target import Target, detect
 
 # packed weights + outputs per measurement library (bounds the weights blob and the arena; the
@@ -115,7 +115,7 @@ def conv_graph(shape: ConvShape, entries: Sequence[Entry], seed: int = 0) -> Gra
         g.values[f"y{k}"].layout = blocked_layout(s.oc_bn)
         # the direct kernel is what is being measured (a Winograd-eligible shape would otherwise
         # run as Winograd whatever the schedule)
-        node.schedule = {"kind": "conv_nchwc", "config": s.to_dict(), "algorithm": "direct"}
+        node.schedule = ConvSchedule("direct", s, "forced")
         g.nodes.append(node)
     return g
 
@@ -186,7 +186,8 @@ def time_graph(g: Graph, threads: int, target: Target | None = None, *, min_roun
     The first and last nodes of ``g`` are pacers, not reported: the first step of a native call
     also pays for waking the pool's workers and the last one for the join, so callers put
     duplicates of real entries there."""
-    from smelt.compiler import CompileOptions, build_lowered
+    from smelt.compiler import build_lowered
+    from smelt.options import CompileOptions
     from smelt.runtime.module import LoadedArtifact
 
     target = target or detect()

@@ -37,21 +37,19 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from smelt.codegen.templates import winograd
-from smelt.codegen.templates.conv import ConvGeometry
-from smelt.codegen.templates.conv_nchwc import (
+from smelt.codegen.kernels.conv_geometry import ConvGeometry, is_depthwise
+from smelt.errors import SmeltError
+from smelt.ir.graph import Graph, Node, layout_block
+from smelt.schedule.conv import (
+    ConvSchedule,
     NchwcSchedule,
     candidate_schedules,
     default_schedule,
-    is_depthwise,
-    layout_block,
     oc_block_choices,
     schedule_cost,
     workload,
 )
-from smelt.errors import SmeltError
-from smelt.ir.graph import Graph, Node
-from smelt.schedule.db import TuningDB
+from smelt.schedule.db import CONV_KIND, SCHEME_KIND, TRANSFORM_KIND, TuningDB, transform_key
 from smelt.target import Target, detect
 from smelt.tune.measure import (
     ConvShape,
@@ -62,9 +60,6 @@ from smelt.tune.measure import (
     measure_transforms,
 )
 
-CONV_KIND = "conv_nchwc"  # = smelt.compiler.CONV_KIND (not imported: the compiler imports us)
-SCHEME_KIND = "conv_nchwc_scheme"
-TRANSFORM_KIND = "layout_transform"
 # a tuned schedule must beat the default by this fraction to be stored (measurement noise)
 MARGIN = 0.02
 BLOCKS = (1, 8, 16)
@@ -116,7 +111,7 @@ def graph_tasks(g: Graph, threads: int, target: Target) -> list[tuple[Node, Conv
     that run as Winograd (no direct schedule to tune) are left out."""
     out = []
     for node in g.nodes:
-        if node.op != "Conv" or node.schedule.get("kind") != CONV_KIND or winograd.takes(node, g, target):
+        if node.op != "Conv" or not isinstance(node.schedule, ConvSchedule) or node.schedule.algorithm != "direct":
             continue
         ib = layout_block(g.values[node.inputs[0]].layout)
         geo = ConvGeometry(node, g)
@@ -153,7 +148,8 @@ def collect_tasks(models: Sequence[tuple[str, Graph]], threads: int, target: Tar
 
 def lower_for_tuning(proto, threads: int, target: Target) -> Graph:
     """The graph the compiler would plan by default (propagate mode, database ignored)."""
-    from smelt.compiler import CompileOptions, lower
+    from smelt.compiler import lower
+    from smelt.options import CompileOptions
 
     return lower(proto, CompileOptions(threads=threads, layout="propagate", use_tuning_db=False), target)
 
@@ -325,10 +321,6 @@ def store(result: TuneResult, db: TuningDB, target: Target) -> None:
 # ------------------------------------------------------------------------------------------
 # Layout transforms
 # ------------------------------------------------------------------------------------------
-def transform_key(n: int, c: int, h: int, w: int, src: int, dst: int, threads: int) -> dict:
-    return {"n": n, "c": c, "h": h, "w": w, "src": src, "dst": dst, "threads": threads}
-
-
 def transform_items(tasks: Iterable[ConvTask], target: Target) -> list[Transform]:
     """Every transform the global search may price: between blocks 1/8/16 (those dividing C) of
     the tensors that convs read and write."""

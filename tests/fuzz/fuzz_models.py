@@ -461,8 +461,9 @@ def generate_c(data: bytes, target) -> str:
     to the C compiler. Returns the source; raises whatever smelt raises."""
     from smelt.codegen.emit import generate
     from smelt.codegen.plan import build_plan
-    from smelt.compiler import CompileOptions, _check_fallbacks, lower
+    from smelt.compiler import _check_fallbacks, lower
     from smelt.frontend.onnx_import import load_model, specialize_inputs
+    from smelt.options import CompileOptions
 
     proto = load_model(data)
     options = CompileOptions(threads=2, use_tuning_db=False)

@@ -125,8 +125,9 @@ def test_graph_output_input_keeps_the_copy(monkeypatch, cache):
 def test_views_never_overlap_written_values():
     """Planner invariant on a dense block: written values of a group never share a byte."""
     from smelt.codegen.plan import ALIGN
-    from smelt.compiler import CompileOptions, lower
+    from smelt.compiler import lower
     from smelt.frontend.onnx_import import load_model
+    from smelt.options import CompileOptions
 
     model, _ = _model([dense_block("inv", (1, 16, 8, 8), layers=4)])
     g = lower(load_model(model), CompileOptions(threads=1, use_tuning_db=False))

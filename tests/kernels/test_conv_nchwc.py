@@ -16,8 +16,8 @@ import pytest
 from kernel_models import Case, Chain, _model, check_cases
 
 import smelt
-from smelt.codegen.templates.conv_nchwc import NchwcSchedule, candidate_schedules, default_schedule
 from smelt.ir.graph import layout_block
+from smelt.schedule.conv import NchwcSchedule, candidate_schedules, default_schedule
 
 PAD1 = {"pads": [1, 1, 1, 1]}
 
@@ -113,9 +113,10 @@ def test_conv_only_mode_transforms_around_every_conv(monkeypatch, cache):
 def test_tuned_schedules_from_database(monkeypatch, cache, tmp_path):
     """Non-default schedules (other tile shapes, no kw unrolling, 8-lane blocks) read from the
     tuning database give the same answers; the plan records the schedule used."""
-    from smelt.compiler import CONV_KIND, CompileOptions, lower
+    from smelt.compiler import lower
     from smelt.frontend.onnx_import import load_model
-    from smelt.schedule.db import TuningDB
+    from smelt.options import CompileOptions
+    from smelt.schedule.db import CONV_KIND, TuningDB
     from smelt.target import detect
 
     db_path = tmp_path / "tuning.sqlite"
@@ -125,7 +126,7 @@ def test_tuned_schedules_from_database(monkeypatch, cache, tmp_path):
     target = detect()
     g = lower(load_model(model), CompileOptions(threads=1, use_tuning_db=False), target)
     db = TuningDB(db_path)
-    from smelt.codegen.templates.conv_nchwc import workload
+    from smelt.schedule.conv import workload
 
     chosen = {}
     for node in g.nodes:
@@ -173,9 +174,10 @@ def test_ic_outer_schedules_from_database(monkeypatch, cache, tmp_path):
     last chunk, chunks of 16 over 8-channel input blocks span two blocks."""
     import dataclasses
 
-    from smelt.compiler import CONV_KIND, CompileOptions, lower
+    from smelt.compiler import lower
     from smelt.frontend.onnx_import import load_model
-    from smelt.schedule.db import TuningDB
+    from smelt.options import CompileOptions
+    from smelt.schedule.db import CONV_KIND, TuningDB
     from smelt.target import detect
 
     db_path = tmp_path / "tuning.sqlite"
@@ -186,7 +188,8 @@ def test_ic_outer_schedules_from_database(monkeypatch, cache, tmp_path):
     target = detect()
     g = lower(load_model(model), CompileOptions(threads=1, use_tuning_db=False), target)
     db = TuningDB(db_path)
-    from smelt.codegen.templates.conv_nchwc import ConvGeometry, is_depthwise, workload
+    from smelt.codegen.kernels.conv_geometry import ConvGeometry, is_depthwise
+    from smelt.schedule.conv import workload
 
     forced = []
     for node in g.nodes:
@@ -213,8 +216,9 @@ def test_ic_outer_schedules_from_database(monkeypatch, cache, tmp_path):
 def test_schedule_space_and_default():
     """The space holds the default; the default fills the register file on wide rows."""
     model, _ = _model([Chain("s", (1, 64, 56, 56)).conv(64, (3, 3), pads=(1, 1, 1, 1)).case()])
-    from smelt.compiler import CompileOptions, lower
+    from smelt.compiler import lower
     from smelt.frontend.onnx_import import load_model
+    from smelt.options import CompileOptions
     from smelt.target import detect
 
     target = detect()

@@ -349,8 +349,9 @@ def test_avx512_rendering_keeps_nan(tmp_path):
     from smelt.codegen import toolchain
     from smelt.codegen.emit import generate
     from smelt.codegen.plan import build_plan
-    from smelt.compiler import CompileOptions, lower
+    from smelt.compiler import lower
     from smelt.frontend.onnx_import import load_model
+    from smelt.options import CompileOptions
 
     target = dataclasses.replace(detect(), isa="avx512", vector_bits=512, vector_registers=32)
     cases = Cases()

@@ -13,8 +13,9 @@ from kernel_models import Chain, _model, check_cases
 from onnx import helper
 
 from smelt.codegen.plan import build_plan
-from smelt.compiler import CompileOptions, lower
+from smelt.compiler import lower
 from smelt.frontend.onnx_import import load_model
+from smelt.options import CompileOptions
 
 
 def _residual_pairs(model) -> tuple[list[tuple[str, str]], dict[str, int]]:

@@ -71,13 +71,12 @@ def _cases():
 def test_winograd_chains(banded, monkeypatch, cache):
     """Both orders: per-thread bands of tile rows (uneven bands, batch 2) and the three phased
     steps over whole planes (what big weights take)."""
-    monkeypatch.setattr(winograd, "BANDED", banded)
-    monkeypatch.setattr(winograd, "MIN_PLANE", 1)
-    monkeypatch.setattr(winograd, "MIN_CHANNELS", 16)  # one input block is an edge too
     cases = _cases()
     n3x3 = sum(1 for c in cases for n in c.nodes if n.op_type == "Conv"
                and [list(a.ints) for a in n.attribute if a.name == "kernel_shape"] == [[3, 3]])
-    check_cases(cases, "native", monkeypatch, cache, _expect_winograd(n3x3, "bands" if banded else "phased"), layout="propagate")
+    check_cases(cases, "native", monkeypatch, cache, _expect_winograd(n3x3, "bands" if banded else "phased"), layout="propagate",
+                # wherever legal: below the cost thresholds too (small planes, one input block)
+                winograd="always", schedule={"winograd_order": "banded" if banded else "phased"})
 
 
 def test_default_threshold(monkeypatch, cache):

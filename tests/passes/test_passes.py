@@ -8,8 +8,9 @@ from helpers import assert_close, const, make_model, ort_run, tensor
 from onnx import TensorProto, helper
 
 import smelt
-from smelt.compiler import CompileOptions, lower
+from smelt.compiler import lower
 from smelt.frontend.onnx_import import specialize_inputs
+from smelt.options import CompileOptions
 
 RNG = np.random.default_rng(42)
 

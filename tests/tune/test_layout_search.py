@@ -10,11 +10,13 @@ from tune_models import branchy_model, chain_model
 import smelt
 from smelt.codegen.plan import build_plan
 from smelt.codegen.registry import find_template
-from smelt.codegen.templates.conv_nchwc import PLAIN, NchwcSchedule, layout_block, prefers_gemm
 from smelt.frontend.onnx_import import load_model, to_ir
-from smelt.passes.layout import plan_layouts
+from smelt.ir.graph import PLAIN, layout_block
+from smelt.options import CompileOptions
 from smelt.passes.pipeline import run_passes
 from smelt.schedule import layout_search as ls
+from smelt.schedule.conv import NchwcSchedule, prefers_gemm
+from smelt.schedule.layout import plan_layouts
 from smelt.target import detect
 
 pytestmark = pytest.mark.skipif(detect().isa != "avx512", reason="the 8/16 block choice needs AVX-512")
@@ -80,20 +82,20 @@ def test_greedy_fallback_on_a_branchy_graph_gives_a_valid_plan():
     exact = ls.solve(prob)
     assert exact.method == "dp" and exact.cost <= sol.cost + 1e-12
     plan = ls.plan_global(g, target, 1, costs, max_states=4)
-    planned = plan_layouts(g, target, "global", schedules=ls.schedule_fn(plan, target, 1, costs))
+    planned = plan_layouts(g, target, CompileOptions(1, layout="global"), schedules=ls.schedule_fn(plan, target, 1, costs))
     for node in planned.nodes:  # every node has a native template under the planned layouts
         assert find_template(node, planned)[0] is not None, node
         if node.op == "Conv" and node.name in plan.schedules:
             assert layout_block(planned.values[node.outputs[0]].layout) == plan.schedules[node.name].oc_bn
         elif node.op == "Conv":  # the per-layer algorithm choice kept it a plain GEMM
-            assert prefers_gemm(node, planned, target), node.name
+            assert prefers_gemm(node, planned, target, CompileOptions(1)), node.name
             assert planned.values[node.outputs[0]].layout == PLAIN
     assert not build_plan(planned).fallback_steps()
 
 
 @pytest.mark.parametrize("which", ["chain", "branchy"])
 def test_global_mode_matches_onnxruntime(which, tune_env):
-    from smelt.codegen.templates.conv_nchwc import workload
+    from smelt.schedule.conv import workload
     from smelt.schedule.db import TuningDB
     from smelt.target import detect as _detect
     from smelt.tune.search import SCHEME_KIND
@@ -123,7 +125,7 @@ def test_global_without_costs_keeps_the_default_schedules():
     from helpers import const, make_model, tensor
     from onnx import helper
 
-    from smelt.codegen.templates.conv_nchwc import default_schedule
+    from smelt.schedule.conv import default_schedule
 
     rng = np.random.default_rng(0)
     nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], kernel_shape=[1, 1]),
@@ -136,7 +138,7 @@ def test_global_without_costs_keeps_the_default_schedules():
     target = detect()
     g = _graph(model)
     lookup = ls.global_schedules(g, target, 1, None)
-    planned = plan_layouts(_graph(model), target, "propagate")
+    planned = plan_layouts(_graph(model), target, CompileOptions(1))
     for node in planned.nodes:
         if node.op != "Conv":
             continue

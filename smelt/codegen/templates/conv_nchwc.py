@@ -41,28 +41,27 @@ Weights are re-laid out at compile time per tile: [tile][IC/ic_bn][KH][KW][ic_bn
 Depthwise (group == C == OC) has its own kernel ``f32_dwconv2d_nchw<b>c_<R>__<isa>``: input and
 output in the same block size, one vector of channels per tap (a load, not a broadcast).
 
-Per-layer algorithm choice inside this template: 3x3 stride-1 convs on AVX-512 that
-``winograd.applies`` accepts run as Winograd F(2x2, 3x3) (``templates/winograd.py``) instead of
-the direct kernel. A row-outer conv whose fused residual is dead afterwards may write its output
-over the residual's buffer (``inplace_residual``, ``codegen/inplace.py``); its ``y`` then loses
-``restrict``.
-
-The schedule (``NchwcSchedule``) comes from the node (a tuning pass or the layout pass set it)
-or from ``default_schedule``, a cost model over the target's register file.
+The schedule stage (``smelt/schedule/conv.py``) decides everything this template renders and
+writes it on the node as a ``ConvSchedule``: the tile (``NchwcSchedule``, fitted to the blocks
+the layout pass chose), whether the conv runs as Winograd F(2x2, 3x3) instead
+(``templates/winograd.py``), and whether its output may overwrite a fused residual operand (the
+memory planner applies that when the conv is the operand's last reader; ``y`` then loses
+``restrict``).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
-
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.conv_geometry import (
+    ConvGeometry,
+    is_depthwise,
+    is_flat_pointwise,
+)
 from smelt.codegen.kernels.epilogue import epilogue_doc
 from smelt.codegen.registry import register
 from smelt.codegen.templates import winograd
-from smelt.codegen.templates.conv import ConvGeometry, _check_conv
 from smelt.codegen.templates.gemm import (
     _V,
     Blocking,
@@ -70,11 +69,10 @@ from smelt.codegen.templates.gemm import (
     define,
     node_epilogue_ops,
     scalar_epilogue,
-    vector_epilogue_ok,
     vector_epilogue_stmts,
 )
-from smelt.ir.graph import PLAIN, Graph, Node, blocked_layout, layout_block  # noqa: F401 (re-exported)
-from smelt.target import Target
+from smelt.ir.graph import PLAIN, Graph, Node, layout_block
+from smelt.schedule.conv import ConvSchedule, NchwcSchedule, geometry_reason
 
 # Software-prefetch the next input-channel block's row at the start of each block.
 PREFETCH_NEXT_IC = True
@@ -85,252 +83,6 @@ PREFETCH_WEIGHT_DISTANCE = 2  # chunks ahead
 PREFETCH_NEXT_TILE = True
 # row-outer order with weights of at most half an L2: work items row-major (see _Gen)
 ROW_SPLIT_SMALL_WEIGHTS = True
-# ic-outer order is in the space of convs with at most this many output positions per image
-IC_OUTER_MAX_PLANE = 196
-# Version of the schedule space, part of every tuning-database key: records searched over an
-# older space (2: ic_chunk added) are not reused, since they never saw the newer choices.
-SCHEDULE_SPACE = 2
-# per-layer algorithm choice: half-width NCHWc convs run as the NCHW GEMM (see prefers_gemm)
-PREFER_GEMM_FOR_HALF_WIDTH = True
-GEMM_MIN_REDUCTION = 256  # input channels x kernel taps
-# smallest ic-outer chunk, in input channels (one AVX-512 input block)
-MIN_IC_CHUNK = 16
-
-
-@dataclass(frozen=True)
-class NchwcSchedule:
-    """One point of the template's schedule space (NeoCPU's tuple, extended)."""
-
-    oc_bn: int  # output channels per block = the output layout's block = one vector
-    reg_n: int  # output columns per register tile (R)
-    oc_blocks: int = 1  # output-channel blocks per tile (J)
-    unroll_ker: bool = True  # unroll the kernel-column loop in body tiles
-    ic_bn: int = 0  # input layout block wanted (0: whatever the producer gives)
-    # loop order: 0 = input channels innermost (a tile's accumulators live in registers over all
-    # of IC); k > 0 = NeoCPU's ic-outer order: for each chunk of k input channels (rounded to
-    # whole input blocks), every row of the work item is accumulated into the output in memory,
-    # so a weight chunk comes from memory once and is reused from L1 for all rows (small planes,
-    # big weights: ResNet-50's stage 4 went from 47-53% to 65-77% of peak in the network)
-    ic_chunk: int = 0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @staticmethod
-    def from_dict(d: dict) -> NchwcSchedule:
-        return NchwcSchedule(int(d["oc_bn"]), int(d["reg_n"]), int(d.get("oc_blocks", 1)),
-                             bool(d.get("unroll_ker", True)), int(d.get("ic_bn", 0)), int(d.get("ic_chunk", 0)))
-
-
-def vector_lanes(target: Target) -> int:
-    return 16 if target.isa == "avx512" else 8
-
-
-def accumulator_budget(target: Target, oc_bn: int) -> int:
-    """Accumulators a tile may hold: registers minus J weight vectors and a broadcast."""
-    return 28 if target.isa == "avx512" else 12
-
-
-def oc_block_choices(oc: int, target: Target) -> list[int]:
-    """Output block sizes this target can run for ``oc`` output channels (best first)."""
-    if target.isa == "avx512":
-        return [b for b in (16, 8) if oc % b == 0]
-    if target.isa == "avx2":
-        return [8] if oc % 8 == 0 else []
-    return []
-
-
-def prefers_gemm(node: Node, g: Graph, target: Target) -> bool:
-    """The per-layer algorithm choice: True when the NCHW GEMM (im2col in packing) beats this
-    template. That is the case when the output channels only divide into half-width blocks (8 on
-    AVX-512): the direct kernel then runs at half the vector width, the GEMM's micro-kernel at
-    full width (SqueezeNet's 512->1000 classifier, 13x13: 0.94 ms direct, 0.56 ms GEMM).
-    The GEMM also costs a layout transform on each side when its neighbours are blocked, which
-    only deep reductions repay (MobileNet-v2's 144->24 and 24->144 convs lost 13% as GEMMs).
-    Depthwise and grouped convs stay direct (the GEMM runs them group by group)."""
-    if not PREFER_GEMM_FOR_HALF_WIDTH or target.isa != "avx512" or nchwc_reason(node, g, target) is not None:
-        return False
-    geo = ConvGeometry(node, g)
-    return geo.group == 1 and geo.oc % 16 != 0 and geo.c * geo.ks[0] * geo.ks[1] >= GEMM_MIN_REDUCTION
-
-
-def nchwc_reason(node: Node, g: Graph, target: Target) -> str | None:
-    """None when this Conv can run on the NCHW[x]c template, else why not."""
-    if target.isa not in ("avx512", "avx2"):
-        return f"NCHWc convolution needs AVX2 or AVX-512 (target {target.isa})"
-    why = _geometry_reason(node, g)
-    if why is not None:
-        return why
-    geo = ConvGeometry(node, g)
-    if not oc_block_choices(geo.oc, target):
-        return f"output channels {geo.oc} are not a multiple of {vector_lanes(target)}"
-    if geo.group > 1 and not is_depthwise(geo):
-        if geo.ocg % 8 or not oc_block_choices(geo.ocg, target):
-            return f"grouped conv with {geo.ocg} output channels per group (needs a multiple of 8)"
-    return None
-
-
-def is_depthwise(geo: ConvGeometry) -> bool:
-    return geo.group > 1 and geo.group == geo.c == geo.oc and geo.cg == 1
-
-
-def is_flat_pointwise(geo: ConvGeometry) -> bool:
-    """1x1, stride 1, unpadded: the plane runs as flat rows (see ``_Gen``)."""
-    return geo.ks == [1, 1] and geo.strides == [1, 1] and not any(geo.pads) and not is_depthwise(geo)
-
-
-def row_width(geo: ConvGeometry) -> int:
-    """Output columns of one row as the kernel sees it (a flat pointwise plane is one row)."""
-    return geo.outs[1] * (geo.outs[0] if is_flat_pointwise(geo) else 1)
-
-
-def _geometry_reason(node: Node, g: Graph) -> str | None:
-    """What both the layout pass's test and the template's check require of the node itself."""
-    why = _check_conv(node, g)
-    if why is not None:
-        return why
-    rank = ConvGeometry(node, g).rank
-    return None if rank == 2 else f"NCHWc convolution is 2-D only (rank {rank})"
-
-
-def workload(node: Node, g: Graph, in_block: int, threads: int) -> dict:
-    """The numbers that define this conv's kernel: the tuning database key."""
-    geo = ConvGeometry(node, g)
-    return {"n": geo.batch, "c": geo.c, "h": geo.ins[0], "w": geo.ins[1], "oc": geo.oc,
-            "kh": geo.ks[0], "kw": geo.ks[1], "sh": geo.strides[0], "sw": geo.strides[1],
-            "dh": geo.dils[0], "dw": geo.dils[1], "pt": geo.pb[0], "pl": geo.pb[1],
-            "pb": geo.pads[2], "pr": geo.pads[3], "group": geo.group, "ib": in_block, "threads": threads,
-            "space": SCHEDULE_SPACE}
-
-
-# ------------------------------------------------------------------------------------------
-# Schedule space and the deterministic default
-# ------------------------------------------------------------------------------------------
-def _tile_cycles(j: int, r: int) -> float:
-    """Cycles per (input channel, kernel tap) of a J x R tile on a 2-FMA-port core: FMA
-    throughput, load throughput (J weight loads + R broadcasts, 2 vector loads per cycle) and the FMA
-    latency (4 cycles x 2 ports = 8 independent accumulators needed)."""
-    return max(j * r / 2.0, (j + r) / 2.0, 4.0)
-
-
-def schedule_cost(geo: ConvGeometry, s: NchwcSchedule) -> float:
-    """Modelled cycles of the whole conv (per input channel and tap) under schedule ``s``."""
-    ow = row_width(geo)
-    oh = 1 if is_flat_pointwise(geo) else geo.outs[0]
-    ocb = geo.oc // s.oc_bn
-    lanes_per_vec = s.oc_bn
-    col_tiles = math.ceil(ow / s.reg_n)
-    oc_tiles = math.ceil(ocb / s.oc_blocks)
-    ragged_j = ocb % s.oc_blocks
-    full = oc_tiles - (1 if ragged_j else 0)
-    per_row = col_tiles * (full * _tile_cycles(s.oc_blocks, s.reg_n)
-                           + (_tile_cycles(ragged_j, s.reg_n) if ragged_j else 0.0))
-    # half-width vectors do half the work per instruction
-    return per_row * oh * (16 / lanes_per_vec)
-
-
-def uses_ic_outer(geo: ConvGeometry) -> bool:
-    """Whether the ic-outer order is in this conv's space: a small output plane (few rows to
-    reuse a weight tile over, so streaming the weights from memory once per row dominates) and
-    enough input channels to chunk."""
-    return (not is_depthwise(geo) and geo.outs[0] * geo.outs[1] <= IC_OUTER_MAX_PLANE
-            and geo.cg >= 2 * MIN_IC_CHUNK)
-
-
-def chunk_weight_bytes(geo: ConvGeometry, s: NchwcSchedule, channels: int) -> int:
-    """Bytes of one tile's weights for ``channels`` input channels."""
-    return channels * geo.ks[0] * geo.ks[1] * s.oc_blocks * s.oc_bn * 4
-
-
-def ic_chunk_for(geo: ConvGeometry, s: NchwcSchedule, target: Target) -> int:
-    """Input channels per chunk: the most (a power of two, at least ``MIN_IC_CHUNK``) whose
-    tile weights fit a third of L1, next to the chunk's input rows and the tile's partial sums."""
-    per_channel = chunk_weight_bytes(geo, s, 1)
-    c = MIN_IC_CHUNK
-    while c * 2 * per_channel <= target.l1d_bytes // 3 and c * 2 <= geo.cg // 2:
-        c *= 2
-    return c
-
-
-def candidate_schedules(node: Node, g: Graph, target: Target) -> list[NchwcSchedule]:
-    """The local search's space for this conv (every legal point)."""
-    geo = ConvGeometry(node, g)
-    ow = row_width(geo)
-    out = []
-    for ob in oc_block_choices(geo.oc, target):
-        budget = accumulator_budget(target, ob)
-        if is_depthwise(geo):
-            for r in range(1, min(ow, budget) + 1):
-                out.append(NchwcSchedule(ob, r, 1, True))
-            continue
-        ocb = (geo.ocg if geo.group > 1 else geo.oc) // ob
-        for j in range(1, min(4, ocb) + 1):
-            if ocb % j and geo.group > 1:
-                continue
-            for r in range(1, min(ow, budget // j) + 1):
-                for unroll in (True, False):
-                    if not unroll and geo.ks[1] == 1:
-                        continue
-                    s = NchwcSchedule(ob, r, j, unroll)
-                    out.append(s)
-                    if uses_ic_outer(geo):
-                        c = ic_chunk_for(geo, s, target)
-                        out += [NchwcSchedule(ob, r, j, unroll, 0, k) for k in sorted({c, 4 * c}) if k < geo.cg]
-    return out
-
-
-def default_schedule(node: Node, g: Graph, target: Target) -> NchwcSchedule:
-    """The cost model's best point: no measurement, deterministic, already good."""
-    geo = ConvGeometry(node, g)
-    cands = [s for s in candidate_schedules(node, g, target) if s.unroll_ker or geo.ks[1] == 1]
-    if is_depthwise(geo):
-        ow = geo.outs[1]
-        ob = cands[0].oc_bn
-        # the fewest column tiles, then the widest tile
-        return min((s for s in cands if s.oc_bn == ob), key=lambda s: (math.ceil(ow / s.reg_n), -s.reg_n))
-    if uses_ic_outer(geo):
-        # ic-outer, with chunks whose weights stay in L1 over the rows (at least one input block
-        # of 16 must fit half of L1: 2x7, not 4x7, on a 3x3 kernel)
-        cands = [s for s in cands if s.ic_chunk == ic_chunk_for(geo, s, target)
-                 and chunk_weight_bytes(geo, s, MIN_IC_CHUNK) <= target.l1d_bytes // 2] or cands
-    else:
-        cands = [s for s in cands if s.ic_chunk == 0]
-    # ties: the most accumulators (each weight vector and each broadcast feeds more FMAs, so
-    # less L2 traffic per FMA), then wide blocks and rows
-    return min(cands, key=lambda s: (schedule_cost(geo, s), -s.oc_blocks * s.reg_n, -s.oc_bn, -s.reg_n))
-
-
-def node_schedule(node: Node, g: Graph, target: Target) -> NchwcSchedule:
-    if node.schedule.get("kind") == "conv_nchwc":
-        return NchwcSchedule.from_dict(node.schedule["config"])
-    return default_schedule(node, g, target)
-
-
-def inplace_residual(node: Node, g: Graph) -> str | None:
-    """The residual operand this conv may write its output over (see codegen/inplace.py), or None.
-
-    Safe when every output element is finished in one go: row-outer order (ic-outer keeps partial
-    sums in y between chunks, which would overwrite the residual before the last chunk reads it)
-    and an epilogue with a vector form (the scalar fallback stores the accumulator first, then
-    re-reads y and the operand)."""
-    out = g.values[node.outputs[0]]
-    if out.layout == PLAIN or _geometry_reason(node, g) is not None:
-        return None
-    geo = ConvGeometry(node, g)
-    if is_depthwise(geo) or uses_ic_outer(geo):
-        return None
-    blk = _blocking(layout_block(out.layout))
-    if not vector_epilogue_ok(TileEpilogue([], node), blk):
-        return None
-    for e in node.epilogue:
-        src = e.get("input")
-        if (e.get("broadcast") == "full" and src and src != node.inputs[0]
-                and g.values[src].layout == out.layout and g.values[src].shape == out.shape
-                and g.values[src].dtype == out.dtype):
-            return src
-    return None
-
-
 # ------------------------------------------------------------------------------------------
 # Compile-time weight layout
 # ------------------------------------------------------------------------------------------
@@ -713,7 +465,7 @@ def _check_nchwc(node: Node, g: Graph) -> str | None:
     out = g.values[node.outputs[0]]
     if out.layout == PLAIN:
         return "the NCHWc template writes blocked outputs (the layout pass did not block this conv)"
-    why = _geometry_reason(node, g)
+    why = geometry_reason(node, g)
     if why is not None:
         return why
     geo = ConvGeometry(node, g)
@@ -739,26 +491,19 @@ def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     out = g.values[node.outputs[0]]
     ob = layout_block(out.layout)
     ib = layout_block(g.values[node.inputs[0]].layout)
-    s = node_schedule(node, g, em.target)
-    if s.oc_bn != ob:  # the layout pass decides the block; a stale schedule keeps its tile shape
-        s = NchwcSchedule(ob, s.reg_n, s.oc_blocks, s.unroll_ker, ic_chunk=s.ic_chunk)
-    if not is_depthwise(geo):
-        ocg = geo.ocg if geo.group > 1 else geo.oc
-        j = max(1, min(s.oc_blocks, ocg // ob))
-        while geo.group > 1 and (ocg // ob) % j:
-            j -= 1
-        s = NchwcSchedule(ob, max(1, min(s.reg_n, row_width(geo))), j, s.unroll_ker, ic_chunk=s.ic_chunk)
-    else:
-        s = NchwcSchedule(ob, max(1, min(s.reg_n, geo.outs[1])), 1, True)
+    sched = node.schedule
+    assert isinstance(sched, ConvSchedule) and sched.tile is not None and sched.tile.oc_bn == ob, (
+        f"conv {node.name}: the schedule stage did not fit a tile to its blocks ({sched!r})")
+    s = sched.tile
     y_ptr = em.ptr(node.outputs[0])
     aliased = any(em.ptr(e["input"]) == y_ptr for e in node.epilogue if e.get("input"))
-    if aliased and s.ic_chunk:  # partial sums in y would overwrite the residual (inplace_residual)
-        s = NchwcSchedule(s.oc_bn, s.reg_n, s.oc_blocks, s.unroll_ker)
+    # partial sums in y would overwrite the residual (schedule.conv.inplace_residual)
+    assert not (aliased and s.ic_chunk), f"conv {node.name}: in place with an ic-outer tile"
     w = np.asarray(g.const(node.inputs[1]), dtype=np.float32)
     bias = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     ep, eargs = _epilogue(node, g, em, bias)
-    if winograd.applies(node, geo, ib, ob, em.target, ep):
-        winograd.emit(geo, node.name, w, em.ptr(node.inputs[0]), y_ptr, eargs, ep, em)
+    if sched.algorithm == "winograd":
+        winograd.emit(geo, node.name, w, em.ptr(node.inputs[0]), y_ptr, eargs, ep, em, sched.winograd_order)
         return
     if is_depthwise(geo):
         # [C, 1, KH, KW] -> [C/b][KH][KW][b]

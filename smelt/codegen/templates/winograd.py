@@ -26,10 +26,10 @@ NCHW16c; edge tiles of odd planes store only the outputs inside). Two orders:
 
 Weights U = G g Gᵀ are laid out at compile time as [e][oc tile][C][J*16] (16/9 of the direct
 weights). The buffers take 16/4 = 4x the input and output bytes per 2x2 tile, which is why the
-conv template picks this algorithm only where compute dominates (``applies``): planes of at
-least ``MIN_PLANE`` outputs (ResNet-50's 56x56, 28x28 and 14x14 3x3 layers, not 7x7, whose
+schedule stage picks this algorithm only where compute dominates (``schedule.conv.winograd_choice``): planes of at
+least ``WINOGRAD_MIN_PLANE`` outputs (ResNet-50's 56x56, 28x28 and 14x14 3x3 layers, not 7x7, whose
 16/9 larger weights would stream from memory with little compute to hide them: ResNet-50 was
-5.6% slower with them) and at least ``MIN_CHANNELS`` input channels.
+5.6% slower with them) and at least ``WINOGRAD_MIN_CHANNELS`` input channels.
 """
 
 from __future__ import annotations
@@ -37,55 +37,22 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
-from smelt.codegen.templates.conv import ConvGeometry
+from smelt.codegen.kernels.conv_geometry import ConvGeometry
 from smelt.codegen.templates.gemm import (
     _V,
     Blocking,
     TileEpilogue,
     define,
-    vector_epilogue_ok,
     vector_epilogue_stmts,
 )
-from smelt.ir.graph import Graph, Node, layout_block
-from smelt.target import Target
 
 # Off only to measure what the algorithm saves (benchmarks A/B) or to get the direct sum's rounding.
-ENABLED = True
-# smallest output plane (positions per image) that takes Winograd
-MIN_PLANE = 196
-# fewest input channels: with one block of 16 the GEMMs reduce over too little to pay for the
-# transforms (SqueezeNet's 16->64 expand on 55x55: 0.195 ms Winograd vs 0.158 ms direct)
-MIN_CHANNELS = 32
 # register tile of the GEMM phase: J output blocks x R transform tiles
 GEMM_BLOCKS = 2
 GEMM_TILES = 14
-# per-thread bands of tile rows (one step, buffers in L2) when the transformed weights fit a
-# quarter of L2; else three phased steps over the whole plane
-BANDED = True
-BANDED_MAX_WEIGHTS = 4  # transformed weights of at most L2 / this
 
 LANES = 16
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
-
-
-def applies(node: Node, geo: ConvGeometry, ib: int, ob: int, target: Target, ep: TileEpilogue) -> bool:
-    """Whether this conv runs as Winograd F(2x2, 3x3) (else the direct NCHWc kernel); a node the
-    compiler marked ``algorithm: direct`` (``compile(winograd=False)``) never does."""
-    if not ENABLED or node.schedule.get("algorithm") == "direct" or target.isa != "avx512":
-        return False
-    shape_ok = (geo.rank == 2 and geo.group == 1 and geo.ks == [3, 3] and geo.strides == [1, 1]
-                and geo.dils == [1, 1] and geo.outs[0] * geo.outs[1] >= MIN_PLANE)
-    blocks_ok = (ib == LANES and ob == LANES and geo.c % LANES == 0 and geo.oc % LANES == 0
-                 and geo.c >= MIN_CHANNELS)
-    return shape_ok and blocks_ok and vector_epilogue_ok(ep, _blocking())
-
-
-def takes(node: Node, g: Graph, target: Target) -> bool:
-    """Whether the conv template will run ``node`` (layouts planned) as Winograd: the tuner skips
-    such convs, whose direct schedules would never run."""
-    ib = layout_block(g.values[node.inputs[0]].layout)
-    ob = layout_block(g.values[node.outputs[0]].layout)
-    return applies(node, ConvGeometry(node, g), ib, ob, target, TileEpilogue([], node))
 
 
 def _blocking() -> Blocking:
@@ -105,7 +72,7 @@ class _Gen:
     """Renders one Winograd conv. ``TB``: transform tiles per buffer (all ``T`` tiles of an image
     in the phased order, one band's worth in the banded order)."""
 
-    def __init__(self, em: BlockEmitter, geo: ConvGeometry, ep: TileEpilogue, n_eps: int) -> None:
+    def __init__(self, em: BlockEmitter, geo: ConvGeometry, ep: TileEpilogue, n_eps: int, order: str) -> None:
         self.em, self.geo, self.ep = em, geo, ep
         self.v = _V(_blocking())
         self.N = geo.batch
@@ -119,11 +86,10 @@ class _Gen:
         self.eparams = "".join(f", const float *e{k}" for k in range(n_eps))
         self.eargs = "".join(f", e{k}" for k in range(n_eps))
         self.tag = f"C={geo.c} OC={geo.oc} in={geo.ins} out={geo.outs} pads={geo.pads}"
-        # banded order when the transformed weights fit a quarter of L2 next to a band's buffers
+        # the order is the schedule stage's choice (schedule.conv.winograd_choice)
         l2 = em.target.l2_bytes
-        u_bytes = 16 * geo.c * geo.oc * 4
         tile_bytes = 16 * (geo.c + geo.oc) * 4  # V and M bytes per transform tile
-        self.banded = BANDED and u_bytes <= l2 // BANDED_MAX_WEIGHTS and tile_bytes * self.TW <= l2 // 4
+        self.banded = order == "banded"
         if self.banded:
             # bands of whole tile rows, a multiple of the thread count per image (balanced split),
             # each band's V and M within a quarter of L2
@@ -361,9 +327,9 @@ class _Gen:
 
 
 def emit(geo: ConvGeometry, node_name: str, w: np.ndarray, x_ptr: str, y_ptr: str, eargs: list[str],
-         ep: TileEpilogue, em: BlockEmitter) -> None:
-    """One Winograd conv: one banded step, or three phased steps."""
-    gen = _Gen(em, geo, ep, len(eargs))
+         ep: TileEpilogue, em: BlockEmitter, order: str) -> None:
+    """One Winograd conv: one banded step, or three phased steps (``order``)."""
+    gen = _Gen(em, geo, ep, len(eargs), order)
     u = em.weight(transform_weights(w, gen.J).reshape(-1), key=f"winograd:{node_name}:{gen.J}")
     vf, mf = gen.buffer_floats()
     args = "".join(f", {a}" for a in eargs)

@@ -19,8 +19,9 @@ Modes (NeoCPU's Table 3 ablation):
   ``schedules``: its ``oc_bn`` is the output block the search picked and its ``ic_bn`` the input
   block, converted to here when it differs from the producer's.
 
-Each NCHWc conv gets ``node.schedule = {"kind": "conv_nchwc", "config": ...}``; its schedule comes
-from ``schedules(node, g, in_block)`` (the tuning database) or the template's default.
+Each NCHWc conv gets ``node.schedule = ConvSchedule("direct", tile, source)``; its tile comes
+from ``schedules(node, g, in_block)`` (the global search's pick, or the tuning database) or the
+cost model's default; ``schedule.conv.finish`` fits it and decides the rest afterwards.
 """
 
 from __future__ import annotations
@@ -29,28 +30,31 @@ from collections.abc import Callable
 
 import numpy as np
 
+from smelt.codegen.kernels.conv_geometry import ConvGeometry, is_depthwise
 from smelt.codegen.registry import SMELT_DOMAIN, find_template
-from smelt.codegen.templates.conv import ConvGeometry
-from smelt.codegen.templates.conv_nchwc import (
+from smelt.ir.graph import PLAIN, Graph, Node, Value, blocked_layout, layout_block
+from smelt.options import LAYOUT_MODES as MODES  # noqa: F401 (the modes, named where layouts are planned)
+from smelt.options import CompileOptions
+from smelt.schedule.conv import (
+    NCHWC_BLOCKS,
+    ConvSchedule,
     NchwcSchedule,
     default_schedule,
-    is_depthwise,
     nchwc_reason,
     prefers_gemm,
+    vector_lanes,
 )
-from smelt.ir.graph import PLAIN, Graph, Node, Value, blocked_layout, layout_block
 from smelt.target import Target
 
-MODES = ("nchw", "conv", "propagate", "global")
-
-ScheduleFn = Callable[[Node, Graph, int], "NchwcSchedule | None"]
+# a conv's tile for the input block that arrives, and where it came from ("forced", "tuned"), or None
+ScheduleFn = Callable[[Node, Graph, int], "tuple[NchwcSchedule, str] | None"]
 
 
 class _Planner:
-    def __init__(self, g: Graph, target: Target, mode: str, force_fallback: frozenset[str],
-                 schedules: ScheduleFn | None) -> None:
-        self.g, self.target, self.mode = g, target, mode
-        self.force_fallback = force_fallback
+    def __init__(self, g: Graph, target: Target, options: CompileOptions, schedules: ScheduleFn | None) -> None:
+        self.g, self.target, self.mode = g, target, options.layout
+        self.options = options
+        self.force_fallback = options.force_fallback
         self.schedules = schedules
         self.out: list[Node] = []
         self.converted: dict[tuple[str, str], str] = {}
@@ -111,9 +115,8 @@ class _Planner:
         x = node.inputs[0]
         geo = ConvGeometry(node, g)
         in_block = layout_block(g.values[x].layout)
-        sched = self.schedules(node, g, in_block) if self.schedules else None
-        if sched is None:
-            sched = default_schedule(node, g, self.target)
+        found = self.schedules(node, g, in_block) if self.schedules else None
+        sched, source = found if found is not None else (default_schedule(node, g, self.target), "default")
         ob = sched.oc_bn
         if is_depthwise(geo):
             want = ob
@@ -134,13 +137,13 @@ class _Planner:
             if e.get("input") and e.get("broadcast") == "full":
                 e["input"] = self.convert(e["input"], out_layout)
         g.values[node.outputs[0]].layout = out_layout
-        node.schedule = {"kind": "conv_nchwc", "config": sched.to_dict()}
+        node.schedule = ConvSchedule("direct", sched, source)
         tpl, why = find_template(node, g)
         if tpl is None or tpl.name != "f32_conv_nchwc":  # should not happen: be safe, stay plain
             self.rollback()
             node.inputs[0] = x
             g.values[node.outputs[0]].layout = PLAIN
-            node.schedule = {}
+            node.schedule = None
             return False
         self.commit()
         return True
@@ -191,7 +194,7 @@ class _Planner:
     def run(self) -> Graph:
         for node in list(self.g.nodes):
             if node.op == "Conv" and node.domain in ("", "ai.onnx") and node.name not in self.force_fallback:
-                if prefers_gemm(node, self.g, self.target):  # the per-layer algorithm choice
+                if prefers_gemm(node, self.g, self.target, self.options):  # the per-layer algorithm choice
                     self.all_plain(node)
                     self.out.append(node)
                     continue
@@ -225,11 +228,8 @@ class _Planner:
                                 attrs={"src": g.values[twin].layout, "dst": PLAIN}, domain=SMELT_DOMAIN))
 
 
-def plan_layouts(g: Graph, target: Target, mode: str = "propagate", force_fallback: frozenset[str] = frozenset(),
-                 schedules: ScheduleFn | None = None) -> Graph:
-    """Assign blocked layouts (see the module docstring); ``mode`` one of ``MODES``."""
-    if mode not in MODES:
-        raise ValueError(f"unknown layout mode {mode!r} (expected one of {', '.join(MODES)})")
-    if mode == "nchw" or target.isa not in ("avx512", "avx2"):
+def plan_layouts(g: Graph, target: Target, options: CompileOptions, schedules: ScheduleFn | None = None) -> Graph:
+    """Assign blocked layouts (see the module docstring) in ``options.layout``'s mode."""
+    if options.layout == "nchw" or vector_lanes(target) < min(NCHWC_BLOCKS):
         return g
-    return _Planner(g, target, mode, force_fallback, schedules).run()
+    return _Planner(g, target, options, schedules).run()

@@ -1,0 +1,63 @@
+"""What a caller (or a test) can set about one compilation: every switch is a field here, and
+every field is part of the artifact's cache key (``CompileOptions.key``), so changing one never
+reuses a build made without it. The stages read these; nothing reads a module-level switch."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from smelt.target import Target
+
+LAYOUT_MODES = ("nchw", "conv", "propagate", "global")
+WINOGRAD_MODES = (True, False, "always")
+WINOGRAD_ORDERS = ("auto", "banded", "phased")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    threads: int
+    opt_level: int = 1
+    allow_fallback: bool = True
+    force_fallback: frozenset[str] = field(default_factory=frozenset)
+    sanitize: bool = False
+    # instrumented build: per-step timestamps in the native code (``smelt profile``); a separate
+    # artifact and library, so the ordinary build carries no profiling code
+    profile: bool = False
+    # layout planning (smelt.schedule.layout): "propagate" = NCHW[x]c convolutions with
+    # transform elimination; "nchw", "conv" and "global" reproduce NeoCPU's Table 3 ablation
+    layout: str = "propagate"
+    # look up tuned schedules in the tuning database (smelt.schedule.db); off: defaults only
+    use_tuning_db: bool = True
+    # 3x3 stride-1 convs may run as Winograd F(2x2,3x3) (fp32 throughout; templates/winograd.py):
+    # True where the cost model expects a win, "always" wherever legal, False never (the direct
+    # kernels only: the direct sum's rounding)
+    winograd: bool | str = True
+    # Winograd's loop order: "auto" (the schedule stage's choice by L2 size), "banded", "phased"
+    winograd_order: str = "auto"
+    # a conv may write its output over a dead residual operand (codegen/inplace.py)
+    inplace: bool = True
+    # Concat inputs written straight into their slice of the output (codegen/concat_views.py)
+    concat_views: bool = True
+    # on a 16-lane target, convs whose channels only divide into 8-lane blocks run as the NCHW GEMM
+    gemm_for_half_width: bool = True
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUT_MODES:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUT_MODES)} (given {self.layout!r})")
+        if self.winograd not in WINOGRAD_MODES or isinstance(self.winograd, int) and not isinstance(self.winograd, bool):
+            raise ValueError(f"winograd must be True, False or 'always' (given {self.winograd!r})")
+        if self.winograd_order not in WINOGRAD_ORDERS:
+            raise ValueError(f"winograd_order must be one of {', '.join(WINOGRAD_ORDERS)} (given {self.winograd_order!r})")
+
+    def codegen_threads(self, target: Target) -> int:
+        """Threads the generated code is sized for (per-thread scratch). It runs correctly with any
+        pool of up to this many threads, so 1-thread and all-core runs share one library."""
+        return max(self.threads, target.physical_cores)
+
+    def key(self, target: Target) -> str:
+        """Every field (``threads`` as the code is sized for it), for the artifact key."""
+        fields = asdict(self)
+        fields["threads"] = self.codegen_threads(target)
+        fields["force_fallback"] = sorted(self.force_fallback)
+        return json.dumps(fields, sort_keys=True)

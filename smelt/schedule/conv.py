@@ -1,0 +1,380 @@
+"""Convolution schedules: every decision about how a Conv runs, made once, written on the node.
+
+For each Conv the schedule stage resolves, in this order:
+- the **algorithm**: the NCHW GEMM (``gemm``: im2col in packing, conv.py), the NCHW[x]c direct
+  kernel (``direct``, conv_nchwc.py) or Winograd F(2x2, 3x3) on NCHW16c (``winograd``,
+  winograd.py). The layout pass asks ``nchwc_reason`` and ``prefers_gemm`` whether a conv is
+  blocked at all; after layouts are planned, ``winograd_choice`` decides between direct and
+  Winograd;
+- the **NCHWc tile** (``NchwcSchedule``): forced (the global layout search's pick, or a tuner's
+  measurement graph) -> tuned (the tuning database, kind ``CONV_KIND``) -> default (the cost
+  model, ``default_schedule``), then fitted to the blocks the layout pass chose (``fit``);
+- the **Winograd order** (banded or phased) and the **in-place residual** (the row-outer kernel
+  may write its output over a fused residual operand; the memory planner checks liveness).
+
+Everything here reads target facts (vector lanes, registers, cache sizes) and the compile
+options; no template is imported: templates only read ``node.schedule`` (a ``ConvSchedule``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from smelt.codegen.kernels.conv_geometry import (
+    ConvGeometry,
+    check_conv,
+    is_depthwise,
+    is_flat_pointwise,
+    row_width,
+)
+from smelt.codegen.kernels.epilogue import ACTIVATIONS
+from smelt.ir.graph import PLAIN, Graph, Node, layout_block
+from smelt.options import CompileOptions
+from smelt.schedule.db import CONV_KIND, TuningDB
+from smelt.target import Target
+
+# ic-outer order is in the space of convs with at most this many output positions per image
+IC_OUTER_MAX_PLANE = 196
+# Version of the schedule space, part of every tuning-database key: records searched over an
+# older space (2: ic_chunk added) are not reused, since they never saw the newer choices.
+SCHEDULE_SPACE = 2
+GEMM_MIN_REDUCTION = 256  # input channels x kernel taps (see prefers_gemm)
+# smallest ic-outer chunk, in input channels (one 16-lane input block)
+MIN_IC_CHUNK = 16
+# the NCHWc kernels are rendered for blocks of 8 and 16 lanes
+NCHWC_BLOCKS = (16, 8)
+
+# Winograd F(2x2, 3x3): its kernels are rendered for 16-lane blocks in and out
+WINOGRAD_LANES = 16
+# smallest output plane (positions per image) that takes Winograd: ResNet-50's 7x7 layers were
+# 5.6% slower with it (16/9 more weight bytes from memory)
+WINOGRAD_MIN_PLANE = 196
+# fewest input channels: with one block of 16 the GEMMs reduce over too little to pay for the
+# transforms (SqueezeNet's 16->64 expand on 55x55: 0.195 ms Winograd vs 0.158 ms direct)
+WINOGRAD_MIN_CHANNELS = 32
+# banded order when the transformed weights fit L2 / this (next to a band's buffers)
+WINOGRAD_BANDED_MAX_WEIGHTS = 4
+
+ALGORITHMS = ("gemm", "direct", "winograd")
+
+
+@dataclass(frozen=True)
+class NchwcSchedule:
+    """One point of the NCHWc template's schedule space (NeoCPU's tuple, extended)."""
+
+    oc_bn: int  # output channels per block = the output layout's block = one vector
+    reg_n: int  # output columns per register tile (R)
+    oc_blocks: int = 1  # output-channel blocks per tile (J)
+    unroll_ker: bool = True  # unroll the kernel-column loop in body tiles
+    ic_bn: int = 0  # input layout block wanted (0: whatever the producer gives)
+    # loop order: 0 = input channels innermost (a tile's accumulators live in registers over all
+    # of IC); k > 0 = NeoCPU's ic-outer order: for each chunk of k input channels (rounded to
+    # whole input blocks), every row of the work item is accumulated into the output in memory,
+    # so a weight chunk comes from memory once and is reused from L1 for all rows (small planes,
+    # big weights: ResNet-50's stage 4 went from 47-53% to 65-77% of peak in the network)
+    ic_chunk: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> NchwcSchedule:
+        return NchwcSchedule(int(d["oc_bn"]), int(d["reg_n"]), int(d.get("oc_blocks", 1)),
+                             bool(d.get("unroll_ker", True)), int(d.get("ic_bn", 0)), int(d.get("ic_chunk", 0)))
+
+
+@dataclass(frozen=True)
+class ConvSchedule:
+    """How one Conv runs (``node.schedule``); the conv templates render exactly this."""
+
+    algorithm: str  # one of ALGORITHMS
+    tile: NchwcSchedule | None = None  # the NCHWc register tile ("direct"; None otherwise)
+    source: str = "default"  # where the tile came from: "forced", "tuned" or "default"
+    winograd_order: str = ""  # "banded" or "phased" ("winograd" only)
+    # the fused residual operand the kernel may write its output over (the memory planner
+    # applies it when the conv is that operand's last reader), or None
+    inplace_operand: str | None = None
+
+    def describe(self) -> str:
+        parts = [self.algorithm]
+        if self.tile is not None:
+            parts.append(f"tile {self.tile.oc_blocks}x{self.tile.reg_n} oc_bn={self.tile.oc_bn} "
+                         f"ic_chunk={self.tile.ic_chunk} ({self.source})")
+        if self.winograd_order:
+            parts.append(self.winograd_order)
+        return ", ".join(parts)
+
+
+# ------------------------------------------------------------------------------------------
+# What the NCHWc kernels can run on this target
+# ------------------------------------------------------------------------------------------
+def vector_lanes(target: Target) -> int:
+    return target.vector_floats
+
+
+def accumulator_budget(target: Target, oc_bn: int) -> int:
+    """Accumulators a tile may hold: the vector registers minus the J weight vectors, a
+    broadcast and the loop's addresses (28 of 32 registers, 12 of 16)."""
+    return target.vector_registers - 4
+
+
+def oc_block_choices(oc: int, target: Target) -> list[int]:
+    """Output block sizes this target can run for ``oc`` output channels (best first): the full
+    vector, and half of it where that is still a rendered block (AVX-512 runs 8-lane ymm)."""
+    lanes = vector_lanes(target)
+    return [b for b in NCHWC_BLOCKS if b <= lanes and lanes % b == 0 and oc % b == 0]
+
+
+def geometry_reason(node: Node, g: Graph) -> str | None:
+    """What both the layout pass's test and the template's check require of the node itself."""
+    why = check_conv(node, g)
+    if why is not None:
+        return why
+    rank = ConvGeometry(node, g).rank
+    return None if rank == 2 else f"NCHWc convolution is 2-D only (rank {rank})"
+
+
+def nchwc_reason(node: Node, g: Graph, target: Target) -> str | None:
+    """None when this Conv can run on the NCHW[x]c template, else why not."""
+    if vector_lanes(target) < min(NCHWC_BLOCKS):
+        return f"NCHWc convolution needs vectors of at least {min(NCHWC_BLOCKS)} floats (target {target.isa})"
+    why = geometry_reason(node, g)
+    if why is not None:
+        return why
+    geo = ConvGeometry(node, g)
+    if not oc_block_choices(geo.oc, target):
+        return f"output channels {geo.oc} are not a multiple of {min(NCHWC_BLOCKS)}"
+    if geo.group > 1 and not is_depthwise(geo):
+        if geo.ocg % 8 or not oc_block_choices(geo.ocg, target):
+            return f"grouped conv with {geo.ocg} output channels per group (needs a multiple of 8)"
+    return None
+
+
+def prefers_gemm(node: Node, g: Graph, target: Target, options: CompileOptions) -> bool:
+    """The per-layer algorithm choice: True when the NCHW GEMM (im2col in packing) beats the
+    NCHWc template. That is the case when the output channels only divide into half-width blocks
+    (8 on AVX-512): the direct kernel then runs at half the vector width, the GEMM's micro-kernel
+    at full width (SqueezeNet's 512->1000 classifier, 13x13: 0.94 ms direct, 0.56 ms GEMM).
+    The GEMM also costs a layout transform on each side when its neighbours are blocked, which
+    only deep reductions repay (MobileNet-v2's 144->24 and 24->144 convs lost 13% as GEMMs).
+    Depthwise and grouped convs stay direct (the GEMM runs them group by group)."""
+    lanes = vector_lanes(target)
+    if not options.gemm_for_half_width or nchwc_reason(node, g, target) is not None:
+        return False
+    geo = ConvGeometry(node, g)
+    half_width_only = geo.oc % lanes != 0
+    return (half_width_only and geo.group == 1
+            and geo.c * geo.ks[0] * geo.ks[1] >= GEMM_MIN_REDUCTION)
+
+
+def workload(node: Node, g: Graph, in_block: int, threads: int) -> dict:
+    """The numbers that define this conv's kernel: the tuning database key."""
+    geo = ConvGeometry(node, g)
+    return {"n": geo.batch, "c": geo.c, "h": geo.ins[0], "w": geo.ins[1], "oc": geo.oc,
+            "kh": geo.ks[0], "kw": geo.ks[1], "sh": geo.strides[0], "sw": geo.strides[1],
+            "dh": geo.dils[0], "dw": geo.dils[1], "pt": geo.pb[0], "pl": geo.pb[1],
+            "pb": geo.pads[2], "pr": geo.pads[3], "group": geo.group, "ib": in_block, "threads": threads,
+            "space": SCHEDULE_SPACE}
+
+
+# ------------------------------------------------------------------------------------------
+# Schedule space and the deterministic default (the cost model)
+# ------------------------------------------------------------------------------------------
+def _tile_cycles(j: int, r: int) -> float:
+    """Cycles per (input channel, kernel tap) of a J x R tile on a 2-FMA-port core: FMA
+    throughput, load throughput (J weight loads + R broadcasts, 2 vector loads per cycle) and the FMA
+    latency (4 cycles x 2 ports = 8 independent accumulators needed)."""
+    return max(j * r / 2.0, (j + r) / 2.0, 4.0)
+
+
+def schedule_cost(geo: ConvGeometry, s: NchwcSchedule) -> float:
+    """Modelled cycles of the whole conv (per input channel and tap) under schedule ``s``."""
+    ow = row_width(geo)
+    oh = 1 if is_flat_pointwise(geo) else geo.outs[0]
+    ocb = geo.oc // s.oc_bn
+    col_tiles = math.ceil(ow / s.reg_n)
+    oc_tiles = math.ceil(ocb / s.oc_blocks)
+    ragged_j = ocb % s.oc_blocks
+    full = oc_tiles - (1 if ragged_j else 0)
+    per_row = col_tiles * (full * _tile_cycles(s.oc_blocks, s.reg_n)
+                           + (_tile_cycles(ragged_j, s.reg_n) if ragged_j else 0.0))
+    # half-width vectors do half the work per instruction
+    return per_row * oh * (max(NCHWC_BLOCKS) / s.oc_bn)
+
+
+def uses_ic_outer(geo: ConvGeometry) -> bool:
+    """Whether the ic-outer order is in this conv's space: a small output plane (few rows to
+    reuse a weight tile over, so streaming the weights from memory once per row dominates) and
+    enough input channels to chunk."""
+    return (not is_depthwise(geo) and geo.outs[0] * geo.outs[1] <= IC_OUTER_MAX_PLANE
+            and geo.cg >= 2 * MIN_IC_CHUNK)
+
+
+def chunk_weight_bytes(geo: ConvGeometry, s: NchwcSchedule, channels: int) -> int:
+    """Bytes of one tile's weights for ``channels`` input channels."""
+    return channels * geo.ks[0] * geo.ks[1] * s.oc_blocks * s.oc_bn * 4
+
+
+def ic_chunk_for(geo: ConvGeometry, s: NchwcSchedule, target: Target) -> int:
+    """Input channels per chunk: the most (a power of two, at least ``MIN_IC_CHUNK``) whose
+    tile weights fit a third of L1, next to the chunk's input rows and the tile's partial sums."""
+    per_channel = chunk_weight_bytes(geo, s, 1)
+    c = MIN_IC_CHUNK
+    while c * 2 * per_channel <= target.l1d_bytes // 3 and c * 2 <= geo.cg // 2:
+        c *= 2
+    return c
+
+
+def candidate_schedules(node: Node, g: Graph, target: Target) -> list[NchwcSchedule]:
+    """The local search's space for this conv (every legal point)."""
+    geo = ConvGeometry(node, g)
+    ow = row_width(geo)
+    out = []
+    for ob in oc_block_choices(geo.oc, target):
+        budget = accumulator_budget(target, ob)
+        if is_depthwise(geo):
+            for r in range(1, min(ow, budget) + 1):
+                out.append(NchwcSchedule(ob, r, 1, True))
+            continue
+        ocb = (geo.ocg if geo.group > 1 else geo.oc) // ob
+        for j in range(1, min(4, ocb) + 1):
+            if ocb % j and geo.group > 1:
+                continue
+            for r in range(1, min(ow, budget // j) + 1):
+                for unroll in (True, False):
+                    if not unroll and geo.ks[1] == 1:
+                        continue
+                    s = NchwcSchedule(ob, r, j, unroll)
+                    out.append(s)
+                    if uses_ic_outer(geo):
+                        c = ic_chunk_for(geo, s, target)
+                        out += [NchwcSchedule(ob, r, j, unroll, 0, k) for k in sorted({c, 4 * c}) if k < geo.cg]
+    return out
+
+
+def default_schedule(node: Node, g: Graph, target: Target) -> NchwcSchedule:
+    """The cost model's best point: no measurement, deterministic, already good."""
+    geo = ConvGeometry(node, g)
+    cands = [s for s in candidate_schedules(node, g, target) if s.unroll_ker or geo.ks[1] == 1]
+    if is_depthwise(geo):
+        ow = geo.outs[1]
+        ob = cands[0].oc_bn
+        # the fewest column tiles, then the widest tile
+        return min((s for s in cands if s.oc_bn == ob), key=lambda s: (math.ceil(ow / s.reg_n), -s.reg_n))
+    if uses_ic_outer(geo):
+        # ic-outer, with chunks whose weights stay in L1 over the rows (at least one input block
+        # of 16 must fit half of L1: 2x7, not 4x7, on a 3x3 kernel)
+        cands = [s for s in cands if s.ic_chunk == ic_chunk_for(geo, s, target)
+                 and chunk_weight_bytes(geo, s, MIN_IC_CHUNK) <= target.l1d_bytes // 2] or cands
+    else:
+        cands = [s for s in cands if s.ic_chunk == 0]
+    # ties: the most accumulators (each weight vector and each broadcast feeds more FMAs, so
+    # less L2 traffic per FMA), then wide blocks and rows
+    return min(cands, key=lambda s: (schedule_cost(geo, s), -s.oc_blocks * s.reg_n, -s.oc_bn, -s.reg_n))
+
+
+def tuned_schedule(db: TuningDB | None, node: Node, g: Graph, in_block: int, threads: int,
+                   target: Target) -> NchwcSchedule | None:
+    """The tuning database's record for this conv's workload, if any."""
+    if db is None:
+        return None
+    cfg = db.lookup(CONV_KIND, workload(node, g, in_block, threads), target.key())
+    return NchwcSchedule.from_dict(cfg) if cfg else None
+
+
+def fit(s: NchwcSchedule, geo: ConvGeometry, out_block: int) -> NchwcSchedule:
+    """``s`` made legal for the output block the layout pass chose and for this geometry (a
+    stale or foreign schedule keeps its tile shape where it can): J divides the group's blocks,
+    R is at most a row."""
+    if is_depthwise(geo):
+        return NchwcSchedule(out_block, max(1, min(s.reg_n, geo.outs[1])), 1, True)
+    ocg = geo.ocg if geo.group > 1 else geo.oc
+    j = max(1, min(s.oc_blocks, ocg // out_block))
+    while geo.group > 1 and (ocg // out_block) % j:
+        j -= 1
+    return NchwcSchedule(out_block, max(1, min(s.reg_n, row_width(geo))), j, s.unroll_ker, ic_chunk=s.ic_chunk)
+
+
+# ------------------------------------------------------------------------------------------
+# Epilogue capability, Winograd and in-place (after layouts are planned)
+# ------------------------------------------------------------------------------------------
+_BINARY = ("Add", "Sub", "Mul", "Div")
+
+
+def vector_epilogue(node: Node) -> bool:
+    """Whether every fused epilogue op of ``node`` has a vector rendering in the NCHWc and
+    Winograd kernels (else they store the accumulator and finish element by element in scalar
+    code)."""
+    return all(e["op"] in _BINARY or e["op"] in ACTIVATIONS for e in node.epilogue)
+
+
+def winograd_choice(node: Node, g: Graph, target: Target, options: CompileOptions) -> str:
+    """"" when the conv runs direct, else its Winograd order ("banded" or "phased").
+
+    Legal: 3x3, stride 1, no dilation, no groups, 16-lane blocks in and out on a 16-lane target,
+    a vector epilogue. Chosen: ``options.winograd`` True and the cost thresholds met (plane of at
+    least WINOGRAD_MIN_PLANE positions, WINOGRAD_MIN_CHANNELS input channels); "always" skips the
+    thresholds (tests reach every edge with small shapes); False never."""
+    if not options.winograd or vector_lanes(target) != WINOGRAD_LANES:
+        return ""
+    geo = ConvGeometry(node, g)
+    ib = layout_block(g.values[node.inputs[0]].layout)
+    ob = layout_block(g.values[node.outputs[0]].layout)
+    legal = (geo.rank == 2 and geo.group == 1 and geo.ks == [3, 3] and geo.strides == [1, 1]
+             and geo.dils == [1, 1] and ib == WINOGRAD_LANES and ob == WINOGRAD_LANES
+             and geo.c % WINOGRAD_LANES == 0 and geo.oc % WINOGRAD_LANES == 0 and vector_epilogue(node))
+    if not legal:
+        return ""
+    wins = geo.outs[0] * geo.outs[1] >= WINOGRAD_MIN_PLANE and geo.c >= WINOGRAD_MIN_CHANNELS
+    if options.winograd != "always" and not wins:
+        return ""
+    if options.winograd_order in ("banded", "phased"):
+        return options.winograd_order
+    # banded when the transformed weights fit a quarter of L2 next to a band's buffers
+    l2 = target.l2_bytes
+    u_bytes = 16 * geo.c * geo.oc * 4
+    tile_bytes = 16 * (geo.c + geo.oc) * 4  # V and M bytes per transform tile
+    tiles_per_row = -(-geo.outs[1] // 2)
+    banded = u_bytes <= l2 // WINOGRAD_BANDED_MAX_WEIGHTS and tile_bytes * tiles_per_row <= l2 // 4
+    return "banded" if banded else "phased"
+
+
+def inplace_residual(node: Node, g: Graph) -> str | None:
+    """The residual operand this direct conv may write its output over (codegen/inplace.py
+    checks liveness), or None.
+
+    Safe when every output element is finished in one go: row-outer order (ic-outer keeps partial
+    sums in y between chunks, which would overwrite the residual before the last chunk reads it)
+    and an epilogue with a vector form (the scalar fallback stores the accumulator first, then
+    re-reads y and the operand)."""
+    out = g.values[node.outputs[0]]
+    geo = ConvGeometry(node, g)
+    if out.layout == PLAIN or is_depthwise(geo) or uses_ic_outer(geo) or not vector_epilogue(node):
+        return None
+    for e in node.epilogue:
+        src = e.get("input")
+        if (e.get("broadcast") == "full" and src and src != node.inputs[0]
+                and g.values[src].layout == out.layout and g.values[src].shape == out.shape
+                and g.values[src].dtype == out.dtype):
+            return src
+    return None
+
+
+def finish(node: Node, g: Graph, target: Target, options: CompileOptions) -> None:
+    """After layout planning: fix each Conv's algorithm, its tile for the chosen blocks, the
+    Winograd order and the in-place operand (``node.schedule`` becomes a ``ConvSchedule``)."""
+    out = g.values[node.outputs[0]]
+    sched = node.schedule
+    if out.layout == PLAIN:
+        node.schedule = ConvSchedule("gemm")  # conv.py: the NCHW GEMM (or its depthwise kernel)
+        return
+    assert isinstance(sched, ConvSchedule) and sched.tile is not None, f"conv {node.name} blocked without a tile"
+    geo = ConvGeometry(node, g)
+    tile = fit(sched.tile, geo, layout_block(out.layout))
+    order = winograd_choice(node, g, target, options)
+    if order:
+        node.schedule = replace(sched, algorithm="winograd", tile=tile, winograd_order=order)
+        return
+    inplace = inplace_residual(node, g) if options.inplace else None
+    node.schedule = replace(sched, algorithm="direct", tile=tile, inplace_operand=inplace)

@@ -1,0 +1,66 @@
+"""The schedule stage's driver: one call between the graph passes and code generation.
+
+``schedule_graph`` plans layouts (NeoCPU's blocked layouts, which fix each conv's output block)
+and then, for every heavy node, resolves forced -> tuned -> default and writes a typed schedule
+on the node (``node.schedule``): ``ConvSchedule`` for convolutions (``schedule.conv``),
+``RnnSchedule`` for LSTM/GRU/RNN (``schedule.rnn``). Code generation reads nothing else: no
+template opens the tuning database, runs a cost model or detects the CPU.
+
+``fingerprint`` is what a build read from the tuning database; it is part of the artifact key, so
+tuning rebuilds the models it affects.
+"""
+
+from __future__ import annotations
+
+from smelt.ir.graph import Graph, Node
+from smelt.options import CompileOptions
+from smelt.schedule import conv
+from smelt.schedule.db import (
+    CONV_KIND,
+    RNN_KIND,
+    SCHEME_KIND,
+    TRANSFORM_KIND,
+    TuningDB,
+    fingerprint,
+    open_default,
+)
+from smelt.schedule.layout import ScheduleFn, plan_layouts
+from smelt.schedule.layout_search import global_schedules
+from smelt.target import Target
+
+
+def tuning_db(options: CompileOptions) -> TuningDB | None:
+    """The database this build reads (None: tuning off, no database yet, or layouts off)."""
+    if not options.use_tuning_db or options.layout == "nchw":
+        return None
+    return open_default(create=False)
+
+
+def fingerprint_for(options: CompileOptions, target: Target) -> str:
+    kinds = (CONV_KIND, RNN_KIND) + ((SCHEME_KIND, TRANSFORM_KIND) if options.layout == "global" else ())
+    return fingerprint(tuning_db(options), target.key(), kinds)
+
+
+def _conv_tiles(g: Graph, target: Target, options: CompileOptions, db: TuningDB | None) -> ScheduleFn | None:
+    """Where the layout pass gets a conv's tile for the block that arrives: the global search's
+    pick (forced) in mode "global", else the tuning database (tuned); None: the cost model."""
+    if options.layout == "global":
+        return global_schedules(g, target, options.threads, db, options.force_fallback)
+    if db is None:
+        return None
+
+    def tuned(node: Node, g: Graph, in_block: int):
+        s = conv.tuned_schedule(db, node, g, in_block, options.threads, target)
+        return (s, "tuned") if s is not None else None
+
+    return tuned
+
+
+def schedule_graph(g: Graph, target: Target, options: CompileOptions) -> Graph:
+    """Plan layouts and write every heavy node's schedule (see the module docstring)."""
+    db = tuning_db(options)
+    g = plan_layouts(g, target, options, _conv_tiles(g, target, options, db))
+    for node in g.nodes:
+        if node.op == "Conv" and node.domain in ("", "ai.onnx") and node.name not in options.force_fallback:
+            conv.finish(node, g, target, options)
+    return g
