@@ -21,6 +21,8 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.epilogue import epilogue_doc
+from smelt.codegen.kernels.loops import work_range
+from smelt.codegen.kernels.pool_geometry import geometry
 from smelt.codegen.registry import SMELT_DOMAIN, register
 from smelt.codegen.templates.gemm import (
     _V,
@@ -30,8 +32,6 @@ from smelt.codegen.templates.gemm import (
     scalar_epilogue,
     vector_epilogue_stmts,
 )
-from smelt.codegen.templates.pool import geometry
-from smelt.codegen.templates.reduce import work_range
 from smelt.ir.graph import PLAIN, Graph, Node
 from smelt.ir.graph import layout_block as block_of
 from smelt.target import Target

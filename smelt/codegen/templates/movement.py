@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.loops import copy_step
 from smelt.codegen.registry import blocked_concat_reason, register
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import has_c_type
 
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
-PARALLEL_COPY_BYTES = 1 << 16
 
 
 def _native(g: Graph, name: str) -> bool:
@@ -35,16 +35,6 @@ def _check_reshape(node: Node, g: Graph) -> str | None:
     if any(g.values[i].const is None for i in operands):
         return f"{node.op}'s shape/axes operand is known only at run time"
     return None
-
-
-def copy_step(em: BlockEmitter, src: str, dst: str, nbytes: int) -> str:
-    """A (parallel, when large) memcpy of ``nbytes`` from ``src`` to ``dst`` pointer expressions."""
-    if nbytes < PARALLEL_COPY_BYTES:
-        return f"if (tid == 0) memcpy((void *){dst}, (const void *){src}, {nbytes});"
-    lines = 64
-    return (f"long b, e; smelt_range({-(-nbytes // lines)}, tid, nt, &b, &e);\n"
-            f"long lo = b * {lines}, hi = SMELT_MIN(e * {lines}, {nbytes});\n"
-            f"if (hi > lo) memcpy((char *){dst} + lo, (const char *){src} + lo, (size_t)(hi - lo));")
 
 
 @register(RESHAPES, check=_check_reshape, name="reshape_copy")

@@ -20,16 +20,9 @@ import numpy as np
 from smelt.codegen.emitter import BlockEmitter, c_literal
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS
 from smelt.codegen.kernels.epilogue import epilogue_doc, epilogue_expr
+from smelt.codegen.kernels.loops import dtype_name, emit_kernel, fn_suffix, wide_vectors, work_range
+from smelt.codegen.kernels.rows import LANES, row_reduce_fn
 from smelt.codegen.registry import register
-from smelt.codegen.templates.reduce import (
-    LANES,
-    dtype_name,
-    emit_kernel,
-    fn_suffix,
-    row_reduce_fn,
-    wide_vectors,
-    work_range,
-)
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import FLOAT_TYPES, c_type
 

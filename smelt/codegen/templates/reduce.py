@@ -21,211 +21,23 @@ softmax templates share.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter, c_literal
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS
+from smelt.codegen.kernels.loops import (
+    copy_step,
+    decompose,
+    dtype_name,
+    emit_kernel,
+    fn_suffix,
+    inner_chunks,
+    work_range,
+)
+from smelt.codegen.kernels.rows import acc_ctype, combine_for, exp_fn, row_expsum_fn, row_reduce_fn
 from smelt.codegen.registry import register
-from smelt.codegen.templates.movement import copy_step
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import FLOAT_TYPES, c_type
-
-LANES = {"float32": 32, "float64": 16}
-
-
-def dtype_name(g: Graph, name: str) -> str:
-    return np.dtype(g.values[name].dtype).name
-
-
-def fn_suffix(name: str, dtype: str) -> str:
-    """libm function for the element type: expf for float32, exp for float64."""
-    return f"{name}f" if dtype == "float32" else name
-
-
-def unsigned_of(dtype: str) -> str:
-    return {"int8": "uint8_t", "int16": "uint16_t", "int32": "uint32_t", "int64": "uint64_t"}.get(
-        dtype, c_type(dtype))
-
-
-def work_range(total: int, parallel: bool, lo: str = "wb", hi: str = "we") -> str:
-    """C declaring [lo, hi): this thread's share of ``total`` items (all of it on tid 0 if serial)."""
-    if parallel:
-        return f"long {lo}, {hi}; smelt_range({total}, tid, nt, &{lo}, &{hi});"
-    return f"long {lo} = 0, {hi} = tid == 0 ? {total} : 0;"
-
-
-def decompose(index: str, dims: list[tuple[int, int]], acc: str, indent: str = "    ") -> list[str]:
-    """C lines adding to ``acc`` the offset of row-major ``index`` over (size, stride) ``dims``."""
-    lines = []
-    if not dims:
-        return lines
-    if len(dims) == 1:
-        size, stride = dims[0]
-        return [f"{indent}{acc} += {index} * {stride};"] if stride else []
-    lines.append(f"{indent}{{ long rem_ = {index};")
-    for k, (size, stride) in enumerate(reversed(dims)):
-        last = k == len(dims) - 1
-        ix = "rem_" if last else f"(rem_ % {size})"
-        if stride:
-            lines.append(f"{indent}  {acc} += {ix} * {stride};")
-        if not last:
-            lines.append(f"{indent}  rem_ /= {size};")
-    lines.append(f"{indent}}}")
-    return lines
-
-
-# -- shared kernel plumbing -----------------------------------------------------------------------
-
-def wide_vectors(em: BlockEmitter) -> str:
-    """Function attribute asking gcc for 512-bit vectors on AVX-512 targets (it prefers 256)."""
-    return '__attribute__((target("prefer-vector-width=512"))) ' if em.target.isa == "avx512" else ""
-
-
-def emit_kernel(em: BlockEmitter, base: str, body: str, doc: str = "", wide: bool = False) -> None:
-    """Render ``body`` as the node's step, a function named for ``base`` (``BlockEmitter.step``:
-    shared by every node whose body differs only in its buffers).
-
-    Inside ``body`` the step's names are in scope (``tid``, ``nt`` and what ``em.ptr`` and
-    ``em.scratch`` expressions refer to).
-    """
-    em.step(body, name=base, doc=doc, attributes=wide_vectors(em) if wide else "")
-
-
-# -- shared row helpers ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Combine:
-    """How partial results of a reduction combine: identity, update with an element, merge."""
-
-    init: str
-    update: str  # C expression of {a} (accumulator) and {v} (element)
-    merge: str  # C expression of {a} and {b} (two partials)
-
-
-def combine_for(kind: str, dtype: str) -> Combine:
-    """``max``/``min`` propagate NaN (numpy); ``maxnum``/``minnum`` skip it (IEEE maxNum: a NaN
-    element never replaces the running value, an all-NaN run gives the identity)."""
-    fl = dtype in FLOAT_TYPES
-    lit = lambda x: c_literal(x, dtype) if fl else str(x)  # noqa: E731
-    if kind == "sum":
-        return Combine(lit(0), "{a} + {v}", "{a} + {b}")
-    if kind == "sumsq":
-        return Combine(lit(0), "{a} + {v} * {v}", "{a} + {b}")
-    if kind == "sumabs":
-        return Combine(lit(0), f"{{a}} + {fn_suffix('fabs', dtype)}({{v}})", "{a} + {b}")
-    if kind == "prod":
-        return Combine(lit(1), "{a} * {v}", "{a} * {b}")
-    if kind in ("max", "min", "maxnum", "minnum"):
-        cmp = ">" if kind.startswith("max") else "<"
-        if fl:
-            init = "(-INFINITY)" if kind.startswith("max") else "INFINITY"
-            if kind in ("maxnum", "minnum"):  # a NaN never replaces the running value (maxps(v, a))
-                return Combine(init, f"({{v}}) {cmp} ({{a}}) ? ({{v}}) : ({{a}})", f"({{b}}) {cmp} ({{a}}) ? ({{b}}) : ({{a}})")
-            # NaN propagates, as numpy's maximum.reduce
-            return Combine(init, f"(({{v}}) {cmp} ({{a}}) || ({{v}}) != ({{v}})) ? ({{v}}) : ({{a}})",
-                           f"(({{b}}) {cmp} ({{a}}) || ({{b}}) != ({{b}})) ? ({{b}}) : ({{a}})")
-        if dtype == "bool":
-            init = "0" if kind.startswith("max") else "1"
-        else:
-            info = np.iinfo(np.dtype(dtype))
-            init = c_literal(info.min if kind.startswith("max") else info.max, dtype)
-        return Combine(init, f"({{v}}) {cmp} ({{a}}) ? ({{v}}) : ({{a}})", f"({{b}}) {cmp} ({{a}}) ? ({{b}}) : ({{a}})")
-    raise KeyError(kind)
-
-
-def acc_ctype(kind: str, dtype: str) -> str:
-    """Accumulator type: the element type; integer sums/products wrap in the unsigned type."""
-    if dtype in FLOAT_TYPES or kind in ("max", "min", "maxnum", "minnum"):
-        return c_type(dtype)
-    return unsigned_of(dtype)
-
-
-def row_reduce_fn(em: BlockEmitter, kind: str, dtype: str) -> str:
-    """``acc_t FNAME(const T *restrict x, long n)``: reduce a contiguous run, lane-parallel."""
-    t, acc_t = c_type(dtype), acc_ctype(kind, dtype)
-    c = combine_for(kind, dtype)
-    lanes = LANES.get(dtype, 16)
-    upd = lambda a, v: c.update.format(a=a, v=v)  # noqa: E731
-    mrg = lambda a, b: c.merge.format(a=a, b=b)  # noqa: E731
-    vcast = f"({acc_t})" if acc_t != t else ""
-    code = f"""static {wide_vectors(em)}{acc_t} FNAME(const {t} *restrict x, long n) {{
-    {acc_t} acc[{lanes}];
-    for (int j = 0; j < {lanes}; ++j) acc[j] = {c.init};
-    long i = 0;
-    for (; i + {lanes} <= n; i += {lanes})
-        for (int j = 0; j < {lanes}; ++j) {{ {acc_t} v = {vcast}x[i + j]; acc[j] = {upd('acc[j]', 'v')}; }}
-    {acc_t} a = {c.init};
-    for (; i < n; ++i) {{ {acc_t} v = {vcast}x[i]; a = {upd('a', 'v')}; }}
-    for (int w = {lanes // 2}; w >= 1; w /= 2)
-        for (int j = 0; j < w; ++j) acc[j] = {mrg('acc[j]', 'acc[j + w]')};
-    return {mrg('acc[0]', 'a')};
-}}
-"""
-    return em.function(f"row_{kind}_{dtype}", code, f"lane-parallel {kind} of a contiguous run")
-
-
-EXPF_SOURCE = """\
-static inline float FNAME(float x) {
-    /* Cody-Waite reduction, Cephes' minimax polynomial, 2^k in two steps (reaches denormals):
-     * max error ~1.0 ulp over the normal range; inf, -inf, NaN and underflow to 0 exact.
-     * Branch-free, so loops calling it vectorize (glibc's expf does not without fast-math). */
-    float xc = x > -103.972084f ? x : -103.972084f; /* maxps, then minps */
-    xc = xc < 88.7228394f ? xc : 88.7228394f;
-    float k = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = xc - k * 0.693359375f;
-    r = r - k * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
-    int32_t ki = (int32_t)k, k1 = ki >> 1, k2 = ki - k1;
-    int32_t b1 = (k1 + 127) << 23, b2 = (k2 + 127) << 23;
-    float s1, s2;
-    memcpy(&s1, &b1, 4);
-    memcpy(&s2, &b2, 4);
-    y = y * s1 * s2;
-    y = x > -103.972084f ? y : 0.0f;
-    y = x < 88.7228394f ? y : INFINITY;
-    return x == x ? y : x;
-}
-"""
-
-
-def exp_fn(em: BlockEmitter, dtype: str) -> str:
-    """Name of a C exp for the element type: a vectorizable expf for float32, libm exp else."""
-    if dtype == "float32":
-        return em.function("smelt_expf", EXPF_SOURCE, "vectorizable expf")
-    return fn_suffix("exp", dtype)
-
-
-def row_expsum_fn(em: BlockEmitter, dtype: str, store: bool) -> str:
-    """``T FNAME([T *y,] const T *x, long n, T m)``: sum of exp(x - m) (stored to y if ``store``)."""
-    t = c_type(dtype)
-    exp = exp_fn(em, dtype)
-    lanes = LANES.get(dtype, 16) // 2
-    sig = f"{t} *restrict y, const {t} *restrict x, long n, {t} m" if store else \
-        f"const {t} *restrict x, long n, {t} m"
-    st = "y[i + j] = e; " if store else ""
-    st1 = "y[i] = e; " if store else ""
-    code = f"""static {wide_vectors(em)}{t} FNAME({sig}) {{
-    {t} acc[{lanes}] = {{0}};
-    long i = 0;
-    for (; i + {lanes} <= n; i += {lanes})
-        for (int j = 0; j < {lanes}; ++j) {{ {t} e = {exp}(x[i + j] - m); {st}acc[j] += e; }}
-    {t} a = 0;
-    for (; i < n; ++i) {{ {t} e = {exp}(x[i] - m); {st1}a += e; }}
-    for (int w = {lanes // 2}; w >= 1; w /= 2)
-        for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
-    return acc[0] + a;
-}}
-"""
-    return em.function(f"row_expsum_{dtype}{'_store' if store else ''}", code, "sum of exp(x - m)")
-
 
 # -- Reduce* ---------------------------------------------------------------------------------------
 
@@ -427,13 +239,6 @@ def _reduce_inner(em: BlockEmitter, head: str, kind: str, fin: str, dt: str,
     lines.append(f"    Y[o] = ({t})({_first_nan(kind, dt, 'X[base]', final)});")
     lines.append("}")
     return "\n".join(lines)
-
-
-def inner_chunks(rows: int, inner: int, n_threads: int) -> int:
-    """How many chunks to cut each row of ``inner`` elements into, so all threads get work."""
-    if rows >= 4 * n_threads or inner < 64:
-        return 1
-    return max(1, min(-(-inner // 32), -(-4 * n_threads // rows)))
 
 
 def _reduce_outer(em: BlockEmitter, kind: str, fin: str, dt: str, grps: list[list[int]],

@@ -25,8 +25,8 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter, c_literal
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS, elementwise_loop
+from smelt.codegen.kernels.loops import dtype_name, emit_kernel, inner_chunks, work_range
 from smelt.codegen.registry import register
-from smelt.codegen.templates.reduce import dtype_name, emit_kernel, inner_chunks, work_range
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import FLOAT_TYPES, c_type, has_c_type
 

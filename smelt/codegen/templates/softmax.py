@@ -14,17 +14,9 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS
+from smelt.codegen.kernels.loops import dtype_name, emit_kernel, fn_suffix, inner_chunks, work_range
+from smelt.codegen.kernels.rows import exp_fn, row_expsum_fn, row_reduce_fn
 from smelt.codegen.registry import register
-from smelt.codegen.templates.reduce import (
-    dtype_name,
-    emit_kernel,
-    exp_fn,
-    fn_suffix,
-    inner_chunks,
-    row_expsum_fn,
-    row_reduce_fn,
-    work_range,
-)
 from smelt.frontend.onnx_import import op_version
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import FLOAT_TYPES, c_type
