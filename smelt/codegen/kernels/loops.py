@@ -56,8 +56,10 @@ def decompose(index: str, dims: list[tuple[int, int]], acc: str, indent: str = "
 
 
 def wide_vectors(em: BlockEmitter) -> str:
-    """Function attribute asking gcc for 512-bit vectors on AVX-512 targets (it prefers 256)."""
-    return '__attribute__((target("prefer-vector-width=512"))) ' if em.target.isa == "avx512" else ""
+    """Function attribute asking gcc for the target's full vector width where it is wider than the
+    256 bits gcc prefers (512 on AVX-512)."""
+    bits = em.target.vector_bits
+    return f'__attribute__((target("prefer-vector-width={bits}"))) ' if bits > 256 else ""
 
 
 def emit_kernel(em: BlockEmitter, base: str, body: str, doc: str = "", wide: bool = False) -> None:
