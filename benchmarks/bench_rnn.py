@@ -225,8 +225,8 @@ def stacked(threads: int, rounds: int) -> None:
         pipe = smelt.compile(annotate(model, pipeline=True), threads=threads)
         seq = smelt.compile(annotate(model, pipeline=False), threads=threads)
         default = smelt.compile(model, threads=threads)
-        plan = "pipeline" if any("pipeline plan" in i["schedule"].get("algorithm", "") for st in default.plan["steps"]
-                                 if st["kind"] == "native" for i in st["step_info"]) else "sequential"
+        plan = "pipeline" if any("pipeline plan" in i.schedule.get("algorithm", "")
+                                 for i in default.plan.step_infos()) else "sequential"
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1

@@ -44,6 +44,7 @@ from smelt.compiler import BuildResult, build
 from smelt.frontend.onnx_import import ModelLike, load_model, model_input_specs, model_output_specs
 from smelt.ir.types import onnx_type_string
 from smelt.options import CompileOptions
+from smelt.runtime.artifact import ArtifactPlan
 from smelt.runtime.module import LoadedArtifact, ProfileCounters, reinit_after_fork
 from smelt.target import detect
 
@@ -103,7 +104,7 @@ class CompiledModel:
     Attributes: ``fallback_nodes`` (nodes run by the onnx.reference fallback, [] when all are
     native), ``arena_bytes`` (intermediate memory), ``source_path`` (the generated C),
     ``compile_seconds`` and ``from_cache`` (of the most recent build), ``plan`` (the compiled
-    plan: steps, their nodes and schedules).
+    plan: steps, their nodes and schedules, a ``smelt.runtime.artifact.ArtifactPlan``).
 
     ``profile=True`` builds the instrumented variant (a separate cached library) that times every
     step inside the native code: read with ``profile_counters()``, zero with ``profile_reset()``
@@ -369,22 +370,23 @@ class CompiledModel:
     @property
     def fallback_nodes(self) -> list[str]:
         art = self._current()
-        return [] if art is None else [f["node"] for f in art.meta["fallback_nodes"]]
+        return [] if art is None else [f.node for f in art.plan.fallback_steps]
 
     @property
     def fallback_report(self) -> list[dict]:
         art = self._current()
-        return [] if art is None else list(art.meta["fallback_nodes"])
+        return [] if art is None else [{"node": f.node, "op": f.op, "reason": f.reason}
+                                       for f in art.plan.fallback_steps]
 
     @property
     def native_nodes(self) -> list[tuple[str, str]]:
         art = self._current()
-        return [] if art is None else [tuple(x) for x in art.meta["native_nodes"]]
+        return [] if art is None else list(art.plan.native_nodes)
 
     @property
     def arena_bytes(self) -> int:
         art = self._current()
-        return 0 if art is None else art.meta["arena_bytes"] + art.meta["scratch_bytes"]
+        return 0 if art is None else art.plan.arena_bytes + art.plan.scratch_bytes
 
     @property
     def source_path(self) -> Path | None:
@@ -402,11 +404,12 @@ class CompiledModel:
         return result.from_cache if result is not None else False
 
     @property
-    def plan(self) -> dict:
-        """The current variant's plan.json: steps with their nodes, ``step_info`` (schedule,
-        FLOPs, fused epilogue per step), arena/scratch/weights sizes ({} before compiling)."""
+    def plan(self) -> ArtifactPlan | None:
+        """The current variant's plan (``smelt.runtime.artifact.ArtifactPlan``, its plan.json):
+        steps with their nodes, ``step_info`` (schedule, FLOPs, fused epilogue per step),
+        arena/scratch/weights sizes (None before compiling)."""
         art = self._current()
-        return {} if art is None else art.meta
+        return None if art is None else art.plan
 
     # -- profiling (profile=True) ----------------------------------------------------
     def _profiled(self) -> LoadedArtifact:

@@ -31,7 +31,7 @@ from smelt import cache, settings
 from smelt.codegen import toolchain
 from smelt.codegen.emit import epilogue_ops, generate
 from smelt.codegen.plan import ExecutionPlan, FallbackStep, NativeBlock, build_plan
-from smelt.errors import SmeltError, UnsupportedOpError
+from smelt.errors import ArtifactError, SmeltError, UnsupportedOpError
 from smelt.frontend.onnx_import import node_to_onnx, specialize_inputs, to_ir
 from smelt.frontend.validate import check_model
 from smelt.ir.graph import Graph, Value
@@ -41,7 +41,8 @@ from smelt.ir.verify import verify
 from smelt.options import CompileOptions
 from smelt.passes.pipeline import run_passes
 from smelt.progress import Phases
-from smelt.runtime.module import TensorSpec
+from smelt.runtime import artifact
+from smelt.runtime.artifact import ArtifactPlan, FallbackStepEntry, NativeBlockEntry, TensorSpec
 from smelt.schedule.stage import fingerprint_for, schedule_graph
 from smelt.target import Target, detect
 
@@ -64,20 +65,15 @@ class BuildResult:
     lib_path: Path | None
     compile_seconds: float
     from_cache: bool
+    plan: ArtifactPlan = field(repr=False, compare=False)  # its plan.json, read and validated
     # shared locks on the artifact directory and library (smelt.cache.Pin): eviction leaves them
     # alone while this result lives, so the loader that reads them next finds them whole
     pins: tuple[cache.Pin, ...] = field(default=(), repr=False, compare=False)
 
 
 def _spec(v: Value) -> TensorSpec:
-    shape = tuple(v.shape) if v.shape is not None else ()
+    shape = tuple(s if isinstance(s, int) else str(s) for s in (v.shape or ()))
     return TensorSpec(v.name, np.dtype(v.dtype) if v.dtype is not None else np.dtype("float32"), shape)
-
-
-def _spec_json(v: Value) -> dict:
-    d = _spec(v).to_json()
-    d["shape"] = [s if isinstance(s, int) else str(s) for s in (v.shape or ())]
-    return d
 
 
 def _fallback_model(g: Graph, step: FallbackStep) -> tuple[onnx.ModelProto, list[str]]:
@@ -192,10 +188,12 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
             lib_path, lib_pin = toolchain.shared_library(module.source, name=g.name, target=target,
                                                          sanitize=options.sanitize)
         phases.start("writing artifact")
-        meta = _plan_json(g, plan, module, lib_path, options, target)
-        # kept in the artifact so a report on a cached build can still say what compiling cost
-        meta["compile_seconds"] = round(time.perf_counter() - start, 3)
-        written = _write_artifact(directory, g, plan, meta, module.weights)
+        # compile_seconds is kept in the artifact so a report on a cached build can still say
+        # what compiling cost
+        fallbacks = _fallback_models(g, plan)
+        meta = _artifact_plan(g, plan, module, lib_path, options, target, fallbacks,
+                              round(time.perf_counter() - start, 3))
+        written = _write_artifact(directory, g, meta, fallbacks, module.weights)
     result = _loaded(directory)
     del written, lib_pin  # the result pins both now
     cache.enforce_bound()
@@ -220,53 +218,64 @@ def build_lowered(g: Graph, options: CompileOptions, directory: Path, *, target:
     module = generate(g, plan, target, options.codegen_threads(target), profile=options.profile)
     lib_path, lib_pin = (toolchain.shared_library(module.source, name=g.name, target=target,
                                                   sanitize=options.sanitize) if plan.native_blocks() else (None, None))
-    written = _write_artifact(Path(directory), g, plan, _plan_json(g, plan, module, lib_path, options, target),
-                              module.weights)
+    fallbacks = _fallback_models(g, plan)
+    meta = _artifact_plan(g, plan, module, lib_path, options, target, fallbacks,
+                          round(time.perf_counter() - start, 3))
+    written = _write_artifact(Path(directory), g, meta, fallbacks, module.weights)
     result = _loaded(Path(directory))
     del written, lib_pin
     result.compile_seconds, result.from_cache = time.perf_counter() - start, False
     return result
 
 
-def _plan_json(g: Graph, plan: ExecutionPlan, module, lib_path: Path | None, options: CompileOptions,
-               target: Target) -> dict:
-    steps = []
-    fallback_nodes = []
+def _fallback_models(g: Graph, plan: ExecutionPlan) -> dict[int, tuple[onnx.ModelProto, list[str]]]:
+    """Per fallback step (by step index): its one-node model and the model's run-time inputs."""
+    return {i: _fallback_model(g, step) for i, step in enumerate(plan.steps) if isinstance(step, FallbackStep)}
+
+
+def _fallback_file(i: int) -> str:
+    return f"fallback_{i}.onnx"
+
+
+def _artifact_plan(g: Graph, plan: ExecutionPlan, module, lib_path: Path | None, options: CompileOptions,
+                   target: Target, fallbacks: Mapping[int, tuple[onnx.ModelProto, list[str]]],
+                   compile_seconds: float) -> ArtifactPlan:
+    steps: list[NativeBlockEntry | FallbackStepEntry] = []
     for i, step in enumerate(plan.steps):
         if isinstance(step, NativeBlock):
-            steps.append({
-                "kind": "native", "index": step.index,
-                "ext_inputs": [_spec_json(g.values[n]) for n in step.ext_inputs],
-                "ext_outputs": [_spec_json(g.values[n]) for n in step.ext_outputs],
-                "nodes": [[n.name, n.op] for n in step.nodes],
-                "step_nodes": module.step_nodes[step.index],
-                "step_info": module.step_info[step.index],
-            })
+            steps.append(NativeBlockEntry(
+                index=step.index,
+                ext_inputs=tuple(_spec(g.values[n]) for n in step.ext_inputs),
+                ext_outputs=tuple(_spec(g.values[n]) for n in step.ext_outputs),
+                nodes=tuple((n.name, n.op) for n in step.nodes),
+                step_nodes=tuple((node, op) for node, op in module.step_nodes[step.index]),
+                step_info=tuple(module.step_info[step.index]),
+                dynamic=tuple(module.dynamic.get(step.index, ())),
+            ))
         else:
-            outs = [(_spec_json(g.values[o]) if g.values[o].is_static else None) for o in step.node.outputs if o]
-            steps.append({"kind": "fallback", "model": f"fallback_{i}.onnx", "node": step.node.name,
-                          "op": step.node.op, "reason": step.reason, "outputs": outs,
-                          "flops": int(flops(step.node, g)), "epilogue": epilogue_ops(step.node)})
-            fallback_nodes.append({"node": step.node.name, "op": step.node.op, "reason": step.reason})
-    return {
-        "model": g.name,
-        "inputs": [_spec_json(g.values[n]) for n in g.inputs],
-        "outputs": [_spec_json(g.values[n]) for n in g.outputs],
-        "steps": steps,
-        "native_blocks": len(plan.native_blocks()),
-        "fallback_nodes": fallback_nodes,
-        "arena_bytes": plan.arena_bytes,
-        "scratch_bytes": module.scratch_bytes,
-        "weights_bytes": int(module.weights.nbytes),
+            outs = tuple(_spec(g.values[o]) if g.values[o].is_static else None for o in step.node.outputs if o)
+            steps.append(FallbackStepEntry(
+                model=_fallback_file(i), node=step.node.name, op=step.node.op, reason=step.reason,
+                inputs=tuple(fallbacks[i][1]), outputs=outs, flops=int(flops(step.node, g)),
+                epilogue=tuple(epilogue_ops(step.node))))
+    return ArtifactPlan(
+        model=g.name,
+        inputs=tuple(_spec(g.values[n]) for n in g.inputs),
+        outputs=tuple(_spec(g.values[n]) for n in g.outputs),
+        steps=tuple(steps),
+        arena_bytes=plan.arena_bytes,
+        scratch_bytes=module.scratch_bytes,
+        weights_bytes=int(module.weights.nbytes),
         # relative to the cache directory, so a moved or copied cache stays whole
-        "lib": lib_path.relative_to(toolchain.cache_dir()).as_posix() if lib_path else None,
-        "codegen_threads": options.codegen_threads(target),
-        "profile": options.profile,
-        "native_nodes": [[n.name, n.op] for b in plan.native_blocks() for n in b.nodes],
-    }
+        lib=lib_path.relative_to(toolchain.cache_dir()).as_posix() if lib_path else None,
+        codegen_threads=options.codegen_threads(target),
+        profile=options.profile,
+        compile_seconds=compile_seconds,
+    )
 
 
-def _write_artifact(directory: Path, g: Graph, plan: ExecutionPlan, meta: dict, weights: np.ndarray) -> cache.Pin:
+def _write_artifact(directory: Path, g: Graph, meta: ArtifactPlan,
+                    fallbacks: Mapping[int, tuple[onnx.ModelProto, list[str]]], weights: np.ndarray) -> cache.Pin:
     """Write the artifact to a temporary directory, its manifest last, and rename it into place
     (atomic; if another process got there first, its artifact is kept when intact). Returns a
     pin on the installed directory."""
@@ -275,16 +284,13 @@ def _write_artifact(directory: Path, g: Graph, plan: ExecutionPlan, meta: dict, 
     try:
         written = cache.pin(tmp)  # the inode keeps its pin through the rename
         assert written is not None
-        for i, step in enumerate(plan.steps):
-            if isinstance(step, FallbackStep):
-                model, runtime_inputs = _fallback_model(g, step)
-                onnx.save(model, str(tmp / f"fallback_{i}.onnx"))
-                meta["steps"][i]["inputs"] = runtime_inputs
+        for i, (model, _) in fallbacks.items():
+            onnx.save(model, str(tmp / _fallback_file(i)))
         consts = {o: g.values[o].const for o in g.outputs if g.values[o].const is not None}
         if consts:
             np.savez(tmp / "consts.npz", **consts)
         weights.tofile(tmp / "weights.bin")
-        (tmp / "plan.json").write_text(json.dumps(meta, indent=1))
+        artifact.save(meta, tmp)
         cache.write_manifest(tmp)
         for _ in range(8):
             try:
@@ -314,17 +320,17 @@ def _load_cached(directory: Path) -> BuildResult | None:
     problem = cache.check_manifest(directory)
     meta = None
     if problem is None:
-        try:
-            meta = json.loads((directory / "plan.json").read_text())
-        except (OSError, ValueError) as exc:
-            problem = f"plan.json is unreadable: {exc}"
+        try:  # intact but of another schema (or a smelt bug): damaged all the same
+            meta = artifact.load(directory)
+        except ArtifactError as exc:
+            problem = str(exc)
     if problem is not None or meta is None:
         if directory.exists():
-            cache.warn_damaged(directory, problem or "plan.json is unreadable")
+            cache.warn_damaged(directory, problem or f"{artifact.PLAN_FILE} is unreadable")
             cache.discard(directory, entry)
         return None
     pins = [entry]
-    lib = toolchain.cache_dir() / meta["lib"] if meta.get("lib") else None
+    lib = meta.lib_path(toolchain.cache_dir())
     if lib is not None:
         lib_pin = toolchain.open_library(lib)
         if lib_pin is None:  # evicted or damaged: rebuild everything (the library is fixed then)
@@ -332,7 +338,7 @@ def _load_cached(directory: Path) -> BuildResult | None:
             return None
         pins.append(lib_pin)
     cache.touch(directory)
-    return BuildResult(directory, lib, 0.0, True, pins=tuple(pins))
+    return BuildResult(directory, lib, 0.0, True, meta, pins=tuple(pins))
 
 
 def _loaded(directory: Path) -> BuildResult:

@@ -50,3 +50,15 @@ class VerifyError(SmeltError, AssertionError):
 class ConfigError(SmeltError, ValueError):
     """An environment variable (SMELT_*) has a value smelt cannot use; the message names the
     variable, the value given and what is allowed."""
+
+
+class ArtifactError(SmeltError, ValueError):
+    """A compiled artifact's plan.json cannot be read or does not fit the schema this smelt
+    reads (``smelt.runtime.artifact``). ``path`` is the file, ``field`` the offending field
+    (e.g. ``steps[2].step_info[0].flops``; None when the file as a whole is unreadable)."""
+
+    def __init__(self, path: object, field: str | None, message: str) -> None:
+        where = f", field {field}" if field else ""
+        super().__init__(f"compiled artifact {path}{where}: {message}")
+        self.path = path
+        self.field = field

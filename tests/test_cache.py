@@ -322,7 +322,7 @@ def test_generated_c_kept_only_when_debugging(tmp_path, monkeypatch):
     debug = smelt.compile(_model(), threads=1)  # the cached library, its source generated again
     debug(np.zeros(N, np.float32))
     assert debug.source_path is not None and "smelt_block_0" in debug.source_path.read_text()
-    assert debug.plan["lib"] == plain.plan["lib"]
+    assert debug.plan.lib == plain.plan.lib
 
 
 def test_emit_c_writes_the_source_of_a_cached_model(tmp_path, monkeypatch):

@@ -37,6 +37,7 @@ import numpy as np
 
 from smelt.bench.output import fmt_opt, json_safe, pyplot, text_table
 from smelt.errors import SmeltError
+from smelt.runtime.artifact import ArtifactPlan, FallbackStepEntry, StepInfo
 
 # Ops whose GFLOPS are worth comparing with the machine's peak (they are FMA-bound kernels).
 PEAK_OPS = frozenset({"Conv", "Gemm", "MatMul", "LSTM", "GRU", "RNN"})
@@ -419,8 +420,8 @@ def run_profile(model: Any, feeds: Mapping[str, np.ndarray] | None = None, *, th
 
             result, peak_note = peak_or_reason(progress=progress)
             peak_gflops = result.peak_gflops(prof.threads) if result else None
-        compile_s = plain.compile_seconds if not plain.from_cache else float(plain.plan.get("compile_seconds", 0.0))
-        prof_compile_s = prof.compile_seconds if not prof.from_cache else float(prof.plan.get("compile_seconds", 0.0))
+        compile_s = plain.compile_seconds if not plain.from_cache else plain.plan.compile_seconds
+        prof_compile_s = prof.compile_seconds if not prof.from_cache else prof.plan.compile_seconds
         return _report(model_name, prof, steps, e2e_plain, e2e_prof, rounds, peak_gflops, peak_note,
                        detect(), compile_s, plain.from_cache, prof_compile_s)
     finally:
@@ -477,7 +478,7 @@ def _measure(plain, prof, feeds, rounds: int, warmup: int, block: int,
 def _report(model_name: str, prof, samples: _Samples, e2e_plain: list[float], e2e_prof: list[float],
             calls: int, peak_gflops: float | None, peak_note: str, target, compile_s: float,
             compile_cached: bool, prof_compile_s: float) -> ProfileReport:
-    meta = prof.plan
+    meta: ArtifactPlan = prof.plan
     n_threads = prof.threads
     all_secs = np.array(samples.seconds)  # [calls, steps]
     # Node times are averaged over the typical calls: those whose end-to-end time lies within its
@@ -491,20 +492,20 @@ def _report(model_name: str, prof, samples: _Samples, e2e_plain: list[float], e2
     blocks = np.array(samples.blocks)[typical]  # [calls, blocks]
     steps = samples.step_list
     # step metadata in the same execution order as the counters
-    info: list[dict] = []
-    for st in meta["steps"]:
-        if st["kind"] == "native":
-            info += st["step_info"]
+    info: list[StepInfo] = []
+    fallbacks: set[int] = set()  # indices into info
+    for st in meta.steps:
+        if isinstance(st, FallbackStepEntry):
+            fallbacks.add(len(info))
+            info.append(StepInfo(st.node, st.op, 0, 1, st.flops, st.epilogue,
+                                 {"template": "onnx.reference", "algorithm": f"fallback: {st.reason}"}))
         else:
-            info.append({"node": st["node"], "op": st["op"], "part": 0, "parts": 1, "flops": st.get("flops", 0),
-                         "epilogue": st.get("epilogue", []),
-                         "schedule": {"template": "onnx.reference", "algorithm": f"fallback: {st['reason']}"},
-                         "fallback": True})
+            info += st.step_info
     assert len(info) == len(steps), (len(info), len(steps))
     # consecutive steps of one node form one row
     groups: list[list[int]] = []
     for i, st in enumerate(steps):
-        if groups and info[i].get("part", 0) > 0 and steps[groups[-1][0]].block == st.block:
+        if groups and info[i].part > 0 and steps[groups[-1][0]].block == st.block:
             groups[-1].append(i)
         else:
             groups.append([i])
@@ -514,18 +515,18 @@ def _report(model_name: str, prof, samples: _Samples, e2e_plain: list[float], e2
         ms = float(secs[:, g].sum(axis=1).mean()) * 1e3
         median_ms = float(np.median(all_secs[:, g].sum(axis=1))) * 1e3
         node_busy = busy[:, g, :].sum(axis=1).mean(axis=0) * 1e3  # [threads]
-        sched = first.get("schedule", {})
-        fl = int(first.get("flops", 0))
+        sched = first.schedule
+        fl = first.flops
         gflops = fl / (ms * 1e6) if fl and ms > 0 else None
-        fallback = bool(first.get("fallback"))
-        share = gflops / peak_gflops if gflops is not None and peak_gflops and first["op"] in PEAK_OPS else None
+        fallback = g[0] in fallbacks
+        share = gflops / peak_gflops if gflops is not None and peak_gflops and first.op in PEAK_OPS else None
         imbalance = (float(node_busy.max() / node_busy.mean())
                      if not fallback and n_threads > 1 and node_busy.mean() > 0 else None)
         nodes.append(NodeProfile(
-            index=idx, name=first["node"], op=first["op"], op_class=op_class(first["op"], sched),
+            index=idx, name=first.node, op=first.op, op_class=op_class(first.op, sched),
             block=steps[g[0]].block, steps=len(g), ms=ms, median_ms=median_ms, pct=0.0, flops=fl, gflops=gflops,
             peak_share=share, template=sched.get("template", ""), schedule=describe_schedule(sched),
-            layout=sched.get("layout", ""), epilogue=list(first.get("epilogue", [])),
+            layout=sched.get("layout", ""), epilogue=list(first.epilogue),
             busy_ms=[float(b) for b in node_busy], imbalance=imbalance, fallback=fallback, detail=dict(sched)))
     node_sum = sum(n.ms for n in nodes)
     for n in nodes:
@@ -551,8 +552,8 @@ def _report(model_name: str, prof, samples: _Samples, e2e_plain: list[float], e2
         e2e_ms=float(np.array(e2e_plain)[_typical(np.array(e2e_plain))].mean()),
         e2e_profiled_ms=float(e2e[typical].mean()),
         dispatch_ms=float(dispatch.mean()) * 1e3, glue_ms=float(glue.mean()) * 1e3,
-        arena_bytes=int(meta["arena_bytes"]), scratch_bytes=int(meta["scratch_bytes"]),
-        weights_bytes=int(meta["weights_bytes"]), compile_seconds=compile_s, compile_cached=compile_cached,
+        arena_bytes=meta.arena_bytes, scratch_bytes=meta.scratch_bytes,
+        weights_bytes=meta.weights_bytes, compile_seconds=compile_s, compile_cached=compile_cached,
         profile_compile_seconds=prof_compile_s, peak_gflops=peak_gflops, peak_note=peak_note,
         timer=("rdtsc, calibrated against CLOCK_MONOTONIC_RAW" if target.arch in ("x86_64", "i686")
                else "CLOCK_MONOTONIC_RAW"))

@@ -42,6 +42,7 @@ from smelt.codegen.emitter import (
 from smelt.codegen.plan import ExecutionPlan
 from smelt.ir.graph import Graph, Node
 from smelt.ir.ops import flops
+from smelt.runtime.artifact import DynamicDims, StepInfo
 from smelt.target import Target
 
 PRELUDE = """\
@@ -195,7 +196,8 @@ class GeneratedModule:
     weights: np.ndarray
     scratch_bytes: int
     step_nodes: dict[int, list[list[str]]]  # block index -> [node name, op] per step
-    step_info: dict[int, list[dict]] = field(default_factory=dict)  # block index -> per step, see step_info()
+    step_info: dict[int, list[StepInfo]] = field(default_factory=dict)  # block index -> per step
+    dynamic: dict[int, list[DynamicDims]] = field(default_factory=dict)  # block index -> BlockEmitter.dynamic_dims
 
 
 def epilogue_ops(node: Node) -> list[str]:
@@ -206,7 +208,7 @@ def epilogue_ops(node: Node) -> list[str]:
     return ops + [e["op"] for e in node.epilogue]
 
 
-def step_info(g: Graph, block: BlockSource) -> list[dict]:
+def step_info(g: Graph, block: BlockSource) -> list[StepInfo]:
     """Per step of a block: its node, the node's FLOPs (on every step of a multi-step node; part
     and parts say which one this is), fused epilogue and schedule."""
     counts: dict[int, int] = {}
@@ -216,9 +218,8 @@ def step_info(g: Graph, block: BlockSource) -> list[dict]:
     info = []
     for st in block.steps:
         part = seen[id(st.node)] = seen.get(id(st.node), -1) + 1
-        info.append({"node": st.node.name, "op": st.node.op, "part": part, "parts": counts[id(st.node)],
-                     "flops": int(flops(st.node, g)), "epilogue": epilogue_ops(st.node),
-                     "schedule": dict(st.schedule)})
+        info.append(StepInfo(st.node.name, st.node.op, part, counts[id(st.node)], int(flops(st.node, g)),
+                             tuple(epilogue_ops(st.node)), dict(st.schedule)))
     return info
 
 
@@ -252,4 +253,5 @@ def generate(g: Graph, plan: ExecutionPlan, target: Target, n_threads: int,
     parts.append(render_state_exports(state.size, prof))
     step_nodes = {b.index: [[st.node.name, st.node.op] for st in b.steps] for b in blocks}
     infos = {b.index: step_info(g, b) for b in blocks}
-    return GeneratedModule("\n".join(parts), weights.to_bytes(), scratch, step_nodes, infos)
+    dynamic = {b.index: list(b.dynamic) for b in blocks}
+    return GeneratedModule("\n".join(parts), weights.to_bytes(), scratch, step_nodes, infos, dynamic)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ import numpy as np
 from smelt.codegen.registry import find_template
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import c_type
+from smelt.runtime.artifact import DynamicDims
 from smelt.target import Target
 
 if TYPE_CHECKING:
@@ -162,6 +164,7 @@ class Step:
 class BlockSource:
     index: int
     steps: list[Step] = field(default_factory=list)
+    dynamic: list[DynamicDims] = field(default_factory=list)  # see BlockEmitter.dynamic_dims
 
 
 class BlockEmitter:
@@ -252,6 +255,18 @@ class BlockEmitter:
         ``blocking`` ("MC=.. KC=.. NC=.."), ``threads`` (how the work is split), ``layout``."""
         assert self._node is not None
         self._schedule.update({k: str(v) for k, v in fields.items() if v not in (None, "")})
+
+    def dynamic_dims(self, *, state: int, x: str, layout: int, max_t: int, max_b: int,
+                     outputs: Mapping[str, Sequence[int | str]]) -> None:
+        """Record that the current node reads its sequence length T and batch B at run time
+        from the int64 pair at byte ``state`` of the instance state (``state()``), which the
+        loader sets from the shape of input ``x`` (``layout`` 0: [T, B, ...], 1: [B, T, ...])
+        within 1..``max_t`` and 1..``max_b``, and that its outputs have ``outputs``' shapes
+        ("T" and "B" where the run-time sizes go). Goes into plan.json as the block's
+        ``dynamic`` entries (``smelt.runtime.artifact.DynamicDims``)."""
+        assert self._node is not None
+        self.source.dynamic.append(DynamicDims(state, x, layout, max_t, max_b,
+                                               {k: tuple(v) for k, v in outputs.items()}))
 
     def emit_node(self, node: Node) -> None:
         tpl, reason = find_template(node, self.g)

@@ -1,7 +1,8 @@
 """Run a compiled artifact: load the shared library, own the thread pool, execute the plan.
 
 An artifact is a directory holding ``plan.json`` (the steps, with every external value's name,
-dtype and shape), ``weights.bin`` and, for fallback steps, one small ONNX model per node. A fully
+dtype and shape; its schema, reader and writer are ``smelt.runtime.artifact``), ``weights.bin``
+and, for fallback steps, one small ONNX model per node. A fully
 native model is a single native block: ``run`` makes exactly one foreign call per inference.
 
 Concurrency: one ``LoadedArtifact`` has one arena and one pool, so calls are serialized by a
@@ -27,15 +28,15 @@ each fallback step, measured here. ``profile_counters()`` reads them all, in exe
 A dynamic artifact (recurrent models, ``smelt.api``'s dynamic mode) is compiled for bounds of the
 sequence length T and batch B; its recurrent kernels read the actual T and B of each recurrent
 node from the node's int64 pair in the instance state, which ``run`` sets from the node's X
-before the call (the template records, in the step's schedule, where the pair is, which input
-carries T and B, and the output shapes in terms of T and B). Its fallback steps (the shape glue) run on whatever shapes arrive.
+before the call (the template records, with ``BlockEmitter.dynamic_dims``, where the pair is,
+which input carries T and B, and the output shapes in terms of T and B: the block's
+``artifact.DynamicDims``). Its fallback steps (the shape glue) run on whatever shapes arrive.
 """
 
 from __future__ import annotations
 
 import _ctypes
 import ctypes
-import json
 import os
 import threading
 import time
@@ -48,21 +49,8 @@ from pathlib import Path
 import numpy as np
 
 from smelt.errors import SmeltError
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "dtype": np.dtype(self.dtype).name, "shape": list(self.shape)}
-
-    @staticmethod
-    def from_json(d: dict) -> TensorSpec:
-        return TensorSpec(d["name"], np.dtype(d["dtype"]), tuple(d["shape"]))
-
+from smelt.runtime import artifact
+from smelt.runtime.artifact import ArtifactPlan, DynamicDims, NativeBlockEntry, TensorSpec
 
 # Header words of a block's counter array (smelt_rt.h: SMELT_PROF_*).
 _PROF_CALLS, _PROF_TICKS, _PROF_NS, _PROF_STEPS, _PROF_THREADS, _PROF_STRIDE, _PROF_HEADER = 0, 1, 2, 3, 4, 5, 8
@@ -224,24 +212,24 @@ class LoadedArtifact:
                  dynamic: bool = False) -> None:
         self.directory = directory
         self.dynamic = dynamic
-        meta = json.loads((directory / "plan.json").read_text())
-        self.meta = meta
-        self.inputs = [TensorSpec.from_json(d) for d in meta["inputs"]]
-        self.outputs = [TensorSpec.from_json(d) for d in meta["outputs"]]
+        meta = artifact.load(directory)
+        self.plan: ArtifactPlan = meta
+        self.inputs = list(meta.inputs)
+        self.outputs = list(meta.outputs)
         self.lib_path = lib_path
         self._lock = threading.Lock()  # one call at a time: one arena, one pool
         self._refs_lock = threading.Lock()  # guards the lifetime fields below
         self._refs = 0  # calls in flight
         self._closed = False  # no new calls; freed when _refs drops to 0
         self._freed = False
-        self.lib = ctypes.CDLL(str(lib_path)) if meta["native_blocks"] else None
-        self.weights = aligned_empty(max(1, meta["weights_bytes"]))
-        if meta["weights_bytes"]:
+        self.lib = ctypes.CDLL(str(lib_path)) if meta.native_blocks else None
+        self.weights = aligned_empty(max(1, meta.weights_bytes))
+        if meta.weights_bytes:
             raw = np.fromfile(directory / "weights.bin", dtype=np.uint8)
             self.weights[: raw.size] = raw
-        self.arena = aligned_empty(max(64, meta["arena_bytes"] + meta["scratch_bytes"]))
+        self.arena = aligned_empty(max(64, meta.arena_bytes + meta.scratch_bytes))
         self._arena_ptr = ctypes.c_void_p(self.arena.ctypes.data)
-        self._scratch_ptr = ctypes.c_void_p(self.arena.ctypes.data + meta["arena_bytes"])
+        self._scratch_ptr = ctypes.c_void_p(self.arena.ctypes.data + meta.arena_bytes)
         self._weights_ptr = ctypes.c_void_p(self.weights.ctypes.data)
         self.state = aligned_empty(64)  # mutable per-instance data of the generated code
         if self.lib is not None:
@@ -253,7 +241,7 @@ class LoadedArtifact:
         self.n_threads = n_threads
         self._cpus = list(cpus)
         self.native_calls = 0
-        self.profiling = bool(meta.get("profile"))
+        self.profiling = meta.profile
         self._prof_views: list[np.ndarray] = []  # per native block, a view of its counters in the state
         self._fallback_ns: dict[int, int] = {}  # fallback step index -> ns summed over calls
         self._profile_calls = 0
@@ -262,31 +250,27 @@ class LoadedArtifact:
         if (directory / "consts.npz").exists():
             with np.load(directory / "consts.npz") as npz:
                 self.consts = {k: npz[k] for k in npz.files}
-        for step in meta["steps"]:
-            if step["kind"] == "native":
-                fn = getattr(self.lib, f"smelt_block_{step['index']}")
+        for step in meta.steps:
+            if isinstance(step, NativeBlockEntry):
+                fn = getattr(self.lib, f"smelt_block_{step.index}")
                 fn.restype = ctypes.c_int
                 fn.argtypes = [ctypes.c_void_p] * 7
-                ins = [TensorSpec.from_json(d) for d in step["ext_inputs"]]
-                outs = [TensorSpec.from_json(d) for d in step["ext_outputs"]]
+                ins, outs = list(step.ext_inputs), list(step.ext_outputs)
                 self.steps.append(("native", fn, ins, outs, (ctypes.c_void_p * max(1, len(ins)))(),
-                                   (ctypes.c_void_p * max(1, len(outs)))(), step["step_nodes"]))
+                                   (ctypes.c_void_p * max(1, len(outs)))(), step.step_nodes))
             else:
-                outs = [TensorSpec.from_json(d) if d else None for d in step["outputs"]]
-                runner = _FallbackRunner(directory / step["model"], step["inputs"], outs, check_shapes=not dynamic)
-                self.steps.append(("fallback", runner, step["node"], step["op"]))
+                runner = _FallbackRunner(directory / step.model, list(step.inputs), list(step.outputs),
+                                         check_shapes=not dynamic)
+                self.steps.append(("fallback", runner, step.node, step.op))
         if self.profiling and self.lib is not None:
             self._bind_profile_counters()
         # dynamic artifacts: per native step, the recurrent nodes' run-time (T, B) slots in the state
-        self._dyn: dict[int, list[dict]] = {}
+        self._dyn: dict[int, tuple[DynamicDims, ...]] = {}
         self._dims = None
         if dynamic and self.lib is not None:
-            for si, step in enumerate(meta["steps"]):
-                if step["kind"] == "native":
-                    infos = [json.loads(i["schedule"]["dynamic"]) for i in step.get("step_info", [])
-                             if "dynamic" in i.get("schedule", {})]
-                    self._dyn[si] = list({d["state"]: d for d in infos}.values())  # one per node
-            if any(self._dyn.values()):
+            self._dyn = {si: step.dynamic for si, step in enumerate(meta.steps)
+                         if isinstance(step, NativeBlockEntry) and step.dynamic}
+            if self._dyn:
                 self._dims = (ctypes.c_int64 * (self.state.size // 8)).from_address(self.state.ctypes.data)
         self.pool = None
         self._pool_stale = False  # created before a fork(): replaced on the next call
@@ -306,19 +290,11 @@ class LoadedArtifact:
     def _dynamic_shapes(self, si: int, env: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
         """Set the recurrent nodes' T and B for native step ``si``; its outputs' actual shapes."""
         shapes: dict[str, tuple[int, ...]] = {}
-        for d in self._dyn.get(si, []):
-            x = env[d["x"]]
-            if x.ndim != 3:
-                raise SmeltError(f"recurrent input {d['x']!r} must have rank 3, given shape {list(x.shape)}")
-            T, B = (x.shape[0], x.shape[1]) if d["layout"] == 0 else (x.shape[1], x.shape[0])
-            tmax, bmax = d["max"]
-            if not (1 <= T <= tmax and 1 <= B <= bmax):
-                raise SmeltError(f"recurrent input {d['x']!r} has sequence length {T} and batch {B}; this "
-                                 f"library was compiled for 1..{tmax} and 1..{bmax}")
+        for d in self._dyn.get(si, ()):
+            T, B = d.sizes(env[d.x].shape)
             assert self._dims is not None
-            self._dims[d["state"] // 8], self._dims[d["state"] // 8 + 1] = T, B
-            for name, shp in d["outputs"].items():
-                shapes[name] = tuple(T if v == "T" else B if v == "B" else int(v) for v in shp)
+            self._dims[d.state // 8], self._dims[d.state // 8 + 1] = T, B
+            shapes.update(d.output_shapes(T, B))
         return shapes
 
     def _bind_profile_counters(self) -> None:

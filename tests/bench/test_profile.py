@@ -20,6 +20,7 @@ import smelt
 from smelt.bench.profile import ProfileReport, op_class, run_profile
 from smelt.codegen.toolchain import RUNTIME_HEADER
 from smelt.errors import SmeltError
+from smelt.runtime.artifact import ArtifactPlan, NativeBlockEntry
 
 RNG = np.random.default_rng(7)
 
@@ -61,15 +62,15 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def _plan_nodes(plan: dict) -> list[tuple[str, str]]:
+def _plan_nodes(plan: ArtifactPlan) -> list[tuple[str, str]]:
     out = []
-    for st in plan["steps"]:
-        if st["kind"] == "native":
-            for name, op in st["step_nodes"]:
+    for st in plan.steps:
+        if isinstance(st, NativeBlockEntry):
+            for name, op in st.step_nodes:
                 if not out or out[-1] != (name, op):
                     out.append((name, op))
         else:
-            out.append((st["node"], st["op"]))
+            out.append((st.node, st.op))
     return out
 
 
@@ -157,7 +158,7 @@ def test_counters_api_and_block_accounting(cache):
     assert c.calls == 4
     assert _ops((s.node, s.op) for s in c.steps) == EXPECTED
     assert (c.seconds > 0).all()
-    assert c.busy.shape == (len(EXPECTED), m.plan["codegen_threads"])
+    assert c.busy.shape == (len(EXPECTED), m.plan.codegen_threads)
     assert (c.busy[:, 0] > 0).all()
     # a block's steps tile its entry's wall time, leaving only the pool's dispatch outside
     for k in range(len(c.block_seconds)):
@@ -180,8 +181,8 @@ def test_plain_build_has_no_instrumentation(cache, monkeypatch):
     prof.run(feeds)
     np.testing.assert_array_equal(plain.run(feeds)[0], prof.run(feeds)[0])
     # separate cache entries: artifact and library
-    assert plain.plan["profile"] is False and prof.plan["profile"] is True
-    assert plain.source_path != prof.source_path and plain.plan["lib"] != prof.plan["lib"]
+    assert plain.plan.profile is False and prof.plan.profile is True
+    assert plain.source_path != prof.source_path and plain.plan.lib != prof.plan.lib
     header = RUNTIME_HEADER.read_text()
     plain_c = plain.source_path.read_text().replace(header, "")
     prof_c = prof.source_path.read_text().replace(header, "")
@@ -192,8 +193,8 @@ def test_plain_build_has_no_instrumentation(cache, monkeypatch):
     with pytest.raises(SmeltError, match="profile=True"):
         plain.profile_counters()
     # the plan records the schedule either way (plan.json is the same apart from "profile")
-    info = plain.plan["steps"][0]["step_info"]
-    assert info[0]["schedule"]["template"] == "f32_conv_nchwc" and info[0]["flops"] > 0
+    info = plain.plan.steps[0].step_info
+    assert info[0].schedule["template"] == "f32_conv_nchwc" and info[0].flops > 0
     plain.close()
     prof.close()
 

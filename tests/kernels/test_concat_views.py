@@ -51,8 +51,7 @@ class Net:
 def _copies(expected: int):
     """Structural check: exactly ``expected`` Concat nodes still copy (emit a step)."""
     def check(compiled, target):
-        steps = [i for s in compiled.plan["steps"] if s["kind"] == "native" for i in s["step_info"]]
-        copying = [i["node"] for i in steps if i["op"] == "Concat"]
+        copying = [i.node for i in compiled.plan.step_infos() if i.op == "Concat"]
         assert len(copying) == expected, copying
     return check
 

@@ -85,8 +85,7 @@ def _structure(min_nchwc: int):
         nodes = compiled.native_nodes
         assert any(op == "LayoutTransform" for _, op in nodes), "graph outputs leave through a transform"
         plan = compiled.plan
-        templates = [i["schedule"].get("template") for s in plan["steps"] if s["kind"] == "native"
-                     for i in s["step_info"]]
+        templates = [i.schedule.get("template") for i in plan.step_infos()]
         assert templates.count("f32_conv_nchwc") >= min_nchwc, templates
         assert "f32_conv" not in templates  # every conv of these chains is blocked
     return check
@@ -141,8 +140,7 @@ def test_tuned_schedules_from_database(monkeypatch, cache, tmp_path):
             db.store(CONV_KIND, workload(node, g, ib, threads), target.key(), pick.to_dict(), 1e-3)
 
     def check(compiled, target):
-        blockings = {i["node"]: i["schedule"].get("blocking", "") for s in compiled.plan["steps"]
-                     if s["kind"] == "native" for i in s["step_info"] if i["op"] == "Conv"}
+        blockings = {i.node: i.schedule.get("blocking", "") for i in compiled.plan.step_infos() if i.op == "Conv"}
         hits = sum(1 for name, s in chosen.items()
                    if f"reg_n={s.reg_n} " in blockings.get(name, "") and f"unroll_ker={int(s.unroll_ker)}" in
                    blockings.get(name, ""))
@@ -161,8 +159,7 @@ def test_small_planes_run_ic_outer(monkeypatch, cache):
     cases = [c for c in _chains() if c.name == "icout"]
 
     def check(compiled, target):
-        blockings = [i["schedule"].get("blocking", "") for s in compiled.plan["steps"]
-                     if s["kind"] == "native" for i in s["step_info"] if i["op"] == "Conv"]
+        blockings = [i.schedule.get("blocking", "") for i in compiled.plan.step_infos() if i.op == "Conv"]
         assert sum("ic-outer" in b for b in blockings) >= 3, blockings
 
     check_cases(cases, "native", monkeypatch, cache, check, layout="propagate")
@@ -205,8 +202,7 @@ def test_ic_outer_schedules_from_database(monkeypatch, cache, tmp_path):
     assert len(forced) >= 6
 
     def check(compiled, target):
-        blockings = {i["node"]: i["schedule"].get("blocking", "") for s in compiled.plan["steps"]
-                     if s["kind"] == "native" for i in s["step_info"] if i["op"] == "Conv"}
+        blockings = {i.node: i.schedule.get("blocking", "") for i in compiled.plan.step_infos() if i.op == "Conv"}
         missing = [(n, blockings.get(n)) for n in forced if "ic-outer" not in blockings.get(n, "")]
         assert not missing, missing
 

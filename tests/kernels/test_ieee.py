@@ -333,7 +333,7 @@ def test_nchwc_epilogues_and_blocked_ops(isa, monkeypatch, cache):
     res = sprinkle(uniform(1, oc, *x.shape[2:]), {(0, 2, 3, 3): NAN, (0, 6, 0, 0): INF, (0, 9, 4, 4): -INF})
     check(cases, {"x": x, "xi": xi, "res": res}, opset=17, layout="propagate")
     plan = smelt.compile(build_model(cases, {"x": x, "xi": xi, "res": res}, 17), threads=1).plan
-    templates = {i["schedule"].get("template") for s in plan["steps"] if s["kind"] == "native" for i in s["step_info"]}
+    templates = {i.schedule.get("template") for i in plan.step_infos()}
     assert {"f32_conv_nchwc", "pool_nchwc", "global_pool_nchwc", "batchnorm_nchwc"} <= templates, templates
 
 

@@ -461,8 +461,8 @@ def test_calibration_stores_and_is_used(tmp_path, monkeypatch):
     rec = tdb.open_default().lookup("rnn", res.workload, detect().key())
     assert rec == {"xi": res.best[0], "xj": res.best[1]}
     compiled = smelt.compile(model, threads=2)
-    info = [i for st in compiled.plan["steps"] if st["kind"] == "native" for i in st["step_info"]]
-    assert f"grid {res.best[0]} row x {res.best[1]} hidden" in info[-1]["schedule"]["threads"]
+    info = list(compiled.plan.step_infos())
+    assert f"grid {res.best[0]} row x {res.best[1]} hidden" in info[-1].schedule["threads"]
     _check([Case("LSTM", 4, 3, 5, 20, "forward")], threads=(2,))
 
 
@@ -513,8 +513,7 @@ def _stacked_check(model, feeds, threads=(1, 2, 3)):
     for pipeline in (True, False):
         for th in threads:
             compiled = smelt.compile(annotate(model, pipeline=pipeline), threads=th)
-            algos = " ".join(i["schedule"].get("algorithm", "") for st in compiled.plan["steps"]
-                             if st["kind"] == "native" for i in st["step_info"])
+            algos = " ".join(i.schedule.get("algorithm", "") for i in compiled.plan.step_infos())
             assert ("pipeline plan" in algos) == pipeline
             for _ in range(2):
                 for a, b in zip(compiled.run(feeds), ref, strict=True):

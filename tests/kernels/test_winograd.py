@@ -31,14 +31,12 @@ def _avx512_only():
 
 
 def _algorithms(compiled) -> dict[str, str]:
-    return {i["node"]: i["schedule"].get("algorithm", "") for s in compiled.plan["steps"]
-            if s["kind"] == "native" for i in s["step_info"] if i["op"] == "Conv"}
+    return {i.node: i.schedule.get("algorithm", "") for i in compiled.plan.step_infos() if i.op == "Conv"}
 
 
 def _expect_winograd(count: int, order: str):
     def check(compiled, target):
-        scheds = [i["schedule"] for s in compiled.plan["steps"] if s["kind"] == "native"
-                  for i in s["step_info"] if i["op"] == "Conv"]
+        scheds = [i.schedule for i in compiled.plan.step_infos() if i.op == "Conv"]
         wino = [s for s in scheds if "Winograd" in s.get("algorithm", "")]
         assert len(wino) >= count, scheds
         assert all(order in s.get("blocking", "") for s in wino), wino

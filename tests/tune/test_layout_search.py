@@ -110,8 +110,7 @@ def test_global_mode_matches_onnxruntime(which, tune_env):
         db.store(SCHEME_KIND, {**workload(conv, g, i, 1), "ob": 8}, target.key(), NchwcSchedule(8, 5, 2).to_dict(), 1e-6)
         db.store(SCHEME_KIND, {**workload(conv, g, i, 1), "ob": 16}, target.key(), NchwcSchedule(16, 4).to_dict(), 1.0)
     compiled = smelt.compile(model, threads=1, layout="global")
-    blockings = [i["schedule"].get("blocking", "") for s in compiled.plan["steps"] if s["kind"] == "native"
-                 for i in s["step_info"] if i["op"] == "Conv"]
+    blockings = [i.schedule.get("blocking", "") for i in compiled.plan.step_infos() if i.op == "Conv"]
     assert any("oc_bn=8 " in b and "reg_n=5 " in b for b in blockings), blockings
     assert_close(compiled.run(feeds), ort_run(model, feeds))
 

@@ -53,8 +53,7 @@ def test_tune_writes_records_and_the_schedule_runs(tune_env, monkeypatch):
     assert any(True for _ in db.records(search.SCHEME_KIND))
     # the compiler picks the record up (the fingerprint changed) and the result is right
     compiled = smelt.compile(model, threads=1)
-    blockings = [i["schedule"].get("blocking", "") for s in compiled.plan["steps"] if s["kind"] == "native"
-                 for i in s["step_info"] if i["op"] == "Conv"]
+    blockings = [i.schedule.get("blocking", "") for i in compiled.plan.step_infos() if i.op == "Conv"]
     b = res.best
     assert any(f"oc_bn={b.oc_bn} " in x and f"reg_n={b.reg_n} " in x and f"oc_blocks={b.oc_blocks} " in x
                for x in blockings), (b, blockings)

@@ -92,7 +92,6 @@ exotic activations Elu and Softplus always use libm lane by lane, as onnxruntime
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -1320,8 +1319,8 @@ if (lid < nact) {{
                         + (f", T<={Tmax} and B<={Bmax} at run time" if dynamic else ""),
                 layout=f"gates fused, hidden padded to {Hp}")
     if dynamic:
-        em.schedule(dynamic=json.dumps({"state": dims_at, "x": cfg.x, "layout": cfg.layout, "max": [Tmax, Bmax],
-                                        "outputs": _dyn_output_shapes(cfg)}))
+        em.dynamic_dims(state=dims_at, x=cfg.x, layout=cfg.layout, max_t=Tmax, max_b=Bmax,
+                        outputs=_dyn_output_shapes(cfg))
     em.step(f"""{tb_decl}float *y = {y}; const int32_t *slen = {slen}; (void)y; (void)slen;
 {assign}
 if (lid < nact) {{
