@@ -60,11 +60,11 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.epilogue import epilogue_doc
+from smelt.codegen.kernels.isa import with_lanes
 from smelt.codegen.registry import register
 from smelt.codegen.templates import winograd
 from smelt.codegen.templates.conv import ConvGeometry, _check_conv
 from smelt.codegen.templates.gemm import (
-    _V,
     Blocking,
     TileEpilogue,
     define,
@@ -352,9 +352,11 @@ def pack_weights(w: np.ndarray, geo: ConvGeometry, s: NchwcSchedule, ib: int) ->
 # Code generation
 # ------------------------------------------------------------------------------------------
 def _blocking(ob: int) -> Blocking:
-    """The vector spelling for one block of ``ob`` lanes (AVX2 spelling for 8 lanes)."""
-    isa = "avx512" if ob == 16 else "avx2"
-    return Blocking(isa, ob, 1, ob, 1, 1, 1, fma=True)
+    """The vector spelling for one block of ``ob`` lanes (kernels/isa.py; 8 lanes: the AVX2
+    spelling, on AVX-512 hosts too)."""
+    vx = with_lanes(ob)
+    assert vx.lanes == ob, ob
+    return Blocking(vx.name, ob, 1, ob, 1, 1, 1, fma=True)
 
 
 def _epilogue(node: Node, g: Graph, em: BlockEmitter, bias: str | None) -> tuple[TileEpilogue, list[str]]:
@@ -383,7 +385,7 @@ class _Gen:
         self.ep = ep
         self.has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
         self.blk = _blocking(s.oc_bn)
-        self.v = _V(self.blk)
+        self.v = self.blk.vx
         self.eparams = "".join(f", const float *e{k}" for k in range(n_eps))
         self.eargs = "".join(f", e{k}" for k in range(n_eps))
         icbs = geo.cg // ib

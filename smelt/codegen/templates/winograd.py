@@ -37,9 +37,9 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.isa import with_lanes
 from smelt.codegen.templates.conv import ConvGeometry
 from smelt.codegen.templates.gemm import (
-    _V,
     Blocking,
     TileEpilogue,
     define,
@@ -89,7 +89,8 @@ def takes(node: Node, g: Graph, target: Target) -> bool:
 
 
 def _blocking() -> Blocking:
-    return Blocking("avx512", LANES, 1, LANES, 1, 1, 1, fma=True)
+    vx = with_lanes(LANES)
+    return Blocking(vx.name, LANES, 1, LANES, 1, 1, 1, fma=True)
 
 
 def transform_weights(w: np.ndarray, blocks: int) -> np.ndarray:
@@ -107,7 +108,7 @@ class _Gen:
 
     def __init__(self, em: BlockEmitter, geo: ConvGeometry, ep: TileEpilogue, n_eps: int) -> None:
         self.em, self.geo, self.ep = em, geo, ep
-        self.v = _V(_blocking())
+        self.v = _blocking().vx
         self.N = geo.batch
         self.IH, self.IW = geo.ins
         self.OH, self.OW = geo.outs
