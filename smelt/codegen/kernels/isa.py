@@ -50,6 +50,9 @@ class VectorIsa:
     features: tuple[str, ...]  # /proc/cpuinfo flags the host must have to run it
     gemm_kernel: tuple[int, int]  # GEMM micro-kernel (MR rows, NR columns), NR a multiple of lanes
     fma: bool = True  # fused multiply-add available (else mul + add: two roundings)
+    # tail masks are integer bit masks (lane i under bit i: shifts and ANDs build them) rather
+    # than vectors of all-ones lanes
+    bit_masks: bool = False
     # AVX-512 folds a broadcast of a scalar in memory into the FMA's memory operand
     # (``vfmadd231ps zmm, zmm, [mem]{1to16}``): the conv kernels rely on it
     embedded_broadcast: bool = False
@@ -172,7 +175,7 @@ AVX512 = VectorIsa(
     broadcast_fmt="_mm512_set1_ps(*({p}))",
     cflags=("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"),
     features=("avx512f", "avx512bw", "avx512vl", "avx512dq"),
-    gemm_kernel=(8, 48), embedded_broadcast=True, prefer_vector_width=512)
+    gemm_kernel=(8, 48), embedded_broadcast=True, prefer_vector_width=512, bit_masks=True)
 
 AVX2 = VectorIsa(
     name="avx2", lanes=8, registers=16, vtype="__m256", prefix="_mm256", mask_type="__m256i",

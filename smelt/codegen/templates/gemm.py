@@ -683,16 +683,16 @@ def pack_b_strided_code(b: Strided, blk: Blocking, base: str = "Bbase + bo") -> 
         lines += ["    for (long k = 0; k < kb; ++k) {",
                   f"        const float *restrict sk = s + k * {b.s0}L;",
                   f"        float *restrict dk = d + k * {nr};"]
-        if blk.isa == "avx512":
-            nv = blk.nv
+        v = blk.vx
+        if v.bit_masks:  # a whole panel row in vectors, the ragged one under a shifted bit mask
+            nv, w = blk.nv, v.lanes
             lines.append(f"        if (cc == {nr}) {{")
             for j in range(nv):
-                lines.append(f"            _mm512_store_ps(dk + {16 * j}, _mm512_loadu_ps(sk + {16 * j}));")
+                lines.append(f"            {v.store(f'dk + {w * j}', v.loadu(f'sk + {w * j}'))}")
             lines.append("        } else {")
             lines.append("            const unsigned long long m = (1ull << cc) - 1ull;")
             for j in range(nv):
-                lines.append(f"            _mm512_store_ps(dk + {16 * j}, _mm512_maskz_loadu_ps("
-                             f"(__mmask16)(m >> {16 * j}), sk + {16 * j}));")
+                lines.append(f"            {v.store(f'dk + {w * j}', v.masked_load(f'sk + {w * j}', f'({v.mask_type})(m >> {w * j})'))}")
             lines.append("        }")
         else:
             lines.append("        for (long j = 0; j < cc; ++j) dk[j] = sk[j];")
@@ -715,10 +715,10 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
     mp, np_ = -(-p.M // mr), -(-p.N // nr)
     kb_max = blk.kb(p.K)
     pack_b = not isinstance(p.b, ConstPacked)
-    direct_b = DIRECT_B and blk.isa != "scalar" and isinstance(p.b, Strided) and p.b.s1 == 1
+    direct_b = DIRECT_B and blk.vx.vector and isinstance(p.b, Strided) and p.b.s1 == 1
     pack_b = pack_b and not direct_b
     pack_a = not isinstance(p.a, ConstPacked)
-    direct_a = DIRECT_A and blk.isa != "scalar" and isinstance(p.a, Strided) and p.a.s1 == 1
+    direct_a = DIRECT_A and blk.vx.vector and isinstance(p.a, Strided) and p.a.s1 == 1
     pack_a = pack_a and not direct_a
     # a run-time A small enough is packed whole, once per item, instead of per (jc, pc) block
     prepack_a = pack_a and mp * mr * p.K * 4 <= PREPACK_A_BYTES

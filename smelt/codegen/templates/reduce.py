@@ -27,6 +27,7 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter, c_literal
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS
+from smelt.codegen.kernels.isa import vector_isa
 from smelt.codegen.registry import register
 from smelt.codegen.templates.movement import copy_step
 from smelt.ir.graph import Graph, Node
@@ -80,7 +81,7 @@ def decompose(index: str, dims: list[tuple[int, int]], acc: str, indent: str = "
 
 def wide_vectors(em: BlockEmitter) -> str:
     """Function attribute asking gcc for 512-bit vectors on AVX-512 targets (it prefers 256)."""
-    return '__attribute__((target("prefer-vector-width=512"))) ' if em.target.isa == "avx512" else ""
+    return vector_isa(em.target).fn_attributes()
 
 
 def emit_kernel(em: BlockEmitter, base: str, body: str, doc: str = "", wide: bool = False) -> None:
