@@ -60,6 +60,7 @@ from smelt.codegen.kernels.epilogue import (
     vector_unary_expr,
 )
 from smelt.codegen.kernels.isa import VectorIsa, by_name, half_width, vector_isa
+from smelt.codegen.kernels.tile import RegisterTile
 from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
 from smelt.target import Target
@@ -208,9 +209,9 @@ def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False
         return "\n".join(lines)
     w = v.w
     last = nv - 1
+    tile = RegisterTile(v, nv, rows, acc_fmt="c{r}_{j}", vec="b", bcast="a")
     lines.append(f"    const {v.mask_type} lm = {v.lane_mask('lastn')};")
-    for r in range(rows):
-        lines.append("    " + " ".join(f"{v.t} c{r}_{j} = {v.zero()};" for j in range(nv)))
+    lines += ["    " + x for x in tile.declare(by_row=True)]
     if C_PREFETCH:  # the C tile (and a residual operand) arrive while the K loop runs
         lines.append(f"    for (int r = 0; r < {rows}; ++r) {{")
         lines += [f"        {v.prefetch(f'C + r * ldc + {j * w}')}" for j in range(nv)]
@@ -218,15 +219,9 @@ def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False
         lines += [f"            {v.prefetch(f'fr + r * ldf + {j * w}')}" for j in range(nv)]
         lines += ["        }", "    }"]
     lines += ["    #pragma GCC unroll 4", "    for (long k = 0; k < kc; ++k) {"]
-    for j in range(nv):
-        ld = v.masked_load(f"B + {j * w}", "lm" if j == last else None)
-        lines.append(f"        const {v.t} b{j} = {ld};")
-    if A_PREFETCH and not direct_a:
-        lines.append(f"        {v.prefetch(f'A + {A_PREFETCH * mr}')}")
-    for r in range(rows):
-        lines.append(f"        {{ const {v.t} a = {v.set1(f'A[{r} * lda + k]' if direct_a else f'A[{r}]')};")
-        lines.append("          " + " ".join(f"c{r}_{j} = {v.fmadd('a', f'b{j}', f'c{r}_{j}')};"
-                                              for j in range(nv)) + " }")
+    lines += tile.fma_step(lambda j: v.masked_load(f"B + {j * w}", "lm" if j == last else None),
+                           lambda r: v.set1(f"A[{r} * lda + k]" if direct_a else f"A[{r}]"), indent="        ",
+                           between=[v.prefetch(f"A + {A_PREFETCH * mr}")] if A_PREFETCH and not direct_a else [])
     lines += ["        B += ldb;" if direct_a else f"        A += {mr}; B += ldb;", "    }"]
     def ld(r: int, j: int) -> str:
         return v.masked_load(f"C + {r} * ldc + {j * w}", "lm" if j == last else None)
@@ -290,17 +285,14 @@ def colkernel_source(blk: Blocking, npn: int, r: int) -> str:
     """C[npn*8 rows][r cols] (only ``rows`` rows stored); A: npn MR=8 panels ``aps`` apart."""
     h = half_width(blk.vx)  # one vector of the half width spans a panel's MR rows
     assert h is not None and h.lanes == blk.mr
+    tile = RegisterTile(h, npn, r, acc_fmt="c{j}_{r}", vec="x", bcast_first=False)
     L = ["static __attribute__((noinline)) void FNAME(long kc, const float *restrict A, long aps, "
          "const float *restrict B, long ldb, float *restrict C, long ldc, int accum, long rows) {"]
-    for q in range(npn):
-        L.append("    " + " ".join(f"{h.t} c{q}_{j} = {h.zero()};" for j in range(r)))
+    L += ["    " + x for x in tile.declare(by_row=False)]
     L.append("    " + " ".join(f"const float *restrict a{q} = A + {q} * aps;" for q in range(npn)))
     L += ["    for (long k = 0; k < kc; ++k) {"]
-    for q in range(npn):
-        L.append(f"        const {h.t} x{q} = {h.load(f'a{q} + k * {h.lanes}')};")
-    for j in range(r):
-        L.append(f"        {{ const {h.t} b = {h.broadcast(f'B + k * ldb + {j}')};")
-        L.append("          " + " ".join(f"c{q}_{j} = {h.fmadd(f'x{q}', 'b', f'c{q}_{j}')};" for q in range(npn)) + " }")
+    L += tile.fma_step(lambda q: h.load(f"a{q} + k * {h.lanes}"), lambda j: h.broadcast(f"B + k * ldb + {j}"),
+                       indent="        ")
     L += ["    }", f"    float t[{h.lanes}];"]
     for q in range(npn):
         for j in range(r):
