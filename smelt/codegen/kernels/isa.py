@@ -58,6 +58,9 @@ class VectorIsa:
     embedded_broadcast: bool = False
     # AVX-512 hosts prefer 512-bit auto-vectorization of plain loops only when asked
     prefer_vector_width: int = 0
+    # spellings only some ISAs have, by name (``has``/``x``): int32 lane vectors, masked gathers,
+    # merge-masked loads, two-source permutes (the conv im2col and depthwise kernels use them)
+    extra: tuple[tuple[str, str], ...] = ()
 
     # ---- sizes ------------------------------------------------------------------------------
     @property
@@ -149,6 +152,14 @@ class VectorIsa:
         """C truth value: some lane of ``a`` equals the same lane of ``b``."""
         return self.any_eq_fmt.format(a=a, b=b)
 
+    def has(self, name: str) -> bool:
+        """The ISA has the optional operation ``name`` (see ``extra``)."""
+        return any(k == name for k, _ in self.extra)
+
+    def x(self, name: str, **args: str) -> str:
+        """The optional operation ``name`` with its placeholders filled (``has(name)`` first)."""
+        return next(f for k, f in self.extra if k == name).format(**args)
+
     def hsum(self, v: str) -> str:
         """C float: the sum of the lanes of ``v``."""
         return f"{self.hsum_fn}({v})"
@@ -175,7 +186,21 @@ AVX512 = VectorIsa(
     broadcast_fmt="_mm512_set1_ps(*({p}))",
     cflags=("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"),
     features=("avx512f", "avx512bw", "avx512vl", "avx512dq"),
-    gemm_kernel=(8, 48), embedded_broadcast=True, prefer_vector_width=512, bit_masks=True)
+    gemm_kernel=(8, 48), embedded_broadcast=True, prefer_vector_width=512, bit_masks=True,
+    extra=(("itype", "__m512i"),
+           ("i32_set1", "_mm512_set1_epi32({a})"),
+           ("i32_setr", "_mm512_setr_epi32({a})"),
+           ("i32_add", "_mm512_add_epi32({a}, {b})"),
+           ("i32_mask_add", "_mm512_mask_add_epi32({a}, {m}, {b}, {c})"),
+           ("i32_ge0_mask", "_mm512_cmpge_epi32_mask({a}, _mm512_setzero_si512())"),
+           ("i32_lt_mask", "_mm512_cmplt_epi32_mask({a}, {b})"),
+           ("i32_loadu", "_mm512_loadu_si512((const void *)({p}))"),
+           ("i32_storeu", "_mm512_storeu_si512((void *)({p}), {a});"),
+           ("mask_loadu", "_mm512_mask_loadu_ps({a}, {m}, {p})"),  # merge: lanes off keep {a}
+           ("mask_mov", "_mm512_mask_mov_ps({a}, {m}, {b})"),
+           ("permute2", "_mm512_permutex2var_ps({a}, {i}, {b})"),  # lanes of {a}:{b} by index {i}
+           ("maskz_permute2", "_mm512_maskz_permutex2var_ps({m}, {a}, {i}, {b})"),
+           ("gather", "_mm512_mask_i32gather_ps({a}, {m}, {i}, {p}, 4)")))  # {p}[{i}] in lanes {m}, else {a}
 
 AVX2 = VectorIsa(
     name="avx2", lanes=8, registers=16, vtype="__m256", prefix="_mm256", mask_type="__m256i",
