@@ -58,6 +58,7 @@ class VectorIsa:
     embedded_broadcast: bool = False
     # AVX-512 hosts prefer 512-bit auto-vectorization of plain loops only when asked
     prefer_vector_width: int = 0
+    c_header: str = "immintrin.h"  # where the intrinsics are declared
     # spellings only some ISAs have, by name (``has``/``x``): int32 lane vectors, masked gathers,
     # merge-masked loads, two-source permutes (the conv im2col and depthwise kernels use them)
     extra: tuple[tuple[str, str], ...] = ()
