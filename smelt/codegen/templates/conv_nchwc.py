@@ -60,7 +60,7 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.epilogue import epilogue_doc
-from smelt.codegen.kernels.isa import with_lanes
+from smelt.codegen.kernels.isa import half_width, vector_isa, with_lanes
 from smelt.codegen.kernels.tile import RegisterTile
 from smelt.codegen.registry import register
 from smelt.codegen.templates import winograd
@@ -124,21 +124,22 @@ class NchwcSchedule:
 
 
 def vector_lanes(target: Target) -> int:
-    return 16 if target.isa == "avx512" else 8
+    return vector_isa(target).lanes
 
 
 def accumulator_budget(target: Target, oc_bn: int) -> int:
-    """Accumulators a tile may hold: registers minus J weight vectors and a broadcast."""
-    return 28 if target.isa == "avx512" else 12
+    """Accumulators a tile may hold: registers minus J weight vectors and a broadcast (4 kept)."""
+    return vector_isa(target).registers - 4  # AVX-512's ymm blocks keep its 32 registers
 
 
 def oc_block_choices(oc: int, target: Target) -> list[int]:
-    """Output block sizes this target can run for ``oc`` output channels (best first)."""
-    if target.isa == "avx512":
-        return [b for b in (16, 8) if oc % b == 0]
-    if target.isa == "avx2":
-        return [8] if oc % 8 == 0 else []
-    return []
+    """Output block sizes this target can run for ``oc`` output channels (best first): its
+    vector width, then the half width where the ISA has one."""
+    vx = vector_isa(target)
+    if not vx.vector:
+        return []
+    half = half_width(vx)
+    return [d.lanes for d in (vx, half) if d is not None and oc % d.lanes == 0]
 
 
 def prefers_gemm(node: Node, g: Graph, target: Target) -> bool:
@@ -157,7 +158,7 @@ def prefers_gemm(node: Node, g: Graph, target: Target) -> bool:
 
 def nchwc_reason(node: Node, g: Graph, target: Target) -> str | None:
     """None when this Conv can run on the NCHW[x]c template, else why not."""
-    if target.isa not in ("avx512", "avx2"):
+    if not vector_isa(target).vector:
         return f"NCHWc convolution needs AVX2 or AVX-512 (target {target.isa})"
     why = _geometry_reason(node, g)
     if why is not None:
