@@ -216,3 +216,22 @@ def test_gemm_tile_every_edge(d, tmp_path):
                     want = np.maximum(want + rb[:, None], 0)
                 np.testing.assert_allclose(c[:, :cols], want, rtol=1e-5, atol=1e-5, err_msg=f"{r}x{nv} lastn={lastn}")
                 np.testing.assert_array_equal(c[:, cols:], c0[:, cols:], err_msg="stored past the tile")
+
+
+# templates whose rendering is wholly ported to the description (conv_nchwc's and winograd's
+# schedule decisions, target.py's detection and rnn.py are not yet: see the issue's point 1)
+PORTED = ["codegen/templates/gemm.py", "codegen/templates/conv.py", "codegen/templates/blocked.py",
+          "codegen/templates/reduce.py", "codegen/kernels/epilogue.py", "codegen/kernels/tile.py"]
+
+
+@pytest.mark.parametrize("rel", PORTED)
+def test_no_isa_spelled_outside_the_description(rel):
+    """No ISA name compared and no intrinsic spelled in a ported template: adding an ISA is a new
+    description in kernels/isa.py, not an edit here."""
+    import re
+
+    import smelt
+
+    text = (Path(smelt.__file__).parent / rel).read_text()
+    bad = re.findall(r"isa\s*(?:==|!=|in\b)|_mm(?:256|512)_|__m(?:256|512)|\"avx(?:512|2)\"", text)
+    assert not bad, f"{rel}: {bad}"
