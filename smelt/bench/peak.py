@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from smelt.codegen.kernels.isa import vector_isa
 from smelt.errors import SmeltError
 from smelt.progress import stage, track
 from smelt.target import Target, detect
@@ -65,23 +66,15 @@ def _flavor(target: Target) -> tuple[str, int, list[str]]:
     whether ``a * b + c`` becomes one FMA depends on -ffp-contract (on for gnu11, off for c11),
     and the peak must not hinge on a dialect flag.
     """
-    if target.arch == "x86_64" and target.isa == "avx512":
-        return "avx512-fma", 16, [
-            "#include <immintrin.h>",
-            "typedef __m512 vec_t;",
-            "#define VLANES 16",
-            "#define VSET1(v) _mm512_set1_ps(v)",
-            "#define VFMA(acc, x, y) _mm512_fmadd_ps((acc), (x), (y)) /* acc * x + y, one rounding */",
-            "#define VSTORE(p, v) _mm512_storeu_ps((p), (v))",
-        ]
-    if target.arch == "x86_64" and target.isa == "avx2" and target.fma:
-        return "avx2-fma", 8, [
-            "#include <immintrin.h>",
-            "typedef __m256 vec_t;",
-            "#define VLANES 8",
-            "#define VSET1(v) _mm256_set1_ps(v)",
-            "#define VFMA(acc, x, y) _mm256_fmadd_ps((acc), (x), (y)) /* acc * x + y, one rounding */",
-            "#define VSTORE(p, v) _mm256_storeu_ps((p), (v))",
+    vx = vector_isa(target)  # the description smelt's kernels render with (codegen/kernels/isa.py)
+    if vx.vector and vx.fma:
+        return f"{vx.name}-fma", vx.lanes, [
+            f"#include <{vx.c_header}>",
+            f"typedef {vx.vtype} vec_t;",
+            f"#define VLANES {vx.lanes}",
+            f"#define VSET1(v) {vx.set1('v')}",
+            f"#define VFMA(acc, x, y) {vx.fmadd('(acc)', '(x)', '(y)')} /* acc * x + y, one rounding */",
+            f"#define VSTORE(p, v) {vx.storeu('(p)', '(v)').rstrip(';')}",
         ]
     if target.arch == "aarch64" and target.isa == "neon":
         return "neon-fma", 4, [

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from smelt import cache, settings
 from smelt.cache import Pin, atomic_write, file_lock
+from smelt.codegen.kernels.isa import VEC_HEADER
 from smelt.errors import CompileError, CompilerNotFoundError
 from smelt.target import Target, detect
 
@@ -116,8 +117,9 @@ def compile_flags(target: Target, *, sanitize: bool | None = None) -> list[str]:
 
 
 def source_with_runtime(source: str) -> str:
-    """Generated sources embed the runtime header so each .c stands alone (and hashes whole)."""
-    return source.replace('#include "smelt_rt.h"', RUNTIME_HEADER.read_text(), 1)
+    """Generated sources embed the runtime header and the vector helpers of the ISA descriptions
+    (kernels/csrc/smelt_vec.h) so each .c stands alone (and hashes whole)."""
+    return source.replace('#include "smelt_rt.h"', RUNTIME_HEADER.read_text() + "\n" + VEC_HEADER.read_text(), 1)
 
 
 def artifact_key(*parts: str) -> str:

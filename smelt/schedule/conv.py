@@ -29,6 +29,7 @@ from smelt.codegen.kernels.conv_geometry import (
     row_width,
 )
 from smelt.codegen.kernels.epilogue import ACTIVATIONS
+from smelt.codegen.kernels.isa import half_width, vector_isa
 from smelt.ir.graph import PLAIN, Graph, Node, layout_block
 from smelt.options import CompileOptions
 from smelt.schedule.db import CONV_KIND, TuningDB
@@ -110,20 +111,25 @@ class ConvSchedule:
 # What the NCHWc kernels can run on this target
 # ------------------------------------------------------------------------------------------
 def vector_lanes(target: Target) -> int:
-    return target.vector_floats
+    """f32 lanes of the target's vectors (1 without a vector ISA description)."""
+    vx = vector_isa(target)
+    return vx.lanes if vx.vector else 1
 
 
 def accumulator_budget(target: Target, oc_bn: int) -> int:
     """Accumulators a tile may hold: the vector registers minus the J weight vectors, a
-    broadcast and the loop's addresses (28 of 32 registers, 12 of 16)."""
-    return target.vector_registers - 4
+    broadcast and the loop's addresses (28 of 32 registers, 12 of 16; AVX-512's 8-lane blocks
+    keep its 32 registers)."""
+    return vector_isa(target).registers - 4
 
 
 def oc_block_choices(oc: int, target: Target) -> list[int]:
-    """Output block sizes this target can run for ``oc`` output channels (best first): the full
-    vector, and half of it where that is still a rendered block (AVX-512 runs 8-lane ymm)."""
-    lanes = vector_lanes(target)
-    return [b for b in NCHWC_BLOCKS if b <= lanes and lanes % b == 0 and oc % b == 0]
+    """Output block sizes this target can run for ``oc`` output channels (best first): its
+    vector width, then the half width where the ISA has one (AVX-512's ymm form)."""
+    vx = vector_isa(target)
+    if not vx.vector:
+        return []
+    return [d.lanes for d in (vx, half_width(vx)) if d is not None and d.lanes in NCHWC_BLOCKS and oc % d.lanes == 0]
 
 
 def geometry_reason(node: Node, g: Graph) -> str | None:
@@ -138,7 +144,7 @@ def geometry_reason(node: Node, g: Graph) -> str | None:
 def nchwc_reason(node: Node, g: Graph, target: Target) -> str | None:
     """None when this Conv can run on the NCHW[x]c template, else why not."""
     if vector_lanes(target) < min(NCHWC_BLOCKS):
-        return f"NCHWc convolution needs vectors of at least {min(NCHWC_BLOCKS)} floats (target {target.isa})"
+        return f"NCHWc convolution needs vectors of at least {min(NCHWC_BLOCKS)} floats ({vector_isa(target).name} has none)"
     why = geometry_reason(node, g)
     if why is not None:
         return why

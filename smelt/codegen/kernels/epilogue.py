@@ -99,7 +99,7 @@ def unary_float_expr(op: str, v: str, params: dict, dtype: str = "float32") -> s
 # vector C
 # ------------------------------------------------------------------------------------------
 class VectorOps(Protocol):
-    """How a template spells vector operations (gemm's ``_V``, the RNN's ``VX_`` helpers)."""
+    """How a template spells vector operations (kernels/isa.py ``VectorIsa``, the RNN's ``VX_`` helpers)."""
 
     def zero(self) -> str: ...
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.isa import vector_isa
 from smelt.ir.graph import Graph
 from smelt.ir.types import c_type
 
@@ -57,9 +58,8 @@ def decompose(index: str, dims: list[tuple[int, int]], acc: str, indent: str = "
 
 def wide_vectors(em: BlockEmitter) -> str:
     """Function attribute asking gcc for the target's full vector width where it is wider than the
-    256 bits gcc prefers (512 on AVX-512)."""
-    bits = em.target.vector_bits
-    return f'__attribute__((target("prefer-vector-width={bits}"))) ' if bits > 256 else ""
+    256 bits gcc prefers (512 on AVX-512): the ISA description's."""
+    return vector_isa(em.target).fn_attributes()
 
 
 def emit_kernel(em: BlockEmitter, base: str, body: str, doc: str = "", wide: bool = False) -> None:

@@ -21,11 +21,11 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.epilogue import epilogue_doc
+from smelt.codegen.kernels.isa import vector_isa
 from smelt.codegen.kernels.loops import work_range
 from smelt.codegen.kernels.pool_geometry import geometry
 from smelt.codegen.registry import SMELT_DOMAIN, register
 from smelt.codegen.templates.gemm import (
-    _V,
     Blocking,
     TileEpilogue,
     node_epilogue_ops,
@@ -116,8 +116,9 @@ def _check_pool(node: Node, g: Graph) -> str | None:
 def _block_vector(b: int, target: Target) -> Blocking | None:
     """The vector spelling for one channel block of ``b`` lanes on ``target``, or None when the
     block is not one vector there (then the kernels use scalar lane loops)."""
-    if b == 16 and target.isa == "avx512" or b == 8 and target.isa in ("avx512", "avx2"):
-        return Blocking("avx512" if b == 16 else "avx2", b, 1, b, 1, 1, 1, fma=True)
+    vx = vector_isa(target, b)
+    if vx.vector and vx.lanes == b:
+        return Blocking(vx.name, b, 1, b, 1, 1, 1, fma=True)
     return None
 
 
@@ -182,13 +183,10 @@ def emit_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     if blk is not None:
         # one vector of channels per position; a window column that lies wholly inside the
         # image has a compile-time trip count (unrolled), edge columns use the tables
-        v = _V(blk)
+        v = blk.vx
         # max: max_ps(x, a) returns a when x is NaN, so NaN is skipped (see _all_nan_windows)
         acc = (lambda x: v.op("max", x, "a")) if is_max else (lambda x: v.op("add", x, "a"))
-        if blk.isa == "avx512":
-            any_inf = "_mm512_cmp_ps_mask(a, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ)"
-        else:
-            any_inf = "_mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ))"
+        any_inf = v.any_eq("a", v.set1("-INFINITY"))
         kw_full = geo.kernel[1]
         L += [f"    for (int ox = 0; ox < {ow}; ++ox) {{",
               f"        {v.t} a = {v.set1('-INFINITY') if is_max else v.zero()};",
@@ -315,7 +313,7 @@ def emit_batchnorm_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         vec = vector_epilogue_stmts(ep, em, blk, "v", None, f"it * {hw * b}L + p * {b}", "0", "ch") \
             if not ep.empty() else []
     if vec is not None:
-        v = _V(blk)
+        v = blk.vx
         L += [f"    const {v.t} s = {v.loadu('SC + ch')}, t = {v.loadu('SH + ch')};",
               f"    for (long p = 0; p < {hw}; ++p) {{",
               f"        {v.t} v = {v.fmadd(v.loadu(f'X + it * {hw * b}L + p * {b}'), 's', 't')};"]

@@ -30,6 +30,7 @@ import numpy as np
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.conv_geometry import ConvGeometry, check_conv
 from smelt.codegen.kernels.epilogue import epilogue_doc
+from smelt.codegen.kernels.isa import VectorIsa
 from smelt.codegen.registry import register
 from smelt.codegen.templates.gemm import (
     Blocking,
@@ -65,7 +66,7 @@ class Im2col:
         self.geo = geo
 
     def _runs(self, blk: Blocking) -> bool:
-        return blk.isa == "avx512" and self.geo.strides[-1] in (1, 2)
+        return blk.vx.has("permute2") and blk.vx.bit_masks and self.geo.strides[-1] in (1, 2)
 
     def _nseg(self, blk: Blocking) -> int:
         return -(-blk.nr // self.geo.outs[-1]) + 1
@@ -166,25 +167,26 @@ class Im2col:
                   "    else { to[cnt] = off; tm[cnt] = m; ++cnt; }",
                   "}",
                   "tn[t] = cnt;"]
-        elif blk.isa == "avx512":
-            nv = blk.nv
+        elif blk.vx.has("gather") and blk.vx.bit_masks:
+            v, nv, w = blk.vx, blk.nv, blk.vx.lanes
+            it = v.x("itype")
             L += [f"int *restrict ti = tidx + t * {nr};",
-                  " ".join(f"__m512i x{j} = _mm512_set1_epi32(-1);" for j in range(nv)),
+                  " ".join(f"{it} x{j} = {v.x('i32_set1', a='-1')};" for j in range(nv)),
                   "for (int u = 0; u < ns; ++u) {"]
             L += ["    " + x for x in self._outer()]
             L += [f"    const long iws = sw0[u] + kz{s - 1} * {dw};",
                   "    const unsigned long long sm = ((1ull << sl[u]) - 1ull) << sj[u];",
-                  f"    const __m512i iw0 = _mm512_set1_epi32((int)(iws - (long)sj[u] * {sw}));",
-                  "    const __m512i rov = _mm512_set1_epi32((int)ro);"]
+                  f"    const {it} iw0 = {v.x('i32_set1', a=f'(int)(iws - (long)sj[u] * {sw})')};",
+                  f"    const {it} rov = {v.x('i32_set1', a='(int)ro')};"]
             for j in range(nv):
-                lanes = ", ".join(str((16 * j + e) * sw) for e in range(16))
-                L += [f"    {{ const __m512i iwv = _mm512_add_epi32(iw0, _mm512_setr_epi32({lanes}));",
-                      f"      const __mmask16 ok = (__mmask16)(sm >> {16 * j}) & "
-                      "_mm512_cmpge_epi32_mask(iwv, _mm512_setzero_si512()) & "
-                      f"_mm512_cmplt_epi32_mask(iwv, _mm512_set1_epi32({iw}));",
-                      f"      x{j} = _mm512_mask_add_epi32(x{j}, ok, iwv, rov); }}"]
+                lanes = ", ".join(str((w * j + e) * sw) for e in range(w))
+                L += [f"    {{ const {it} iwv = {v.x('i32_add', a='iw0', b=v.x('i32_setr', a=lanes))};",
+                      f"      const {v.mask_type} ok = ({v.mask_type})(sm >> {w * j}) & "
+                      f"{v.x('i32_ge0_mask', a='iwv')} & "
+                      f"{v.x('i32_lt_mask', a='iwv', b=v.x('i32_set1', a=str(iw)))};",
+                      f"      x{j} = {v.x('i32_mask_add', a=f'x{j}', m='ok', b='iwv', c='rov')}; }}"]
             L.append("}")
-            L += [f"_mm512_storeu_si512((void *)(ti + {16 * j}), x{j});" for j in range(nv)]
+            L += [v.x("i32_storeu", p=f"ti + {w * j}", a=f"x{j}") for j in range(nv)]
         else:
             L += [f"int *restrict ti = tidx + t * {nr};",
                   f"for (int j = 0; j < {nr}; ++j) ti[j] = -1;",
@@ -201,36 +203,42 @@ class Im2col:
     def _row(self, blk: Blocking) -> str:
         nr = blk.nr
         nseg = self._nseg(blk)
+        v, w = blk.vx, blk.vx.lanes
         if self._runs(blk):
-            nv = blk.nv
-            L = [" ".join(f"__m512 v{j} = _mm512_setzero_ps();" for j in range(nv)),
+            nv, mt = blk.nv, v.mask_type
+            even = ", ".join(str(2 * e) for e in range(w))
+            L = [" ".join(f"{v.t} v{j} = {v.zero()};" for j in range(nv)),
                  f"const long *restrict to = toff + t * {nseg}; const unsigned long long *restrict tm = "
                  f"tmask + t * {nseg};",
-                 "const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);"
+                 f"const {v.x('itype')} even = {v.x('i32_setr', a=even)};"
                  " (void)even;",
                  "for (int i = 0; i < tn[t]; ++i) {",
                  "    const float *src = (const float *)((uintptr_t)xc + (uintptr_t)(to[i] * 4));",
                  "    const unsigned long long m = tm[i];"]
             if self.geo.strides[-1] == 1:
                 for j in range(nv):
-                    L.append(f"    v{j} = _mm512_mask_loadu_ps(v{j}, (__mmask16)(m >> {16 * j}), src + {16 * j});")
-            else:  # stride 2: two masked loads of the 32-float window, keep the even lanes
+                    L.append(f"    v{j} = {v.x('mask_loadu', a=f'v{j}', m=f'({mt})(m >> {w * j})', p=f'src + {w * j}')};")
+            else:  # stride 2: two masked loads of the 2w-float window, keep the even lanes
+                full, half = (1 << w) - 1, w // 2
+                spread = sum(1 << (2 * b) for b in range(half))  # _pdep_u32 target: every other lane
                 for j in range(nv):
-                    L += [f"    {{ const unsigned mj = (unsigned)(m >> {16 * j}) & 0xFFFFu;",
+                    lo = v.masked_load(f"src + {2 * w * j}", f"({mt})_pdep_u32(mj & {(1 << half) - 1:#x}u, {spread:#x}u)")
+                    hi = v.masked_load(f"src + {2 * w * j + w}", f"({mt})_pdep_u32(mj >> {half}, {spread:#x}u)")
+                    L += [f"    {{ const unsigned mj = (unsigned)(m >> {w * j}) & {full:#X}u;".replace("0X", "0x"),
                           "      if (mj) {",
-                          f"        const __m512 lo = _mm512_maskz_loadu_ps((__mmask16)_pdep_u32(mj & 0xFFu, 0x5555u), src + {32 * j});",
-                          f"        const __m512 hi = _mm512_maskz_loadu_ps((__mmask16)_pdep_u32(mj >> 8, 0x5555u), src + {32 * j + 16});",
-                          f"        v{j} = _mm512_mask_mov_ps(v{j}, (__mmask16)mj, _mm512_permutex2var_ps(lo, even, hi));",
+                          f"        const {v.t} lo = {lo};",
+                          f"        const {v.t} hi = {hi};",
+                          f"        v{j} = {v.x('mask_mov', a=f'v{j}', m=f'({mt})mj', b=v.x('permute2', a='lo', i='even', b='hi'))};",
                           "      } }"]
             L.append("}")
-            L += [f"_mm512_store_ps(dk + {16 * j}, v{j});" for j in range(nv)]
+            L += [v.store(f"dk + {w * j}", f"v{j}") for j in range(nv)]
             return "\n".join(L)
-        if blk.isa == "avx512":
+        if v.has("gather") and v.bit_masks:
             L = [f"const int *restrict ti = tidx + t * {nr};"]
             for j in range(blk.nv):
-                L += [f"{{ const __m512i idx = _mm512_loadu_si512((const void *)(ti + {16 * j}));",
-                      "  const __mmask16 ok = _mm512_cmpge_epi32_mask(idx, _mm512_setzero_si512());",
-                      f"  _mm512_store_ps(dk + {16 * j}, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), ok, idx, xc, 4)); }}"]
+                L += [f"{{ const {v.x('itype')} idx = {v.x('i32_loadu', p=f'ti + {w * j}')};",
+                      f"  const {v.mask_type} ok = {v.x('i32_ge0_mask', a='idx')};",
+                      f"  {v.store(f'dk + {w * j}', v.x('gather', a=v.zero(), m='ok', i='idx', p='xc'))} }}"]
             return "\n".join(L)
         return "\n".join([f"const int *restrict ti = tidx + t * {nr};",
                           f"for (int j = 0; j < {nr}; ++j) {{ const int o = ti[j]; dk[j] = o >= 0 ? xc[o] : 0.0f; }}"])
@@ -264,7 +272,7 @@ def emit_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
         b_op = Im2col(x_ptr, geo)
         kind = "im2col"
         em.schedule(algorithm="conv im2col fused into B packing (CONV_GEMM)"
-                    + (", masked-load runs" if b_op._runs(blk) else ", gathers" if blk.isa == "avx512" else ""))
+                    + (", masked-load runs" if b_op._runs(blk) else ", gathers" if blk.vx.has("gather") else ""))
     em.schedule(layout=f"NCHW; weights packed [G][OC/{blk.mr}][K][{blk.mr}]",
                 shape=f"{geo.ks} kernel, stride {geo.strides}, group {geo.group}")
     items = geo.batch * geo.group
@@ -310,25 +318,28 @@ def _emit_depthwise(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry) -
           f"    const float *restrict x = X + (bi * {geo.c} + gi) * {ih * iw}L;",
           f"    float *restrict y = Y + pl * {oh_ * ow}L;",
           f"    const float *restrict wk = Wt + oc * {kh * kw};"]
-    flat = blk.isa == "avx512" and oh_ * ow <= 16 * DW_FLAT_CHUNKS
+    v = blk.vx
+    # the register kernels build every tap's lane mask at compile time: bit-mask ISAs with gathers
+    in_regs = v.bit_masks and v.has("gather")
+    flat = in_regs and oh_ * ow <= v.lanes * DW_FLAT_CHUNKS
 
     def finish(acc: str, n: int, flat_off: str) -> list[str]:
         """The epilogue on an accumulator before its (masked) store."""
-        mask = None if n == 16 else f"(__mmask16){(1 << n) - 1:#x}"
+        mask = None if n == v.lanes else f"({v.mask_type}){(1 << n) - 1:#x}"
         return vector_epilogue_stmts(ep, em, blk, acc, mask, flat_off, "oc", "0") or []
 
-    epi_in_regs = blk.isa == "avx512" and (
+    epi_in_regs = in_regs and (
         ep.empty() or vector_epilogue_stmts(ep, em, blk, "a", None, "0", "oc", "0") is not None)
     if flat:
-        L += ["    " + x for x in _dw_plane_avx512(ih, iw, oh_, ow, kh, kw, sh, sw, dh, dw, ph, pw,
+        L += ["    " + x for x in _dw_plane_avx512(v, ih, iw, oh_, ow, kh, kw, sh, sw, dh, dw, ph, pw,
                                                     finish if epi_in_regs else None)]
     else:
         L += [f"    for (long oh = 0; oh < {oh_}; ++oh) {{",
               f"        float *restrict yr = y + oh * {ow};"]
     if flat:
         pass
-    elif blk.isa == "avx512":
-        L += ["        " + x for x in _dw_row_avx512(ih, iw, oh_, ow, kh, kw, sh, sw, dh, dw, ph, pw,
+    elif in_regs:
+        L += ["        " + x for x in _dw_row_avx512(v, ih, iw, oh_, ow, kh, kw, sh, sw, dh, dw, ph, pw,
                                                      finish if epi_in_regs else None)]
     else:
         L += [f"        for (long o = 0; o < {ow}; ++o) yr[o] = 0.0f;",
@@ -365,7 +376,7 @@ def _emit_depthwise(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry) -
     L.append("}")
     doc = f"depthwise Conv {geo.describe()} multiplier={mult}; {epilogue_doc(node)}"
     em.schedule(algorithm="depthwise direct" + (
-        " (whole plane in registers)" if flat else " (row by row in registers)" if blk.isa == "avx512" else ""),
+        " (whole plane in registers)" if flat else " (row by row in registers)" if in_regs else ""),
         kernel=f"f32_conv{geo.rank}d_depthwise_direct", layout="NCHW",
         threads="thread 0 only" if macs < DW_PARALLEL_MIN_MACS else "planes split over threads",
         epilogue_at="in registers" if epi_in_regs and not ep.empty() else "row pass" if epi else "",
@@ -377,50 +388,51 @@ DW_CHUNKS = 8  # output vectors accumulated in registers at once by the AVX-512 
 DW_FLAT_CHUNKS = 16  # planes up to 16 vectors (256 outputs) run as one flat register block
 
 
-def _dw_tap(src: str, mask: int, sw: int, lanes: list[int] | None = None) -> str:
+def _dw_tap(v: VectorIsa, src: str, mask: int, sw: int, lanes: list[int] | None = None) -> str:
     """A vector of input taps: ``lanes`` (offsets from src, per lane) or src + lane * sw."""
+    w, mt = v.lanes, v.mask_type
     if lanes is None:
         if sw == 1:
-            return (f"_mm512_loadu_ps({src})" if mask == 0xFFFF
-                    else f"_mm512_maskz_loadu_ps((__mmask16){mask:#x}, {src})")
+            return v.masked_load(src, None if mask == (1 << w) - 1 else f"({mt}){mask:#x}")
         if sw == 2:
-            lo = sum(1 << (2 * b) for b in range(8) if mask >> b & 1)
-            hi = sum(1 << (2 * b) for b in range(8) if mask >> (8 + b) & 1)
-            return (f"_mm512_maskz_permutex2var_ps((__mmask16){mask:#x}, "
-                    f"_mm512_maskz_loadu_ps((__mmask16){lo:#x}, {src}), DW_EVEN, "
-                    f"_mm512_maskz_loadu_ps((__mmask16){hi:#x}, {src} + 16))")
-        lanes = [e * sw for e in range(16)]
+            half = w // 2
+            lo = sum(1 << (2 * b) for b in range(half) if mask >> b & 1)
+            hi = sum(1 << (2 * b) for b in range(half) if mask >> (half + b) & 1)
+            return v.x("maskz_permute2", m=f"({mt}){mask:#x}", a=v.masked_load(src, f"({mt}){lo:#x}"), i="DW_EVEN",
+                       b=v.masked_load(f"{src} + {w}", f"({mt}){hi:#x}"))
+        lanes = [e * sw for e in range(w)]
     idx = ", ".join(str(x) for x in lanes)
-    return (f"_mm512_mask_i32gather_ps(_mm512_setzero_ps(), (__mmask16){mask:#x}, "
-            f"_mm512_setr_epi32({idx}), {src}, 4)")
+    return v.x("gather", a=v.zero(), m=f"({mt}){mask:#x}", i=v.x("i32_setr", a=idx), p=src)
 
 
-def _dw_store(c: int, n: int, dst: str, finish, flat_off: str) -> list[str]:
+def _dw_even(v: VectorIsa) -> str:
+    """The index vector of the even lanes of two vectors (stride-2 taps)."""
+    return f"const {v.x('itype')} DW_EVEN = {v.x('i32_setr', a=', '.join(str(2 * e) for e in range(v.lanes)))};"
+
+
+def _dw_store(v: VectorIsa, c: int, n: int, dst: str, finish, flat_off: str) -> list[str]:
     L = ["  " + x for x in (finish(f"a{c}", n, flat_off) if finish else [])]
-    if n == 16:
-        L.append(f"  _mm512_storeu_ps({dst}, a{c});")
-    else:
-        L.append(f"  _mm512_mask_storeu_ps({dst}, (__mmask16){(1 << n) - 1:#x}, a{c});")
+    L.append("  " + v.masked_store(dst, f"a{c}", None if n == v.lanes else f"({v.mask_type}){(1 << n) - 1:#x}"))
     return L
 
 
-def _dw_plane_avx512(ih: int, iw: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int,
+def _dw_plane_avx512(v: VectorIsa, ih: int, iw: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int,
                      dw: int, ph: int, pw: int, finish) -> list[str]:
     """A whole (small) depthwise output plane in registers: 16 consecutive flat outputs per
     vector; for every tap the lanes' input offsets are compile-time constants (a masked load
     when they are contiguous, two loads and a permute at stride 2, else a gather)."""
-    n_out = oh * ow
-    chunks = -(-n_out // 16)
+    n_out, w = oh * ow, v.lanes
+    chunks = -(-n_out // w)
     L = ["{ const uintptr_t xb = (uintptr_t)x;",
-         "  " + " ".join(f"__m512 a{c} = _mm512_setzero_ps();" for c in range(chunks))]
+         "  " + " ".join(f"{v.t} a{c} = {v.zero()};" for c in range(chunks))]
     uses_even = False
     for ky in range(kh):
         for kx in range(kw):
             taps = []
             for c in range(chunks):
                 offs = []
-                for lane in range(16):
-                    o = 16 * c + lane
+                for lane in range(w):
+                    o = w * c + lane
                     if o >= n_out:
                         offs.append(None)
                         continue
@@ -433,39 +445,38 @@ def _dw_plane_avx512(ih: int, iw: int, oh: int, ow: int, kh: int, kw: int, sh: i
                 mask = sum(1 << i for i in valid)
                 base = offs[valid[0]] - valid[0]
                 if all(offs[i] == base + i for i in valid):
-                    taps.append((c, _dw_tap(f"(const float *)(xb + (uintptr_t)({base}L * 4))", mask, 1)))
+                    taps.append((c, _dw_tap(v, f"(const float *)(xb + (uintptr_t)({base}L * 4))", mask, 1)))
                     continue
                 base2 = offs[valid[0]] - 2 * valid[0]
                 if all(offs[i] == base2 + 2 * i for i in valid):
                     uses_even = True
-                    taps.append((c, _dw_tap(f"(const float *)(xb + (uintptr_t)({base2}L * 4))", mask, 2)))
+                    taps.append((c, _dw_tap(v, f"(const float *)(xb + (uintptr_t)({base2}L * 4))", mask, 2)))
                     continue
                 lanes = [v if v is not None else 0 for v in offs]
-                taps.append((c, _dw_tap("(const float *)xb", mask, 0, lanes)))
+                taps.append((c, _dw_tap(v, "(const float *)xb", mask, 0, lanes)))
             if not taps:
                 continue
-            L.append(f"  {{ const __m512 wv = _mm512_set1_ps(wk[{ky * kw + kx}]);")
+            L.append(f"  {{ const {v.t} wv = {v.set1(f'wk[{ky * kw + kx}]')};")
             for c, xv in taps:
-                L.append(f"    a{c} = _mm512_fmadd_ps(wv, {xv}, a{c});")
+                L.append(f"    a{c} = {v.fmadd('wv', xv, f'a{c}')};")
             L.append("  }")
     for c in range(chunks):
-        L += _dw_store(c, min(16, n_out - 16 * c), f"y + {16 * c}", finish, f"pl * {n_out}L + {16 * c}")
+        L += _dw_store(v, c, min(w, n_out - w * c), f"y + {w * c}", finish, f"pl * {n_out}L + {w * c}")
     L.append("}")
     if uses_even:
-        L.insert(0, "const __m512i DW_EVEN = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, "
-                    "26, 28, 30);")
+        L.insert(0, _dw_even(v))
     return L
 
 
-def _dw_row_avx512(ih: int, iw: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int,
+def _dw_row_avx512(v: VectorIsa, ih: int, iw: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int,
                    dw: int, ph: int, pw: int, finish=None) -> list[str]:
     """One depthwise output row (``yr``) in registers: 16 outputs per vector, every tap's lane
     mask (padding, row end) a compile-time constant."""
-    L = []
-    chunks = -(-ow // 16)
+    L, w = [], v.lanes
+    chunks = -(-ow // w)
     for g0 in range(0, chunks, DW_CHUNKS):
         group = list(range(g0, min(chunks, g0 + DW_CHUNKS)))
-        L.append("{ " + " ".join(f"__m512 a{c} = _mm512_setzero_ps();" for c in group))
+        L.append("{ " + " ".join(f"{v.t} a{c} = {v.zero()};" for c in group))
         L += [f"  for (int kh = 0; kh < {kh}; ++kh) {{",
               f"    const long ih = oh * {sh} - {ph} + kh * {dh};",
               f"    if ((unsigned long)ih >= {ih}ul) continue;",
@@ -476,25 +487,24 @@ def _dw_row_avx512(ih: int, iw: int, oh: int, ow: int, kh: int, kw: int, sh: int
             taps = []
             for c in group:
                 mask = 0
-                for lane in range(16):
-                    o = 16 * c + lane
+                for lane in range(w):
+                    o = w * c + lane
                     if o < ow and 0 <= o * sw + off < iw:
                         mask |= 1 << lane
                 if mask:
-                    taps.append((c, mask, 16 * c * sw + off))
+                    taps.append((c, mask, w * c * sw + off))
             if not taps:
                 continue
-            L.append(f"    {{ const __m512 wv = _mm512_set1_ps(wr[{kx}]);")
+            L.append(f"    {{ const {v.t} wv = {v.set1(f'wr[{kx}]')};")
             for c, mask, base in taps:
                 src = f"(const float *)(xr + (uintptr_t)({base}L * 4))"
-                L.append(f"      a{c} = _mm512_fmadd_ps(wv, {_dw_tap(src, mask, sw)}, a{c});")
+                L.append(f"      a{c} = {v.fmadd('wv', _dw_tap(v, src, mask, sw), f'a{c}')};")
             L.append("    }")
         L.append("  }")
         for c in group:
-            L += _dw_store(c, min(16, ow - 16 * c), f"yr + {16 * c}", finish,
-                           f"pl * {oh * ow}L + oh * {ow} + {16 * c}")
+            L += _dw_store(v, c, min(w, ow - w * c), f"yr + {w * c}", finish,
+                           f"pl * {oh * ow}L + oh * {ow} + {w * c}")
         L.append("}")
     if sw == 2:
-        L.insert(0, "const __m512i DW_EVEN = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, "
-                    "26, 28, 30);")
+        L.insert(0, _dw_even(v))
     return L

@@ -60,10 +60,11 @@ from smelt.codegen.kernels.conv_geometry import (
     is_flat_pointwise,
 )
 from smelt.codegen.kernels.epilogue import epilogue_doc
+from smelt.codegen.kernels.isa import with_lanes
+from smelt.codegen.kernels.tile import RegisterTile
 from smelt.codegen.registry import register
 from smelt.codegen.templates import winograd
 from smelt.codegen.templates.gemm import (
-    _V,
     Blocking,
     TileEpilogue,
     define,
@@ -104,9 +105,11 @@ def pack_weights(w: np.ndarray, geo: ConvGeometry, s: NchwcSchedule, ib: int) ->
 # Code generation
 # ------------------------------------------------------------------------------------------
 def _blocking(ob: int) -> Blocking:
-    """The vector spelling for one block of ``ob`` lanes (AVX2 spelling for 8 lanes)."""
-    isa = "avx512" if ob == 16 else "avx2"
-    return Blocking(isa, ob, 1, ob, 1, 1, 1, fma=True)
+    """The vector spelling for one block of ``ob`` lanes (kernels/isa.py; 8 lanes: the AVX2
+    spelling, on AVX-512 hosts too)."""
+    vx = with_lanes(ob)
+    assert vx.lanes == ob, ob
+    return Blocking(vx.name, ob, 1, ob, 1, 1, 1, fma=True)
 
 
 def _epilogue(node: Node, g: Graph, em: BlockEmitter, bias: str | None) -> tuple[TileEpilogue, list[str]]:
@@ -135,7 +138,7 @@ class _Gen:
         self.ep = ep
         self.has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
         self.blk = _blocking(s.oc_bn)
-        self.v = _V(self.blk)
+        self.v = self.blk.vx
         self.eparams = "".join(f", const float *e{k}" for k in range(n_eps))
         self.eargs = "".join(f", e{k}" for k in range(n_eps))
         icbs = geo.cg // ib
@@ -220,13 +223,13 @@ class _Gen:
         v, ob, ib = self.v, self.s.oc_bn, self.ib
         sw_ib, dw_ib = self.SW * ib, self.DW * ib
         icbs = self.geo.cg // ib
+        tile = RegisterTile(v, jt, width)
         L = [f"static inline __attribute__((always_inline)) void FNAME(const float *restrict x, long xo, "
              f"const float *restrict w, float *{self.yq}y, long yo, long ch, int kh_lo, int kh_hi"
              f"{self.icparams}{self.eparams}) {{"]
         if self.chunked:
             # ic-outer order: the first chunk starts from zero, later ones from the partial sums
-            for j in range(jt):
-                L.append(f"    {v.t} " + ", ".join(f"a{j}_{r}" for r in range(width)) + ";")
+            L += ["    " + x for x in tile.declare(None)]
             L.append("    if (icb_lo == 0) {")
             L += [f"        a{j}_{r} = {v.zero()};" for j in range(jt) for r in range(width)]
             L.append("    } else {")
@@ -235,8 +238,7 @@ class _Gen:
             L.append("    for (int icb = icb_lo; icb < icb_hi; ++icb) {")
             icb_end = "icb_hi"
         else:
-            for j in range(jt):
-                L.append(f"    {v.t} " + ", ".join(f"a{j}_{r} = {v.zero()}" for r in range(width)) + ";")
+            L += ["    " + x for x in tile.declare()]
             L.append(f"    for (int icb = 0; icb < {icbs}; ++icb) {{")
             icb_end = str(icbs)
         unroll = self.s.unroll_ker or ow0 is not None
@@ -266,13 +268,8 @@ class _Gen:
                 L.append(f"{ind}{{")
                 ind += "    "
             L.append(f"{ind}for (int i = 0; i < {ib}; ++i) {{")
-            for j in range(jt):
-                L.append(f"{ind}    const {v.t} w{j} = {v.load(f'wr + {kww} + i * {jt * ob} + {j * ob}')};")
-            for r in rows:
-                L.append(f"{ind}    {{ const {v.t} b = {v.set1(f'xr[{kwx} + i + {r * sw_ib}]')};")
-                for j in range(jt):
-                    L.append(f"{ind}      a{j}_{r} = {v.fmadd('b', f'w{j}', f'a{j}_{r}')};")
-                L.append(f"{ind}    }}")
+            L += tile.fma_step(lambda j, kww=kww: v.load(f"wr + {kww} + i * {jt * ob} + {j * ob}"),
+                               lambda r, kwx=kwx: v.set1(f"xr[{kwx} + i + {r * sw_ib}]"), rows, indent=ind + "    ")
             L.append(f"{ind}}}")
             if self.tap_prefetch:
                 icb0 = "(icb - icb_lo)" if self.chunked else "icb"

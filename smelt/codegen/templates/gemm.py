@@ -59,6 +59,8 @@ from smelt.codegen.kernels.epilogue import (
     vector_relu,
     vector_unary_expr,
 )
+from smelt.codegen.kernels.isa import VectorIsa, by_name, half_width, vector_isa
+from smelt.codegen.kernels.tile import RegisterTile
 from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
 from smelt.target import Target
@@ -81,7 +83,7 @@ FLOAT = "float32"
 class Blocking:
     """Micro-kernel geometry and cache blocking for one target."""
 
-    isa: str  # "avx512", "avx2" or "scalar" (portable C)
+    isa: str  # the vector ISA's name (kernels/isa.py: the tag in kernel names)
     vec: int  # floats per vector (portable C: the width of its inner loops)
     mr: int
     nr: int
@@ -89,6 +91,11 @@ class Blocking:
     nc: int
     mc: int
     fma: bool = True
+
+    @property
+    def vx(self) -> VectorIsa:
+        """The vector ISA description this blocking renders with."""
+        return by_name(self.isa, self.fma, self.vec)
 
     @property
     def nv(self) -> int:
@@ -122,69 +129,17 @@ C_PREFETCH = True
 KC_L1_FRACTION = 4
 NC_L2_FRACTION = 4
 
-# Micro-kernel shapes per ISA (measured on Sapphire Rapids: 8x48, 14x32, 6x64 and 12x32 all
-# reach ~95% of FMA peak on 512^3; 8x48 wastes nothing on channel counts that are multiples of 8).
-KERNEL_SHAPES = {"avx512": (8, 48, 16), "avx2": (6, 16, 8), "scalar": (4, 16, 8)}
-
-
 def blocking_for(target: Target) -> Blocking:
-    isa = target.isa if target.isa in ("avx512", "avx2") else "scalar"
-    mr, nr, vec = KERNEL_SHAPES[isa]
+    """Micro-kernel shape (the ISA description's ``gemm_kernel``) and cache blocking."""
+    vx = vector_isa(target)
+    (mr, nr), vec = vx.gemm_kernel, vx.lanes
     l1 = max(16 * 1024, target.l1d_bytes)
     l2 = max(128 * 1024, target.l2_bytes)
     kc = (l1 // KC_L1_FRACTION) // (mr * 4)
     kc = max(64, min(512, kc // 16 * 16))
     nc = max(4 * nr, ((l2 // NC_L2_FRACTION) // (kc * 4)) // nr * nr)
     mc = max(4 * mr, ((l2 // 4) // (kc * 4)) // mr * mr)
-    return Blocking(isa, vec, mr, nr, kc, nc, mc, fma=target.fma or isa == "avx512")
-
-
-# ------------------------------------------------------------------------------------------
-# Vector helpers
-# ------------------------------------------------------------------------------------------
-class _V:
-    """C spellings of vector operations for an ISA."""
-
-    def __init__(self, blk: Blocking) -> None:
-        self.isa = blk.isa
-        self.fma = blk.fma
-        if blk.isa == "avx512":
-            self.t, self.p, self.w = "__m512", "_mm512", 16
-        else:
-            self.t, self.p, self.w = "__m256", "_mm256", 8
-
-    def zero(self) -> str:
-        return f"{self.p}_setzero_ps()"
-
-    def set1(self, x: str) -> str:
-        return f"{self.p}_set1_ps({x})"
-
-    def load(self, ptr: str) -> str:
-        return f"{self.p}_load_ps({ptr})"
-
-    def loadu(self, ptr: str) -> str:
-        return f"{self.p}_loadu_ps({ptr})"
-
-    def store(self, ptr: str, v: str) -> str:
-        return f"{self.p}_store_ps({ptr}, {v});"
-
-    def storeu(self, ptr: str, v: str) -> str:
-        return f"{self.p}_storeu_ps({ptr}, {v});"
-
-    def op(self, name: str, a: str, b: str) -> str:
-        return f"{self.p}_{name}_ps({a}, {b})"
-
-    def fmadd(self, a: str, b: str, c: str) -> str:
-        if self.fma:
-            return f"{self.p}_fmadd_ps({a}, {b}, {c})"
-        return self.op("add", self.op("mul", a, b), c)
-
-    def ge_zero_select(self, v: str, if_ge: str, if_lt: str) -> str:
-        """Lane-wise ``v >= 0 ? if_ge : if_lt``."""
-        if self.isa == "avx512":
-            return (f"_mm512_mask_blend_ps(_mm512_cmp_ps_mask({v}, _mm512_setzero_ps(), _CMP_GE_OQ), "
-                    f"{if_lt}, {if_ge})")
-        return f"_mm256_blendv_ps({if_lt}, {if_ge}, _mm256_cmp_ps({v}, _mm256_setzero_ps(), _CMP_GE_OQ))"
+    return Blocking(vx.name, vec, mr, nr, kc, nc, mc, fma=vx.fma)
 
 
 def _lit(x: float) -> str:
@@ -219,7 +174,8 @@ def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False
     """
     mr = blk.mr
     lines = [f"static __attribute__((noinline)) void FNAME{UKR_SIG} {{"]
-    if blk.isa == "scalar":
+    v = blk.vx
+    if not v.vector:
         # portable C: every loop bound a constant (the packed B panel is NR wide), so the
         # compiler keeps acc in vector registers
         width = nv * blk.vec
@@ -251,59 +207,28 @@ def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False
             "}",
         ]
         return "\n".join(lines)
-    v = _V(blk)
     w = v.w
     last = nv - 1
-    if blk.isa == "avx512":
-        lines.append("    const __mmask16 lm = (__mmask16)((1u << lastn) - 1u);")
-    else:
-        lines.append("    const __m256i lm = _mm256_cmpgt_epi32(_mm256_set1_epi32(lastn), "
-                     "_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));")
-    for r in range(rows):
-        lines.append("    " + " ".join(f"{v.t} c{r}_{j} = {v.zero()};" for j in range(nv)))
+    tile = RegisterTile(v, nv, rows, acc_fmt="c{r}_{j}", vec="b", bcast="a")
+    lines.append(f"    const {v.mask_type} lm = {v.lane_mask('lastn')};")
+    lines += ["    " + x for x in tile.declare(by_row=True)]
     if C_PREFETCH:  # the C tile (and a residual operand) arrive while the K loop runs
         lines.append(f"    for (int r = 0; r < {rows}; ++r) {{")
-        lines += [f"        _mm_prefetch((const char *)(C + r * ldc + {j * w}), _MM_HINT_T0);" for j in range(nv)]
+        lines += [f"        {v.prefetch(f'C + r * ldc + {j * w}')}" for j in range(nv)]
         lines.append("        if (ef & 4) {")
-        lines += [f"            _mm_prefetch((const char *)(fr + r * ldf + {j * w}), _MM_HINT_T0);" for j in range(nv)]
+        lines += [f"            {v.prefetch(f'fr + r * ldf + {j * w}')}" for j in range(nv)]
         lines += ["        }", "    }"]
     lines += ["    #pragma GCC unroll 4", "    for (long k = 0; k < kc; ++k) {"]
-    for j in range(nv):
-        ptr = f"B + {j * w}"
-        if j < last:
-            ld = v.loadu(ptr)
-        elif blk.isa == "avx512":
-            ld = f"_mm512_maskz_loadu_ps(lm, {ptr})"
-        else:
-            ld = f"_mm256_maskload_ps({ptr}, lm)"
-        lines.append(f"        const {v.t} b{j} = {ld};")
-    if A_PREFETCH and not direct_a:
-        lines.append(f"        _mm_prefetch((const char *)(A + {A_PREFETCH * mr}), _MM_HINT_T0);")
-    for r in range(rows):
-        lines.append(f"        {{ const {v.t} a = {v.set1(f'A[{r} * lda + k]' if direct_a else f'A[{r}]')};")
-        lines.append("          " + " ".join(f"c{r}_{j} = {v.fmadd('a', f'b{j}', f'c{r}_{j}')};"
-                                              for j in range(nv)) + " }")
+    lines += tile.fma_step(lambda j: v.masked_load(f"B + {j * w}", "lm" if j == last else None),
+                           lambda r: v.set1(f"A[{r} * lda + k]" if direct_a else f"A[{r}]"), indent="        ",
+                           between=[v.prefetch(f"A + {A_PREFETCH * mr}")] if A_PREFETCH and not direct_a else [])
     lines += ["        B += ldb;" if direct_a else f"        A += {mr}; B += ldb;", "    }"]
-    if blk.isa == "avx512":
+    def ld(r: int, j: int) -> str:
+        return v.masked_load(f"C + {r} * ldc + {j * w}", "lm" if j == last else None)
 
-        def ld(r: int, j: int) -> str:
-            ptr = f"C + {r} * ldc + {j * w}"
-            return f"_mm512_maskz_loadu_ps(lm, {ptr})" if j == last else v.loadu(ptr)
+    def st(r: int, j: int) -> str:
+        return v.masked_store(f"C + {r} * ldc + {j * w}", f"c{r}_{j}", "lm" if j == last else None)
 
-        def st(r: int, j: int) -> str:
-            ptr = f"C + {r} * ldc + {j * w}"
-            return (f"_mm512_mask_storeu_ps({ptr}, lm, c{r}_{j});" if j == last
-                    else v.storeu(ptr, f"c{r}_{j}"))
-    else:
-
-        def ld(r: int, j: int) -> str:
-            ptr = f"C + {r} * ldc + {j * w}"
-            return f"_mm256_maskload_ps({ptr}, lm)" if j == last else v.loadu(ptr)
-
-        def st(r: int, j: int) -> str:
-            ptr = f"C + {r} * ldc + {j * w}"
-            return (f"_mm256_maskstore_ps({ptr}, lm, c{r}_{j});" if j == last
-                    else v.storeu(ptr, f"c{r}_{j}"))
     lines.append("    if (accum) {")
     for r in range(rows):
         lines.append("        " + " ".join(f"c{r}_{j} = {v.op('add', f'c{r}_{j}', ld(r, j))};"
@@ -311,9 +236,7 @@ def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False
     lines.append("    }")
 
     def ldp(ptr: str, j: int) -> str:  # a vector of B-row width at ptr (masked when last)
-        if j < last:
-            return v.loadu(ptr)
-        return f"_mm512_maskz_loadu_ps(lm, {ptr})" if blk.isa == "avx512" else f"_mm256_maskload_ps({ptr}, lm)"
+        return v.masked_load(ptr, "lm" if j == last else None)
 
     allc = [(r, j) for r in range(rows) for j in range(nv)]
     lines += ["    if (ef) {", "        if (ef & 1) {"]
@@ -348,9 +271,10 @@ COL_TAIL_MAX = 7
 def col_tail(blk: Blocking, n: int) -> tuple[int, int] | None:
     """(whole vectors, leftover columns) of the N tail when the column kernel takes it."""
     t = n % blk.nr
-    if blk.isa != "avx512" or blk.mr != 8 or not t or not 0 < t % 16 <= COL_TAIL_MAX:
+    half = half_width(blk.vx)
+    if half is None or blk.mr != half.lanes or not t or not 0 < t % blk.vec <= COL_TAIL_MAX:
         return None
-    return t // 16, t % 16
+    return t // blk.vec, t % blk.vec
 
 
 def col_panels(r: int) -> int:
@@ -359,21 +283,20 @@ def col_panels(r: int) -> int:
 
 def colkernel_source(blk: Blocking, npn: int, r: int) -> str:
     """C[npn*8 rows][r cols] (only ``rows`` rows stored); A: npn MR=8 panels ``aps`` apart."""
+    h = half_width(blk.vx)  # one vector of the half width spans a panel's MR rows
+    assert h is not None and h.lanes == blk.mr
+    tile = RegisterTile(h, npn, r, acc_fmt="c{j}_{r}", vec="x", bcast_first=False)
     L = ["static __attribute__((noinline)) void FNAME(long kc, const float *restrict A, long aps, "
          "const float *restrict B, long ldb, float *restrict C, long ldc, int accum, long rows) {"]
-    for q in range(npn):
-        L.append("    " + " ".join(f"__m256 c{q}_{j} = _mm256_setzero_ps();" for j in range(r)))
+    L += ["    " + x for x in tile.declare(by_row=False)]
     L.append("    " + " ".join(f"const float *restrict a{q} = A + {q} * aps;" for q in range(npn)))
     L += ["    for (long k = 0; k < kc; ++k) {"]
-    for q in range(npn):
-        L.append(f"        const __m256 x{q} = _mm256_load_ps(a{q} + k * 8);")
-    for j in range(r):
-        L.append(f"        {{ const __m256 b = _mm256_broadcast_ss(B + k * ldb + {j});")
-        L.append("          " + " ".join(f"c{q}_{j} = _mm256_fmadd_ps(x{q}, b, c{q}_{j});" for q in range(npn)) + " }")
-    L += ["    }", "    float t[8];"]
+    L += tile.fma_step(lambda q: h.load(f"a{q} + k * {h.lanes}"), lambda j: h.broadcast(f"B + k * ldb + {j}"),
+                       indent="        ")
+    L += ["    }", f"    float t[{h.lanes}];"]
     for q in range(npn):
         for j in range(r):
-            L += [f"    _mm256_storeu_ps(t, c{q}_{j});",
+            L += [f"    {h.storeu('t', f'c{q}_{j}')}",
                   f"    for (long i = 0; i < SMELT_MIN(8, rows - {8 * q}); ++i) {{",
                   f"        float *restrict c = C + ({8 * q} + i) * ldc + {j};",
                   "        *c = accum ? *c + t[i] : t[i];",
@@ -398,47 +321,6 @@ def microkernel(em: BlockEmitter, blk: Blocking, rows: int, nv: int, direct_a: b
 #  "swap": bool, "scale": float|None} ("row": indexed by the GEMM row + row offset,
 # "col": by the column, "full": by the element's flat index in the output), or
 # {"op": "Scale", "value": float}.
-
-
-def vexp_source(isa: str) -> str:
-    """``static inline`` vector expf (FNAME): Cephes' degree-6 polynomial on x - n*ln2, scaled by
-    2^n; max relative error ~2 ulp. NaN propagates (the clamp keeps it: the value is the second
-    operand of max/min), e^+Inf = +Inf and e^-Inf = 0 exactly, so Sigmoid(-Inf) = 0 and
-    SiLU(-Inf) = NaN as in onnxruntime. AVX-512 clamps x to [-104, 89] and lets ``scalef``
-    overflow to Inf and underflow to 0; AVX2 builds 2^n in the exponent bits, valid for
-    x in [-87.3, 88.0], and blends in Inf above ln(FLT_MAX) and 0 below -87.3."""
-    if isa == "avx512":
-        t, p = "__m512", "_mm512"
-        lo, hi = "-104.0f", "89.0f"
-        scale = "_mm512_scalef_ps(y, n)"
-        rnd = "_mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"
-    else:
-        t, p = "__m256", "_mm256"
-        lo, hi = "-87.3f", "88.0f"
-        scale = ("_mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32("
-                 "_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)))")
-        rnd = "_mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"
-    coefs = ["1.9875691500E-4f", "1.3981999507E-3f", "8.3334519073E-3f", "4.1665795894E-2f",
-             "1.6666665459E-1f", "5.0000001201E-1f"]
-    L = [f"static inline {t} FNAME({t} x0) {{",
-         f"    const {t} x = {p}_max_ps({p}_set1_ps({lo}), {p}_min_ps({p}_set1_ps({hi}), x0));",
-         f"    const {t} n = {rnd};",
-         f"    {t} r = {p}_fnmadd_ps(n, {p}_set1_ps(0.693359375f), x);",
-         f"    r = {p}_fnmadd_ps(n, {p}_set1_ps(-2.12194440e-4f), r);",
-         f"    {t} q = {p}_set1_ps({coefs[0]});"]
-    for c in coefs[1:]:
-        L.append(f"    q = {p}_fmadd_ps(q, r, {p}_set1_ps({c}));")
-    L.append(f"    {t} y = {p}_fmadd_ps({p}_mul_ps(q, r), r, {p}_add_ps(r, {p}_set1_ps(1.0f)));")
-    if isa == "avx512":
-        L.append(f"    return {scale};")
-    else:
-        L += [f"    y = {scale};",
-              "    /* 0 below the clamp (an unordered compare keeps NaN), Inf above ln(FLT_MAX) */",
-              "    y = _mm256_and_ps(y, _mm256_cmp_ps(x0, _mm256_set1_ps(-87.3f), _CMP_NLT_UQ));",
-              "    return _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), "
-              "_mm256_cmp_ps(x0, _mm256_set1_ps(88.7228394f), _CMP_GT_OQ));"]
-    L.append("}")
-    return "\n".join(L)
 
 
 _BIN = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
@@ -513,7 +395,7 @@ def vector_epilogue_ok(ep: TileEpilogue, blk: Blocking) -> bool:
     return all(op["op"] in _BIN or op["op"] == "Scale" or op["op"] in ok for op in ep.all_ops())
 
 
-def _vector_op(v: _V, op: dict, x: str, operand: str | None, vexp: str = "") -> str:
+def _vector_op(v: VectorIsa, op: dict, x: str, operand: str | None, vexp: str = "") -> str:
     name = op["op"]
     if name == "Scale":
         return v.op("mul", x, v.set1(_lit(op["value"])))
@@ -566,40 +448,15 @@ def kernel_epilogue(ep: TileEpilogue, em: BlockEmitter) -> dict | None:
     return out
 
 
-def _masked_load(v: _V, ptr: str, mask: str | None) -> str:
-    if mask is None:
-        return v.loadu(ptr)
-    if v.isa == "avx512":
-        return f"_mm512_maskz_loadu_ps({mask}, {ptr})"
-    return f"_mm256_maskload_ps({ptr}, {mask})"
-
-
-def _masked_store(v: _V, ptr: str, x: str, mask: str | None) -> str:
-    if mask is None:
-        return v.storeu(ptr, x)
-    if v.isa == "avx512":
-        return f"_mm512_mask_storeu_ps({ptr}, {mask}, {x});"
-    return f"_mm256_maskstore_ps({ptr}, {mask}, {x});"
-
-
-def lane_mask(v: _V, n: str) -> str:
-    """C expression: the ISA's mask of the first ``n`` lanes (0 <= n <= width)."""
-    if v.isa == "avx512":
-        return f"(__mmask16)((1u << ({n})) - 1u)"
-    return f"_mm256_cmpgt_epi32(_mm256_set1_epi32((int)({n})), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))"
-
-
 def vector_epilogue_stmts(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, x: str, mask: str | None,
                           flat: str, row: str, col: str) -> list[str] | None:
     """Statements applying the whole epilogue to vector register ``x`` whose lane 0 is the output
     element at flat index ``flat``, GEMM row ``row`` and column ``col`` (consecutive lanes:
     consecutive columns); ``mask`` limits operand loads. None when some op has no vector form."""
-    if blk.isa == "scalar" or not vector_epilogue_ok(ep, blk):
+    if not blk.vx.vector or not vector_epilogue_ok(ep, blk):
         return None
-    v = _V(blk)
-    vexp = ""
-    if any(op["op"] in ("Sigmoid", "Tanh", "SiLU") for op in ep.all_ops()):
-        vexp = define(em, f"f32_vexp__{blk.isa}", vexp_source(blk.isa), "vector expf")
+    v = blk.vx
+    vexp = v.exp_fn  # csrc/smelt_vec.h
     ops = list(ep.ops) + (node_epilogue_ops(em, ep.node, ep.channel) if ep.node is not None else [])
     out = []
     for op in ops:
@@ -608,8 +465,8 @@ def vector_epilogue_stmts(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, x: 
             ptr = op["ptr"]
             operand = {"row": lambda p=ptr: v.set1(f"{p}[{row}]"),
                        "scalar": lambda p=ptr: v.set1(f"{p}[0]"),
-                       "col": lambda p=ptr: _masked_load(v, f"{p} + {col}", mask),
-                       "full": lambda p=ptr: _masked_load(v, f"{p} + {flat}", mask)}[op["kind"]]()
+                       "col": lambda p=ptr: v.masked_load(f"{p} + {col}", mask),
+                       "full": lambda p=ptr: v.masked_load(f"{p} + {flat}", mask)}[op["kind"]]()
         out.append(f"{x} = {_vector_op(v, op, x, operand, vexp)};")
     return out
 
@@ -625,8 +482,8 @@ def tile_epilogue_code(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, ldc: i
         return ""
     row = f"((grow + r) % {ep.row_mod})" if ep.row_mod else "(grow + r)"
     lines = ["for (long r = 0; r < rows; ++r) {", f"    float *restrict cr = cp + r * {ldc};"]
-    if blk.isa != "scalar" and vector_epilogue_ok(ep, blk):
-        v = _V(blk)
+    v = blk.vx
+    if v.vector and vector_epilogue_ok(ep, blk):
         w = v.w
         full = vector_epilogue_stmts(ep, em, blk, "x", None, f"coff + r * {ldc} + j", row, "gcol + j")
         tail = vector_epilogue_stmts(ep, em, blk, "x", "m", f"coff + r * {ldc} + j", row, "gcol + j")
@@ -637,10 +494,10 @@ def tile_epilogue_code(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, ldc: i
         lines += ["        " + x for x in full]
         lines += [f"        {v.storeu('cr + j', 'x')}", "    }",
                   "    if (j < cols) {",
-                  f"        const {'__mmask16' if v.isa == 'avx512' else '__m256i'} m = {lane_mask(v, 'cols - j')};",
-                  f"        {v.t} x = {_masked_load(v, 'cr + j', 'm')};"]
+                  f"        const {v.mask_type} m = {v.lane_mask('cols - j')};",
+                  f"        {v.t} x = {v.masked_load('cr + j', 'm')};"]
         lines += ["        " + x for x in tail]
-        lines += [f"        {_masked_store(v, 'cr + j', 'x', 'm')}", "    }"]
+        lines += [f"        {v.masked_store('cr + j', 'x', 'm')}", "    }"]
     else:
         expr = scalar_epilogue(ep, em, "cr[j]", f"(coff + r * {ldc} + j)", row, "(gcol + j)")
         lines.append(f"    for (long j = 0; j < cols; ++j) cr[j] = {expr};")
@@ -777,7 +634,7 @@ def _dispatch(em: BlockEmitter, blk: Blocking, p: GemmProblem, direct_a: bool,
             return call(rows, blk.nr)
         if ct is not None:
             return (f"if (cols == {blk.nr}) {call(rows, blk.nr)}"
-                    + (f" else {call(rows, 16 * ct[0])}" if ct[0] else ""))
+                    + (f" else {call(rows, blk.vec * ct[0])}" if ct[0] else ""))
         return f"if (cols == {blk.nr}) {call(rows, blk.nr)} else {call(rows, n_tail)}"
 
     del nv
@@ -818,16 +675,16 @@ def pack_b_strided_code(b: Strided, blk: Blocking, base: str = "Bbase + bo") -> 
         lines += ["    for (long k = 0; k < kb; ++k) {",
                   f"        const float *restrict sk = s + k * {b.s0}L;",
                   f"        float *restrict dk = d + k * {nr};"]
-        if blk.isa == "avx512":
-            nv = blk.nv
+        v = blk.vx
+        if v.bit_masks:  # a whole panel row in vectors, the ragged one under a shifted bit mask
+            nv, w = blk.nv, v.lanes
             lines.append(f"        if (cc == {nr}) {{")
             for j in range(nv):
-                lines.append(f"            _mm512_store_ps(dk + {16 * j}, _mm512_loadu_ps(sk + {16 * j}));")
+                lines.append(f"            {v.store(f'dk + {w * j}', v.loadu(f'sk + {w * j}'))}")
             lines.append("        } else {")
             lines.append("            const unsigned long long m = (1ull << cc) - 1ull;")
             for j in range(nv):
-                lines.append(f"            _mm512_store_ps(dk + {16 * j}, _mm512_maskz_loadu_ps("
-                             f"(__mmask16)(m >> {16 * j}), sk + {16 * j}));")
+                lines.append(f"            {v.store(f'dk + {w * j}', v.masked_load(f'sk + {w * j}', f'({v.mask_type})(m >> {w * j})'))}")
             lines.append("        }")
         else:
             lines.append("        for (long j = 0; j < cc; ++j) dk[j] = sk[j];")
@@ -850,10 +707,10 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
     mp, np_ = -(-p.M // mr), -(-p.N // nr)
     kb_max = blk.kb(p.K)
     pack_b = not isinstance(p.b, ConstPacked)
-    direct_b = DIRECT_B and blk.isa != "scalar" and isinstance(p.b, Strided) and p.b.s1 == 1
+    direct_b = DIRECT_B and blk.vx.vector and isinstance(p.b, Strided) and p.b.s1 == 1
     pack_b = pack_b and not direct_b
     pack_a = not isinstance(p.a, ConstPacked)
-    direct_a = DIRECT_A and blk.isa != "scalar" and isinstance(p.a, Strided) and p.a.s1 == 1
+    direct_a = DIRECT_A and blk.vx.vector and isinstance(p.a, Strided) and p.a.s1 == 1
     pack_a = pack_a and not direct_a
     # a run-time A small enough is packed whole, once per item, instead of per (jc, pc) block
     prepack_a = pack_a and mp * mr * p.K * 4 <= PREPACK_A_BYTES
@@ -960,7 +817,7 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
         npn = col_panels(r)
         calls = []
         for q in range(npn, 0, -1):
-            fn = define(em, f"f32_gemm_colukr_{8 * q}x{r}__avx512", colkernel_source(blk, q, r),
+            fn = define(em, f"f32_gemm_colukr_{8 * q}x{r}__{blk.isa}", colkernel_source(blk, q, r),
                              f"column kernel: {q} A panels x {r} tail columns")
             calls.append(f"{'if' if q == npn else 'else if'} (rows > {8 * (q - 1)}) "
                          f"{fn}(kb, ap, aps, bp, ldb, cp, {p.ldc}, pc > 0, rows);")

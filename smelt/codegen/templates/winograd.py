@@ -38,8 +38,9 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.conv_geometry import ConvGeometry
+from smelt.codegen.kernels.isa import with_lanes
+from smelt.codegen.kernels.tile import RegisterTile
 from smelt.codegen.templates.gemm import (
-    _V,
     Blocking,
     TileEpilogue,
     define,
@@ -56,7 +57,8 @@ _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.
 
 
 def _blocking() -> Blocking:
-    return Blocking("avx512", LANES, 1, LANES, 1, 1, 1, fma=True)
+    vx = with_lanes(LANES)
+    return Blocking(vx.name, LANES, 1, LANES, 1, 1, 1, fma=True)
 
 
 def transform_weights(w: np.ndarray, blocks: int) -> np.ndarray:
@@ -74,7 +76,7 @@ class _Gen:
 
     def __init__(self, em: BlockEmitter, geo: ConvGeometry, ep: TileEpilogue, n_eps: int, order: str) -> None:
         self.em, self.geo, self.ep = em, geo, ep
-        self.v = _V(_blocking())
+        self.v = _blocking().vx
         self.N = geo.batch
         self.IH, self.IW = geo.ins
         self.OH, self.OW = geo.outs
@@ -195,27 +197,22 @@ class _Gen:
     # -- the transform-domain GEMMs ------------------------------------------------------------
     def gemm_tile(self, jt: int, width: int) -> str:
         v, L16 = self.v, LANES
+        tile = RegisterTile(v, jt, width)
         L = ["static inline __attribute__((always_inline)) void FNAME(const float *restrict vb, "
              "const float *restrict u, float *restrict m) {"]
-        for j in range(jt):
-            L.append(f"    {v.t} " + ", ".join(f"a{j}_{r} = {v.zero()}" for r in range(width)) + ";")
+        L += ["    " + x for x in tile.declare()]
         L += [f"    for (int icb = 0; icb < {self.ICB}; ++icb) {{",
               f"        const float *vr = vb + (long)icb * {self.TB * L16};",
               f"        const float *ur = u + (long)icb * {L16 * jt * L16};",
               f"        for (int i = 0; i < {L16}; ++i) {{"]
-        for j in range(jt):
-            L.append(f"            const {v.t} w{j} = {v.load(f'ur + i * {jt * L16} + {j * L16}')};")
-        for r in range(width):
-            L.append(f"            {{ const {v.t} b = {v.set1(f'vr[i + {r * L16}]')};")
-            for j in range(jt):
-                L.append(f"              a{j}_{r} = {v.fmadd('b', f'w{j}', f'a{j}_{r}')};")
-            L.append("            }")
+        L += tile.fma_step(lambda j: v.load(f"ur + i * {jt * L16} + {j * L16}"),
+                           lambda r: v.set1(f"vr[i + {r * L16}]"), indent="            ")
         L += ["        }", "    }"]
         for j in range(jt):
             for r in range(width):
                 L.append(f"    {v.store(f'm + {j * self.TB * L16 + r * L16}', f'a{j}_{r}')};")
         L.append("}")
-        return define(self.em, f"f32_winograd2x3_gemm_tile_{jt}x{width}__avx512", "\n".join(L),
+        return define(self.em, f"f32_winograd2x3_gemm_tile_{jt}x{width}__{v.name}", "\n".join(L),
                       f"Winograd GEMM tile {jt} output blocks x {width} transform tiles; C={self.geo.c}, "
                       f"buffer of {self.TB} tiles")
 

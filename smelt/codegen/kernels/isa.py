@@ -1,0 +1,263 @@
+"""The vector ISAs smelt renders C for, as data: one ``VectorIsa`` per instruction set.
+
+Templates never compare ISA names: they ask the description for a C spelling (``v.fmadd(a, b, c)``,
+``v.masked_load(ptr, m)``), a size (``v.lanes``, ``v.registers``) or a shape (``v.gemm_kernel``).
+Adding an ISA (AVX-VNNI, NEON, ...) is one more description here plus its tests
+(tests/kernels/test_isa.py), not edits in every template. Helper C functions that are more than one
+intrinsic (horizontal sum/max) live in ``csrc/smelt_vec.h``, embedded into every generated
+translation unit like the runtime header (codegen/toolchain.py ``source_with_runtime``).
+
+Every spelling is a format string with ``{p}`` (pointer), ``{a}``/``{b}``/``{c}`` (operands),
+``{m}`` (tail mask), ``{n}`` (lane count) placeholders; the portable description has no vector
+type (``vtype`` empty): templates render plain C loops for it, ``lanes`` being the width of those
+loops (the compiler vectorizes them at whatever the host has).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from smelt.target import Target
+
+VEC_HEADER = Path(__file__).resolve().parent / "csrc" / "smelt_vec.h"
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class VectorIsa:
+    """One vector ISA for f32 kernels: sizes, C types and the C spelling of each operation."""
+
+    name: str  # the tag in kernel names ("avx512", "avx2", "scalar"); never compared by templates
+    lanes: int  # f32 lanes per vector (portable C: the width of its unrolled inner loops)
+    registers: int  # architectural vector registers (register-tile budgets)
+    vtype: str  # C vector type ("" for portable C)
+    prefix: str  # intrinsic prefix ("_mm512"); "" for portable C
+    mask_type: str  # C type of a tail mask
+    tail_mask: str  # mask of the first {n} lanes, 0 <= n <= lanes
+    masked_load_fmt: str  # {p} under mask {m}, zero in masked-off lanes
+    masked_store_fmt: str  # store {a} to {p} under mask {m} (a statement)
+    select_ge_zero_fmt: str  # lane-wise {a} >= 0 ? {b} : {c} (ordered: NaN takes {c})
+    any_eq_fmt: str  # C truth value: some lane of {a} equals that of {b} (ordered)
+    hsum_fn: str  # C function (csrc/smelt_vec.h or an intrinsic): sum of the lanes
+    hmax_fn: str  # max of the lanes (NaN in any lane gives NaN)
+    exp_fn: str  # vector expf (csrc/smelt_vec.h; needs FMA)
+    broadcast_fmt: str  # the float at {p} in every lane
+    cflags: tuple[str, ...]  # gcc flags enabling the ISA (when the host default does not)
+    features: tuple[str, ...]  # /proc/cpuinfo flags the host must have to run it
+    gemm_kernel: tuple[int, int]  # GEMM micro-kernel (MR rows, NR columns), NR a multiple of lanes
+    fma: bool = True  # fused multiply-add available (else mul + add: two roundings)
+    # tail masks are integer bit masks (lane i under bit i: shifts and ANDs build them) rather
+    # than vectors of all-ones lanes
+    bit_masks: bool = False
+    # AVX-512 folds a broadcast of a scalar in memory into the FMA's memory operand
+    # (``vfmadd231ps zmm, zmm, [mem]{1to16}``): the conv kernels rely on it
+    embedded_broadcast: bool = False
+    # AVX-512 hosts prefer 512-bit auto-vectorization of plain loops only when asked
+    prefer_vector_width: int = 0
+    c_header: str = "immintrin.h"  # where the intrinsics are declared
+    # spellings only some ISAs have, by name (``has``/``x``): int32 lane vectors, masked gathers,
+    # merge-masked loads, two-source permutes (the conv im2col and depthwise kernels use them)
+    extra: tuple[tuple[str, str], ...] = ()
+
+    # ---- sizes ------------------------------------------------------------------------------
+    @property
+    def vector(self) -> bool:
+        """Intrinsics available (False: portable C loops)."""
+        return bool(self.vtype)
+
+    @property
+    def bytes(self) -> int:
+        return 4 * self.lanes
+
+    # the short spellings templates use inside f-strings
+    @property
+    def t(self) -> str:
+        return self.vtype
+
+    @property
+    def w(self) -> int:
+        return self.lanes
+
+    @property
+    def isa(self) -> str:
+        return self.name
+
+    # ---- values -----------------------------------------------------------------------------
+    def zero(self) -> str:
+        return f"{self.prefix}_setzero_ps()"
+
+    def set1(self, x: str) -> str:
+        return f"{self.prefix}_set1_ps({x})"
+
+    def broadcast(self, ptr: str) -> str:
+        """The float at ``ptr`` in every lane (folded into an FMA's memory operand where the ISA
+        has embedded broadcast)."""
+        return self.broadcast_fmt.format(p=ptr)
+
+    # ---- memory -----------------------------------------------------------------------------
+    def load(self, ptr: str) -> str:
+        return f"{self.prefix}_load_ps({ptr})"
+
+    def loadu(self, ptr: str) -> str:
+        return f"{self.prefix}_loadu_ps({ptr})"
+
+    def store(self, ptr: str, v: str) -> str:
+        return f"{self.prefix}_store_ps({ptr}, {v});"
+
+    def storeu(self, ptr: str, v: str) -> str:
+        return f"{self.prefix}_storeu_ps({ptr}, {v});"
+
+    def lane_mask(self, n: str) -> str:
+        """C expression: the mask of the first ``n`` lanes (0 <= n <= lanes)."""
+        return self.tail_mask.format(n=n if _IDENT.match(n) else f"({n})")
+
+    def masked_load(self, ptr: str, mask: str | None) -> str:
+        """``ptr`` loaded in the lanes of ``mask`` (others 0; nothing read there); None: all lanes."""
+        return self.loadu(ptr) if mask is None else self.masked_load_fmt.format(p=ptr, m=mask)
+
+    def masked_store(self, ptr: str, v: str, mask: str | None) -> str:
+        """Statement: ``v`` stored to the lanes of ``mask`` at ``ptr``; None: all lanes."""
+        return self.storeu(ptr, v) if mask is None else self.masked_store_fmt.format(p=ptr, a=v, m=mask)
+
+    def prefetch(self, ptr: str) -> str:
+        """Statement: bring the cache line at ``ptr`` into L1."""
+        return f"_mm_prefetch((const char *)({ptr}), _MM_HINT_T0);"
+
+    # ---- arithmetic -------------------------------------------------------------------------
+    def op(self, name: str, a: str, b: str) -> str:
+        """``name`` in add, sub, mul, div, max, min. max/min return their SECOND operand when
+        either is NaN: put the value second to keep NaN (codegen/kernels/epilogue.py)."""
+        return f"{self.prefix}_{name}_ps({a}, {b})"
+
+    def fmadd(self, a: str, b: str, c: str) -> str:
+        """a * b + c (one rounding with FMA; mul then add without)."""
+        if self.fma:
+            return f"{self.prefix}_fmadd_ps({a}, {b}, {c})"
+        return self.op("add", self.op("mul", a, b), c)
+
+    def fnmadd(self, a: str, b: str, c: str) -> str:
+        """c - a * b."""
+        if self.fma:
+            return f"{self.prefix}_fnmadd_ps({a}, {b}, {c})"
+        return self.op("sub", c, self.op("mul", a, b))
+
+    def ge_zero_select(self, v: str, if_ge: str, if_lt: str) -> str:
+        """Lane-wise ``v >= 0 ? if_ge : if_lt`` (ordered compare: NaN takes ``if_lt``)."""
+        return self.select_ge_zero_fmt.format(a=v, b=if_ge, c=if_lt)
+
+    def any_eq(self, a: str, b: str) -> str:
+        """C truth value: some lane of ``a`` equals the same lane of ``b``."""
+        return self.any_eq_fmt.format(a=a, b=b)
+
+    def has(self, name: str) -> bool:
+        """The ISA has the optional operation ``name`` (see ``extra``)."""
+        return any(k == name for k, _ in self.extra)
+
+    def x(self, name: str, **args: str) -> str:
+        """The optional operation ``name`` with its placeholders filled (``has(name)`` first)."""
+        return next(f for k, f in self.extra if k == name).format(**args)
+
+    def hsum(self, v: str) -> str:
+        """C float: the sum of the lanes of ``v``."""
+        return f"{self.hsum_fn}({v})"
+
+    def hmax(self, v: str) -> str:
+        """C float: the max of the lanes of ``v``."""
+        return f"{self.hmax_fn}({v})"
+
+    def fn_attributes(self) -> str:
+        """Attributes for a function whose plain loops gcc should vectorize at full width."""
+        if self.prefer_vector_width:
+            return f'__attribute__((target("prefer-vector-width={self.prefer_vector_width}"))) '
+        return ""
+
+
+AVX512 = VectorIsa(
+    name="avx512", lanes=16, registers=32, vtype="__m512", prefix="_mm512", mask_type="__mmask16",
+    tail_mask="(__mmask16)((1u << {n}) - 1u)",
+    masked_load_fmt="_mm512_maskz_loadu_ps({m}, {p})",
+    masked_store_fmt="_mm512_mask_storeu_ps({p}, {m}, {a});",
+    select_ge_zero_fmt="_mm512_mask_blend_ps(_mm512_cmp_ps_mask({a}, _mm512_setzero_ps(), _CMP_GE_OQ), {c}, {b})",
+    any_eq_fmt="_mm512_cmp_ps_mask({a}, {b}, _CMP_EQ_OQ)",
+    hsum_fn="_mm512_reduce_add_ps", hmax_fn="smelt_hmax512", exp_fn="smelt_vexp512",
+    broadcast_fmt="_mm512_set1_ps(*({p}))",
+    cflags=("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"),
+    features=("avx512f", "avx512bw", "avx512vl", "avx512dq"),
+    gemm_kernel=(8, 48), embedded_broadcast=True, prefer_vector_width=512, bit_masks=True,
+    extra=(("itype", "__m512i"),
+           ("i32_set1", "_mm512_set1_epi32({a})"),
+           ("i32_setr", "_mm512_setr_epi32({a})"),
+           ("i32_add", "_mm512_add_epi32({a}, {b})"),
+           ("i32_mask_add", "_mm512_mask_add_epi32({a}, {m}, {b}, {c})"),
+           ("i32_ge0_mask", "_mm512_cmpge_epi32_mask({a}, _mm512_setzero_si512())"),
+           ("i32_lt_mask", "_mm512_cmplt_epi32_mask({a}, {b})"),
+           ("i32_loadu", "_mm512_loadu_si512((const void *)({p}))"),
+           ("i32_storeu", "_mm512_storeu_si512((void *)({p}), {a});"),
+           ("mask_loadu", "_mm512_mask_loadu_ps({a}, {m}, {p})"),  # merge: lanes off keep {a}
+           ("mask_mov", "_mm512_mask_mov_ps({a}, {m}, {b})"),
+           ("permute2", "_mm512_permutex2var_ps({a}, {i}, {b})"),  # lanes of {a}:{b} by index {i}
+           ("maskz_permute2", "_mm512_maskz_permutex2var_ps({m}, {a}, {i}, {b})"),
+           ("gather", "_mm512_mask_i32gather_ps({a}, {m}, {i}, {p}, 4)")))  # {p}[{i}] in lanes {m}, else {a}
+
+AVX2 = VectorIsa(
+    name="avx2", lanes=8, registers=16, vtype="__m256", prefix="_mm256", mask_type="__m256i",
+    tail_mask="_mm256_cmpgt_epi32(_mm256_set1_epi32({n}), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))",
+    masked_load_fmt="_mm256_maskload_ps({p}, {m})",
+    masked_store_fmt="_mm256_maskstore_ps({p}, {m}, {a});",
+    select_ge_zero_fmt="_mm256_blendv_ps({c}, {b}, _mm256_cmp_ps({a}, _mm256_setzero_ps(), _CMP_GE_OQ))",
+    any_eq_fmt="_mm256_movemask_ps(_mm256_cmp_ps({a}, {b}, _CMP_EQ_OQ))",
+    hsum_fn="smelt_hsum256", hmax_fn="smelt_hmax256", exp_fn="smelt_vexp256",
+    broadcast_fmt="_mm256_broadcast_ss({p})",
+    cflags=("-mavx2", "-mfma"), features=("avx2", "fma"), gemm_kernel=(6, 16))
+
+# AVX-512 hosts running 8-channel (ymm) blocks: the AVX2 spelling (vector masks, blendv: the code
+# those blocks always had) with AVX-512's 32 registers and embedded broadcast
+AVX512_YMM = dataclasses.replace(AVX2, registers=32, cflags=AVX512.cflags, features=AVX512.features,
+                                 embedded_broadcast=True)
+
+# portable C: plain loops of 8 (the compiler vectorizes them); no intrinsics, no masks
+PORTABLE = VectorIsa(
+    name="scalar", lanes=8, registers=16, vtype="", prefix="", mask_type="int", tail_mask="{n}",
+    masked_load_fmt="", masked_store_fmt="", select_ge_zero_fmt="", any_eq_fmt="", hsum_fn="", hmax_fn="", exp_fn="", broadcast_fmt="",
+    cflags=(), features=(), gemm_kernel=(4, 16), fma=False)
+
+DESCRIPTIONS = (AVX512, AVX2, AVX512_YMM, PORTABLE)
+
+
+def vector_isa(target: Target, lanes: int | None = None) -> VectorIsa:
+    """The description for ``target`` at ``lanes`` f32 lanes (None: the widest it has). A lane
+    count the target has no vectors for gives the portable description."""
+    if target.isa == "avx512":
+        found = {16: AVX512, 8: AVX512_YMM}.get(lanes or 16)  # AVX-512F implies FMA
+    elif target.isa == "avx2":
+        found = AVX2 if lanes in (None, 8) else None
+        if found is not None and not target.fma:
+            found = _without_fma(found)
+    else:
+        found = None
+    return found or PORTABLE
+
+
+def with_lanes(lanes: int) -> VectorIsa:
+    """The description with ``lanes`` f32 lanes (for 8: the AVX2 spelling, which AVX-512 hosts
+    run too); portable C when no vector ISA has that width."""
+    return next((d for d in DESCRIPTIONS if d.vector and d.lanes == lanes), PORTABLE)
+
+
+def half_width(d: VectorIsa) -> VectorIsa | None:
+    """The description of half ``d``'s width on the same host (AVX-512: its ymm form), or None."""
+    return {AVX512: AVX512_YMM}.get(d)
+
+
+def by_name(name: str, fma: bool = True, lanes: int | None = None) -> VectorIsa:
+    """The description named ``name`` at ``lanes`` (None: its widest); portable when none is."""
+    found = next((d for d in DESCRIPTIONS if d.name == name and d.lanes == (lanes or d.lanes)), PORTABLE)
+    return found if fma or not found.vector else _without_fma(found)
+
+
+def _without_fma(d: VectorIsa) -> VectorIsa:
+    return dataclasses.replace(d, fma=False)
