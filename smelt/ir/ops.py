@@ -113,20 +113,3 @@ def traits(op: str) -> OpTraits:
 def flops(node: Node, g: Graph) -> int:
     fn = traits(node.op).flops
     return fn(node, g) if fn else 0
-
-
-# Attributes (with ONNX's defaults) of the activations smelt fuses into epilogue hosts and renders
-# in one place (codegen/epilogue.py): the fuse pass and the element-wise template both read them.
-ACTIVATION_ATTRS: dict[str, dict[str, float]] = {"LeakyRelu": {"alpha": 0.01}, "HardSigmoid": {"alpha": 0.2, "beta": 0.5}}
-
-
-def activation_params(node: Node) -> dict:
-    """``{"op": ..., <attribute>: value}`` of an activation node, defaults filled in."""
-    return {"op": node.op, **{k: float(node.attr(k, d)) for k, d in ACTIVATION_ATTRS.get(node.op, {}).items()}}
-
-
-def clip_default_bounds(dtype) -> tuple[float, float]:
-    """Clip's bounds when an input/attribute is absent: ONNX's defaults, the float type's range
-    (so Clip() maps +-Inf to +-FLT_MAX, as onnxruntime does)."""
-    info = np.finfo(np.dtype(dtype))
-    return float(info.min), float(info.max)

@@ -250,7 +250,7 @@ def build_problem(g: Graph, target: Target, threads: int, costs: Costs,
             k = len(vars_)
             vars_.append(ConvVar(node.name, obs, ibs, table, dw))
             x = node.inputs[0]
-            res = [e["input"] for e in node.epilogue if e.get("input") and e.get("broadcast") == "full"]
+            res = [e.input for e in node.epilogue if e.input and e.broadcast == "full"]
             xs = _shape(g, x)
             res_shapes = tuple((r, _shape(g, r)) for r in res)
 
@@ -274,8 +274,8 @@ def build_problem(g: Graph, target: Target, threads: int, costs: Costs,
                      and g.values[v].dtype is not None and np.dtype(g.values[v].dtype) == np.float32
                      for v in ins + outs)
         axis_ok = node.op != "Concat" or int(node.attr("axis", 0)) in (1, -3)
-        extra = [e["input"] for e in node.epilogue if e.get("input") and e["input"] in g.values
-                 and g.values[e["input"]].const is None]
+        extra = [e.input for e in node.epilogue if e.input and e.input in g.values
+                 and g.values[e.input].const is None]
         reads = ins + extra
         if ins and node.op in _TOLERANT and node.domain in ("", "ai.onnx") and four_d and axis_ok and len(outs) == 1:
             chans = [int(g.values[v].shape[1]) for v in reads + outs]

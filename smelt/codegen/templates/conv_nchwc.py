@@ -54,12 +54,12 @@ or from ``default_schedule``, a cost model over the target's register file.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
-from smelt.codegen.kernels.epilogue import epilogue_doc
+from smelt.codegen.kernels.epilogue import TileOperand, epilogue_doc
 from smelt.codegen.registry import register
 from smelt.codegen.templates import winograd
 from smelt.codegen.templates.conv import ConvGeometry, _check_conv
@@ -323,8 +323,8 @@ def inplace_residual(node: Node, g: Graph) -> str | None:
     if not vector_epilogue_ok(TileEpilogue([], node), blk):
         return None
     for e in node.epilogue:
-        src = e.get("input")
-        if (e.get("broadcast") == "full" and src and src != node.inputs[0]
+        src = e.input
+        if (src and e.broadcast == "full" and src != node.inputs[0]
                 and g.values[src].layout == out.layout and g.values[src].shape == out.shape
                 and g.values[src].dtype == out.dtype):
             return src
@@ -363,12 +363,12 @@ def _epilogue(node: Node, g: Graph, em: BlockEmitter, bias: str | None) -> tuple
     ops = []
     args = []
     if bias is not None:
-        ops.append({"op": "Add", "ptr": bias, "kind": "col", "swap": False, "scale": None})
+        ops.append(TileOperand("Add", bias, "col"))
     ops += node_epilogue_ops(em, node, "col")
-    for op in ops:
-        if "ptr" in op:
-            args.append(op["ptr"])
-            op["ptr"] = f"e{len(args) - 1}"
+    for i, op in enumerate(ops):
+        if isinstance(op, TileOperand):
+            args.append(op.ptr)
+            ops[i] = replace(op, ptr=f"e{len(args) - 1}")
     return TileEpilogue(ops), args
 
 
@@ -726,10 +726,8 @@ def _check_nchwc(node: Node, g: Graph) -> str | None:
     if not is_depthwise(geo) and geo.group > 1 and (geo.cg % ib or geo.ocg % ob):
         return f"group channels {geo.cg}->{geo.ocg} do not divide into blocks {ib}->{ob}"
     for e in node.epilogue:
-        if e.get("broadcast") == "full" and g.values[e["input"]].layout != out.layout:
-            return f"residual operand {e['input']!r} is {g.values[e['input']].layout}, output {out.layout}"
-        if e.get("input") and e.get("broadcast") not in ("full", "channel", "scalar"):
-            return f"epilogue operand broadcast {e.get('broadcast')!r} on a blocked output"
+        if e.input and e.broadcast == "full" and g.values[e.input].layout != out.layout:
+            return f"residual operand {e.input!r} is {g.values[e.input].layout}, output {out.layout}"
     return None
 
 
@@ -751,7 +749,7 @@ def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     else:
         s = NchwcSchedule(ob, max(1, min(s.reg_n, geo.outs[1])), 1, True)
     y_ptr = em.ptr(node.outputs[0])
-    aliased = any(em.ptr(e["input"]) == y_ptr for e in node.epilogue if e.get("input"))
+    aliased = any(em.ptr(e.input) == y_ptr for e in node.epilogue if e.input)
     if aliased and s.ic_chunk:  # partial sums in y would overwrite the residual (inplace_residual)
         s = NchwcSchedule(s.oc_bn, s.reg_n, s.oc_blocks, s.unroll_ker)
     w = np.asarray(g.const(node.inputs[1]), dtype=np.float32)
