@@ -22,7 +22,7 @@ class Activation:
     attrs: dict[str, float] = field(default_factory=dict)  # ONNX attribute -> default
     fusable: bool = True  # may be fused into an epilogue host (Conv, Gemm, MatMul, BatchNorm)
     vector: bool = True  # has a vector rendering (else the epilogue falls back to scalar)
-    needs_vexp: bool = False  # the vector form calls the vector expf (needs FMA)
+    needs_fma: bool = False  # the vector form calls the vector expf or tanhf (needs FMA)
     numerics: str = ""
 
 
@@ -33,9 +33,10 @@ _TABLE = (
     Activation("LeakyRelu", {"alpha": 0.01}, numerics="x >= 0 ? x : alpha x; NaN kept, -Inf -> -Inf"),
     Activation("HardSigmoid", {"alpha": 0.2, "beta": 0.5}, numerics="min(1, max(0, alpha x + beta)); NaN kept"),
     Activation("HardSwish", numerics="x * HardSigmoid(x; 1/6, 1/2); NaN kept, -Inf -> NaN (-Inf * 0)"),
-    Activation("Sigmoid", needs_vexp=True, numerics="1 / (1 + e^-x); +-Inf -> 1 / 0 exactly"),
-    Activation("Tanh", needs_vexp=True, numerics="1 - 2 / (e^2x + 1) in vector form; +-Inf -> +-1"),
-    Activation("SiLU", needs_vexp=True, numerics="x / (1 + e^-x); -Inf -> NaN as onnxruntime's x * sigmoid(x)"),
+    Activation("Sigmoid", needs_fma=True, numerics="1 / (1 + e^-x); +-Inf -> 1 / 0 exactly"),
+    Activation("Tanh", needs_fma=True, numerics="vector form: x P(x^2) / Q(x^2) on x clamped to +-7.9988 "
+                                                 "(the RNN's); +-Inf -> +-1, -0 -> -0, tiny x -> ~x"),
+    Activation("SiLU", needs_fma=True, numerics="x / (1 + e^-x); -Inf -> NaN as onnxruntime's x * sigmoid(x)"),
 )
 ACTIVATIONS: dict[str, Activation] = {a.name: a for a in _TABLE}
 

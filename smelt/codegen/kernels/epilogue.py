@@ -41,8 +41,8 @@ _BINARY_C = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
 
 # activations with a rendering here: the entries of smelt.ir.activations.ACTIVATIONS
 ACTIVATIONS = tuple(_TABLE)
-# ... whose vector form calls the vector expf (so needs FMA)
-VEXP_ACTIVATIONS = frozenset(a.name for a in _TABLE.values() if a.needs_vexp)
+# ... whose vector form calls the vector expf or tanhf (so needs FMA)
+FMA_ACTIVATIONS = frozenset(a.name for a in _TABLE.values() if a.needs_fma)
 
 
 @dataclass(frozen=True)
@@ -165,9 +165,9 @@ def vector_hard_sigmoid(v: VectorOps, x: str, alpha: float, beta: float, nan_to_
     return v.op("min", v.set1("1.0f"), vector_relu(v, t, nan_to_zero))
 
 
-def vector_unary_expr(v: VectorOps, step: EpilogueActivation, x: str, vexp: str = "") -> str:
+def vector_unary_expr(v: VectorOps, step: EpilogueActivation, x: str, vexp: str = "", vtanh: str = "") -> str:
     """Vector expression for activation ``step`` on vector ``x``; ``vexp`` names a vector expf
-    (exact at +-Inf) for Sigmoid, Tanh and SiLU."""
+    (exact at +-Inf) for Sigmoid and SiLU, ``vtanh`` a vector tanhf (``vtanh_source``) for Tanh."""
     op = step.op
     if op == "Relu":
         return vector_relu(v, x)
@@ -185,9 +185,33 @@ def vector_unary_expr(v: VectorOps, step: EpilogueActivation, x: str, vexp: str 
         return v.op("div", one, v.op("add", one, f"{vexp}({v.op('sub', zero, x)})"))
     if op == "SiLU":  # x / (1 + e^-x)
         return v.op("div", x, v.op("add", one, f"{vexp}({v.op('sub', zero, x)})"))
-    if op == "Tanh":  # 1 - 2 / (e^2x + 1)
-        return v.op("sub", one, v.op("div", v.set1("2.0f"), v.op("add", f"{vexp}({v.op('add', x, x)})", one)))
+    if op == "Tanh":
+        return f"{vtanh}({x})"
     raise KeyError(op)
+
+
+# The rational tanh of the RNN template's AVX-512 ``VX_tanh`` (Eigen's float coefficients): x on
+# +-7.99881 (tanh = 1 - 2.3e-7 there), x * P(x^2) / Q(x^2). Relative accuracy near 0 by
+# construction, so tanh(-0) = -0 and tiny x stay x (the exp form 1 - 2/(e^2x + 1) gave 0 for
+# |x| < 3e-8 and +0 for -0); +-Inf -> +-1 and NaN kept (x second in the clamp).
+TANH_CLAMP = "7.99881172180175781f"
+TANH_P = ("-2.76076847742355e-16f", "2.00018790482477e-13f", "-8.60467152213735e-11f", "5.12229709037114e-08f",
+          "1.48572235717979e-05f", "6.37261928875436e-04f", "4.89352455891786e-03f")
+TANH_Q = ("1.19825839466702e-06f", "1.18534705686654e-04f", "2.26843463243900e-03f", "4.89352518554385e-03f")
+
+
+def vtanh_source(t: str, p: str) -> str:
+    """``static inline`` vector tanhf (FNAME) for vector type ``t`` with intrinsic prefix ``p``
+    (``__m256``/``_mm256``, ``__m512``/``_mm512``); the constants above, 1/Q by a division."""
+    L = [f"static inline {t} FNAME({t} x0) {{",
+         f"    const {t} x = {p}_max_ps({p}_set1_ps(-{TANH_CLAMP}), {p}_min_ps({p}_set1_ps({TANH_CLAMP}), x0));",
+         f"    const {t} z = {p}_mul_ps(x, x);",
+         f"    {t} n = {p}_set1_ps({TANH_P[0]});"]
+    L += [f"    n = {p}_fmadd_ps(n, z, {p}_set1_ps({c}));" for c in TANH_P[1:]]
+    L.append(f"    {t} d = {p}_set1_ps({TANH_Q[0]});")
+    L += [f"    d = {p}_fmadd_ps(d, z, {p}_set1_ps({c}));" for c in TANH_Q[1:]]
+    L += [f"    return {p}_div_ps({p}_mul_ps(n, x), d);", "}"]
+    return "\n".join(L)
 
 
 # ------------------------------------------------------------------------------------------

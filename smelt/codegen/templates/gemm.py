@@ -50,7 +50,7 @@ import numpy as np
 from smelt.codegen.emitter import BlockEmitter, c_literal
 from smelt.codegen.kernels.epilogue import (
     ACTIVATIONS,
-    VEXP_ACTIVATIONS,
+    FMA_ACTIVATIONS,
     TileOperand,
     TileScale,
     epilogue_doc,
@@ -61,6 +61,7 @@ from smelt.codegen.kernels.epilogue import (
     vector_clamp,
     vector_relu,
     vector_unary_expr,
+    vtanh_source,
 )
 from smelt.codegen.registry import register
 from smelt.ir.epilogue import EpilogueActivation, EpilogueBinary
@@ -510,11 +511,11 @@ def _scalar_op(op: TileOp, expr: str, flat: str, row: str, col: str) -> str:
 
 
 def vector_epilogue_ok(ep: TileEpilogue, blk: Blocking) -> bool:
-    ok = set(ACTIVATIONS) if blk.fma else set(ACTIVATIONS) - VEXP_ACTIVATIONS
+    ok = set(ACTIVATIONS) if blk.fma else set(ACTIVATIONS) - FMA_ACTIVATIONS
     return all(op.op in _BIN or op.op == "Scale" or op.op in ok for op in ep.all_ops())
 
 
-def _vector_op(v: _V, op: TileOp, x: str, operand: str | None, vexp: str = "") -> str:
+def _vector_op(v: _V, op: TileOp, x: str, operand: str | None, vexp: str = "", vtanh: str = "") -> str:
     name = op.op
     if isinstance(op, TileScale):
         return v.op("mul", x, v.set1(_lit(op.value)))
@@ -525,7 +526,7 @@ def _vector_op(v: _V, op: TileOp, x: str, operand: str | None, vexp: str = "") -
             o = v.op("mul", v.set1(_lit(op.scale)), o)
         fn = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}[name]
         return v.op(fn, o, x) if op.swap else v.op(fn, x, o)
-    return vector_unary_expr(v, op, x, vexp)
+    return vector_unary_expr(v, op, x, vexp, vtanh)
 
 
 def describe_epilogue(ep: TileEpilogue) -> str:
@@ -598,9 +599,12 @@ def vector_epilogue_stmts(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, x: 
     if blk.isa == "scalar" or not vector_epilogue_ok(ep, blk):
         return None
     v = _V(blk)
-    vexp = ""
-    if any(op.op in VEXP_ACTIVATIONS for op in ep.all_ops()):
+    vexp = vtanh = ""
+    if any(op.op in FMA_ACTIVATIONS - {"Tanh"} for op in ep.all_ops()):
         vexp = define(em, f"f32_vexp__{blk.isa}", vexp_source(blk.isa), "vector expf")
+    if any(op.op == "Tanh" for op in ep.all_ops()):
+        t, p = ("__m512", "_mm512") if blk.isa == "avx512" else ("__m256", "_mm256")
+        vtanh = define(em, f"f32_vtanh__{blk.isa}", vtanh_source(t, p), "vector tanhf")
     ops = list(ep.ops) + (node_epilogue_ops(em, ep.node, ep.channel) if ep.node is not None else [])
     out = []
     for op in ops:
@@ -611,7 +615,7 @@ def vector_epilogue_stmts(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, x: 
                        "scalar": lambda p=ptr: v.set1(f"{p}[0]"),
                        "col": lambda p=ptr: _masked_load(v, f"{p} + {col}", mask),
                        "full": lambda p=ptr: _masked_load(v, f"{p} + {flat}", mask)}[op.kind]()
-        out.append(f"{x} = {_vector_op(v, op, x, operand, vexp)};")
+        out.append(f"{x} = {_vector_op(v, op, x, operand, vexp, vtanh)};")
     return out
 
 
