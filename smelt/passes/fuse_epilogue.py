@@ -16,7 +16,7 @@ import numpy as np
 from smelt.ir.activations import FUSABLE_OPS, activation_step, clip_default_bounds
 from smelt.ir.epilogue import BINARY_OPS, EpilogueActivation, EpilogueBinary, EpilogueStep
 from smelt.ir.graph import Graph, Node
-from smelt.ir.ops import EPILOGUE_HOSTS
+from smelt.ir.ops import EPILOGUE_HOSTS, traits
 
 
 def _unary_spec(g: Graph, node: Node) -> EpilogueActivation | None:
@@ -54,7 +54,7 @@ def broadcast_kind(out_shape: tuple, operand_shape: tuple, channel_axis: int) ->
 
 
 def _channel_axis(host: Node, rank: int) -> int:
-    return 1 if host.op in ("Conv", "BatchNormalization") else rank - 1
+    return traits(host.op).epilogue_channel_axis % rank
 
 
 def fuse_epilogues(g: Graph) -> Graph:

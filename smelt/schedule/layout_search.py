@@ -50,13 +50,11 @@ from smelt.codegen.templates.conv_nchwc import (
     workload,
 )
 from smelt.ir.graph import Graph, Node
-from smelt.ir.ops import UNARY_ELEMENTWISE
+from smelt.ir.ops import ops_where
 from smelt.target import Target
 
-# non-conv ops whose blocked templates exist (see templates/blocked.py, elementwise, movement)
-_TOLERANT = set(UNARY_ELEMENTWISE) | {
-    "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Concat", "MaxPool", "AveragePool",
-    "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization"}
+# non-conv ops whose blocked templates exist (the ``blocked`` trait)
+_TOLERANT = ops_where(lambda t: t.blocked)
 NOMINAL_FLOPS_PER_THREAD = 100e9  # for convs never measured (only ratios between blocks matter)
 NOMINAL_BYTES_PER_S = 20e9  # for transforms never measured
 
