@@ -122,18 +122,20 @@ def _assert_same(name: str, got: np.ndarray, want: np.ndarray, exempt: np.ndarra
                              f"{[got[i] for i in at]}, want {[want[i] for i in at]}")
 
 
-def _check(cases: Cases, feeds: dict, names: list[str], hosts: tuple[str, ...] = (), exempt: dict | None = None) -> None:
+def _check(cases: Cases, feeds: dict, names: list[str], hosts: tuple[str, ...] = (), exempt: dict | None = None,
+           fallback: list[str] | None = None, **options) -> None:
     """Compare every output; each node of an op in ``hosts`` must carry a fused epilogue;
-    ``exempt`` {output name: mask} as in ``_assert_same``."""
+    ``exempt`` {output name: mask} as in ``_assert_same``; ``fallback``: nodes forced to fall
+    back (their fused epilogue then runs as the expanded ONNX ops)."""
     model = build_model(cases, feeds, opset=17)
     want = oracle(model, feeds)
     errors = []
     for threads in (1, 2):
-        compiled = smelt.compile(model, threads=threads)
-        assert compiled.fallback_nodes == [], compiled.fallback_report
+        compiled = smelt.compile(model, threads=threads, force_fallback=fallback or [], **options)
+        assert sorted(compiled.fallback_nodes) == sorted(fallback or []), compiled.fallback_report
         got = compiled.run(feeds)
         steps = [s for st in compiled.plan["steps"] for s in st.get("step_info", []) if s["op"] in hosts]
-        assert len(steps) >= 2 * len(FUSABLE) if hosts else True
+        assert len(steps) >= len(FUSABLE) * len(hosts)
         assert all(s["epilogue"] for s in steps), [s for s in steps if not s["epilogue"]]
         for name, g, w in zip(names, got, want, strict=True):
             try:
@@ -162,6 +164,19 @@ def test_fusable_activations_standalone_and_fused(isa_target):
     cases, feeds = _fusable_cases()
     names = [f"{label} {form}" for label, *_ in FUSABLE for form in ("standalone", "MatMul", "Conv")]
     _check(cases, feeds, names, hosts=("MatMul", "Conv"))
+
+
+def test_fallback_expansion_of_fused_activations(monkeypatch, cache):
+    """A fused host that falls back still owes its epilogue: compiler._expand_epilogue turns the
+    typed steps back into ONNX nodes (attributes from the activation table, Clip's bounds as
+    inputs, SiLU as Sigmoid + Mul) that onnxruntime runs; the results must be onnxruntime's."""
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    cases, feeds = _fusable_cases()
+    names = [f"{label} {form}" for label, *_ in FUSABLE for form in ("standalone", "MatMul", "Conv")]
+    hosts = [n.name for n in cases.nodes if n.op_type == "MatMul"]
+    # layout="nchw": a forced fallback after an NCHWc Conv block segfaults intermittently (a bug
+    # found here, also at be1a19a, reported to the lead; not this test's subject)
+    _check(cases, feeds, names, hosts=("Conv",), fallback=hosts, layout="nchw")
 
 
 @pytest.mark.parametrize("isa_target", ISAS, indirect=True)
