@@ -42,6 +42,7 @@ from smelt import settings
 from smelt.codegen.toolchain import sanitize_enabled, source_path_for
 from smelt.compiler import BuildResult, build
 from smelt.frontend.onnx_import import ModelLike, load_model, model_input_specs, model_output_specs
+from smelt.ir.ops import ops_where
 from smelt.ir.types import onnx_type_string
 from smelt.options import CompileOptions
 from smelt.runtime.artifact import ArtifactPlan
@@ -49,10 +50,10 @@ from smelt.runtime.module import LoadedArtifact, ProfileCounters, reinit_after_f
 from smelt.target import detect
 
 DYNAMIC_KEY = ("__dynamic__",)  # the one variant of a dynamic model
-RNN_OPS = frozenset({"LSTM", "GRU", "RNN"})
+RNN_OPS = ops_where(lambda t: t.recurrent)
 # shape glue around recurrent nodes in exported models; run by the (shape-generic) fallback in
 # dynamic mode
-GLUE_OPS = frozenset({"Squeeze", "Unsqueeze", "Reshape", "Transpose", "Identity", "Constant"})
+GLUE_OPS = ops_where(lambda t: t.shape_glue)
 
 
 def dynamic_rnn_eligible(proto: onnx.ModelProto) -> bool:

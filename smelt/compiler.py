@@ -34,6 +34,7 @@ from smelt.codegen.plan import ExecutionPlan, FallbackStep, NativeBlock, build_p
 from smelt.errors import ArtifactError, SmeltError, UnsupportedOpError
 from smelt.frontend.onnx_import import node_to_onnx, specialize_inputs, to_ir
 from smelt.frontend.validate import check_model
+from smelt.ir.epilogue import EpilogueBinary
 from smelt.ir.graph import Graph, Value
 from smelt.ir.ops import flops
 from smelt.ir.types import onnx_from_np_dtype
@@ -110,20 +111,20 @@ def _expand_epilogue(node) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]
     nodes, inits = [head], []
     for k, step in enumerate(node.epilogue):
         out = final if k == len(node.epilogue) - 1 else f"{final}__epilogue_{k}"
-        op = step["op"]
-        if op in ("Add", "Sub", "Mul", "Div"):
-            ins = [step["input"], cur] if step.get("swap") else [cur, step["input"]]
+        op = step.op
+        if isinstance(step, EpilogueBinary):
+            ins = [step.input, cur] if step.swap else [cur, step.input]
             nodes.append(helper.make_node(op, ins, [out]))
         elif op == "Clip":
             lo, hi = f"{out}__min", f"{out}__max"
-            inits += [numpy_helper.from_array(np.array(step["min"], np.float32), lo),
-                      numpy_helper.from_array(np.array(step["max"], np.float32), hi)]
+            inits += [numpy_helper.from_array(np.array(step.param("min"), np.float32), lo),
+                      numpy_helper.from_array(np.array(step.param("max"), np.float32), hi)]
             nodes.append(helper.make_node("Clip", [cur, lo, hi], [out]))
         elif op == "SiLU":
             nodes.append(helper.make_node("Sigmoid", [cur], [f"{out}__sig"]))
             nodes.append(helper.make_node("Mul", [cur, f"{out}__sig"], [out]))
         else:
-            attrs = {key: val for key, val in step.items() if key in ("alpha", "beta")}
+            attrs = step.param_dict()  # the op's ONNX attributes (ACTIVATIONS[op].attrs)
             nodes.append(helper.make_node(op, [cur], [out], **attrs))
         cur = out
     return nodes, inits

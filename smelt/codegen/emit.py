@@ -205,7 +205,7 @@ def epilogue_ops(node: Node) -> list[str]:
     ops = []
     if node.op in ("Conv", "Gemm") and len(node.inputs) > 2 and node.inputs[2]:
         ops.append("bias" if node.op == "Conv" else "C")
-    return ops + [e["op"] for e in node.epilogue]
+    return ops + [e.op for e in node.epilogue]
 
 
 def step_info(g: Graph, block: BlockSource) -> list[StepInfo]:

@@ -42,6 +42,7 @@ import onnx
 from onnx import AttributeProto, TensorProto, defs, helper
 
 from smelt.errors import InvalidModelError
+from smelt.ir.activations import RNN_ACTIVATIONS
 from smelt.ir.graph import Graph, Node
 
 # domains whose operators onnx.defs describes; other domains (custom ops) have no schema here
@@ -52,8 +53,6 @@ ONNX_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training")
 SMELT_ATTRS = {op: frozenset({"smelt_dynamic", "smelt_rnn_schedule", "smelt_rnn_grid", "smelt_rnn_pipeline"})
                for op in ("LSTM", "GRU", "RNN")}
 AUTO_PAD = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
-RNN_ACTIVATIONS = ("relu", "tanh", "sigmoid", "affine", "leakyrelu", "thresholdedrelu", "scaledtanh",
-                   "hardsigmoid", "elu", "softsign", "softplus")
 RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 # 4-bit and 2-bit types are packed; their element counts are checked by decoding them
 _PACKED = {getattr(TensorProto, n) for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2") if hasattr(TensorProto, n)}

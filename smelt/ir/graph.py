@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from smelt.ir.epilogue import EpilogueStep
+
 Dim = int | str  # a concrete size or a symbolic dimension name
 Shape = tuple[Dim, ...]
 
@@ -81,7 +83,7 @@ class Node:
     ``attrs`` holds decoded attribute values; ``attr_protos`` keeps the original ONNX
     attributes so a node can be handed back to onnx (fallback, export) unchanged.
     ``epilogue`` lists element-wise ops fused into this node's output, applied in order;
-    each is a dict with "op" and its parameters, and an "input" value name for binary ops.
+    each a typed step of smelt/ir/epilogue.py (``EpilogueBinary`` reads an ``input`` value).
     """
 
     op: str
@@ -91,7 +93,7 @@ class Node:
     attrs: dict[str, Any] = field(default_factory=dict)
     domain: str = ""
     attr_protos: list[onnx.AttributeProto] = field(default_factory=list)
-    epilogue: list[dict[str, Any]] = field(default_factory=list)
+    epilogue: list[EpilogueStep] = field(default_factory=list)
     # how a template should compute this node, chosen by a layout/tuning pass (e.g. the NCHWc
     # convolution's blocking); empty = the template's deterministic default
     # how the node runs, written by the schedule stage (smelt.schedule: ConvSchedule, RnnSchedule); None before it
@@ -105,7 +107,7 @@ class Node:
 
     def all_inputs(self) -> list[str]:
         """Data inputs, values read by fused epilogues, and outer values read by subgraphs."""
-        extra = [e["input"] for e in self.epilogue if e.get("input")]
+        extra = [e.input for e in self.epilogue if e.input]
         if self.attr_protos:
             from smelt.ir.subgraphs import outer_names
 
@@ -182,9 +184,7 @@ class Graph:
         """Make every reader of ``old`` read ``new`` instead (graph outputs included)."""
         for n in self.nodes:
             n.inputs = [new if i == old else i for i in n.inputs]
-            for e in n.epilogue:
-                if e.get("input") == old:
-                    e["input"] = new
+            n.epilogue = [e.with_input(new) if e.input == old else e for e in n.epilogue]
         self.outputs = [new if o == old else o for o in self.outputs]
 
     def prune_values(self) -> None:

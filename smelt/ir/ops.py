@@ -6,12 +6,23 @@
 - layout class (NeoCPU §3.2): "oblivious" (any layout), "tolerant" (knows and accepts several
   layouts), "dependent" (plain layout only).
 - flops: multiply-adds count as 2 FLOPs; only heavy ops report non-zero.
+- epilogue_channel_axis: set for an epilogue host (its template applies a fused element-wise
+  chain, passes/fuse_epilogue.py): the output axis a per-channel operand indexes (1: NCHW's
+  channel, -1: the last axis).
+- blocked: has a blocked (NCHWc) template, so the global layout search may keep it blocked.
+- recurrent / shape_glue: the RNN family, and the shape ops exported around it (the dynamic RNN
+  mode in api.py accepts models of only these).
+- deterministic: False for random ops (never constant-folded).
+- subgraphs: the control-flow ops whose attributes hold graphs.
+
+This table is smelt's only op list: passes read these traits, never their own op sets (templates
+declare the ops they implement with ``register``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -23,6 +34,16 @@ class OpTraits:
     fusion: str
     layout: str
     flops: Callable[[Node, Graph], int] | None = None
+    epilogue_channel_axis: int | None = None
+    blocked: bool = False
+    recurrent: bool = False
+    shape_glue: bool = False
+    deterministic: bool = True
+    subgraphs: bool = False
+
+    @property
+    def epilogue_host(self) -> bool:
+        return self.epilogue_channel_axis is not None
 
 
 UNARY_ELEMENTWISE = (
@@ -102,8 +123,30 @@ TRAITS.update({
 OPAQUE = OpTraits("opaque", "dependent")
 
 
+def _mark(ops: tuple[str, ...], **fields) -> None:
+    for op in ops:
+        TRAITS[op] = replace(TRAITS.get(op, OPAQUE), **fields)
+
+
+_mark(("Conv", "BatchNormalization"), epilogue_channel_axis=1)
+_mark(("Gemm", "MatMul"), epilogue_channel_axis=-1)
+# the ops with blocked templates (templates/blocked.py, elementwise, movement, conv_nchwc)
+_mark(UNARY_ELEMENTWISE + ("Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Concat", "MaxPool", "AveragePool",
+                           "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization"), blocked=True)
+_mark(("LSTM", "GRU", "RNN"), recurrent=True)
+_mark(("Squeeze", "Unsqueeze", "Reshape", "Transpose", "Identity", "Constant"), shape_glue=True)
+_mark(("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"),
+      deterministic=False)
+_mark(("If", "Loop", "Scan", "SequenceMap"), subgraphs=True)
+
+
+def ops_where(pred: Callable[[OpTraits], bool]) -> frozenset[str]:
+    """The ops whose traits satisfy ``pred``."""
+    return frozenset(op for op, t in TRAITS.items() if pred(t))
+
+
 # Producers whose templates apply a fused element-wise epilogue to each output element.
-EPILOGUE_HOSTS = frozenset({"Conv", "Gemm", "MatMul", "BatchNormalization"})
+EPILOGUE_HOSTS = ops_where(lambda t: t.epilogue_host)
 
 
 def traits(op: str) -> OpTraits:
@@ -113,20 +156,3 @@ def traits(op: str) -> OpTraits:
 def flops(node: Node, g: Graph) -> int:
     fn = traits(node.op).flops
     return fn(node, g) if fn else 0
-
-
-# Attributes (with ONNX's defaults) of the activations smelt fuses into epilogue hosts and renders
-# in one place (codegen/epilogue.py): the fuse pass and the element-wise template both read them.
-ACTIVATION_ATTRS: dict[str, dict[str, float]] = {"LeakyRelu": {"alpha": 0.01}, "HardSigmoid": {"alpha": 0.2, "beta": 0.5}}
-
-
-def activation_params(node: Node) -> dict:
-    """``{"op": ..., <attribute>: value}`` of an activation node, defaults filled in."""
-    return {"op": node.op, **{k: float(node.attr(k, d)) for k, d in ACTIVATION_ATTRS.get(node.op, {}).items()}}
-
-
-def clip_default_bounds(dtype) -> tuple[float, float]:
-    """Clip's bounds when an input/attribute is absent: ONNX's defaults, the float type's range
-    (so Clip() maps +-Inf to +-FLT_MAX, as onnxruntime does)."""
-    info = np.finfo(np.dtype(dtype))
-    return float(info.min), float(info.max)

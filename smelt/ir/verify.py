@@ -9,6 +9,7 @@ with an ``InvalidModelError`` (frontend/validate.py).
 from __future__ import annotations
 
 from smelt.errors import VerifyError
+from smelt.ir.epilogue import EpilogueActivation, EpilogueBinary
 from smelt.ir.graph import Graph
 
 
@@ -37,7 +38,7 @@ def verify(g: Graph, after: str = "") -> None:
             seen_outputs.add(o)
             defined.add(o)
         for e in node.epilogue:
-            if "op" not in e:
+            if not isinstance(e, EpilogueBinary | EpilogueActivation):
                 raise VerifyError(f"node {node.name!r} has a malformed epilogue {e}{where}")
     for o in g.outputs:
         if o not in defined:

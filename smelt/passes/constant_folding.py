@@ -15,10 +15,10 @@ from onnx import helper, numpy_helper
 
 from smelt.frontend.onnx_import import node_to_onnx
 from smelt.ir.graph import Graph, Node
+from smelt.ir.ops import ops_where
 
 MAX_FOLD_ELEMS = 1 << 26
-NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                    "Bernoulli"}
+NONDETERMINISTIC = ops_where(lambda t: not t.deterministic)
 
 
 def _fold_shape(g: Graph, node: Node) -> list[np.ndarray] | None:

@@ -4,8 +4,8 @@ Needs: shapes inferred; BatchNorm already folded. Guarantees: a chain of element
 (bias/residual Add, Sub, Mul, Div with a same-shape, per-channel or scalar operand; Relu, Clip,
 Sigmoid, Tanh, LeakyRelu, HardSigmoid, HardSwish, and the SiLU pattern x*sigmoid(x)) that
 follows a Conv, Gemm, MatMul or BatchNormalization whose output has no other reader becomes
-that producer's ``epilogue`` list, applied in order to each output element. A Clip step always
-carries both bounds (``min``/``max``; absent ones are ONNX's defaults, the float32 range). The
+that producer's ``epilogue`` list (typed steps, smelt/ir/epilogue.py), applied in order to each output element. A Clip step always
+carries both bounds (params ``min``/``max``; absent ones are ONNX's defaults, the float32 range). The
 fused producer writes the last op's output value. Only float32 outputs are fused.
 """
 
@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from smelt.ir.activations import FUSABLE_OPS, activation_step, clip_default_bounds
+from smelt.ir.epilogue import BINARY_OPS, EpilogueActivation, EpilogueBinary, EpilogueStep
 from smelt.ir.graph import Graph, Node
-from smelt.ir.ops import EPILOGUE_HOSTS, activation_params, clip_default_bounds
-
-UNARY = {"Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid", "HardSwish", "Clip"}
-BINARY = {"Add", "Sub", "Mul", "Div"}
+from smelt.ir.ops import EPILOGUE_HOSTS, traits
 
 
-def _unary_spec(g: Graph, node: Node) -> dict | None:
+def _unary_spec(g: Graph, node: Node) -> EpilogueActivation | None:
     if node.op == "Clip":
         lo, hi = node.attr("min"), node.attr("max")
         if len(node.inputs) > 1 and node.inputs[1]:
@@ -34,8 +33,9 @@ def _unary_spec(g: Graph, node: Node) -> dict | None:
                 return None
             hi = float(c)
         dlo, dhi = clip_default_bounds(np.float32)  # not +-Inf: Clip() maps +-Inf to +-FLT_MAX
-        return {"op": "Clip", "min": dlo if lo is None else float(lo), "max": dhi if hi is None else float(hi)}
-    return activation_params(node)
+        return EpilogueActivation.of("Clip", {"min": dlo if lo is None else float(lo),
+                                              "max": dhi if hi is None else float(hi)})
+    return activation_step(node)
 
 
 def broadcast_kind(out_shape: tuple, operand_shape: tuple, channel_axis: int) -> str | None:
@@ -54,7 +54,7 @@ def broadcast_kind(out_shape: tuple, operand_shape: tuple, channel_axis: int) ->
 
 
 def _channel_axis(host: Node, rank: int) -> int:
-    return 1 if host.op in ("Conv", "BatchNormalization") else rank - 1
+    return traits(host.op).epilogue_channel_axis % rank
 
 
 def fuse_epilogues(g: Graph) -> Graph:
@@ -87,11 +87,12 @@ def _fuse_next(g: Graph, host: Node, producers: dict[str, Node], consumers: dict
     if yv.dtype != np.float32 or not yv.is_static or y in g.outputs:
         return []
     readers = consumers.get(y, [])
-    spec, absorbed, new_out = None, [], None
-    if len(readers) == 1 and readers[0].op in UNARY and readers[0].inputs[0] == y:
+    spec: EpilogueStep | None = None
+    absorbed, new_out = [], None
+    if len(readers) == 1 and readers[0].op in FUSABLE_OPS and readers[0].inputs[0] == y:
         spec = _unary_spec(g, readers[0])
         absorbed, new_out = [readers[0]], readers[0].outputs[0]
-    elif len(readers) == 1 and readers[0].op in BINARY and len(readers[0].inputs) == 2:
+    elif len(readers) == 1 and readers[0].op in BINARY_OPS and len(readers[0].inputs) == 2:
         op = readers[0]
         a, b = op.inputs
         if a == b:
@@ -110,13 +111,13 @@ def _fuse_next(g: Graph, host: Node, producers: dict[str, Node], consumers: dict
             g.nodes.insert(g.nodes.index(op), host)
             position.clear()
             position.update({id(n): i for i, n in enumerate(g.nodes)})
-        spec = {"op": op.op, "input": other, "broadcast": kind, "swap": swap}
+        spec = EpilogueBinary(op.op, other, kind, swap)
         absorbed, new_out = [op], op.outputs[0]
     elif len(readers) == 2 and {r.op for r in readers} == {"Sigmoid", "Mul"}:
         sig = next(r for r in readers if r.op == "Sigmoid")
         mul = next(r for r in readers if r.op == "Mul")
         if sorted(mul.inputs) == sorted([y, sig.outputs[0]]) and len(consumers.get(sig.outputs[0], [])) == 1:
-            spec = {"op": "SiLU"}
+            spec = EpilogueActivation("SiLU")
             absorbed, new_out = [sig, mul], mul.outputs[0]
     if spec is None or g.values[new_out].dtype != np.float32:
         return []
@@ -124,8 +125,8 @@ def _fuse_next(g: Graph, host: Node, producers: dict[str, Node], consumers: dict
         for i in n.all_inputs():
             consumers[i] = [r for r in consumers[i] if r is not n]
     host.epilogue.append(spec)
-    if spec.get("input"):
-        consumers.setdefault(spec["input"], []).append(host)
+    if spec.input:
+        consumers.setdefault(spec.input, []).append(host)
     host.outputs = [new_out] + host.outputs[1:]
     producers.pop(y, None)
     producers[new_out] = host

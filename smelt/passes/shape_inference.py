@@ -23,6 +23,7 @@ import onnx
 from smelt.errors import InvalidModelError
 from smelt.frontend.onnx_import import _type_of, to_onnx
 from smelt.ir.graph import Graph
+from smelt.ir.ops import ops_where
 
 # one node's error in onnx's report; the first is the cause (the nodes after it see no type)
 _NODE_ERROR = re.compile(r"\(op_type:([^,]+), node name: ([^)]*)\): (.*?)(?=\n\(op_type:|\Z)", re.S)
@@ -37,7 +38,7 @@ def _better(old, new):
 
 
 # ops whose inference walks subgraphs, which smelt's export leaves partly untyped
-_SUBGRAPH_OPS = ("If", "Loop", "Scan", "SequenceMap")
+_SUBGRAPH_OPS = ops_where(lambda t: t.subgraphs)
 
 
 def _lenient(message: str) -> bool:

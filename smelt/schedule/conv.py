@@ -30,6 +30,7 @@ from smelt.codegen.kernels.conv_geometry import (
 )
 from smelt.codegen.kernels.epilogue import ACTIVATIONS
 from smelt.codegen.kernels.isa import half_width, vector_isa
+from smelt.ir.epilogue import EpilogueBinary
 from smelt.ir.graph import PLAIN, Graph, Node, layout_block
 from smelt.options import CompileOptions
 from smelt.schedule.db import CONV_KIND, TuningDB
@@ -312,7 +313,7 @@ def vector_epilogue(node: Node) -> bool:
     """Whether every fused epilogue op of ``node`` has a vector rendering in the NCHWc and
     Winograd kernels (else they store the accumulator and finish element by element in scalar
     code)."""
-    return all(e["op"] in _BINARY or e["op"] in ACTIVATIONS for e in node.epilogue)
+    return all(e.op in _BINARY or e.op in ACTIVATIONS for e in node.epilogue)
 
 
 def winograd_choice(node: Node, g: Graph, target: Target, options: CompileOptions) -> str:
@@ -359,8 +360,8 @@ def inplace_residual(node: Node, g: Graph) -> str | None:
     if out.layout == PLAIN or is_depthwise(geo) or uses_ic_outer(geo) or not vector_epilogue(node):
         return None
     for e in node.epilogue:
-        src = e.get("input")
-        if (e.get("broadcast") == "full" and src and src != node.inputs[0]
+        src = e.input
+        if (isinstance(e, EpilogueBinary) and e.broadcast == "full" and src and src != node.inputs[0]
                 and g.values[src].layout == out.layout and g.values[src].shape == out.shape
                 and g.values[src].dtype == out.dtype):
             return src

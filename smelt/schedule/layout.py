@@ -100,9 +100,7 @@ class _Planner:
     # -- nodes ----------------------------------------------------------------------------
     def all_plain(self, node: Node) -> None:
         node.inputs = [self.convert(i, PLAIN) if i else i for i in node.inputs]
-        for e in node.epilogue:
-            if e.get("input"):
-                e["input"] = self.convert(e["input"], PLAIN)
+        node.epilogue = [e.with_input(self.convert(e.input, PLAIN)) if e.input else e for e in node.epilogue]
         for o in node.outputs:
             if o:
                 self.g.values[o].layout = PLAIN
@@ -133,9 +131,8 @@ class _Planner:
             src = self.convert(x, PLAIN)
         node.inputs[0] = self.convert(src, blocked_layout(want))
         out_layout = blocked_layout(ob)
-        for e in node.epilogue:
-            if e.get("input") and e.get("broadcast") == "full":
-                e["input"] = self.convert(e["input"], out_layout)
+        node.epilogue = [e.with_input(self.convert(e.input, out_layout)) if e.input and e.broadcast == "full" else e
+                         for e in node.epilogue]
         g.values[node.outputs[0]].layout = out_layout
         node.schedule = ConvSchedule("direct", sched, source)
         tpl, why = find_template(node, g)
@@ -153,14 +150,13 @@ class _Planner:
         they can hold it; keep it if some template accepts the result."""
         g = self.g
         saved_in = list(node.inputs)
-        saved_ep = [dict(e) for e in node.epilogue]
+        saved_ep = list(node.epilogue)
         saved_out = {o: g.values[o].layout for o in node.outputs if o}
         if in_layout is not None:
             node.inputs = [self.convert(i, in_layout) if i and self.can_block(i, in_layout) else i
                            for i in node.inputs]
-            for e in node.epilogue:
-                if e.get("input") and self.can_block(e["input"], in_layout):
-                    e["input"] = self.convert(e["input"], in_layout)
+            node.epilogue = [e.with_input(self.convert(e.input, in_layout))
+                             if e.input and self.can_block(e.input, in_layout) else e for e in node.epilogue]
         for o in node.outputs:
             if o:
                 ok = out_layout is not None and self.can_block(o, out_layout)
@@ -220,9 +216,7 @@ class _Planner:
             for node in g.nodes:
                 node.outputs = [twin if o == out else o for o in node.outputs]
                 node.inputs = [twin if i == out else i for i in node.inputs]
-                for e in node.epilogue:
-                    if e.get("input") == out:
-                        e["input"] = twin
+                node.epilogue = [e.with_input(twin) if e.input == out else e for e in node.epilogue]
             v.layout = PLAIN
             g.nodes.append(Node("LayoutTransform", g.fresh_name("layout_transform"), [twin], [out],
                                 attrs={"src": g.values[twin].layout, "dst": PLAIN}, domain=SMELT_DOMAIN))

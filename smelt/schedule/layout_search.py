@@ -39,7 +39,7 @@ import numpy as np
 
 from smelt.codegen.kernels.conv_geometry import ConvGeometry, is_depthwise
 from smelt.ir.graph import Graph, Node
-from smelt.ir.ops import UNARY_ELEMENTWISE
+from smelt.ir.ops import ops_where
 from smelt.options import CompileOptions
 from smelt.schedule.conv import (
     NchwcSchedule,
@@ -54,10 +54,8 @@ from smelt.schedule.conv import (
 from smelt.schedule.db import SCHEME_KIND, TRANSFORM_KIND, transform_key
 from smelt.target import Target
 
-# non-conv ops whose blocked templates exist (see templates/blocked.py, elementwise, movement)
-_TOLERANT = set(UNARY_ELEMENTWISE) | {
-    "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Concat", "MaxPool", "AveragePool",
-    "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization"}
+# non-conv ops whose blocked templates exist (the ``blocked`` trait)
+_TOLERANT = ops_where(lambda t: t.blocked)
 NOMINAL_FLOPS_PER_THREAD = 100e9  # for convs never measured (only ratios between blocks matter)
 NOMINAL_BYTES_PER_S = 20e9  # for transforms never measured
 
@@ -249,7 +247,7 @@ def build_problem(g: Graph, target: Target, threads: int, costs: Costs,
             k = len(vars_)
             vars_.append(ConvVar(node.name, obs, ibs, table, dw))
             x = node.inputs[0]
-            res = [e["input"] for e in node.epilogue if e.get("input") and e.get("broadcast") == "full"]
+            res = [e.input for e in node.epilogue if e.input and e.broadcast == "full"]
             xs = _shape(g, x)
             res_shapes = tuple((r, _shape(g, r)) for r in res)
 
@@ -273,8 +271,8 @@ def build_problem(g: Graph, target: Target, threads: int, costs: Costs,
                      and g.values[v].dtype is not None and np.dtype(g.values[v].dtype) == np.float32
                      for v in ins + outs)
         axis_ok = node.op != "Concat" or int(node.attr("axis", 0)) in (1, -3)
-        extra = [e["input"] for e in node.epilogue if e.get("input") and e["input"] in g.values
-                 and g.values[e["input"]].const is None]
+        extra = [e.input for e in node.epilogue if e.input and e.input in g.values
+                 and g.values[e.input].const is None]
         reads = ins + extra
         if ins and node.op in _TOLERANT and node.domain in ("", "ai.onnx") and four_d and axis_ok and len(outs) == 1:
             chans = [int(g.values[v].shape[1]) for v in reads + outs]

@@ -22,8 +22,8 @@ def _residual_pairs(model) -> tuple[list[tuple[str, str]], dict[str, int]]:
     """(conv output, residual operand) of every conv with a fused residual, and arena offsets."""
     g = lower(load_model(model), CompileOptions(threads=2, use_tuning_db=False))
     plan = build_plan(g)
-    pairs = [(n.outputs[0], e["input"]) for n in g.nodes if n.op == "Conv"
-             for e in n.epilogue if e.get("broadcast") == "full"]
+    pairs = [(n.outputs[0], e.input) for n in g.nodes if n.op == "Conv"
+             for e in n.epilogue if e.input and e.broadcast == "full"]
     return pairs, plan.arena_offsets
 
 

@@ -44,8 +44,8 @@ def _conv_bn_relu_add_model():
 def test_batchnorm_folds_into_conv_and_epilogues_fuse():
     g = _lower(_conv_bn_relu_add_model())
     assert _ops(g) == ["Conv"]
-    assert [e["op"] for e in g.nodes[0].epilogue] == ["Relu", "Add"]
-    assert g.nodes[0].epilogue[1]["broadcast"] == "full"
+    assert [e.op for e in g.nodes[0].epilogue] == ["Relu", "Add"]
+    assert g.nodes[0].epilogue[1].broadcast == "full"
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -110,7 +110,7 @@ def test_silu_and_clip_fuse_into_conv():
     model = make_model(nodes, [tensor("x", [1, 2, 3, 3])], [tensor("y", [1, 4, 3, 3])],
                        [w, const("lo", np.float32(-0.1)), const("hi", np.float32(0.4))])
     g = _lower(model)
-    assert _ops(g) == ["Conv"] and [e["op"] for e in g.nodes[0].epilogue] == ["SiLU", "Clip"]
+    assert _ops(g) == ["Conv"] and [e.op for e in g.nodes[0].epilogue] == ["SiLU", "Clip"]
     x = RNG.standard_normal((1, 2, 3, 3)).astype(np.float32)
     assert_close(smelt.compile(model).run({"x": x}), ort_run(model, {"x": x}))
 

@@ -13,7 +13,7 @@ NaN and Inf follow onnxruntime (the oracle):
   goes second and the constant first (``max_ps(zero, x)``): one instruction, NaN kept.
   Relu(NaN) = NaN, Clip(NaN) = NaN, HardSigmoid(NaN) = NaN, HardSwish(NaN) = NaN.
 - Clip's absent bounds are the float range (ONNX's defaults, what onnxruntime uses), so
-  Clip() maps +-Inf to +-FLT_MAX; the fuse pass stores them in the step (``min``/``max``).
+  Clip() maps +-Inf to +-FLT_MAX; the fuse pass stores them in the step's params (``min``/``max``).
 - Sigmoid(+-Inf) = 1 / 0 exactly and SiLU(-Inf) = -Inf * 0 = NaN (the vector exp is exact at
   +-Inf); HardSwish(-Inf) = -Inf * 0 = NaN; LeakyRelu(-Inf) = -Inf.
 
@@ -25,18 +25,47 @@ host's channel axis (output channel for Conv/BN, column for Gemm/MatMul).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from smelt.ir.activations import ACTIVATIONS as _TABLE
+from smelt.ir.epilogue import EpilogueActivation, EpilogueBinary
 from smelt.ir.graph import Node
 
 if TYPE_CHECKING:
     from smelt.codegen.emitter import BlockEmitter
+    from smelt.codegen.kernels.isa import VectorIsa
 
 
 _BINARY_C = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
 
-# activations with a rendering here (node.epilogue ops besides the binary ones)
-ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Sigmoid", "Tanh", "SiLU")
+# activations with a rendering here: the entries of smelt.ir.activations.ACTIVATIONS
+ACTIVATIONS = tuple(_TABLE)
+# ... whose vector form calls the vector expf or tanhf (so needs FMA)
+FMA_ACTIVATIONS = frozenset(a.name for a in _TABLE.values() if a.needs_fma)
+
+
+@dataclass(frozen=True)
+class TileOperand:
+    """A binary epilogue op with its operand resolved to a C pointer: a GEMM-level operand (bias,
+    Gemm's C) or a node.epilogue ``EpilogueBinary``. ``kind``: "full" (indexed by the flat
+    index), "row" (GEMM row + row offset), "col" (column) or "scalar"; ``scale`` multiplies the
+    operand first (Gemm's beta)."""
+
+    op: str
+    ptr: str
+    kind: str
+    swap: bool = False
+    scale: float | None = None
+
+
+@dataclass(frozen=True)
+class TileScale:
+    """Multiply by a constant (Gemm's alpha)."""
+
+    value: float
+    op: ClassVar[str] = "Scale"
 
 
 def _lit(x: float, dtype: str = "float32") -> str:
@@ -72,9 +101,9 @@ def _bound(x: float, dtype: str) -> str | None:
     return None if x in (float("inf"), float("-inf")) else _lit(x, dtype)
 
 
-def unary_float_expr(op: str, v: str, params: dict, dtype: str = "float32") -> str:
+def unary_float_expr(op: str, v: str, params: Mapping[str, float], dtype: str = "float32") -> str:
     """C expression for the float unary activation ``op`` (an epilogue step: ``params`` holds its
-    attributes, Clip's ``min``/``max`` always present) applied to expression ``v``."""
+    params, Clip's ``min``/``max`` always present) applied to expression ``v``."""
     one, zero = _lit(1, dtype), _lit(0, dtype)
     if op == "Relu":
         return scalar_relu(v, dtype)
@@ -137,19 +166,19 @@ def vector_hard_sigmoid(v: VectorOps, x: str, alpha: float, beta: float, nan_to_
     return v.op("min", v.set1("1.0f"), vector_relu(v, t, nan_to_zero))
 
 
-def vector_unary_expr(v: VectorOps, step: dict, x: str, vexp: str = "") -> str:
+def vector_unary_expr(v: VectorOps, step: EpilogueActivation, x: str, vexp: str = "", vtanh: str = "") -> str:
     """Vector expression for activation ``step`` on vector ``x``; ``vexp`` names a vector expf
-    (exact at +-Inf) for Sigmoid, Tanh and SiLU."""
-    op = step["op"]
+    (exact at +-Inf) for Sigmoid and SiLU, ``vtanh`` a vector tanhf (``vtanh_source``) for Tanh."""
+    op = step.op
     if op == "Relu":
         return vector_relu(v, x)
     if op == "Clip":
-        lo, hi = _bound(step["min"], "float32"), _bound(step["max"], "float32")
+        lo, hi = _bound(step.param("min"), "float32"), _bound(step.param("max"), "float32")
         return vector_clamp(v, x, lo and v.set1(lo), hi and v.set1(hi))
     if op == "LeakyRelu":
-        return vector_leaky_relu(v, x, step["alpha"])
+        return vector_leaky_relu(v, x, step.param("alpha"))
     if op == "HardSigmoid":
-        return vector_hard_sigmoid(v, x, step["alpha"], step["beta"])
+        return vector_hard_sigmoid(v, x, step.param("alpha"), step.param("beta"))
     if op == "HardSwish":
         return v.op("mul", x, vector_hard_sigmoid(v, x, 1 / 6, 0.5))
     one, zero = v.set1("1.0f"), v.zero()
@@ -157,9 +186,35 @@ def vector_unary_expr(v: VectorOps, step: dict, x: str, vexp: str = "") -> str:
         return v.op("div", one, v.op("add", one, f"{vexp}({v.op('sub', zero, x)})"))
     if op == "SiLU":  # x / (1 + e^-x)
         return v.op("div", x, v.op("add", one, f"{vexp}({v.op('sub', zero, x)})"))
-    if op == "Tanh":  # 1 - 2 / (e^2x + 1)
-        return v.op("sub", one, v.op("div", v.set1("2.0f"), v.op("add", f"{vexp}({v.op('add', x, x)})", one)))
+    if op == "Tanh":
+        return f"{vtanh}({x})"
     raise KeyError(op)
+
+
+# The rational tanh of the RNN template's AVX-512 ``VX_tanh`` (Eigen's float coefficients): x on
+# +-7.99881 (tanh = 1 - 2.3e-7 there), x * P(x^2) / Q(x^2). Relative accuracy near 0 by
+# construction, so tanh(-0) = -0 and tiny x stay x (the exp form 1 - 2/(e^2x + 1) gave 0 for
+# |x| < 3e-8 and +0 for -0); +-Inf -> +-1 and NaN kept (x second in the clamp).
+TANH_CLAMP = "7.99881172180175781f"
+TANH_P = ("-2.76076847742355e-16f", "2.00018790482477e-13f", "-8.60467152213735e-11f", "5.12229709037114e-08f",
+          "1.48572235717979e-05f", "6.37261928875436e-04f", "4.89352455891786e-03f")
+TANH_Q = ("1.19825839466702e-06f", "1.18534705686654e-04f", "2.26843463243900e-03f", "4.89352518554385e-03f")
+
+
+def vtanh_source(v: VectorIsa) -> str:
+    """``static inline`` vector tanhf (FNAME) in ``v``'s spelling (a ``VectorIsa`` description):
+    the constants above, 1/Q by a division. x is clamped with the value second (NaN kept)."""
+    t = v.t
+    clamp = v.op("max", v.set1(f"-{TANH_CLAMP}"), v.op("min", v.set1(TANH_CLAMP), "x0"))
+    L = [f"static inline {t} FNAME({t} x0) {{",
+         f"    const {t} x = {clamp};",
+         f"    const {t} z = {v.op('mul', 'x', 'x')};",
+         f"    {t} n = {v.set1(TANH_P[0])};"]
+    L += [f"    n = {v.fmadd('n', 'z', v.set1(c))};" for c in TANH_P[1:]]
+    L.append(f"    {t} d = {v.set1(TANH_Q[0])};")
+    L += [f"    d = {v.fmadd('d', 'z', v.set1(c))};" for c in TANH_Q[1:]]
+    L += [f"    return {v.op('div', v.op('mul', 'n', 'x'), 'd')};", "}"]
+    return "\n".join(L)
 
 
 # ------------------------------------------------------------------------------------------
@@ -169,21 +224,18 @@ def epilogue_expr(em: BlockEmitter, node: Node, acc: str, flat_index: str, chann
     """Apply ``node.epilogue`` to the accumulator expression ``acc``."""
     expr = acc
     for step in node.epilogue:
-        op = step["op"]
-        if op in ("Add", "Sub", "Mul", "Div"):
-            ptr = em.ptr(step["input"])
-            idx = {"full": flat_index, "channel": channel, "scalar": "0"}[step["broadcast"]]
+        if isinstance(step, EpilogueBinary):
+            ptr = em.ptr(step.input)
+            idx = {"full": flat_index, "channel": channel, "scalar": "0"}[step.broadcast]
             other = f"{ptr}[{idx}]"
-            a, b = (other, f"({expr})") if step.get("swap") else (f"({expr})", other)
-            expr = f"({a} {_BINARY_C[op]} {b})"
+            a, b = (other, f"({expr})") if step.swap else (f"({expr})", other)
+            expr = f"({a} {_BINARY_C[step.op]} {b})"
         else:
-            expr = unary_float_expr(op, expr, step)
+            expr = unary_float_expr(step.op, expr, step.param_dict())
     return expr
 
 
 def epilogue_doc(node: Node) -> str:
     if not node.epilogue:
         return "no epilogue"
-    return "epilogue: " + " -> ".join(
-        e["op"] + (f"({e['broadcast']})" if "broadcast" in e else "") for e in node.epilogue
-    )
+    return "epilogue: " + " -> ".join(e.describe() for e in node.epilogue)

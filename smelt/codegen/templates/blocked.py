@@ -282,8 +282,8 @@ def _check_bn(node: Node, g: Graph) -> str | None:
     if not _f32(g, x, y) or len(_dims(g, x)) != 4 or g.values[y].layout != g.values[x].layout:
         return "blocked BatchNormalization is 4-D float32, layout kept"
     for e in node.epilogue:
-        if e.get("broadcast") == "full" and g.values[e["input"]].layout != g.values[y].layout:
-            return f"epilogue operand {e['input']!r} is in another layout"
+        if e.input and e.broadcast == "full" and g.values[e.input].layout != g.values[y].layout:
+            return f"epilogue operand {e.input!r} is in another layout"
     return None
 
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.conv_geometry import ConvGeometry, check_conv
-from smelt.codegen.kernels.epilogue import epilogue_doc
+from smelt.codegen.kernels.epilogue import TileOperand, epilogue_doc
 from smelt.codegen.kernels.isa import VectorIsa
 from smelt.codegen.registry import register
 from smelt.codegen.templates.gemm import (
@@ -247,7 +247,7 @@ class Im2col:
 def _epilogue(node: Node, g: Graph, em: BlockEmitter) -> TileEpilogue:
     ops = []
     if len(node.inputs) > 2 and node.inputs[2]:
-        ops.append({"op": "Add", "ptr": em.ptr(node.inputs[2]), "kind": "row", "swap": False, "scale": None})
+        ops.append(TileOperand("Add", em.ptr(node.inputs[2]), "row"))
     return TileEpilogue(ops, node, channel="row")
 
 

@@ -51,6 +51,8 @@ memory planner applies that when the conv is the operand's last reader; ``y`` th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
@@ -59,7 +61,7 @@ from smelt.codegen.kernels.conv_geometry import (
     is_depthwise,
     is_flat_pointwise,
 )
-from smelt.codegen.kernels.epilogue import epilogue_doc
+from smelt.codegen.kernels.epilogue import TileOperand, epilogue_doc
 from smelt.codegen.kernels.isa import with_lanes
 from smelt.codegen.kernels.tile import RegisterTile
 from smelt.codegen.registry import register
@@ -118,12 +120,12 @@ def _epilogue(node: Node, g: Graph, em: BlockEmitter, bias: str | None) -> tuple
     ops = []
     args = []
     if bias is not None:
-        ops.append({"op": "Add", "ptr": bias, "kind": "col", "swap": False, "scale": None})
+        ops.append(TileOperand("Add", bias, "col"))
     ops += node_epilogue_ops(em, node, "col")
-    for op in ops:
-        if "ptr" in op:
-            args.append(op["ptr"])
-            op["ptr"] = f"e{len(args) - 1}"
+    for i, op in enumerate(ops):
+        if isinstance(op, TileOperand):
+            args.append(op.ptr)
+            ops[i] = replace(op, ptr=f"e{len(args) - 1}")
     return TileEpilogue(ops), args
 
 
@@ -475,10 +477,8 @@ def _check_nchwc(node: Node, g: Graph) -> str | None:
     if not is_depthwise(geo) and geo.group > 1 and (geo.cg % ib or geo.ocg % ob):
         return f"group channels {geo.cg}->{geo.ocg} do not divide into blocks {ib}->{ob}"
     for e in node.epilogue:
-        if e.get("broadcast") == "full" and g.values[e["input"]].layout != out.layout:
-            return f"residual operand {e['input']!r} is {g.values[e['input']].layout}, output {out.layout}"
-        if e.get("input") and e.get("broadcast") not in ("full", "channel", "scalar"):
-            return f"epilogue operand broadcast {e.get('broadcast')!r} on a blocked output"
+        if e.input and e.broadcast == "full" and g.values[e.input].layout != out.layout:
+            return f"residual operand {e.input!r} is {g.values[e.input].layout}, output {out.layout}"
     return None
 
 
@@ -493,7 +493,7 @@ def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         f"conv {node.name}: the schedule stage did not fit a tile to its blocks ({sched!r})")
     s = sched.tile
     y_ptr = em.ptr(node.outputs[0])
-    aliased = any(em.ptr(e["input"]) == y_ptr for e in node.epilogue if e.get("input"))
+    aliased = any(em.ptr(e.input) == y_ptr for e in node.epilogue if e.input)
     # partial sums in y would overwrite the residual (schedule.conv.inplace_residual)
     assert not (aliased and s.ic_chunk), f"conv {node.name}: in place with an ic-outer tile"
     w = np.asarray(g.const(node.inputs[1]), dtype=np.float32)

@@ -18,8 +18,8 @@ from smelt.codegen.emitter import BlockEmitter, c_literal
 from smelt.codegen.kernels.broadcast import broadcast_strides, elementwise_loop
 from smelt.codegen.kernels.epilogue import ACTIVATIONS, scalar_clamp, scalar_relu, unary_float_expr
 from smelt.codegen.registry import register, same_layout_flat
+from smelt.ir.activations import activation_step, clip_default_bounds
 from smelt.ir.graph import Graph, Node
-from smelt.ir.ops import activation_params, clip_default_bounds
 from smelt.ir.types import FLOAT_TYPES, INT_TYPES, c_type, has_c_type
 
 SIGNED = ("int8", "int16", "int32", "int64")
@@ -70,7 +70,7 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
     if not fl:
         return None
     if op in ACTIVATIONS:  # rendered with the fused epilogues' semantics (NaN/Inf as onnxruntime)
-        return unary_float_expr(op, x, activation_params(node), dtype)
+        return unary_float_expr(op, x, activation_step(node).param_dict(), dtype)
     f = lambda name: _fn(name, dtype)  # noqa: E731
     a = lambda key, default: _lit(node.attr(key, default), dtype)  # noqa: E731
     table = {

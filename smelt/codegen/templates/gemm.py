@@ -50,6 +50,9 @@ import numpy as np
 from smelt.codegen.emitter import BlockEmitter, c_literal
 from smelt.codegen.kernels.epilogue import (
     ACTIVATIONS,
+    FMA_ACTIVATIONS,
+    TileOperand,
+    TileScale,
     epilogue_doc,
     epilogue_expr,
     scalar_clamp,
@@ -58,10 +61,12 @@ from smelt.codegen.kernels.epilogue import (
     vector_clamp,
     vector_relu,
     vector_unary_expr,
+    vtanh_source,
 )
 from smelt.codegen.kernels.isa import VectorIsa, by_name, half_width, vector_isa
 from smelt.codegen.kernels.tile import RegisterTile
 from smelt.codegen.registry import register
+from smelt.ir.epilogue import EpilogueActivation, EpilogueBinary
 from smelt.ir.graph import Graph, Node
 from smelt.target import Target
 
@@ -316,26 +321,24 @@ def microkernel(em: BlockEmitter, blk: Blocking, rows: int, nv: int, direct_a: b
 # ------------------------------------------------------------------------------------------
 # Epilogue (applied per tile of C after its last K block)
 # ------------------------------------------------------------------------------------------
-# An epilogue op: {"op": "Relu"|"Clip"|...} (node.epilogue entries) or a binary op with
-# {"op": "Add"|"Sub"|"Mul"|"Div", "ptr": C pointer expr, "kind": "full"|"row"|"col"|"scalar",
-#  "swap": bool, "scale": float|None} ("row": indexed by the GEMM row + row offset,
-# "col": by the column, "full": by the element's flat index in the output), or
-# {"op": "Scale", "value": float}.
+# An epilogue op (``TileOp``): an activation (node.epilogue's ``EpilogueActivation``), a binary
+# op with its operand resolved to a pointer (``TileOperand``) or a constant factor (``TileScale``).
 
 
 _BIN = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
+TileOp = TileOperand | TileScale | EpilogueActivation
 
 
 @dataclass
 class TileEpilogue:
     """How a host node's output tile is finished: GEMM-level ops, then the node's fused chain."""
 
-    ops: list[dict]
+    ops: list[TileOp]
     node: Node | None = None
     row_mod: int = 0  # "row" channel index is (row % row_mod) when nonzero
     channel: str = "col"  # what node.epilogue's "channel" broadcast indexes: "row" or "col"
 
-    def all_ops(self) -> list[dict]:
+    def all_ops(self) -> list:
         ops = list(self.ops)
         if self.node is not None:
             ops += self.node.epilogue
@@ -345,16 +348,15 @@ class TileEpilogue:
         return not self.all_ops()
 
 
-def node_epilogue_ops(em: BlockEmitter, node: Node, channel: str) -> list[dict]:
+def node_epilogue_ops(em: BlockEmitter, node: Node, channel: str) -> list[TileOp]:
     """node.epilogue in this module's representation (pointers resolved)."""
     out = []
     for step in node.epilogue:
-        if step["op"] in _BIN:
-            kind = {"full": "full", "scalar": "scalar", "channel": channel}[step["broadcast"]]
-            out.append({"op": step["op"], "ptr": em.ptr(step["input"]), "kind": kind,
-                        "swap": bool(step.get("swap")), "scale": None})
+        if isinstance(step, EpilogueBinary):
+            kind = {"full": "full", "scalar": "scalar", "channel": channel}[step.broadcast]
+            out.append(TileOperand(step.op, em.ptr(step.input), kind, step.swap))
         else:
-            out.append(dict(step))
+            out.append(step)
     return out
 
 
@@ -377,40 +379,40 @@ def scalar_epilogue(ep: TileEpilogue, em: BlockEmitter, acc: str, flat: str, row
     return expr
 
 
-def _scalar_op(op: dict, expr: str, flat: str, row: str, col: str) -> str:
-    name = op["op"]
-    if name == "Scale":
-        return f"(({expr}) * {_lit(op['value'])})"
-    if name in _BIN:
-        other = f"{op['ptr']}[{_operand_index(op['kind'], flat, row, col)}]"
-        if op.get("scale") is not None:
-            other = f"({_lit(op['scale'])} * {other})"
-        a, b = (other, f"({expr})") if op.get("swap") else (f"({expr})", other)
+def _scalar_op(op: TileOp, expr: str, flat: str, row: str, col: str) -> str:
+    name = op.op
+    if isinstance(op, TileScale):
+        return f"(({expr}) * {_lit(op.value)})"
+    if isinstance(op, TileOperand):
+        other = f"{op.ptr}[{_operand_index(op.kind, flat, row, col)}]"
+        if op.scale is not None:
+            other = f"({_lit(op.scale)} * {other})"
+        a, b = (other, f"({expr})") if op.swap else (f"({expr})", other)
         return f"({a} {_BIN[name]} {b})"
-    return unary_float_expr(name, expr, op)
+    return unary_float_expr(name, expr, op.param_dict())
 
 
 def vector_epilogue_ok(ep: TileEpilogue, blk: Blocking) -> bool:
-    ok = set(ACTIVATIONS) if blk.fma else set(ACTIVATIONS) - {"Sigmoid", "Tanh", "SiLU"}
-    return all(op["op"] in _BIN or op["op"] == "Scale" or op["op"] in ok for op in ep.all_ops())
+    ok = set(ACTIVATIONS) if blk.fma else set(ACTIVATIONS) - FMA_ACTIVATIONS
+    return all(op.op in _BIN or op.op == "Scale" or op.op in ok for op in ep.all_ops())
 
 
-def _vector_op(v: VectorIsa, op: dict, x: str, operand: str | None, vexp: str = "") -> str:
-    name = op["op"]
-    if name == "Scale":
-        return v.op("mul", x, v.set1(_lit(op["value"])))
-    if name in _BIN:
+def _vector_op(v: VectorIsa, op: TileOp, x: str, operand: str | None, vexp: str = "", vtanh: str = "") -> str:
+    name = op.op
+    if isinstance(op, TileScale):
+        return v.op("mul", x, v.set1(_lit(op.value)))
+    if isinstance(op, TileOperand):
         assert operand is not None
         o = operand
-        if op.get("scale") is not None:
-            o = v.op("mul", v.set1(_lit(op["scale"])), o)
+        if op.scale is not None:
+            o = v.op("mul", v.set1(_lit(op.scale)), o)
         fn = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}[name]
-        return v.op(fn, o, x) if op.get("swap") else v.op(fn, x, o)
-    return vector_unary_expr(v, op, x, vexp)
+        return v.op(fn, o, x) if op.swap else v.op(fn, x, o)
+    return vector_unary_expr(v, op, x, vexp, vtanh)
 
 
 def describe_epilogue(ep: TileEpilogue) -> str:
-    pre = [op["op"] + (f"({op['kind']})" if "kind" in op else f"({op['value']!r})") for op in ep.ops]
+    pre = [op.op + (f"({op.kind})" if isinstance(op, TileOperand) else f"({op.value!r})") for op in ep.ops]
     node = epilogue_doc(ep.node) if ep.node is not None and ep.node.epilogue else ""
     parts = ([f"first {' -> '.join(pre)}"] if pre else []) + ([node] if node else [])
     return "; ".join(parts) if parts else "no epilogue"
@@ -426,23 +428,23 @@ def kernel_epilogue(ep: TileEpilogue, em: BlockEmitter) -> dict | None:
     out = {"ef": 0, "rb": "0", "cb": "0", "fr": "0", "lo": "0.0f", "hi": "0.0f"}
     stage = 0
     for op in ops:
-        name = op["op"]
-        if name == "Add" and op.get("scale") is None and op["kind"] in ("row", "col", "full"):
-            st = {"row": 1, "col": 2, "full": 3}[op["kind"]]
-            if st <= stage or (op["kind"] == "row" and ep.row_mod):
+        name = op.op
+        if isinstance(op, TileOperand) and name == "Add" and op.scale is None and op.kind in ("row", "col", "full"):
+            st = {"row": 1, "col": 2, "full": 3}[op.kind]
+            if st <= stage or (op.kind == "row" and ep.row_mod):
                 return None
             stage = st
             out["ef"] |= {1: EF_ROW, 2: EF_COL, 3: EF_FULL}[st]
             key, idx = {1: ("rb", "grow"), 2: ("cb", "gcol"), 3: ("fr", "coff")}[st]
-            out[key] = f"{op['ptr']} + {idx}"
+            out[key] = f"{op.ptr} + {idx}"
         elif name in ("Relu", "Clip") and stage < 4:
             stage = 4
             if name == "Relu":
                 out["ef"] |= EF_RELU
             else:
                 out["ef"] |= EF_CLIP
-                out["lo"] = _lit(op["min"])
-                out["hi"] = _lit(op["max"])
+                out["lo"] = _lit(op.param("min"))
+                out["hi"] = _lit(op.param("max"))
         else:
             return None
     return out
@@ -457,17 +459,20 @@ def vector_epilogue_stmts(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, x: 
         return None
     v = blk.vx
     vexp = v.exp_fn  # csrc/smelt_vec.h
+    vtanh = ""
+    if any(op.op == "Tanh" for op in ep.all_ops()):
+        vtanh = define(em, f"f32_vtanh__{v.name}", vtanh_source(v), "vector tanhf")
     ops = list(ep.ops) + (node_epilogue_ops(em, ep.node, ep.channel) if ep.node is not None else [])
     out = []
     for op in ops:
         operand = None
-        if op["op"] in _BIN:
-            ptr = op["ptr"]
+        if isinstance(op, TileOperand):
+            ptr = op.ptr
             operand = {"row": lambda p=ptr: v.set1(f"{p}[{row}]"),
                        "scalar": lambda p=ptr: v.set1(f"{p}[0]"),
                        "col": lambda p=ptr: v.masked_load(f"{p} + {col}", mask),
-                       "full": lambda p=ptr: v.masked_load(f"{p} + {flat}", mask)}[op["kind"]]()
-        out.append(f"{x} = {_vector_op(v, op, x, operand, vexp)};")
+                       "full": lambda p=ptr: v.masked_load(f"{p} + {flat}", mask)}[op.kind]()
+        out.append(f"{x} = {_vector_op(v, op, x, operand, vexp, vtanh)};")
     return out
 
 
@@ -918,9 +923,9 @@ def emit_gemm(node: Node, g: Graph, em: BlockEmitter) -> None:
     m, k = (a_shape[1], a_shape[0]) if ta else a_shape
     n = b_shape[0] if tb else b_shape[1]
     y = node.outputs[0]
-    ops: list[dict] = []
+    ops: list[TileOp] = []
     if alpha != 1.0:
-        ops.append({"op": "Scale", "value": alpha})
+        ops.append(TileScale(alpha))
     c_name = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else None
     if c_name is not None and beta != 0.0:
         kind = _gemm_c_kind(_shape(g, c_name), m, n)
@@ -930,10 +935,9 @@ def emit_gemm(node: Node, g: Graph, em: BlockEmitter) -> None:
             if beta != 1.0:
                 cc = (np.float32(beta) * cc).astype(np.float32)
             ptr = em.weight(cc.reshape(-1))
-            ops.append({"op": "Add", "ptr": ptr, "kind": kind, "swap": False, "scale": None})
+            ops.append(TileOperand("Add", ptr, kind))
         else:
-            ops.append({"op": "Add", "ptr": em.ptr(c_name), "kind": kind, "swap": False,
-                        "scale": None if beta == 1.0 else beta})
+            ops.append(TileOperand("Add", em.ptr(c_name), kind, scale=None if beta == 1.0 else beta))
     ep = TileEpilogue(ops, node, channel="col")
     b_const = g.const(b_name)
     if b_const is not None:

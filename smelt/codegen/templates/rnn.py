@@ -105,6 +105,7 @@ from smelt.codegen.kernels.epilogue import (
     vector_relu,
 )
 from smelt.codegen.registry import register
+from smelt.ir.activations import RNN_ACTIVATIONS
 from smelt.ir.graph import Graph, Node
 
 VL = 16  # floats per vector (AVX-512); the packing unit of hidden blocks
@@ -130,12 +131,9 @@ CB = '__asm__ volatile("" ::: "memory");'
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DEFAULT_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"], "RNN": ["tanh"]}
-# activation -> (takes alpha, takes beta); defaults as onnxruntime (rnn_helpers.cc)
-ACT_ARGS = {"affine": (True, True), "relu": (False, False), "leakyrelu": (True, False),
-            "thresholdedrelu": (True, False), "tanh": (False, False), "scaledtanh": (True, True),
-            "sigmoid": (False, False), "hardsigmoid": (True, True), "elu": (True, False),
-            "softsign": (False, False), "softplus": (False, False)}
-ACT_DEFAULTS = {"leakyrelu": (0.01, 0.0), "hardsigmoid": (0.2, 0.5), "elu": (1.0, 0.0)}
+# activation -> (takes alpha, takes beta) and its defaults: smelt.ir.activations.RNN_ACTIVATIONS
+ACT_ARGS = {k: (a.alpha is not None, a.beta is not None) for k, a in RNN_ACTIVATIONS.items()}
+ACT_DEFAULTS = {k: (a.alpha or 0.0, a.beta or 0.0) for k, a in RNN_ACTIVATIONS.items()}
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,64 @@
+"""Typed entries of ``Node.epilogue``: the element-wise ops fused into a host's output
+(written by passes/fuse_epilogue.py, read by the templates through codegen/kernels/epilogue.py,
+by the fallback expansion in compiler.py and by plan.json's ``epilogue`` list).
+
+Entries are frozen: a pass that renames an operand replaces the entry (``with_input``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+BINARY_OPS = ("Add", "Sub", "Mul", "Div")
+BROADCASTS = ("full", "channel", "scalar")
+
+
+@dataclass(frozen=True)
+class EpilogueBinary:
+    """``y = y <op> input`` (``input <op> y`` when ``swap``). ``broadcast`` says how ``input``
+    maps onto the host's output: "full" (same shape, indexed by the flat index), "channel" (one
+    value per element of the host's channel axis) or "scalar"."""
+
+    op: str
+    input: str
+    broadcast: str
+    swap: bool = False
+
+    def __post_init__(self) -> None:
+        if self.op not in BINARY_OPS or self.broadcast not in BROADCASTS:
+            raise ValueError(f"bad binary epilogue entry {self!r}")
+
+    def with_input(self, name: str) -> EpilogueBinary:
+        return replace(self, input=name)
+
+    def describe(self) -> str:
+        return f"{self.op}({self.broadcast})"
+
+
+@dataclass(frozen=True)
+class EpilogueActivation:
+    """``y = op(y)`` for an activation of ``smelt.ir.activations.ACTIVATIONS`` (plus "SiLU",
+    the fused x * Sigmoid(x)); ``params`` holds every attribute with ONNX's defaults filled in
+    (Clip: "min" and "max", always present)."""
+
+    op: str
+    params: tuple[tuple[str, float], ...] = ()
+    input: ClassVar[None] = None  # reads no tensor
+
+    @staticmethod
+    def of(op: str, params: Mapping[str, float] | None = None) -> EpilogueActivation:
+        return EpilogueActivation(op, tuple(sorted((k, float(v)) for k, v in (params or {}).items())))
+
+    def param(self, name: str) -> float:
+        return dict(self.params)[name]
+
+    def param_dict(self) -> dict[str, float]:
+        return dict(self.params)
+
+    def describe(self) -> str:
+        return self.op
+
+
+EpilogueStep = EpilogueBinary | EpilogueActivation
