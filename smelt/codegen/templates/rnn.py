@@ -78,16 +78,22 @@ where inactive, the state freezes, and Y_h / Y_c are zero for rows of length 0 (
 lengths outside [0, T] make the inference fail (SMELT_FAIL), as ORT rejects them.
 Layout 1 (batch-major) is native too (ORT itself rejects it).
 
-Vector math (``_VMATH``): under ``__AVX512F__`` exp is a Cephes-style degree-6 polynomial with
-``scalef`` reconstruction; 1/x is rcp14 + one Newton step (no vdivps); sigmoid = 1/(1+exp(-x));
-tanh = odd rational x*P(x^2)/Q(x^2) (degrees 13/6, Eigen's float coefficients) on x clamped to
-+-7.9988, 1/Q by rcp14 + Newton: half the operations of the earlier exp form (1 - 2/(exp(2|x|)+1)
-blended with a polynomial near 0; LSTM E64 H64 B10 T100 at 2 threads 0.353 -> 0.324 ms).
-Measured against libm in double precision on a dense grid over [-30, 30]
-(tests/kernels/test_rnn.py, ``test_vector_math_accuracy``): max abs error 9.0e-8 (sigmoid) and
-2.9e-7 (tanh), tanh max relative error 3.0e-7 for |x| < 1; the test asserts 5e-7 / 1e-6.
-Without AVX-512 the same kernels run on a 16-lane struct with libm (8.9e-8 / 1.0e-7). The
-exotic activations Elu and Softplus always use libm lane by lane, as onnxruntime's formulas.
+Vector math: one C header per ISA, ``smelt/codegen/kernels/csrc/rnn_vec_{avx512,avx2,portable}.h``
+(+ ``rnn_vec_common.h``), chosen by ``smelt/codegen/kernels/rnn_vec.py`` from the target's ISA,
+which also says how many registers a 16-lane logical vector takes (AVX-512 one zmm, AVX2 two
+ymm), so the register tiles (``RnnConfig.acc_budget``: 24 logical accumulators on AVX-512, 6 on
+AVX2) fit the target's register file. Exp is a Cephes-style degree-6 polynomial (2^n by
+``scalef``, on AVX2 by two exponent-field factors); 1/x is rcp14 (AVX2: rcp) + one Newton step
+(no vdivps); sigmoid = 1/(1+exp(-x)); tanh = odd rational x*P(x^2)/Q(x^2) (degrees 13/6, Eigen's
+float coefficients) on x clamped to +-7.9988, 1/Q by rcp + Newton: half the operations of the
+earlier exp form (1 - 2/(exp(2|x|)+1) blended with a polynomial near 0; LSTM E64 H64 B10 T100
+at 2 threads 0.353 -> 0.324 ms). Measured against libm in double precision on a dense grid over
+[-30, 30] (tests/kernels/test_rnn.py, ``test_vector_math_accuracy``, per ISA): AVX-512 max abs
+error 9.0e-8 (sigmoid) and 2.9e-7 (tanh), tanh max relative error 3.0e-7 for |x| < 1; the test
+asserts 5e-7 / 1e-6; AVX2 1.4e-7 / 2.9e-7 (relative 3.0e-7: rcp has 12 bits, rcp14 14). The
+portable header (no vector ISA: non-x86, the forced "scalar" target)
+runs the same kernels on a 16-lane struct with libm (8.9e-8 / 1.0e-7). The exotic activations
+Elu and Softplus always use libm lane by lane, as onnxruntime's formulas.
 """
 
 from __future__ import annotations
@@ -105,6 +111,7 @@ from smelt.codegen.kernels.epilogue import (
     vector_leaky_relu,
     vector_relu,
 )
+from smelt.codegen.kernels.rnn_vec import rnn_vec, vmath_source
 from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
 
@@ -169,6 +176,7 @@ class RnnConfig:
     yh: str
     yc: str
     rgm: bool = False  # R packed gate-major per hidden block ([g][H][16]); else [H][G*16]
+    acc_budget: int = ACC_BUDGET  # logical-vector accumulators of a register tile (the target's; RnnVecIsa)
 
     @property
     def Hp(self) -> int:  # noqa: N802
@@ -349,139 +357,10 @@ def pack_p(cfg: RnnConfig, P: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
-# C: vector math. "VX_" is replaced by the helper chunk's unique name.
+# C: vector math: one C header per ISA (smelt/codegen/kernels/csrc/rnn_vec_*.h, chosen by
+# smelt/codegen/kernels/rnn_vec.py from the target's ISA); "VX_" is replaced by the helper
+# chunk's unique name.
 # --------------------------------------------------------------------------------------------
-_VMATH = r"""
-#ifdef __AVX512F__
-typedef __m512 VX_v;
-typedef __mmask16 VX_m;
-static inline VX_v VX_load(const float *p) { return _mm512_load_ps(p); }
-static inline VX_v VX_loadu(const float *p) { return _mm512_loadu_ps(p); }
-static inline void VX_store(float *p, VX_v v) { _mm512_store_ps(p, v); }
-static inline void VX_storeu(float *p, VX_v v) { _mm512_storeu_ps(p, v); }
-static inline void VX_mstoreu(float *p, VX_m m, VX_v v) { _mm512_mask_storeu_ps(p, m, v); }
-static inline VX_v VX_set1(float x) { return _mm512_set1_ps(x); }
-static inline VX_v VX_zero(void) { return _mm512_setzero_ps(); }
-static inline VX_v VX_add(VX_v a, VX_v b) { return _mm512_add_ps(a, b); }
-static inline VX_v VX_sub(VX_v a, VX_v b) { return _mm512_sub_ps(a, b); }
-static inline VX_v VX_mul(VX_v a, VX_v b) { return _mm512_mul_ps(a, b); }
-static inline VX_v VX_div(VX_v a, VX_v b) { return _mm512_div_ps(a, b); }
-static inline VX_v VX_fma(VX_v a, VX_v b, VX_v c) { return _mm512_fmadd_ps(a, b, c); }
-static inline VX_v VX_min(VX_v a, VX_v b) { return _mm512_min_ps(a, b); }
-static inline VX_v VX_max(VX_v a, VX_v b) { return _mm512_max_ps(a, b); }
-static inline VX_v VX_abs(VX_v a) { return _mm512_abs_ps(a); }
-static inline VX_v VX_maskz(VX_m m, VX_v a) { return _mm512_maskz_mov_ps(m, a); }
-static inline VX_v VX_select(VX_m m, VX_v a, VX_v b) { return _mm512_mask_blend_ps(m, b, a); }
-static inline VX_m VX_ge(VX_v a, VX_v b) { return _mm512_cmp_ps_mask(a, b, _CMP_GE_OQ); }
-static inline VX_m VX_gt(VX_v a, VX_v b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }
-/* exp(x): Cephes expf polynomial on x - n*ln2, |x - n*ln2| <= ln2/2; 2^n via scalef. */
-static inline VX_v VX_exp(VX_v x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-87.33654f), _mm512_min_ps(_mm512_set1_ps(88.72283f), x)); /* x second: NaN kept */
-    VX_v n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    VX_v r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    VX_v p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
-/* 1/d: rcp14 plus one Newton step (relative error ~2^-27, far cheaper than vdivps) */
-static inline VX_v VX_recip(VX_v d) {
-    VX_v r = _mm512_rcp14_ps(d);
-    return _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0f)), r);
-}
-static inline VX_v VX_sigmoid(VX_v x) {
-    return VX_recip(_mm512_add_ps(_mm512_set1_ps(1.0f), VX_exp(_mm512_sub_ps(_mm512_setzero_ps(), x))));
-}
-/* tanh: odd rational minimax approximation x*P(x^2)/Q(x^2) on x clamped to +-7.99881 (Eigen's
- * float tanh coefficients; tanh(7.99881) = 1 - 2.3e-7), 1/Q by rcp14 + Newton. Half the
- * operations of the exp form 1 - 2/(exp(2x)+1) with a polynomial near 0 (which evaluated both),
- * and relative accuracy near 0 by construction. */
-static inline VX_v VX_tanh(VX_v x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-7.99881172180175781f), _mm512_min_ps(_mm512_set1_ps(7.99881172180175781f), x));
-    VX_v z = _mm512_mul_ps(x, x);
-    VX_v p = _mm512_set1_ps(-2.76076847742355e-16f);
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(2.00018790482477e-13f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-8.60467152213735e-11f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(5.12229709037114e-08f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.48572235717979e-05f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(6.37261928875436e-04f));
-    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(4.89352455891786e-03f));
-    VX_v q = _mm512_set1_ps(1.19825839466702e-06f);
-    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(1.18534705686654e-04f));
-    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(2.26843463243900e-03f));
-    q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(4.89352518554385e-03f));
-    return _mm512_mul_ps(_mm512_mul_ps(p, x), VX_recip(q));
-}
-#else
-typedef struct { float f[16]; } VX_v;
-typedef unsigned VX_m;
-#define VX_MAP1(expr) VX_v r; for (int l = 0; l < 16; ++l) { float x = a.f[l]; r.f[l] = (expr); } return r
-#define VX_MAP2(expr) VX_v r; for (int l = 0; l < 16; ++l) { float x = a.f[l], y = b.f[l]; r.f[l] = (expr); } return r
-static inline VX_v VX_load(const float *p) { VX_v r; memcpy(r.f, p, sizeof r.f); return r; }
-static inline VX_v VX_loadu(const float *p) { VX_v r; memcpy(r.f, p, sizeof r.f); return r; }
-static inline void VX_store(float *p, VX_v v) { memcpy(p, v.f, sizeof v.f); }
-static inline void VX_storeu(float *p, VX_v v) { memcpy(p, v.f, sizeof v.f); }
-static inline void VX_mstoreu(float *p, VX_m m, VX_v v) { for (int l = 0; l < 16; ++l) if (m >> l & 1u) p[l] = v.f[l]; }
-static inline VX_v VX_set1(float x) { VX_v r; for (int l = 0; l < 16; ++l) r.f[l] = x; return r; }
-static inline VX_v VX_zero(void) { return VX_set1(0.0f); }
-static inline VX_v VX_add(VX_v a, VX_v b) { VX_MAP2(x + y); }
-static inline VX_v VX_sub(VX_v a, VX_v b) { VX_MAP2(x - y); }
-static inline VX_v VX_mul(VX_v a, VX_v b) { VX_MAP2(x * y); }
-static inline VX_v VX_div(VX_v a, VX_v b) { VX_MAP2(x / y); }
-static inline VX_v VX_fma(VX_v a, VX_v b, VX_v c) { VX_v r; for (int l = 0; l < 16; ++l) r.f[l] = fmaf(a.f[l], b.f[l], c.f[l]); return r; }
-static inline VX_v VX_min(VX_v a, VX_v b) { VX_MAP2(x < y ? x : y); }
-static inline VX_v VX_max(VX_v a, VX_v b) { VX_MAP2(x > y ? x : y); }
-static inline VX_v VX_abs(VX_v a) { VX_MAP1(fabsf(x)); }
-static inline VX_v VX_maskz(VX_m m, VX_v a) { VX_v r; for (int l = 0; l < 16; ++l) r.f[l] = (m >> l & 1u) ? a.f[l] : 0.0f; return r; }
-static inline VX_v VX_select(VX_m m, VX_v a, VX_v b) { VX_v r; for (int l = 0; l < 16; ++l) r.f[l] = (m >> l & 1u) ? a.f[l] : b.f[l]; return r; }
-static inline VX_m VX_ge(VX_v a, VX_v b) { VX_m m = 0; for (int l = 0; l < 16; ++l) m |= (VX_m)(a.f[l] >= b.f[l]) << l; return m; }
-static inline VX_m VX_gt(VX_v a, VX_v b) { VX_m m = 0; for (int l = 0; l < 16; ++l) m |= (VX_m)(a.f[l] > b.f[l]) << l; return m; }
-static inline VX_v VX_exp(VX_v a) { VX_MAP1(expf(x)); }
-static inline VX_v VX_sigmoid(VX_v a) { VX_MAP1(1.0f / (1.0f + expf(-x))); }
-static inline VX_v VX_tanh(VX_v a) { VX_MAP1(tanhf(x)); }
-#endif
-/* exotic activations lane by lane with libm, exactly as onnxruntime's formulas */
-static inline VX_v VX_elu(VX_v v, float alpha) {
-    float t[16]; VX_storeu(t, v);
-    for (int l = 0; l < 16; ++l) t[l] = t[l] >= 0.0f ? t[l] : alpha * (expf(t[l]) - 1.0f);
-    return VX_loadu(t);
-}
-static inline VX_v VX_softplus(VX_v v) {
-    float t[16]; VX_storeu(t, v);
-    for (int l = 0; l < 16; ++l) t[l] = logf(1.0f + expf(t[l]));
-    return VX_loadu(t);
-}
-/* Barrier among the n threads of one group as per-thread epoch flags (one cache line each):
- * a thread publishes the epoch it finished, then waits until every peer published it too. One
- * cache-line transfer per peer instead of the counter barrier's two or three (on this class of
- * VM a transfer is ~0.12 us, a pool barrier ~0.25 us). Flags are zeroed by step 1 of each run. */
-typedef struct { _Alignas(64) atomic_uint v; } VX_flag;
-static inline void VX_sync(VX_flag *f, int me, int n, unsigned epoch) {
-    if (n <= 1) return;
-    atomic_store_explicit(&f[me].v, epoch, memory_order_release);
-    for (int j = 0; j < n; ++j) {
-        if (j == me) continue;
-        unsigned spins = 0;
-        while ((int)(atomic_load_explicit(&f[j].v, memory_order_acquire) - epoch) < 0) {
-            SMELT_PAUSE();
-            if (++spins > 2000u) { sched_yield(); spins = 0; } /* ~20 us: a peer thread was descheduled */
-        }
-    }
-}
-"""
-
-
-def vmath_source(prefix: str) -> str:
-    """The vector-math helpers with their names prefixed (used by tests too)."""
-    return _VMATH.replace("VX_", f"{prefix}_")
-
-
 def _f(x: float) -> str:
     return c_literal(x, "float32")
 
@@ -581,11 +460,19 @@ def gemm_code(cfg: RnnConfig, dynamic: bool = False, rows: int | None = None) ->
     else:
         M = rows or cfg.T * cfg.B
         mrs = sorted({min(GEMM_MR, M), M - (-(-M // GEMM_MR) - 1) * GEMM_MR})
+    # a register tile is GEMM_MR rows x nvt vectors of one panel (all 4 on AVX-512; 1 on AVX2,
+    # whose 16 ymm registers hold 6 x 2 accumulator halves): the tile walks the panel's columns
+    nvt = max(1, min(4, cfg.acc_budget // GEMM_MR))
     tiles = []
-    for mr, nv, first in sorted({(m, v, f) for m in mrs for v in nvs
-                                 for f in ((True,) if kc == K else (True, False))}):
-        width = nv * VL
-        lines = [f"static inline __attribute__((always_inline)) void FNAME_t{mr}x{nv}{'f' if first else 'a'}("
+
+    def cuts(pw: int) -> list[tuple[int, int]]:  # (first vector, vectors) of each tile of a panel
+        return [(v0, min(nvt, pw - v0)) for v0 in range(0, pw, nvt)]
+
+    shapes = sorted({(m, nv, pw, f) for m in mrs for pw in nvs for _, nv in cuts(pw)
+                     for f in ((True,) if kc == K else (True, False))})
+    for mr, nv, pw, first in shapes:
+        width = pw * VL  # the panel's width: the k stride of its packed columns
+        lines = [f"static inline __attribute__((always_inline)) void FNAME_t{mr}x{nv}w{pw}{'f' if first else 'a'}("
                  "const float *X, float *XW, const float *wp, const float *bias, long m0, long col, long k0, "
                  "long k1, long TB, long Bn) {", "    (void)bias; (void)TB; (void)Bn;"]
         for m in range(mr):
@@ -613,13 +500,15 @@ def gemm_code(cfg: RnnConfig, dynamic: bool = False, rows: int | None = None) ->
         lines.append("}")
         tiles.append("\n".join(lines))
 
-    def dispatch(nv: int) -> str:
+    def dispatch(pw: int) -> str:
         cases = []
         for mr in mrs:
-            args = "(X, XW, wp, bias, m0, col, k0, k1, TB, Bn);"
-            one = (f"FNAME_t{mr}x{nv}f{args}" if kc == K else
-                   f"{{ if (k0 == 0) FNAME_t{mr}x{nv}f{args} else FNAME_t{mr}x{nv}a{args} }}")
-            cases.append(f"case {mr}: {one} break;")
+            calls = []
+            for v0, nv in cuts(pw):
+                args = f"(X, XW, wp + {v0 * VL}, bias, m0, col + {v0 * VL}, k0, k1, TB, Bn);"
+                t = f"FNAME_t{mr}x{nv}w{pw}"
+                calls.append(f"{t}f{args}" if kc == K else f"{{ if (k0 == 0) {t}f{args} else {t}a{args} }}")
+            cases.append(f"case {mr}: {' '.join(calls)} break;")
         return f"switch (SMELT_MIN(M - m0, {GEMM_MR}L)) {{ {' '.join(cases)} default: SMELT_FAIL(); break; }}"
 
     # Work is split over threads as contiguous ranges of (panel, 6-row tile) units, panel-major,
@@ -655,15 +544,9 @@ static void FNAME(const float *X, float *XW, const float *Wp, const float *bias,
 # --------------------------------------------------------------------------------------------
 # C: the recurrence cell for one direction, one time step, a range of hidden blocks
 # --------------------------------------------------------------------------------------------
-def _tile_rows(ng: int) -> int:
+def _tile_rows(ng: int, budget: int) -> int:
     """Most batch rows of one recurrence register tile computing ``ng`` gates."""
-    return max(1, min(8, ACC_BUDGET // ng))
-
-
-def _tile_shape(G: int, B: int) -> tuple[list[tuple[int, int]], int]:
-    chunks = _row_chunks(B, _tile_rows(G))
-    mb = chunks[0][0]
-    return chunks, _tile_nb(G, mb)
+    return max(1, min(8, budget // ng))
 
 
 def _gate_groups(gates: list[int], most: int) -> list[list[int]]:
@@ -676,9 +559,9 @@ def _gate_groups(gates: list[int], most: int) -> list[list[int]]:
     return out
 
 
-def _tile_nb(G: int, mb: int) -> int:
-    """Hidden blocks per register tile of ``mb`` batch rows (at most ACC_BUDGET accumulators)."""
-    return max(1, min(ACC_BUDGET // (mb * G), max(1, 8 // G)))
+def _tile_nb(G: int, mb: int, budget: int) -> int:
+    """Hidden blocks per register tile of ``mb`` batch rows (at most ``budget`` accumulators)."""
+    return max(1, min(budget // (mb * G), max(1, 8 // G)))
 
 
 def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool, pf_ahead: int = 0,
@@ -731,7 +614,7 @@ def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool,
     L.append("    }")
     # Few accumulators (batch 1): each is one FMA chain over K, 4 cycles per link, so the loop is
     # latency bound; a second set over odd k halves the chain (summed at the end).
-    split = 2 * len(names) <= ACC_BUDGET
+    split = 2 * len(names) <= cfg.acc_budget
 
     def body(k: str, suffix: str) -> None:
         for m in range(mb):
@@ -789,7 +672,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     acts = cfg.acts[d]
     gates = {"": list(range(G)), "a": [0, 1], "b": [2]}[phase]
     ng = len(gates)
-    mb_most = _tile_rows(ng)
+    mb_most = _tile_rows(ng, cfg.acc_budget)
     row_counts = sorted(rows or {B})
     if dynamic:
         sizes = list(range(1, mb_most + 1))
@@ -811,7 +694,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     # (q + 1 rows, or q), and every chunk of that group uses it; leftover blocks go one by one
     pairs: set[tuple[int, int]] = {(mb, 1) for mb in sizes}
     for mb0 in (sizes if dynamic else [_row_chunks(bc, mb_most)[0][0] for bc in row_counts if bc > 0]):
-        nbt = _tile_nb(ng, mb0)
+        nbt = _tile_nb(ng, mb0, cfg.acc_budget)
         pairs |= {(mb, nbt) for mb in (mb0 - 1, mb0) if mb in sizes}
     # K block: the nb hidden blocks' R rows of one K block (<= 32 KiB) stay in L1 while every
     # chunk of a row group streams them (otherwise each chunk re-read the slice from L2; at
@@ -830,7 +713,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
                for pf in ((0, kc) if pf_chunk else (0,))]
     # Gate split: a thread's rows in one tile, over the gates in passes (see GATE_SPLIT_ROWS)
     gs_rows = [bc for bc in row_counts if mb_most < bc <= GATE_SPLIT_ROWS] if cfg.rgm else []
-    gs_groups = {bc: _gate_groups(gates, max(1, ACC_BUDGET // bc)) for bc in gs_rows}
+    gs_groups = {bc: _gate_groups(gates, max(1, cfg.acc_budget // bc)) for bc in gs_rows}
     kernels += [_dot_code(cfg, grp, bc, 1, kin_lbr, acc_gates=gates) for bc in gs_rows for grp in gs_groups[bc]]
 
     # the gate math of one (row, hidden block) of a tile; a{g} are the loaded accumulators
@@ -931,7 +814,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
 
     chunk_acc = max(mb * nb for mb, nb in pairs) * ng * VL  # floats of one chunk's accumulators
     cpg = max(1, REC_GROUP_ROWS // mb_most)  # chunks per row group (bounds acc)
-    nbt_cases = " ".join(f"case {mb}: nbt0 = {_tile_nb(ng, mb)}; break;" for mb in sizes)
+    nbt_cases = " ".join(f"case {mb}: nbt0 = {_tile_nb(ng, mb, cfg.acc_budget)}; break;" for mb in sizes)
     zz_doc = ("; on odd steps in reverse order, so a\n       step starts with the blocks the last one ended with, still in L2" if stream else "")
     gs_code = []
     for bc in gs_rows:
@@ -1051,6 +934,7 @@ def _pack_code(cfg: RnnConfig, src: dict[str, str], dst: dict[str, str]) -> str:
 def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     cfg, why = config(node, g)
     assert cfg is not None, why
+    cfg.acc_budget = rnn_vec(em.target.isa).acc_budget(em.target)
     readers = g.consumers()
     for attr in ("y", "yh", "yc"):  # an output nothing reads is not computed
         name = getattr(cfg, attr)
@@ -1065,7 +949,7 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
         return
     G, T, B, H, Hp, D, N = cfg.G, cfg.T, cfg.B, cfg.H, cfg.Hp, cfg.D, cfg.ntot
     nhb = cfg.nhb
-    vx = em.function("rnn_vmath", vmath_source("FNAME"), doc="RNN vector math: exp/sigmoid/tanh, activations, group barrier")
+    vx = em.function("rnn_vmath", vmath_source("FNAME", em.target.isa), doc="RNN vector math: exp/sigmoid/tanh, activations, group barrier")
 
     def fn(base: str, code: str, doc: str) -> str:
         return em.function(base, code.replace("VX_", f"{vx}_"), doc=doc)
@@ -1100,7 +984,7 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     rows_ = {c for gp_ in grids.values() for (xi_, _) in gp_.values() for c in (B // xi_, -(-B // xi_))}
     cfg.rgm = (not dynamic and mode != "baseline" and not (cfg.op == "GRU" and not cfg.lbr)
                and nhb * H * G * VL * 4 > em.target.l2_bytes * 3 // 4
-               and any(_tile_rows(G) < bc <= GATE_SPLIT_ROWS for bc in rows_))
+               and any(_tile_rows(G, cfg.acc_budget) < bc <= GATE_SPLIT_ROWS for bc in rows_))
 
     # ---- weights: packed at compile time when constant, else by a first step each run ----
     src: dict[str, str] = {}
@@ -1184,7 +1068,7 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     em.step(tb_decl + "\n".join(init))
 
     # ---- step 2: the recurrence ----
-    what = (f"H={H} (Hp={Hp}), E={cfg.E}, fused gates G={G}, row tiles of <= {max(1, min(8, ACC_BUDGET // G))} "
+    what = (f"H={H} (Hp={Hp}), E={cfg.E}, fused gates G={G}, row tiles of <= {_tile_rows(G, cfg.acc_budget)} "
             f"rows, batch {'<= ' + str(Bmax) + ' at run time' if dynamic else B}")
     # row counts a thread can get: smelt_range shares of B over xi row groups
     rows = {c for gp_ in grids.values() for (xi_, _) in gp_.values() for c in (B // xi_, -(-B // xi_))}
@@ -1583,13 +1467,14 @@ def emit_pipeline(chain: list[Node], g: Graph, em: BlockEmitter) -> None:
     for n in layers:
         cfg, why = config(n, g)
         assert cfg is not None, why
+        cfg.acc_budget = rnn_vec(em.target.isa).acc_budget(em.target)
         for attr in ("yh", "yc"):
             name = getattr(cfg, attr)
             if name and name not in g.outputs and not readers.get(name):
                 setattr(cfg, attr, "")
         cfgs.append(cfg)
     T, B = cfgs[0].T, cfgs[0].B
-    vx = em.function("rnn_vmath", vmath_source("FNAME"), doc="RNN vector math: exp/sigmoid/tanh, activations, group barrier")
+    vx = em.function("rnn_vmath", vmath_source("FNAME", em.target.isa), doc="RNN vector math: exp/sigmoid/tanh, activations, group barrier")
 
     def fn(base: str, code: str, doc: str) -> str:
         return em.function(base, code.replace("VX_", f"{vx}_"), doc=doc)
