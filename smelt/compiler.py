@@ -43,6 +43,7 @@ from smelt.passes.pipeline import run_passes
 from smelt.progress import Phases
 from smelt.runtime.module import TensorSpec
 from smelt.schedule.db import open_default
+from smelt.schedule.rnn import decide_rnn_graph
 from smelt.target import Target, detect
 
 # the tuning database's record kind for NCHWc convolution schedules
@@ -214,6 +215,11 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
                 if node.op == "Conv":
                     node.schedule["algorithm"] = "direct"
         verify(g, "plan_layouts")  # the graph codegen reads: invariants hold (cheap: linear)
+    # --- schedule stage, RNN part (to be folded into the stage's driver) ---
+    target = target or detect()
+    decide_rnn_graph(g, target, options.codegen_threads(target),
+                     open_default(create=False) if options.use_tuning_db else None)
+    # --- end RNN schedule ---
     return g
 
 

@@ -18,7 +18,7 @@ from kernel_models import _isa_target
 from node_cases import Cases, assert_close, build_model, check, oracle
 
 import smelt
-from smelt.codegen.templates.rnn import annotate
+from smelt.schedule.rnn import annotate
 from smelt.target import detect
 
 NAN, INF = np.float32(np.nan), np.float32(np.inf)

@@ -22,8 +22,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import smelt
 from smelt.codegen.kernels.rnn_vec import vmath_source
-from smelt.codegen.templates.rnn import SCHEDULES, annotate
 from smelt.codegen.toolchain import RUNTIME_HEADER, arch_flags, find_compiler
+from smelt.schedule.rnn import SCHEDULES, annotate
 from smelt.target import detect
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -436,7 +436,7 @@ def test_gate_split_gate_major():
     thread's rows. Row counts just above the tile (LSTM 7, GRU 9), at the limit (12) and
     above it (13: not gate-major), run-time weights (the C packer's gate-major path), 1 and 2
     threads; the forced row split (2, 1) runs row chunks of 3-6 on the gate-major layout."""
-    from smelt.codegen.templates.rnn import GATE_SPLIT_ROWS
+    from smelt.codegen.kernels.rnn_config import GATE_SPLIT_ROWS
 
     assert GATE_SPLIT_ROWS == 12
     cases = [Case("LSTM", 3, 7, 8, 400, seq="rand", init=True, peep=True),
@@ -485,10 +485,10 @@ def test_pipeline_plan_stacked_layers(cell, layers, B, T, H):
 def test_pipeline_plan_eligibility():
     """Only chains of forward, single-direction layers qualify (a reverse or bidirectional layer
     needs the whole sequence below it first)."""
-    from smelt.codegen.templates.rnn import pipeline_chain
     from smelt.frontend.onnx_import import to_ir as import_ir
     from smelt.frontend.zoo.rnn import lstm_model
     from smelt.passes.shape_inference import infer_shapes
+    from smelt.schedule.rnn import pipeline_chain
 
     def to_ir(model):  # shapes come from inference (a model's declared shapes are only checked)
         return infer_shapes(import_ir(model))

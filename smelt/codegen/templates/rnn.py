@@ -99,10 +99,8 @@ Elu and Softplus always use libm lane by lane, as onnxruntime's formulas.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
 from smelt.codegen.emitter import BlockEmitter, c_literal
 from smelt.codegen.kernels.epilogue import (
@@ -111,184 +109,35 @@ from smelt.codegen.kernels.epilogue import (
     vector_leaky_relu,
     vector_relu,
 )
-from smelt.codegen.kernels.rnn_vec import rnn_vec, vmath_source
+from smelt.codegen.kernels.rnn_config import (
+    GATE_SPLIT_ROWS,
+    GATES,
+    REC_GROUP_ROWS,
+    VL,
+    RnnConfig,
+    config,
+    tile_rows,
+)
+from smelt.codegen.kernels.rnn_vec import vmath_source
 from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
+from smelt.schedule.rnn import RnnSchedule
 
-VL = 16  # floats per vector (AVX-512); the packing unit of hidden blocks
 PANEL = 64  # GEMM panel width (4 vectors)
 GEMM_MR = 6  # GEMM rows per register tile
 GEMM_KC = 128  # GEMM K block: a 64-column panel slice of 32 KiB stays in L1
 GEMM_MC_BLOCKS = 8  # GEMM 6-row tiles per block: a 48x64 XW tile (12 KiB) stays in L1 across K blocks
-ACC_BUDGET = 24  # accumulator registers a recurrence tile may use
-# A thread's rows up to this many share each R load (gate-split passes, R streamed from L3). A
-# C microbenchmark of the H=1024 step (2 threads, per-thread 8 MB R slice): 10 rows x 2 gates
-# 0.29-0.35 ms vs row chunks 0.41; 20 rows x 1 gate 0.69-0.76 vs 0.66 (load-port bound).
-GATE_SPLIT_ROWS = 12
-REC_GROUP_ROWS = 24  # batch rows whose accumulators share one pass over an L1 block of R
-# Minimum multiply-adds per thread per time step before splitting the recurrence pays for a
-# cross-core sync (~0.25 us on this class of machine); see grid_for.
-REC_MIN_MACS = 16384
-
 # Compiler barrier between work items whose stores interleave with other threads' stores: GCC 12
 # -O3 predictive commoning otherwise may load a later iteration's target locations early and
 # store them back at loop exit (an invented store: it clobbered the other thread's XW panel in
 # a stress test of the ONNX backend cases; -fno-predictive-commoning or -O2 also avoid it).
 CB = '__asm__ volatile("" ::: "memory");'
 
-GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
-DEFAULT_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"], "RNN": ["tanh"]}
-# activation -> (takes alpha, takes beta); defaults as onnxruntime (rnn_helpers.cc)
-ACT_ARGS = {"affine": (True, True), "relu": (False, False), "leakyrelu": (True, False),
-            "thresholdedrelu": (True, False), "tanh": (False, False), "scaledtanh": (True, True),
-            "sigmoid": (False, False), "hardsigmoid": (True, True), "elu": (True, False),
-            "softsign": (False, False), "softplus": (False, False)}
-ACT_DEFAULTS = {"leakyrelu": (0.01, 0.0), "hardsigmoid": (0.2, 0.5), "elu": (1.0, 0.0)}
 
 
 # --------------------------------------------------------------------------------------------
 # configuration
 # --------------------------------------------------------------------------------------------
-@dataclass
-class RnnConfig:
-    op: str
-    G: int
-    T: int
-    B: int
-    E: int  # input size
-    H: int
-    D: int
-    layout: int
-    reverse: tuple[bool, ...]
-    acts: list[list[tuple[str, float, float]]]  # per direction: (name, alpha, beta) per slot
-    clip: float | None
-    input_forget: bool
-    lbr: bool  # GRU linear_before_reset
-    x: str
-    w: str
-    r: str
-    b: str
-    seq: str
-    h0: str
-    c0: str
-    p: str
-    y: str
-    yh: str
-    yc: str
-    rgm: bool = False  # R packed gate-major per hidden block ([g][H][16]); else [H][G*16]
-    acc_budget: int = ACC_BUDGET  # logical-vector accumulators of a register tile (the target's; RnnVecIsa)
-
-    @property
-    def Hp(self) -> int:  # noqa: N802
-        return -(-self.H // VL) * VL
-
-    @property
-    def nhb(self) -> int:
-        return self.Hp // VL
-
-    @property
-    def ntot(self) -> int:
-        return self.D * self.G * self.Hp
-
-
-def _inp(node: Node, i: int) -> str:
-    return node.inputs[i] if len(node.inputs) > i else ""
-
-
-def _out(node: Node, i: int) -> str:
-    return node.outputs[i] if len(node.outputs) > i else ""
-
-
-def _parse_acts(op: str, D: int, node: Node) -> tuple[list[list[tuple[str, float, float]]] | None, str]:
-    names = node.attr("activations")
-    n = len(DEFAULT_ACTS[op])
-    if names is None:
-        names = DEFAULT_ACTS[op] * D
-    names = [str(s).lower() for s in names]
-    if len(names) != n * D:  # onnxruntime rejects this too (no implicit repeat per direction)
-        return None, f"{op} needs {n * D} activations, given {len(names)}"
-    alphas = [float(a) for a in (node.attr("activation_alpha") or [])]
-    betas = [float(b) for b in (node.attr("activation_beta") or [])]
-    ai, bi = iter(alphas), iter(betas)
-    out: list[tuple[str, float, float]] = []
-    for name in names:
-        if name not in ACT_ARGS:
-            return None, f"unknown {op} activation {name!r}"
-        takes_a, takes_b = ACT_ARGS[name]
-        da, db = ACT_DEFAULTS.get(name, (0.0, 0.0))
-        a = next(ai, da) if takes_a else 0.0
-        b = next(bi, db) if takes_b else 0.0
-        out.append((name, float(np.float32(a)), float(np.float32(b))))
-    return [out[d * n:(d + 1) * n] for d in range(D)], ""
-
-
-def _dt(g: Graph, name: str) -> str | None:
-    v = g.values[name]
-    return None if v.dtype is None else np.dtype(v.dtype).name
-
-
-def config(node: Node, g: Graph) -> tuple[RnnConfig | None, str]:
-    op = node.op
-    G = GATES[op]
-    x, w, r = _inp(node, 0), _inp(node, 1), _inp(node, 2)
-    if not (x and w and r):
-        return None, f"{op} needs X, W and R"
-    for name in [i for i in node.inputs if i] + [o for o in node.outputs if o]:
-        if name == _inp(node, 4):
-            if _dt(g, name) != "int32":
-                return None, f"{op} sequence_lens must be int32"
-        elif _dt(g, name) != "float32":
-            return None, f"native {op} is float32 only ({name!r} is {_dt(g, name)})"
-    layout = int(node.attr("layout", 0))
-    if layout not in (0, 1):
-        return None, f"{op} layout {layout} is not 0 or 1"
-    xs, ws, rs = g.values[x].shape, g.values[w].shape, g.values[r].shape
-    if len(xs) != 3 or len(ws) != 3 or len(rs) != 3:
-        return None, f"{op} expects rank-3 X, W, R"
-    T, B = (xs[0], xs[1]) if layout == 0 else (xs[1], xs[0])
-    E, D, H = xs[2], ws[0], rs[2]
-    direction = str(node.attr("direction", "forward"))
-    if direction not in ("forward", "reverse", "bidirectional"):
-        return None, f"unknown {op} direction {direction!r}"
-    if D != (2 if direction == "bidirectional" else 1):
-        return None, f"{op} W has {D} directions, direction is {direction}"
-    if tuple(ws) != (D, G * H, E) or tuple(rs) != (D, G * H, H):
-        return None, f"{op} W/R shapes {ws}/{rs} do not match X {xs} and hidden size {H}"
-    if node.attr("hidden_size") is not None and int(node.attr("hidden_size")) != H:
-        return None, f"{op} hidden_size attribute disagrees with R"
-    if T <= 0 or B <= 0 or H <= 0 or E <= 0:
-        return None, f"{op} with an empty dimension (T={T}, B={B}, E={E}, H={H})"
-    bias, seq, h0 = _inp(node, 3), _inp(node, 4), _inp(node, 5)
-    c0 = _inp(node, 6) if op == "LSTM" else ""
-    p = _inp(node, 7) if op == "LSTM" else ""
-    if bias and tuple(g.values[bias].shape) != (D, 2 * G * H):
-        return None, f"{op} B has shape {g.values[bias].shape}"
-    if seq and tuple(g.values[seq].shape) != (B,):
-        return None, f"{op} sequence_lens has shape {g.values[seq].shape}"
-    sshape = (D, B, H) if layout == 0 else (B, D, H)
-    for name in (h0, c0):
-        if name and tuple(g.values[name].shape) != sshape:
-            return None, f"{op} initial state {name!r} has shape {g.values[name].shape}, expected {sshape}"
-    if p and tuple(g.values[p].shape) != (D, 3 * H):
-        return None, f"{op} P has shape {g.values[p].shape}"
-    if seq and g.values[seq].const is not None and bool(np.all(g.values[seq].const == T)):
-        seq = ""  # every sequence is full length: no masks needed
-    acts, why = _parse_acts(op, D, node)
-    if acts is None:
-        return None, why
-    clip = node.attr("clip")
-    clip = None if clip is None else float(np.float32(clip))
-    if clip is not None and not clip > 0:
-        return None, f"{op} clip must be positive"
-    input_forget = bool(node.attr("input_forget", 0)) if op == "LSTM" else False
-    lbr = bool(node.attr("linear_before_reset", 0)) if op == "GRU" else False
-    reverse = (direction == "reverse",) if D == 1 else (False, True)
-    cfg = RnnConfig(op, G, int(T), int(B), int(E), int(H), int(D), layout, reverse, acts, clip, input_forget, lbr,
-                    x, w, r, bias, seq, h0, c0, p, _out(node, 0), _out(node, 1),
-                    _out(node, 2) if op == "LSTM" else "")
-    return cfg, ""
-
-
 def check_rnn(node: Node, g: Graph) -> str | None:
     cfg, why = config(node, g)
     return None if cfg is not None else why
@@ -544,11 +393,6 @@ static void FNAME(const float *X, float *XW, const float *Wp, const float *bias,
 # --------------------------------------------------------------------------------------------
 # C: the recurrence cell for one direction, one time step, a range of hidden blocks
 # --------------------------------------------------------------------------------------------
-def _tile_rows(ng: int, budget: int) -> int:
-    """Most batch rows of one recurrence register tile computing ``ng`` gates."""
-    return max(1, min(8, budget // ng))
-
-
 def _gate_groups(gates: list[int], most: int) -> list[list[int]]:
     """``gates`` cut into balanced runs of at most ``most`` consecutive gates."""
     out, i = [], 0
@@ -672,7 +516,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     acts = cfg.acts[d]
     gates = {"": list(range(G)), "a": [0, 1], "b": [2]}[phase]
     ng = len(gates)
-    mb_most = _tile_rows(ng, cfg.acc_budget)
+    mb_most = tile_rows(ng, cfg.acc_budget)
     row_counts = sorted(rows or {B})
     if dynamic:
         sizes = list(range(1, mb_most + 1))
@@ -930,17 +774,27 @@ def _pack_code(cfg: RnnConfig, src: dict[str, str], dst: dict[str, str]) -> str:
     return "\n".join(parts)
 
 
+def _schedule(node: Node) -> RnnSchedule:
+    sched = node.schedule.get("rnn")
+    if not isinstance(sched, RnnSchedule):
+        raise ValueError(f"{node.op} node {node.name!r} has no RNN schedule: the schedule stage "
+                         "(smelt.schedule.rnn.decide_rnn_graph, run by compiler.lower) did not run on this graph")
+    return sched
+
+
 @register(("LSTM", "GRU", "RNN"), versions=(7, 14, 22), check=check_rnn, name="rnn_native")
 def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     cfg, why = config(node, g)
     assert cfg is not None, why
-    cfg.acc_budget = rnn_vec(em.target.isa).acc_budget(em.target)
+    sched = _schedule(node)
+    cfg.acc_budget = sched.acc_budget
     readers = g.consumers()
     for attr in ("y", "yh", "yc"):  # an output nothing reads is not computed
         name = getattr(cfg, attr)
         if name and name not in g.outputs and not readers.get(name):
             setattr(cfg, attr, "")
-    chain = pipeline_members(g).get(node.name)
+    by_name = {n.name: n for n in g.nodes}
+    chain = [by_name[m] for m in sched.pipeline]
     if chain:  # stacked layers under the pipeline plan: the head's step computes them all
         if chain[0] is node:
             emit_pipeline(chain, g, em)
@@ -954,14 +808,13 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     def fn(base: str, code: str, doc: str) -> str:
         return em.function(base, code.replace("VX_", f"{vx}_"), doc=doc)
 
-    # ---- mode: schedule level, dynamic T/B, partition ----
-    mode = str(node.attr("smelt_rnn_schedule", "wcs") or "wcs")
-    if mode not in SCHEDULES:
-        raise ValueError(f"unknown RNN schedule {mode!r}; choose from {', '.join(SCHEDULES)}")
-    if mode == "baseline" and cfg.layout == 1:  # per-step GEMM needs contiguous rows per step
-        mode = "hoist"
+    # ---- the schedule (smelt/schedule/rnn.py): level, grids, direction order, R packing ----
+    mode = sched.level
     dynamic = bool(node.attr("smelt_dynamic", 0))
     P = max(1, em.n_threads)
+    if sched.threads != P:
+        raise ValueError(f"{node.op} node {node.name!r}: its schedule is for {sched.threads} threads, "
+                         f"the code is generated for {P}")
     Tmax, Bmax = T, B  # scratch is sized for these; dynamic mode reads the actual T, B at run time
     if dynamic:  # this node's (T, B), per instance: smelt.runtime.module writes them before each call
         dims_at = em.state(2 * 8)
@@ -971,20 +824,9 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     else:
         tb_decl = f"const long T = {T}, B = {B};\n"
     tb_decl += "(void)T; (void)B;\n"
-    grids: dict[int, dict[int, tuple[int, int]]] = {}
-    for p_ in range(1, P + 1):  # the generated code runs with any pool of up to P threads
-        tuned = None if dynamic else _tuned_grid(node, cfg, p_, em)
-        grids[p_] = {}
-        for b_ in (range(1, Bmax + 1) if dynamic else [B]):
-            grids[p_].update(grid_for(cfg, mode, p_, b_, em.target.l1d_bytes, em.target.l2_bytes, tuned))
-    seq_dirs = mode != "baseline" and directions_in_sequence(cfg, P, em.target.l1d_bytes, em.target.l2_bytes,
-                                                             grids)
-    # R streamed from L3 every step and a thread's rows too many for one register tile: pack R
-    # gate-major, so the cell's gate-split passes each stream one contiguous run (see cell_code)
-    rows_ = {c for gp_ in grids.values() for (xi_, _) in gp_.values() for c in (B // xi_, -(-B // xi_))}
-    cfg.rgm = (not dynamic and mode != "baseline" and not (cfg.op == "GRU" and not cfg.lbr)
-               and nhb * H * G * VL * 4 > em.target.l2_bytes * 3 // 4
-               and any(_tile_rows(G, cfg.acc_budget) < bc <= GATE_SPLIT_ROWS for bc in rows_))
+    grids = sched.grid_table()
+    seq_dirs = sched.directions_in_sequence
+    cfg.rgm = sched.gate_major
 
     # ---- weights: packed at compile time when constant, else by a first step each run ----
     src: dict[str, str] = {}
@@ -1068,7 +910,7 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     em.step(tb_decl + "\n".join(init))
 
     # ---- step 2: the recurrence ----
-    what = (f"H={H} (Hp={Hp}), E={cfg.E}, fused gates G={G}, row tiles of <= {_tile_rows(G, cfg.acc_budget)} "
+    what = (f"H={H} (Hp={Hp}), E={cfg.E}, fused gates G={G}, row tiles of <= {tile_rows(G, cfg.acc_budget)} "
             f"rows, batch {'<= ' + str(Bmax) + ' at run time' if dynamic else B}")
     # row counts a thread can get: smelt_range shares of B over xi row groups
     rows = {c for gp_ in grids.values() for (xi_, _) in gp_.values() for c in (B // xi_, -(-B // xi_))}
@@ -1217,9 +1059,6 @@ if (lid < nact) {{
 # --------------------------------------------------------------------------------------------
 # dynamic axes, schedules, partitioning model
 # --------------------------------------------------------------------------------------------
-SCHEDULES = ("baseline", "hoist", "pcp", "wcs")  # DeepCPU Fig. 4(a) ablation levels; wcs = full
-
-
 def _dyn_output_shapes(cfg: RnnConfig) -> dict[str, list]:
     """Output shapes with "T" / "B" where the run-time sizes go (for the runtime's allocation)."""
     D, H = cfg.D, cfg.H
@@ -1232,229 +1071,9 @@ def _dyn_output_shapes(cfg: RnnConfig) -> dict[str, list]:
     return out
 
 
-# Cost model constants (one core of the 2-core Sapphire Rapids dev VM; the ratios matter, not
-# the absolute values; calibration in smelt.tune.rnn_calibrate measures instead of guessing).
-MAC_RATE = 9.0e10  # multiply-adds/s of the recurrence micro-kernel (1.6 FMA/cycle x 16 lanes)
-BW_L2 = 1.1e11  # bytes/s a core streams R from its own L2
-BW_L3 = 2.7e10  # bytes/s a core streams R from L3 (both cores streaming)
-GATE_S = 6.0e-8  # seconds of LSTM gate math per (batch row, hidden block of 16)
-SYNC_S = 2.0e-7  # one cross-core barrier
-
-
-def step_cost(G: int, H: int, units: int, B: int, xi: int, xj: int, l1: int, l2: int) -> float:
-    """Modelled seconds per time step of a recurrence grid (PCP, DeepCPU sec. 5.2.3).
-
-    A thread computes ceil(B/xi) rows x ceil(units/xj) hidden blocks. Its R slice is streamed
-    once per row group per step: from L1 (free) if it fits 3/4 of L1, from its own L2 if it fits
-    3/4 of L2 (DeepCPU's |B|/(Xj Xk) <= |L2| reuse across steps), else from L3 every step.
-    Row groups (xi) need no barrier at all (rows are independent); hidden groups (xj) exchange
-    h once per step.
-    """
-    rows, u = -(-B // xi), -(-units // xj)
-    macs = rows * u * G * VL * H
-    wbytes = u * G * VL * H * 4
-    passes = -(-rows // REC_GROUP_ROWS)
-    bw = float("inf") if wbytes <= l1 * 3 // 4 else BW_L2 if wbytes <= l2 * 4 // 5 else BW_L3
-    return max(macs / MAC_RATE, wbytes * passes / bw) + GATE_S * G / 4 * rows * u + (SYNC_S if xj > 1 else 0.0)
-
-
-def directions_in_sequence(cfg: RnnConfig, P: int, l1: int, l2: int,
-                           grids: dict[int, dict[int, tuple[int, int]]]) -> bool:
-    """Bidirectional: run the directions one after the other on all P threads (each thread's
-    slice of one direction's R stays in its L2 across steps) instead of both at once on P/2
-    threads each (parallel GEMMs in parallel), when the model says it is cheaper. DeepCPU's
-    text similarity GRU (H=512: 3 MB of R per direction) streams R from L3 every step on one
-    thread per direction, but keeps each half in its own 2 MB L2 with both threads per direction.
-    """
-    if cfg.D != 2 or P < 2:
-        return False
-    units, B = cfg.nhb, cfg.B
-    xi, xj = grids[P][B] if B in grids[P] else (1, 1)
-    xi2, xj2 = grids[P // 2][B] if B in grids[P // 2] else (1, 1)
-    seq = 2 * step_cost(cfg.G, cfg.H, units, B, xi, xj, l1, l2)
-    par = step_cost(cfg.G, cfg.H, units, B, xi2, xj2, l1, l2)
-    return seq < 0.9 * par
-
-
-def grid_for(cfg: RnnConfig, mode: str, p: int, B: int, l1: int, l2: int,
-             tuned: tuple[int, int] | None = None) -> dict[int, tuple[int, int]]:
-    """{B: (xi, xj)} for a direction group of ``p`` threads (a dict so callers can merge)."""
-    # a direction group owns one direction (with one thread, or baseline's single group, both)
-    units = cfg.D * cfg.nhb if mode == "baseline" else cfg.nhb
-    if mode in ("baseline", "hoist"):  # a plain parallel GEMM: columns over every thread
-        return {B: (1, max(1, min(p, units)))}
-    if tuned is not None and tuned[0] * tuned[1] <= p and tuned[0] <= B and tuned[1] <= units:
-        return {B: tuned}
-    # Tiny steps are not worth a second core: each split adds a cross-core sync or a cold start.
-    # Measured at 2 threads, B=1, T=100 (us per call, 1 vs 2 threads): LSTM H=32 13 vs 35,
-    # LSTM H=64 (R 64 KiB) 78 vs 72, GRU H=64 (48 KiB) 56 vs 65: at most one thread per
-    # REC_MIN_MACS multiply-adds per step, or per half that when R does not fit 3/4 of L1.
-    macs = B * cfg.G * VL * cfg.H * units
-    min_macs = REC_MIN_MACS if cfg.G * VL * cfg.H * units * 4 <= l1 * 3 // 4 else REC_MIN_MACS // 2
-    most = max(1, macs // min_macs)
-    best, cost = (1, 1), float("inf")
-    for xi in range(1, min(p, B, most) + 1):
-        for xj in range(1, min(p // xi, units, most // xi) + 1):
-            c = step_cost(cfg.G, cfg.H, units, B, xi, xj, l1, l2) * (1.0001 ** (xi * xj))  # ties: fewer threads
-            if c < cost:
-                best, cost = (xi, xj), c
-    return {B: best}
-
-
-def _tuned_grid(node: Node, cfg: RnnConfig, p: int, em: BlockEmitter) -> tuple[int, int] | None:
-    """A forced grid (node attribute ``smelt_rnn_grid``, used by calibration) or the tuning
-    database's measured best for this workload, else None (use the model)."""
-    forced = node.attr("smelt_rnn_grid")
-    if forced is not None:
-        xi, xj = (int(v) for v in forced)
-        return (xi, xj)
-    try:
-        from smelt.schedule.db import open_default
-
-        db = open_default(create=False)
-        if db is None:
-            return None
-        rec = db.lookup(RNN_KIND, rnn_workload(cfg, p), em.target.key())
-    except Exception:  # a broken database never breaks a compile: fall back to the model
-        return None
-    return None if rec is None else (int(rec["xi"]), int(rec["xj"]))
-
-
-RNN_KIND = "rnn"
-
-
-def rnn_workload(cfg: RnnConfig, threads: int) -> dict:
-    """The tuning database key of a recurrence: op, sizes, directions and group threads."""
-    return {"op": cfg.op, "E": cfg.E, "H": cfg.H, "B": cfg.B, "T": cfg.T, "D": cfg.D,
-            "lbr": int(cfg.lbr), "threads": threads}
-
-
-def annotate(model: onnx.ModelProto, schedule: str | None = None,
-             grid: tuple[int, int] | None = None, pipeline: bool | None = None) -> onnx.ModelProto:
-    """A copy of ``model`` whose recurrent nodes use ``schedule`` (one of SCHEDULES: DeepCPU's
-    Fig. 4(a) ablation levels), a forced recurrence ``grid`` (xi row groups, xj hidden groups;
-    used by calibration) and/or force the pipeline plan for stacked layers on or off. Node
-    attributes, so each variant is its own cached artifact.
-    """
-    if schedule is not None and schedule not in SCHEDULES:
-        raise ValueError(f"unknown RNN schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    for n in out.graph.node:
-        if n.op_type not in GATES:
-            continue
-        ours = ("smelt_rnn_schedule", "smelt_rnn_grid", "smelt_rnn_pipeline")
-        keep = [a for a in n.attribute if a.name not in ours]
-        del n.attribute[:]
-        n.attribute.extend(keep)
-        if schedule is not None:
-            n.attribute.append(onnx.helper.make_attribute("smelt_rnn_schedule", schedule))
-        if grid is not None:
-            n.attribute.append(onnx.helper.make_attribute("smelt_rnn_grid", [int(grid[0]), int(grid[1])]))
-        if pipeline is not None:
-            n.attribute.append(onnx.helper.make_attribute("smelt_rnn_pipeline", int(bool(pipeline))))
-    return out
-
-
 # --------------------------------------------------------------------------------------------
 # stacked layers: ModelCompiler's pipeline execution plan
 # --------------------------------------------------------------------------------------------
-def _squeeze_axis1(n: Node, g: Graph) -> bool:
-    if n.op != "Squeeze":
-        return False
-    axes = n.attr("axes")
-    if axes is None and len(n.inputs) > 1 and n.inputs[1]:
-        c = g.values[n.inputs[1]].const
-        axes = None if c is None else [int(a) for a in np.asarray(c).reshape(-1)]
-    return axes is not None and [int(a) for a in axes] == [1]
-
-
-def pipeline_chain(node: Node, g: Graph) -> list[Node]:
-    """The stack of recurrent layers headed by ``node`` (its Squeeze glue in between), if the
-    layers qualify for the pipeline plan: >= 2 unidirectional layout-0 LSTM/GRU/RNN nodes with
-    constant weights and no sequence_lens, same T and B, each layer's Y read only by a Squeeze
-    (axis 1) read only by the next layer's X. [] otherwise, or when ``node`` is not a head."""
-    producers, consumers = g.producers(), g.consumers()
-
-    def layer_ok(n: Node) -> RnnConfig | None:
-        if n.op not in GATES:
-            return None
-        cfg, _ = config(n, g)
-        if cfg is None or cfg.D != 1 or cfg.layout != 0 or cfg.seq or cfg.reverse[0]:
-            return None  # a reverse layer needs the layer below's whole sequence first
-        if bool(n.attr("smelt_dynamic", 0)) or str(n.attr("smelt_rnn_schedule", "wcs") or "wcs") != "wcs":
-            return None
-        consts = [cfg.w, cfg.r] + [v for v in (cfg.b, cfg.p) if v]
-        if any(g.values[v].const is None for v in consts):
-            return None
-        return cfg
-
-    def prev_layer(n: Node) -> Node | None:
-        sq = producers.get(n.inputs[0])
-        if sq is None or not _squeeze_axis1(sq, g) or len(consumers.get(sq.outputs[0], [])) != 1:
-            return None
-        if sq.outputs[0] in g.outputs:
-            return None
-        lay = producers.get(sq.inputs[0])
-        if lay is None or lay.outputs[0] != sq.inputs[0] or layer_ok(lay) is None:
-            return None
-        if len(consumers.get(lay.outputs[0], [])) != 1 or lay.outputs[0] in g.outputs:
-            return None
-        return lay
-
-    first = layer_ok(node)
-    if first is None or prev_layer(node) is not None:
-        return []
-    chain = [node]
-    while True:
-        y = chain[-1].outputs[0]
-        sqs = consumers.get(y, [])
-        if len(sqs) != 1:
-            break
-        nxt = consumers.get(sqs[0].outputs[0], [])
-        if len(nxt) != 1 or nxt[0].inputs[0] != sqs[0].outputs[0] or prev_layer(nxt[0]) is not chain[-1]:
-            break
-        cfg = layer_ok(nxt[0])
-        if cfg is None or (cfg.T, cfg.B) != (first.T, first.B):
-            break
-        chain += [sqs[0], nxt[0]]
-    return chain if len(chain) >= 3 else []
-
-
-def use_pipeline(chain: list[Node], g: Graph, l2_bytes: int) -> bool:
-    """Whether the pipeline plan is used for ``chain``: only when forced (attribute
-    ``smelt_rnn_pipeline`` on the head, ``annotate(model, pipeline=True)``).
-
-    It does not beat running the layers one after another on the 2-core dev VM (docs/
-    benchmarks.md, "Stacked LSTMs": ModelCompiler's Fig. 4(a) stacks, 0.46-0.87x of sequential
-    at 2 to 8 layers): its per-step input projections stream W every step, where the
-    sequential plan hoists them into one GEMM, and each layer's step runs on one core instead
-    of two. ModelCompiler's win came from CNTK's per-layer overheads, which smelt does not have.
-    ``l2_bytes`` is kept for a future cost rule on machines with more cores than layers.
-    """
-    del l2_bytes
-    if not chain:
-        return False
-    forced = chain[0].attr("smelt_rnn_pipeline")
-    return bool(forced) if forced is not None else False
-
-
-def pipeline_members(g: Graph) -> dict[str, list[Node]]:
-    """Node name -> its pipelined chain, for every chain the pipeline plan takes (plan.py uses
-    it to keep the chain's values live across the whole chain: the head's step writes them)."""
-    from smelt.target import detect
-
-    l2 = detect().l2_bytes
-    out: dict[str, list[Node]] = {}
-    for n in g.nodes:
-        if n.op in GATES and n.name not in out:
-            chain = pipeline_chain(n, g)
-            if use_pipeline(chain, g, l2):
-                for m in chain:
-                    out[m.name] = chain
-    return out
-
-
 def emit_pipeline(chain: list[Node], g: Graph, em: BlockEmitter) -> None:
     """ModelCompiler's pipeline plan for stacked layers: layer l owned by one thread for the
     whole sequence (its W and R stay in that core's L2), at tick tau it computes its step
@@ -1467,7 +1086,7 @@ def emit_pipeline(chain: list[Node], g: Graph, em: BlockEmitter) -> None:
     for n in layers:
         cfg, why = config(n, g)
         assert cfg is not None, why
-        cfg.acc_budget = rnn_vec(em.target.isa).acc_budget(em.target)
+        cfg.acc_budget = _schedule(n).acc_budget
         for attr in ("yh", "yc"):
             name = getattr(cfg, attr)
             if name and name not in g.outputs and not readers.get(name):
