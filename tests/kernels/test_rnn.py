@@ -542,3 +542,63 @@ def test_bidirectional_directions_in_sequence(monkeypatch):
     src = compiled.source_path.read_text()
     assert "(nact == 1 || 1)" in src  # the sequential-directions branch was generated
     _check(cases, threads=(1, 2, 3))
+
+
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+def test_isa_headers(isa, monkeypatch):
+    """The recurrence rendered with each ISA header the host runs (kernels/csrc/rnn_vec_*.h: AVX2
+    as two __m256 per 16-lane vector with 6-accumulator register tiles and 6x16 GEMM tiles; the
+    portable struct) agrees with onnxruntime: padded hidden tails (masked stores), peepholes,
+    several batch-row chunks, both GRU forms, runtime weights."""
+    from kernel_models import _isa_target
+
+    target = _isa_target(isa)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    cases = [Case("LSTM", 4, 7, 8, 20, "bidirectional", init=True, peep=True, seq="rand"),
+             Case("GRU", 5, 7, 6, 40, attrs={"linear_before_reset": 0}),
+             Case("GRU", 3, 2, 70, 33, "reverse", attrs={"linear_before_reset": 1}),
+             Case("RNN", 4, 3, 5, 17, runtime_weights=True)]
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
+    model, _, _, _ = _models(cases, 0)
+    src = smelt.compile(model, threads=2).source_path.read_text()
+    assert ("_mm256_maskstore_ps" in src) == (isa == "avx2")
+    assert ("typedef struct { float f[16]; }" in src) == (isa == "scalar")
+    _check(cases)
+
+
+def test_schedule_stage_decides_rnn():
+    """The RNN's decisions are made by smelt.schedule.rnn, not the template: every recurrent node
+    of a lowered graph carries a frozen RnnSchedule; a forced attribute wins over the cost model
+    (level, pipeline); the pipeline plan is taken exactly when pipeline_cost predicts it 10%
+    faster; a graph that skipped the schedule stage fails with a message naming the node."""
+    from smelt.codegen.kernels.rnn_config import config
+    from smelt.compiler import CompileOptions, lower
+    from smelt.errors import SmeltError
+    from smelt.frontend.zoo.rnn import lstm_model
+    from smelt.schedule.rnn import RnnSchedule, pipeline_chain, pipeline_cost
+
+    target = detect()
+    opts = CompileOptions(threads=2, use_tuning_db=False)
+    for E, H, T in ((16, 16, 50), (256, 256, 20)):
+        g = lower(lstm_model(E, H, 1, T, layers=2), opts, target)
+        lstms = [n for n in g.nodes if n.op == "LSTM"]
+        s = lstms[0].schedule["rnn"]
+        assert isinstance(s, RnnSchedule) and s.level == "wcs" and s.threads == opts.codegen_threads(target)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            s.level = "hoist"
+        cfgs = [config(n, g)[0] for n in lstms]
+        seq, pipe = pipeline_cost(cfgs, s.threads, target.l1d_bytes, target.l2_bytes)
+        want = tuple(n.name for n in pipeline_chain(lstms[0], g)) if pipe < 0.9 * seq else ()
+        assert s.pipeline == want and lstms[1].schedule["rnn"].pipeline == want
+        for forced in (True, False):
+            gf = lower(annotate(lstm_model(E, H, 1, T, layers=2), schedule="wcs", pipeline=forced), opts, target)
+            assert bool(next(n for n in gf.nodes if n.op == "LSTM").schedule["rnn"].pipeline) == forced
+    g = lower(annotate(lstm_model(8, 8, 1, 4), schedule="hoist"), opts, target)
+    node = next(n for n in g.nodes if n.op == "LSTM")
+    assert node.schedule["rnn"].level == "hoist"
+    del node.schedule["rnn"]
+    from smelt.codegen.emit import generate
+    from smelt.codegen.plan import build_plan
+
+    with pytest.raises((SmeltError, ValueError), match=node.name):
+        generate(g, build_plan(g, opts.force_fallback), target, opts.codegen_threads(target))
