@@ -573,7 +573,7 @@ def test_schedule_stage_decides_rnn():
     faster; a graph that skipped the schedule stage fails with a message naming the node."""
     from smelt.codegen.kernels.rnn_config import config
     from smelt.compiler import CompileOptions, lower
-    from smelt.errors import SmeltError
+    from smelt.errors import VerifyError
     from smelt.frontend.zoo.rnn import lstm_model
     from smelt.schedule.rnn import RnnSchedule, pipeline_chain, pipeline_cost
 
@@ -600,5 +600,5 @@ def test_schedule_stage_decides_rnn():
     from smelt.codegen.emit import generate
     from smelt.codegen.plan import build_plan
 
-    with pytest.raises((SmeltError, ValueError), match=node.name):
+    with pytest.raises(VerifyError, match=node.name):
         generate(g, build_plan(g, opts.force_fallback), target, opts.codegen_threads(target))

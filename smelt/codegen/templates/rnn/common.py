@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from smelt.codegen.emitter import BlockEmitter
+from smelt.errors import VerifyError
 from smelt.ir.graph import Node
 from smelt.schedule.rnn import RnnSchedule
 
@@ -27,6 +28,6 @@ def _scratch(em: BlockEmitter, nfloats: int) -> str:
 def _schedule(node: Node) -> RnnSchedule:
     sched = node.schedule.get("rnn")
     if not isinstance(sched, RnnSchedule):
-        raise ValueError(f"{node.op} node {node.name!r} has no RNN schedule: the schedule stage "
+        raise VerifyError(f"{node.op} node {node.name!r} has no RNN schedule: the schedule stage "
                          "(smelt.schedule.rnn.decide_rnn_graph, run by compiler.lower) did not run on this graph")
     return sched

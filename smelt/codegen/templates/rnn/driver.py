@@ -21,6 +21,7 @@ from smelt.codegen.templates.rnn.dynamic import _dyn_output_shapes
 from smelt.codegen.templates.rnn.packing import _pack_code, pack_bias, pack_p, pack_r, pack_w
 from smelt.codegen.templates.rnn.pipeline import emit_pipeline
 from smelt.codegen.templates.rnn.projection import gemm_code
+from smelt.errors import VerifyError
 from smelt.ir.graph import Graph, Node
 
 
@@ -63,7 +64,7 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     dynamic = bool(node.attr("smelt_dynamic", 0))
     P = max(1, em.n_threads)
     if sched.threads != P:
-        raise ValueError(f"{node.op} node {node.name!r}: its schedule is for {sched.threads} threads, "
+        raise VerifyError(f"{node.op} node {node.name!r}: its schedule is for {sched.threads} threads, "
                          f"the code is generated for {P}")
     Tmax, Bmax = T, B  # scratch is sized for these; dynamic mode reads the actual T, B at run time
     if dynamic:  # this node's (T, B), per instance: smelt.runtime.module writes them before each call
