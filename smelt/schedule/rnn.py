@@ -24,12 +24,12 @@ import numpy as np
 import onnx
 
 from smelt.codegen.kernels.rnn_config import (
-    GATE_SPLIT_ROWS,
     GATES,
     REC_GROUP_ROWS,
     VL,
     RnnConfig,
     config,
+    gate_split_rows,
     tile_rows,
 )
 from smelt.codegen.kernels.rnn_vec import rnn_vec
@@ -325,7 +325,7 @@ def decide_rnn(node: Node, g: Graph, target: Target, threads: int, db: TuningDB 
     rows = {c for gp in grids.values() for (xi, _) in gp.values() for c in (B // xi, -(-B // xi))}
     gate_major = (not dynamic and level != "baseline" and not (cfg.op == "GRU" and not cfg.lbr)
                   and cfg.nhb * cfg.H * cfg.G * VL * 4 > l2 * 3 // 4
-                  and any(tile_rows(cfg.G, budget) < bc <= GATE_SPLIT_ROWS for bc in rows))
+                  and any(tile_rows(cfg.G, budget) < bc <= gate_split_rows(budget) for bc in rows))
     if pipeline:  # the pipeline's per-layer cells use the interleaved R layout
         gate_major = False
     return RnnSchedule(level=level, threads=P,

@@ -168,6 +168,12 @@ def config(node: Node, g: Graph) -> tuple[RnnConfig | None, str]:
     return cfg, ""
 
 
+def gate_split_rows(budget: int) -> int:
+    """Most rows of a gate-split pass: GATE_SPLIT_ROWS, and at least one gate's accumulator per
+    row must fit the register budget (AVX2's 6: a 10-row pass spilled every FMA)."""
+    return min(GATE_SPLIT_ROWS, budget)
+
+
 def tile_rows(ng: int, budget: int) -> int:
     """Most batch rows of one recurrence register tile computing ``ng`` gates."""
     return max(1, min(8, budget // ng))

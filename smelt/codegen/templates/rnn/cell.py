@@ -4,10 +4,10 @@ tiles of ``XW[t] + h·R^T`` and the gate math per (row, hidden block)."""
 from __future__ import annotations
 
 from smelt.codegen.kernels.rnn_config import (
-    GATE_SPLIT_ROWS,
     REC_GROUP_ROWS,
     VL,
     RnnConfig,
+    gate_split_rows,
     tile_rows,
 )
 from smelt.codegen.templates.rnn.common import CB, _row_chunks
@@ -180,7 +180,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     kernels = [_dot_code(cfg, gates, mb, nb, kin_lbr, pf) for mb, nb in sorted(pairs)
                for pf in ((0, kc) if pf_chunk else (0,))]
     # Gate split: a thread's rows in one tile, over the gates in passes (see GATE_SPLIT_ROWS)
-    gs_rows = [bc for bc in row_counts if mb_most < bc <= GATE_SPLIT_ROWS] if cfg.rgm else []
+    gs_rows = [bc for bc in row_counts if mb_most < bc <= gate_split_rows(cfg.acc_budget)] if cfg.rgm else []
     gs_groups = {bc: _gate_groups(gates, max(1, cfg.acc_budget // bc)) for bc in gs_rows}
     kernels += [_dot_code(cfg, grp, bc, 1, kin_lbr, acc_gates=gates) for bc in gs_rows for grp in gs_groups[bc]]
 

@@ -65,12 +65,17 @@ def gemm_code(cfg: RnnConfig, dynamic: bool = False, rows: int | None = None) ->
                 lines.append(f"    VX_v a{m}_{v} = VX_load({src});")
         lines.append("    #pragma GCC unroll 4")
         lines.append("    for (long k = k0; k < k1; ++k) {")
-        for m in range(mr):
-            lines.append(f"        VX_v x{m}k = VX_set1(x{m}[k]);")
-        for v in range(nv):
-            lines.append(f"        VX_v w{v} = VX_load(wp + k * {width} + {v * VL});")
+        if nvt == 1:  # one vector wide (AVX2): each row's broadcast next to its FMA, one live at a time
+            lines.append(f"        VX_v w0 = VX_load(wp + k * {width});")
             for m in range(mr):
-                lines.append(f"        a{m}_{v} = VX_fma(x{m}k, w{v}, a{m}_{v});")
+                lines.append(f"        a{m}_0 = VX_fma(VX_set1(x{m}[k]), w0, a{m}_0);")
+        else:
+            for m in range(mr):
+                lines.append(f"        VX_v x{m}k = VX_set1(x{m}[k]);")
+            for v in range(nv):
+                lines.append(f"        VX_v w{v} = VX_load(wp + k * {width} + {v * VL});")
+                for m in range(mr):
+                    lines.append(f"        a{m}_{v} = VX_fma(x{m}k, w{v}, a{m}_{v});")
         lines.append("    }")
         for m in range(mr):
             for v in range(nv):
