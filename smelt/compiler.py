@@ -43,7 +43,7 @@ from smelt.passes.pipeline import run_passes
 from smelt.progress import Phases
 from smelt.runtime.module import TensorSpec
 from smelt.schedule.db import open_default
-from smelt.schedule.rnn import decide_rnn_graph
+from smelt.schedule.rnn import RNN_KIND, decide_rnn_graph
 from smelt.target import Target, detect
 
 # the tuning database's record kind for NCHWc convolution schedules
@@ -168,13 +168,17 @@ def _expand_epilogue(node) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]
 
 
 def tuning_fingerprint(options: CompileOptions, target: Target) -> str:
-    if not options.use_tuning_db or options.layout == "nchw":
+    if not options.use_tuning_db:
         return ""
     db = open_default(create=False)
     if db is None:
         return ""
-    # "rnn": recurrence grids from smelt.tune.rnn_calibrate, read by the rnn template
-    fp = db.fingerprint(CONV_KIND, target.key()) + "|" + db.fingerprint("rnn", target.key())
+    # "rnn": recurrence grids from smelt.tune.rnn_calibrate, read by smelt.schedule.rnn in every
+    # layout mode (conv schedules are not read under "nchw")
+    rnn = db.fingerprint(RNN_KIND, target.key())
+    if options.layout == "nchw":
+        return rnn
+    fp = db.fingerprint(CONV_KIND, target.key()) + "|" + rnn
     if options.layout == "global":  # the global search also reads scheme and transform costs
         from smelt.tune.search import SCHEME_KIND, TRANSFORM_KIND
 

@@ -602,3 +602,23 @@ def test_schedule_stage_decides_rnn():
 
     with pytest.raises(VerifyError, match=node.name):
         generate(g, build_plan(g, opts.force_fallback), target, opts.codegen_threads(target))
+
+
+def test_rnn_tuning_records_in_cache_key_every_layout(tmp_path, monkeypatch):
+    """The RNN schedule reads the tuning database (kind "rnn") in every layout mode, so its
+    records are part of the artifact key in every mode (under layout="nchw" they were not: a
+    calibrated grid did not rebuild a cached model); with use_tuning_db=False neither."""
+    from smelt.compiler import CompileOptions, tuning_fingerprint
+    from smelt.schedule import db as tdb
+
+    monkeypatch.setenv("SMELT_TUNING_DB", str(tmp_path / "tune.sqlite"))
+    monkeypatch.setattr(tdb, "_opened", {})
+    target = detect()
+    modes = [CompileOptions(threads=2, layout=m) for m in ("nchw", "propagate")]
+    db = tdb.open_default()
+    before = [tuning_fingerprint(o, target) for o in modes]
+    db.store("rnn", {"op": "LSTM", "E": 5, "H": 20, "B": 3, "T": 4, "D": 1, "lbr": 0, "threads": 2}, target.key(),
+             {"xi": 1, "xj": 2}, 1e-3)
+    after = [tuning_fingerprint(o, target) for o in modes]
+    assert all(a != b for a, b in zip(after, before, strict=True))
+    assert tuning_fingerprint(CompileOptions(threads=2, layout="nchw", use_tuning_db=False), target) == ""
