@@ -135,9 +135,8 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
     check_model(proto)  # InvalidModelError before anything trusts the model (frontend/validate.py)
     g = to_ir(proto)
     g = run_passes(g, options.opt_level)
-    if options.opt_level >= 1:
-        g = schedule_graph(g, target or detect(), options)
-        verify(g, "schedule")  # the graph codegen reads: invariants hold (cheap: linear)
+    g = schedule_graph(g, target or detect(), options)
+    verify(g, "schedule")  # the graph codegen reads: invariants hold (cheap: linear)
     return g
 
 

@@ -16,10 +16,11 @@ from helpers import assert_close, ort_run
 import smelt
 from smelt import cache
 from smelt.codegen import toolchain
-from smelt.compiler import CompileOptions, build
+from smelt.compiler import build
 from smelt.errors import ArtifactError
 from smelt.frontend.zoo.builder import ModelBuilder
 from smelt.frontend.zoo.rnn import lstm_model
+from smelt.options import CompileOptions
 from smelt.runtime import artifact
 from smelt.runtime.artifact import DynamicDims, FallbackStepEntry, NativeBlockEntry
 

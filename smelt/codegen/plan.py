@@ -15,6 +15,7 @@ from smelt.codegen.concat_views import plan_concat_views
 from smelt.codegen.inplace import plan_inplace
 from smelt.codegen.registry import find_template
 from smelt.ir.graph import Graph, Node
+from smelt.schedule.rnn import pipeline_members
 
 ALIGN = 64
 
@@ -115,10 +116,9 @@ def plan_arena(g: Graph, steps: list[NativeBlock | FallbackStep], concat_views: 
         for i in n.all_inputs():
             if i in internal:
                 end[i] = t
-    # A pipelined stack of recurrent layers (templates/rnn.py, pipeline plan) computes every
-    # layer in the first layer's step: the stack's values must be live over the whole stack.
-    from smelt.codegen.templates.rnn import pipeline_members
-
+    # A pipelined stack of recurrent layers (templates/rnn.py, pipeline plan; membership in the
+    # nodes' RNN schedules) computes every layer in the first layer's step: the stack's values
+    # must be live over the whole stack.
     index = {id(n): t for t, n in enumerate(order)}
     for chain in {id(c[0]): c for c in pipeline_members(g).values()}.values():
         lo, hi = min(index[id(n)] for n in chain), max(index[id(n)] for n in chain)

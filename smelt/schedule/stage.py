@@ -3,7 +3,8 @@
 ``schedule_graph`` plans layouts (NeoCPU's blocked layouts, which fix each conv's output block)
 and then, for every heavy node, resolves forced -> tuned -> default and writes a typed schedule
 on the node (``node.schedule``): ``ConvSchedule`` for convolutions (``schedule.conv``),
-``RnnSchedule`` for LSTM/GRU/RNN (``schedule.rnn``). Code generation reads nothing else: no
+``RnnSchedule`` for LSTM/GRU/RNN (``schedule.rnn``: level, thread grids, direction order,
+register budget, stacked-pipeline membership). Code generation reads nothing else: no
 template opens the tuning database, runs a cost model or detects the CPU.
 
 ``fingerprint`` is what a build read from the tuning database; it is part of the artifact key, so
@@ -26,19 +27,30 @@ from smelt.schedule.db import (
 )
 from smelt.schedule.layout import ScheduleFn, plan_layouts
 from smelt.schedule.layout_search import global_schedules
+from smelt.schedule.rnn import decide_rnn_graph
 from smelt.target import Target
 
 
 def tuning_db(options: CompileOptions) -> TuningDB | None:
-    """The database this build reads (None: tuning off, no database yet, or layouts off)."""
-    if not options.use_tuning_db or options.layout == "nchw":
-        return None
-    return open_default(create=False)
+    """The database this build reads (None: tuning off or no database yet)."""
+    return open_default(create=False) if options.use_tuning_db else None
+
+
+def _kinds_read(options: CompileOptions) -> tuple[str, ...]:
+    """Record kinds a build reads: RNN grids always; conv tiles only when convs are blocked
+    (not under layout "nchw"); the global search's costs in mode "global"."""
+    if not blocks_convs(options):
+        return (RNN_KIND,)
+    return (CONV_KIND, RNN_KIND) + ((SCHEME_KIND, TRANSFORM_KIND) if options.layout == "global" else ())
+
+
+def blocks_convs(options: CompileOptions) -> bool:
+    """Whether layouts are planned (blocked convs, conv tiles from the database)."""
+    return options.opt_level >= 1 and options.layout != "nchw"
 
 
 def fingerprint_for(options: CompileOptions, target: Target) -> str:
-    kinds = (CONV_KIND, RNN_KIND) + ((SCHEME_KIND, TRANSFORM_KIND) if options.layout == "global" else ())
-    return fingerprint(tuning_db(options), target.key(), kinds)
+    return fingerprint(tuning_db(options), target.key(), _kinds_read(options))
 
 
 def _conv_tiles(g: Graph, target: Target, options: CompileOptions, db: TuningDB | None) -> ScheduleFn | None:
@@ -57,10 +69,15 @@ def _conv_tiles(g: Graph, target: Target, options: CompileOptions, db: TuningDB 
 
 
 def schedule_graph(g: Graph, target: Target, options: CompileOptions) -> Graph:
-    """Plan layouts and write every heavy node's schedule (see the module docstring)."""
+    """Plan layouts and write every heavy node's schedule (see the module docstring). At
+    ``opt_level`` 0 layouts stay plain, but recurrent nodes still get their schedules (their
+    template renders nothing else)."""
     db = tuning_db(options)
-    g = plan_layouts(g, target, options, _conv_tiles(g, target, options, db))
-    for node in g.nodes:
-        if node.op == "Conv" and node.domain in ("", "ai.onnx") and node.name not in options.force_fallback:
-            conv.finish(node, g, target, options)
+    if blocks_convs(options):
+        g = plan_layouts(g, target, options, _conv_tiles(g, target, options, db))
+    if options.opt_level >= 1:
+        for node in g.nodes:
+            if node.op == "Conv" and node.domain in ("", "ai.onnx") and node.name not in options.force_fallback:
+                conv.finish(node, g, target, options)
+    decide_rnn_graph(g, target, options.codegen_threads(target), db)
     return g

@@ -3,7 +3,7 @@
 DeepCPU prunes the schedule space analytically (PCP picks the partition for each parallelism
 degree) and then calibrates empirically over the parallelism degree. smelt's recurrence grid
 (``xi`` batch-row groups x ``xj`` hidden-unit groups per direction group, see
-``smelt.codegen.templates.rnn``) is chosen by the data-movement model by default; this module
+``smelt.schedule.rnn``) is chosen by the data-movement model by default; this module
 times every grid with ``xi * xj <= p`` (so also fewer threads than the group has: the
 parallelism degree) for each recurrent node of a model, and stores the fastest in the tuning
 database (kind ``"rnn"``, workload = ``rnn_workload``). Later compiles of the same workload on
@@ -22,7 +22,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from smelt.codegen.templates.rnn import GATES, RNN_KIND, VL, annotate
+from smelt.codegen.kernels.rnn_config import GATES, VL
+from smelt.schedule.rnn import RNN_KIND, annotate
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def _node_model(model: onnx.ModelProto, node: onnx.NodeProto, shapes: dict[str, 
 
 
 def _workload(node: onnx.NodeProto, shapes: dict[str, list[int]], p: int) -> dict:
-    """``smelt.codegen.templates.rnn.rnn_workload`` of this node, from the ONNX side."""
+    """``smelt.schedule.rnn.rnn_workload`` of this node, from the ONNX side."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     layout = int(attrs.get("layout", 0))
     xs = shapes[node.input[0]]

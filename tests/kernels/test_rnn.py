@@ -21,8 +21,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import smelt
-from smelt.codegen.templates.rnn import SCHEDULES, annotate, vmath_source
+from smelt.codegen.kernels.rnn_vec import vmath_source
 from smelt.codegen.toolchain import RUNTIME_HEADER, arch_flags, find_compiler
+from smelt.schedule.rnn import SCHEDULES, annotate
 from smelt.target import detect
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -302,9 +303,9 @@ def test_onnx_backend_cases(monkeypatch):
                                        err_msg=vi.name)
 
 
-def _vmath_lib(tmp_path, extra: list[str]) -> ctypes.CDLL:
+def _vmath_lib(tmp_path, isa: str) -> ctypes.CDLL:
     src = tmp_path / "vmath.c"
-    src.write_text('#include "smelt_rt.h"\n' + vmath_source("t") + r"""
+    src.write_text('#include "smelt_rt.h"\n' + vmath_source("t", isa) + r"""
 void eval_all(const float *x, float *sg, float *th, long n) {
     for (long i = 0; i < n; i += 16) {
         t_v v = t_loadu(x + i);
@@ -312,18 +313,20 @@ void eval_all(const float *x, float *sg, float *th, long n) {
         t_storeu(th + i, t_tanh(v));
     }
 }""")
-    so = tmp_path / f"vmath{len(extra)}.so"
-    subprocess.run([find_compiler().path, "-O3", "-std=gnu11", *arch_flags(detect()), *extra, "-shared", "-fPIC",
+    so = tmp_path / f"vmath-{isa}.so"
+    subprocess.run([find_compiler().path, "-O3", "-std=gnu11", *arch_flags(detect()), "-shared", "-fPIC",
                     "-I", str(RUNTIME_HEADER.parent), str(src), "-o", str(so), "-lm"], check=True)
     return ctypes.CDLL(str(so))
 
 
-@pytest.mark.parametrize("variant", ["native", "no-avx512"])
-def test_vector_math_accuracy(tmp_path, variant):
-    """Vectorized sigmoid / tanh vs libm in double: max abs error < 5e-7 (measured 9e-8 / 2.9e-7)."""
-    if variant == "native" and "avx512f" not in detect().flags:
-        pytest.skip("no AVX-512 on this machine")
-    lib = _vmath_lib(tmp_path, [] if variant == "native" else ["-mno-avx512f"])
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
+def test_vector_math_accuracy(tmp_path, isa):
+    """Each ISA's vector sigmoid / tanh (csrc/rnn_vec_*.h) vs libm in double: max abs error < 5e-7
+    (AVX-512 measured 9e-8 / 2.9e-7)."""
+    need = {"avx512": "avx512f", "avx2": "avx2"}.get(isa)
+    if need and need not in detect().flags:
+        pytest.skip(f"no {isa} on this machine")
+    lib = _vmath_lib(tmp_path, isa)
     x = np.concatenate([np.linspace(-30, 30, 600_001, dtype=np.float32),
                         np.linspace(-1, 1, 200_001, dtype=np.float32),
                         np.array([0.0, -0.0, 1e-30, -1e-30, 1e-8, 88, -88, 100, -100, 1e30, -1e30], np.float32)])
@@ -433,7 +436,7 @@ def test_gate_split_gate_major():
     thread's rows. Row counts just above the tile (LSTM 7, GRU 9), at the limit (12) and
     above it (13: not gate-major), run-time weights (the C packer's gate-major path), 1 and 2
     threads; the forced row split (2, 1) runs row chunks of 3-6 on the gate-major layout."""
-    from smelt.codegen.templates.rnn import GATE_SPLIT_ROWS
+    from smelt.codegen.kernels.rnn_config import GATE_SPLIT_ROWS
 
     assert GATE_SPLIT_ROWS == 12
     cases = [Case("LSTM", 3, 7, 8, 400, seq="rand", init=True, peep=True),
@@ -482,10 +485,10 @@ def test_pipeline_plan_stacked_layers(cell, layers, B, T, H):
 def test_pipeline_plan_eligibility():
     """Only chains of forward, single-direction layers qualify (a reverse or bidirectional layer
     needs the whole sequence below it first)."""
-    from smelt.codegen.templates.rnn import pipeline_chain
     from smelt.frontend.onnx_import import to_ir as import_ir
     from smelt.frontend.zoo.rnn import lstm_model
     from smelt.passes.shape_inference import infer_shapes
+    from smelt.schedule.rnn import pipeline_chain
 
     def to_ir(model):  # shapes come from inference (a model's declared shapes are only checked)
         return infer_shapes(import_ir(model))
@@ -538,3 +541,85 @@ def test_bidirectional_directions_in_sequence(monkeypatch):
     src = compiled.source_path.read_text()
     assert "(nact == 1 || 1)" in src  # the sequential-directions branch was generated
     _check(cases, threads=(1, 2, 3))
+
+
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+def test_isa_headers(isa, monkeypatch):
+    """The recurrence rendered with each ISA header the host runs (kernels/csrc/rnn_vec_*.h: AVX2
+    as two __m256 per 16-lane vector with 6-accumulator register tiles and 6x16 GEMM tiles; the
+    portable struct) agrees with onnxruntime: padded hidden tails (masked stores), peepholes,
+    several batch-row chunks, both GRU forms, runtime weights."""
+    from kernel_models import _isa_target
+
+    target = _isa_target(isa)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    cases = [Case("LSTM", 4, 7, 8, 20, "bidirectional", init=True, peep=True, seq="rand"),
+             Case("GRU", 5, 7, 6, 40, attrs={"linear_before_reset": 0}),
+             Case("GRU", 3, 2, 70, 33, "reverse", attrs={"linear_before_reset": 1}),
+             Case("RNN", 4, 3, 5, 17, runtime_weights=True)]
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
+    model, _, _, _ = _models(cases, 0)
+    src = smelt.compile(model, threads=2).source_path.read_text()
+    assert ("_mm256_maskstore_ps" in src) == (isa == "avx2")
+    assert ("typedef struct { float f[16]; }" in src) == (isa == "scalar")
+    _check(cases)
+
+
+def test_schedule_stage_decides_rnn():
+    """The RNN's decisions are made by smelt.schedule.rnn, not the template: every recurrent node
+    of a lowered graph carries a frozen RnnSchedule; a forced attribute wins over the cost model
+    (level, pipeline); the pipeline plan is taken exactly when pipeline_cost predicts it 10%
+    faster; a graph that skipped the schedule stage fails with a message naming the node."""
+    from smelt.codegen.kernels.rnn_config import config
+    from smelt.compiler import lower
+    from smelt.errors import VerifyError
+    from smelt.frontend.zoo.rnn import lstm_model
+    from smelt.options import CompileOptions
+    from smelt.schedule.rnn import RnnSchedule, pipeline_chain, pipeline_cost
+
+    target = detect()
+    opts = CompileOptions(threads=2, use_tuning_db=False)
+    for E, H, T in ((16, 16, 50), (256, 256, 20)):
+        g = lower(lstm_model(E, H, 1, T, layers=2), opts, target)
+        lstms = [n for n in g.nodes if n.op == "LSTM"]
+        s = lstms[0].schedule
+        assert isinstance(s, RnnSchedule) and s.level == "wcs" and s.threads == opts.codegen_threads(target)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            s.level = "hoist"
+        cfgs = [config(n, g)[0] for n in lstms]
+        seq, pipe = pipeline_cost(cfgs, s.threads, target.l1d_bytes, target.l2_bytes)
+        want = tuple(n.name for n in pipeline_chain(lstms[0], g)) if pipe < 0.9 * seq else ()
+        assert s.pipeline == want and lstms[1].schedule.pipeline == want
+        for forced in (True, False):
+            gf = lower(annotate(lstm_model(E, H, 1, T, layers=2), schedule="wcs", pipeline=forced), opts, target)
+            assert bool(next(n for n in gf.nodes if n.op == "LSTM").schedule.pipeline) == forced
+    g = lower(annotate(lstm_model(8, 8, 1, 4), schedule="hoist"), opts, target)
+    node = next(n for n in g.nodes if n.op == "LSTM")
+    assert node.schedule.level == "hoist"
+    node.schedule = None
+    from smelt.codegen.emit import generate
+    from smelt.codegen.plan import build_plan
+
+    with pytest.raises(VerifyError, match=node.name):
+        generate(g, build_plan(g, opts.force_fallback), target, opts.codegen_threads(target))
+
+
+def test_rnn_tuning_records_in_cache_key_every_layout(tmp_path, monkeypatch):
+    """The RNN schedule reads the tuning database (kind "rnn") in every layout mode, so its
+    records are part of the artifact key in every mode (under layout="nchw" they were not: a
+    calibrated grid did not rebuild a cached model); with use_tuning_db=False neither."""
+    from smelt.options import CompileOptions
+    from smelt.schedule import db as tdb
+    from smelt.schedule.stage import fingerprint_for as tuning_fingerprint
+
+    monkeypatch.setenv("SMELT_TUNING_DB", str(tmp_path / "tune.sqlite"))
+    monkeypatch.setattr(tdb, "_opened", {})
+    target = detect()
+    modes = [CompileOptions(threads=2, layout=m) for m in ("nchw", "propagate")]
+    db = tdb.open_default()
+    before = [tuning_fingerprint(o, target) for o in modes]
+    db.store("rnn", {"op": "LSTM", "E": 5, "H": 20, "B": 3, "T": 4, "D": 1, "lbr": 0, "threads": 2}, target.key(),
+             {"xi": 1, "xj": 2}, 1e-3)
+    after = [tuning_fingerprint(o, target) for o in modes]
+    assert all(a != b for a, b in zip(after, before, strict=True))
+    assert tuning_fingerprint(CompileOptions(threads=2, layout="nchw", use_tuning_db=False), target) == ""

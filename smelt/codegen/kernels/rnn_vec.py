@@ -1,0 +1,56 @@
+"""The RNN template's vector math per ISA, as data: which C header implements the 16-lane logical
+vector (``VX_v``, the packing unit of hidden blocks) and how many machine registers one logical
+vector takes, from which the register-tile budget follows.
+
+The headers live in ``csrc/`` (real C files, read at render time and embedded in the generated
+source with their ``VX_`` names prefixed per chunk); ``rnn_vec_common.h`` (exotic activations,
+the group barrier) is written over the API every ISA header provides. ISAs without an entry
+(sse, neon, scalar) use the portable 16-float struct.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from smelt.target import Target
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+LOGICAL_LANES = 16  # floats per logical vector on every ISA
+
+
+@dataclass(frozen=True)
+class RnnVecIsa:
+    header: str  # file in csrc/
+    registers_per_vector: int  # machine vector registers one 16-lane logical vector occupies
+    native: bool  # vector intrinsics (False: the portable struct, libm math)
+
+    def acc_budget(self, target: Target) -> int:
+        """Logical-vector accumulators a register tile may keep: 3/4 of the target's vector
+        registers (the rest hold the broadcast inputs and the loaded weights), e.g. 24 of 32 zmm
+        on AVX-512, 6 pairs of 16 ymm on AVX2."""
+        return max(1, target.vector_registers * 3 // 4 // self.registers_per_vector)
+
+
+RNN_VEC: dict[str, RnnVecIsa] = {
+    "avx512": RnnVecIsa("rnn_vec_avx512.h", 1, True),
+    "avx2": RnnVecIsa("rnn_vec_avx2.h", 2, True),
+}
+# The struct is whatever gcc makes of 16 floats (auto-vectorized or not): budget as one register.
+PORTABLE = RnnVecIsa("rnn_vec_portable.h", 1, False)
+
+
+def rnn_vec(isa: str) -> RnnVecIsa:
+    return RNN_VEC.get(isa, PORTABLE)
+
+
+@cache
+def _read(name: str) -> str:
+    return (CSRC / name).read_text()
+
+
+def vmath_source(prefix: str, isa: str) -> str:
+    """The vector-math helpers for ``isa`` (its header + the common one), names prefixed."""
+    text = _read(rnn_vec(isa).header) + _read("rnn_vec_common.h")
+    return text.replace("VX_", f"{prefix}_")

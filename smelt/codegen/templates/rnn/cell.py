@@ -1,0 +1,346 @@
+"""The recurrence cell for one direction, one time step, a range of hidden blocks: the register
+tiles of ``XW[t] + h·R^T`` and the gate math per (row, hidden block)."""
+
+from __future__ import annotations
+
+from smelt.codegen.kernels.rnn_config import (
+    REC_GROUP_ROWS,
+    VL,
+    RnnConfig,
+    gate_split_rows,
+    tile_rows,
+)
+from smelt.codegen.templates.rnn.common import CB, _row_chunks
+from smelt.codegen.templates.rnn.gates import act_code, clip_code
+
+
+# --------------------------------------------------------------------------------------------
+# C: the recurrence cell for one direction, one time step, a range of hidden blocks
+# --------------------------------------------------------------------------------------------
+def _gate_groups(gates: list[int], most: int) -> list[list[int]]:
+    """``gates`` cut into balanced runs of at most ``most`` consecutive gates."""
+    out, i = [], 0
+    for size, count in _row_chunks(len(gates), most):
+        for _ in range(count):
+            out.append(gates[i:i + size])
+            i += size
+    return out
+
+
+def _tile_nb(G: int, mb: int, budget: int) -> int:
+    """Hidden blocks per register tile of ``mb`` batch rows (at most ``budget`` accumulators)."""
+    return max(1, min(budget // (mb * G), max(1, 8 // G)))
+
+
+def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool, pf_ahead: int = 0,
+              acc_gates: list[int] | None = None) -> str:
+    """FNAME_d{mb}x{nb}(Rp, xw, h, rbh, hb, acc, k0, k1, hbn): the gate pre-activations of ``mb``
+    batch rows x ``nb`` hidden blocks, ``xw + h·R^T`` accumulated in registers, stored to ``acc``
+    (``hbn``: the first hidden block of the tile the cell computes next, whose XW it prefetches).
+    ``pf_ahead`` > 0: the variant ``FNAME_d{mb}x{nb}p`` also prefetches R that many k ahead into L2.
+
+    A separate non-inlined function on purpose: inlined into the cell, GCC hoisted the gate
+    math's ~20 vector constants out of the hidden-block loop into registers, and the 20-24
+    accumulators of a batch tile then spilled to the stack on every FMA (B=10 LSTM ran at 30%
+    of peak). Storing and reloading the accumulators once per 256-long K loop costs nothing.
+    """
+    G, H, N = cfg.G, cfg.H, cfg.ntot
+    ks, gst = (VL, H * VL) if cfg.rgm else (G * VL, VL)  # R strides of k and of a gate
+    sfx = "p" if pf_ahead else ""
+    name = f"d{mb}x{nb}{sfx}"
+    if acc_gates is not None:  # a gate-split pass: a subset of the gates, accumulators at their place in acc
+        name = f"s{mb}g{''.join(str(g) for g in gates)}"
+
+    acc_order = gates if acc_gates is None else acc_gates  # the gates of one (row, block) in acc
+
+    def slot(m: int, n: int, g: int) -> int:
+        return (m * nb + n) * len(acc_order) + acc_order.index(g)
+
+    L = [f"static __attribute__((noinline)) void FNAME_{name}(const float *Rp, const float *xw, "
+         "const float *h, const float *rbh, long hb, float *acc, long k0, long k1, long hbn) {",
+         "    (void)rbh; (void)hbn;"]
+    for n in range(nb):
+        L.append(f"    const float *rp{n} = Rp + (hb + {n}) * {H * G * VL}L;")
+    for m in range(mb):
+        L.append(f"    const float *h{m} = h + {m * cfg.Hp}L;")
+    for m in range(mb):
+        for n in range(nb):
+            for g in gates:
+                if kin_lbr and g == 2:
+                    init = f"VX_load(rbh + (hb + {n}) * {VL})"
+                else:
+                    init = f"VX_load(xw + {m * N}L + (hb + {n}) * {G * VL} + {g * VL})"
+                L.append(f"    VX_v a{m}_{n}_{g} = k0 == 0 ? {init} : VX_load(acc + {slot(m, n, g) * VL});")
+    names = [f"a{m}_{n}_{g}" for m in range(mb) for n in range(nb) for g in gates]
+    # XW of this step was written by the projection GEMM long before (T*B rows of it do not fit
+    # L2), so the accumulators' first loads came from L3: fetch the next tile's lines now, a whole
+    # K loop ahead (GRU B=10 H=256: recurrence 1.71 -> 1.57 ms).
+    L.append("    if (k0 == 0) {")
+    for m in range(mb):
+        for g in (gates if acc_gates is not None else range(G)):  # gate-split: each pass its own gates
+            L.append(f"        __builtin_prefetch(xw + {m * N}L + hbn * {G * VL} + {g * VL}, 0, 3);")
+    L.append("    }")
+    # Few accumulators (batch 1): each is one FMA chain over K, 4 cycles per link, so the loop is
+    # latency bound; a second set over odd k halves the chain (summed at the end).
+    split = 2 * len(names) <= cfg.acc_budget
+
+    def body(k: str, suffix: str) -> None:
+        for m in range(mb):
+            L.append(f"        VX_v h{m}k{suffix} = VX_set1(h{m}[{k}]);")
+        for n in range(nb):
+            for g in gates:
+                if pf_ahead:
+                    L.append(f"        __builtin_prefetch(rp{n} + ({k} + {pf_ahead}) * {ks} + {g * gst}, 0, 2);")
+                L.append(f"        VX_v w{n}_{g}{suffix} = VX_load(rp{n} + ({k}) * {ks} + {g * gst});")
+                for m in range(mb):
+                    a = f"a{m}_{n}_{g}{suffix}"
+                    L.append(f"        {a} = VX_fma(h{m}k{suffix}, w{n}_{g}{suffix}, {a});")
+
+    if split:
+        for a in names:
+            L.append(f"    VX_v {a}b = VX_zero();")
+        L.append("    long k = k0;")
+        L.append("    for (; k + 1 < k1; k += 2) {")
+        body("k", "")
+        body("k + 1", "b")
+        L.append("    }")
+        L.append("    if (k < k1) {")
+        body("k", "")
+        L.append("    }")
+        for a in names:
+            L.append(f"    {a} = VX_add({a}, {a}b);")
+    else:
+        L.append("    #pragma GCC unroll 2")
+        L.append("    for (long k = k0; k < k1; ++k) {")
+        body("k", "")
+        L.append("    }")
+    for m in range(mb):
+        for n in range(nb):
+            for g in gates:
+                L.append(f"    VX_store(acc + {slot(m, n, g) * VL}, a{m}_{n}_{g});")
+    L.append("}")
+    return "\n".join(L)
+
+
+def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
+              rows: set[int] | None = None, l2_bytes: int = 0) -> str:
+    """FNAME(Rp, xw, hp, hn, cs, pp, rbh, zb, rh, y, slen, t, hb0, hb1, blo, bhi, ybs) for direction ``d``:
+    hidden blocks [hb0, hb1) of batch rows [blo, bhi).
+
+    ``phase``: "" (LSTM, RNN, GRU lbr=1: whole cell), "a" (GRU lbr=0: z, r and r ⊙ h) or "b"
+    (GRU lbr=0: (r ⊙ h)·Rh, the candidate and the new state). The row range and ``ybs``
+    (Y's batch stride) are run-time arguments; the rows are cut into balanced chunks of at most
+    ``mb_most`` rows, each a register tile. With ``dynamic`` every chunk size 1..mb_most has a
+    kernel (B is unknown at compile time); otherwise only the sizes that the row counts in
+    ``rows`` (default {B}: a thread's share of the batch under the partition grid) need.
+    When the direction's R exceeds 3/4 of ``l2_bytes`` (it is streamed from L3 every step), odd
+    time steps walk the hidden blocks in reverse and the second row chunk prefetches R (below).
+    """
+    op, G, H, Hp, B, N = cfg.op, cfg.G, cfg.H, cfg.Hp, cfg.B, cfg.ntot
+    acts = cfg.acts[d]
+    gates = {"": list(range(G)), "a": [0, 1], "b": [2]}[phase]
+    ng = len(gates)
+    mb_most = tile_rows(ng, cfg.acc_budget)
+    row_counts = sorted(rows or {B})
+    if dynamic:
+        sizes = list(range(1, mb_most + 1))
+    else:
+        sizes = sorted({s for bc in row_counts if bc > 0 for s, _ in _row_chunks(bc, mb_most)})
+    last_mask = (1 << (H % VL)) - 1 if H % VL else 0
+    nhb = cfg.nhb
+    def clip(e: str) -> str:
+        return clip_code(cfg, e)
+
+    kin_lbr = op == "GRU" and cfg.lbr
+
+    def act(slot: int, e: str) -> str:
+        name, a, b = acts[slot]
+        return act_code(name, a, b, e)
+
+    kin = "rh" if phase == "b" else "hp"
+    # (rows, hidden blocks) tiles: a group of nbt hidden blocks is chosen by the largest chunk
+    # (q + 1 rows, or q), and every chunk of that group uses it; leftover blocks go one by one
+    pairs: set[tuple[int, int]] = {(mb, 1) for mb in sizes}
+    for mb0 in (sizes if dynamic else [_row_chunks(bc, mb_most)[0][0] for bc in row_counts if bc > 0]):
+        nbt = _tile_nb(ng, mb0, cfg.acc_budget)
+        pairs |= {(mb, nbt) for mb in (mb0 - 1, mb0) if mb in sizes}
+    # K block: the nb hidden blocks' R rows of one K block (<= 32 KiB) stay in L1 while every
+    # chunk of a row group streams them (otherwise each chunk re-read the slice from L2; at
+    # H=1024 from L3). One chunk: no blocking, the accumulators never leave registers.
+    nb_most = max(nb for _, nb in pairs)
+    kc = max(16, min(H, (32768 // (nb_most * G * VL * 4)) // 16 * 16))
+    # R beyond L2 is streamed from L3 every step (H=1024). Then odd steps walk the hidden blocks
+    # in reverse, so a step starts on the blocks the last one ended with, still in L2 (batch 1,
+    # T=100, recurrence: LSTM 29.7 -> 25.7 ms, GRU 22.1 -> 18.0 ms); and with several row chunks
+    # the second chunk of a K block, which finds R in L1, prefetches the next K block into L2, so
+    # the L3 stream overlaps that chunk's FMAs instead of stalling the first chunk (B=10, 20:
+    # 3.5% on 3 of 4 shapes).
+    stream = bool(l2_bytes) and cfg.nhb * H * G * VL * 4 > l2_bytes * 3 // 4
+    pf_chunk = stream and (dynamic or any(bc > mb_most for bc in row_counts))
+    kernels = [_dot_code(cfg, gates, mb, nb, kin_lbr, pf) for mb, nb in sorted(pairs)
+               for pf in ((0, kc) if pf_chunk else (0,))]
+    # Gate split: a thread's rows in one tile, over the gates in passes (see GATE_SPLIT_ROWS)
+    gs_rows = [bc for bc in row_counts if mb_most < bc <= gate_split_rows(cfg.acc_budget)] if cfg.rgm else []
+    gs_groups = {bc: _gate_groups(gates, max(1, cfg.acc_budget // bc)) for bc in gs_rows}
+    kernels += [_dot_code(cfg, grp, bc, 1, kin_lbr, acc_gates=gates) for bc in gs_rows for grp in gs_groups[bc]]
+
+    # the gate math of one (row, hidden block) of a tile; a{g} are the loaded accumulators
+    L: list[str] = []
+    L.append("static inline __attribute__((always_inline)) void FNAME_g(const float *acc, const float *xw, "
+             "const float *hp, float *hn, float *cs, const float *pp, float *zb, float *rh, float *y, "
+             "const int32_t *slen, int t, long b, long hbn, long ybs) {")
+    L.append("    (void)xw; (void)cs; (void)pp; (void)zb; (void)rh; (void)y; (void)slen; (void)t; (void)ybs;")
+    a = {g: f"a{g}" for g in gates}
+    for gi, g in enumerate(gates):
+        L.append(f"    VX_v a{g} = VX_load(acc + {gi * VL});")
+    L.append(f"    const long j0 = hbn * {VL};")
+    if last_mask:
+        L.append(f"    const VX_m km = (hbn == {nhb - 1}) ? (VX_m){last_mask}u : (VX_m)0xFFFFu;")
+    L.append(f"    const VX_v hpv = VX_load(hp + b * {Hp} + j0);")
+    if op == "LSTM":
+        L.append(f"    const VX_v cp = VX_load(cs + b * {Hp} + j0);")
+        gi_, go, gf, gc = a[0], a[1], a[2], a[3]
+        if cfg.p:
+            L.append(f"    {gi_} = VX_fma(VX_load(pp + j0), cp, {gi_});")
+            if not cfg.input_forget:
+                L.append(f"    {gf} = VX_fma(VX_load(pp + {2 * Hp} + j0), cp, {gf});")
+        L.append(f"    VX_v xi = {clip(gi_)};")
+        L.append(f"    VX_v ig = {act(0, 'xi')};")
+        if cfg.input_forget:
+            L.append("    VX_v fg = VX_sub(VX_set1(1.0f), ig);")
+        else:
+            L.append(f"    VX_v xf = {clip(gf)};")
+            L.append(f"    VX_v fg = {act(0, 'xf')};")
+        L.append(f"    VX_v xc = {clip(gc)};")
+        L.append(f"    VX_v cg = {act(1, 'xc')};")
+        L.append("    VX_v cn = VX_fma(fg, cp, VX_mul(ig, cg));")
+        if cfg.p:
+            L.append(f"    {go} = VX_fma(VX_load(pp + {Hp} + j0), cn, {go});")
+        L.append(f"    VX_v xo = {clip(go)};")
+        L.append(f"    VX_v og = {act(0, 'xo')};")
+        L.append(f"    VX_v hv = VX_mul(og, {act(2, 'cn')});")
+        if last_mask:
+            L.append("    cn = VX_maskz(km, cn);")
+    elif op == "RNN":
+        L.append(f"    VX_v xg = {clip(a[0])};")
+        L.append(f"    VX_v hv = {act(0, 'xg')};")
+    elif phase == "a":
+        L.append(f"    VX_v xz = {clip(a[0])};")
+        L.append(f"    VX_v xr = {clip(a[1])};")
+        zr = [f"{act(0, 'xz')}", f"VX_mul({act(0, 'xr')}, hpv)"]
+        if last_mask:  # padded lanes (0 * Inf = NaN there) must not reach the real units via Rh
+            zr = [f"VX_maskz(km, {e})" for e in zr]
+        L.append(f"    VX_store(zb + b * {Hp} + j0, {zr[0]});")
+        L.append(f"    VX_store(rh + b * {Hp} + j0, {zr[1]});")
+    else:  # GRU: lbr (whole cell) or phase b
+        if phase == "b":
+            L.append(f"    VX_v zg = VX_load(zb + b * {Hp} + j0);")
+            L.append(f"    VX_v xh = {clip(a[2])};")
+        else:
+            L.append(f"    VX_v xz = {clip(a[0])};")
+            L.append(f"    VX_v zg = {act(0, 'xz')};")
+            L.append(f"    VX_v xr = {clip(a[1])};")
+            L.append(f"    VX_v rg = {act(0, 'xr')};")
+            L.append(f"    VX_v xwh = VX_load(xw + b * {N}L + j0 * {G} + {2 * VL});")
+            L.append(f"    VX_v xh0 = VX_fma(rg, {a[2]}, xwh);")
+            L.append(f"    VX_v xh = {clip('xh0')};")
+        L.append(f"    VX_v hh = {act(1, 'xh')};")
+        L.append("    VX_v hv = VX_fma(zg, VX_sub(hpv, hh), hh);")
+    if phase != "a":
+        if last_mask:
+            L.append("    hv = VX_maskz(km, hv);")
+        L.append("    VX_v yv = hv; (void)yv;")
+        if cfg.seq:
+            L.append("    if (!(t < slen[b])) {")
+            L.append("        hv = hpv; yv = VX_zero();")
+            if op == "LSTM":
+                L.append("        cn = cp;")
+            L.append("    }")
+        L.append(f"    VX_store(hn + b * {Hp} + j0, hv);")
+        if op == "LSTM":
+            L.append(f"    VX_store(cs + b * {Hp} + j0, cn);")
+        if cfg.y:
+            if last_mask:
+                L.append("    VX_mstoreu(y + b * ybs + j0, km, yv);")
+            else:
+                L.append("    VX_storeu(y + b * ybs + j0, yv);")
+    L.append("}")
+    gate_fn = "\n".join(L)
+
+    # dispatch: for each group of nb hidden blocks, for each row chunk: dot kernel, then gates
+    def call(mb: int, nb: int, pf: bool = False) -> str:
+        return (f"FNAME_d{mb}x{nb}{'p' if pf else ''}(Rp, xw + b0 * {N}L, {kin} + b0 * {Hp}L, rbh, hb, "
+                f"acc + (c - c0) * {chunk_acc}, k0, k1, hbn);")
+
+    def switch() -> str:
+        if not pf_chunk:
+            cases = " ".join(f"case {mb * 64 + nb}: {{ {call(mb, nb)} break; }}" for mb, nb in sorted(pairs))
+            return f"switch (mb * 64 + nbt) {{ {cases} default: SMELT_FAIL(); break; }}"
+        cases = " ".join(f"case {(mb * 64 + nb) * 2 + int(pf)}: {{ {call(mb, nb, pf)} break; }}"
+                         for mb, nb in sorted(pairs) for pf in (False, True))
+        return f"switch ((mb * 64 + nbt) * 2 + (c == c0 + 1)) {{ {cases} default: SMELT_FAIL(); break; }}"
+
+    chunk_acc = max(mb * nb for mb, nb in pairs) * ng * VL  # floats of one chunk's accumulators
+    cpg = max(1, REC_GROUP_ROWS // mb_most)  # chunks per row group (bounds acc)
+    nbt_cases = " ".join(f"case {mb}: nbt0 = {_tile_nb(ng, mb, cfg.acc_budget)}; break;" for mb in sizes)
+    zz_doc = ("; on odd steps in reverse order, so a\n       step starts with the blocks the last one ended with, still in L2" if stream else "")
+    gs_code = []
+    for bc in gs_rows:
+        passes = " ".join(f"FNAME_s{bc}g{''.join(str(g) for g in grp)}(Rp, xw + blo * {N}L, {kin} + blo * {Hp}L, rbh, hb, "
+                          f"acc, 0, {H}, hbn);" for grp in gs_groups[bc])
+        gs_code.append(f"""if (B == {bc}) {{ /* gate split: {bc} rows x gates {' + '.join(''.join(str(g) for g in grp) for grp in gs_groups[bc])}, whole K per pass */
+        const long nit = hb1 - hb0;
+        for (long it = 0; it < nit; ++it) {{
+            const long i = rev ? nit - 1 - it : it, hb = hb0 + i, inx = rev ? i - 1 : i + 1;
+            const long hbn = inx < 0 || inx >= nit ? hb : hb0 + inx;
+            {passes}
+            for (long m = 0; m < {bc}; ++m)
+                FNAME_g(acc + m * {ng * VL}, xw, hp, hn, cs, pp, zb, rh, y, slen, t, blo + m, hb, ybs);
+            {CB}
+        }}
+        return;
+    }}""")
+    acc_floats = max([cpg * chunk_acc] + [bc * ng * VL for bc in gs_rows])
+    return "\n".join(kernels) + "\n" + gate_fn + f"""
+static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, float *cs,
+                  const float *pp, const float *rbh, float *zb, float *rh, float *y,
+                  const int32_t *slen, int t, int hb0, int hb1, long blo, long bhi, long ybs) {{
+    const long B = bhi - blo;
+    if (B <= 0) return;
+    float acc[{acc_floats}] __attribute__((aligned(64)));
+    const int rev = {int(stream)} && (t & 1);
+    {chr(10).join(gs_code)}
+    /* balanced row chunks of at most {mb_most} rows (at most two distinct sizes), in groups of
+       {cpg} chunks; per group, K blocks of {kc} (all chunks per block), then the gate math */
+    const long nch = (B + {mb_most - 1}) / {mb_most}, q = B / nch, r = B % nch;
+    const long mb0 = r ? q + 1 : q;
+    const long kc = nch == 1 ? {H} : {kc};
+    long nbt0 = 1;
+    switch (mb0) {{ {nbt_cases} default: break; }}
+    /* items: groups of nbt0 hidden blocks, then single leftover blocks{zz_doc} */
+    const long ngr = (hb1 - hb0) / nbt0, nit = ngr + (hb1 - hb0) % nbt0;
+    for (long it = 0; it < nit; ++it) {{
+        const long i = rev ? nit - 1 - it : it;
+        const long nbt = i < ngr ? nbt0 : 1, hb = i < ngr ? hb0 + i * nbt0 : hb0 + ngr * nbt0 + (i - ngr);
+        const long inx = rev ? i - 1 : i + 1; /* the next item, whose XW the dot kernel prefetches */
+        const long hbn = inx < 0 || inx >= nit ? hb : inx < ngr ? hb0 + inx * nbt0 : hb0 + ngr * nbt0 + (inx - ngr);
+        for (long c0 = 0; c0 < nch; c0 += {cpg}) {{
+            const long c1 = SMELT_MIN(c0 + {cpg}, nch);
+            for (long k0 = 0; k0 < {H}; k0 += kc) {{
+                const long k1 = SMELT_MIN(k0 + kc, {H}L);
+                for (long c = c0; c < c1; ++c) {{
+                    const long mb = c < r ? q + 1 : q, b0 = blo + (c < r ? c * (q + 1) : r * (q + 1) + (c - r) * q);
+                    {switch()}
+                }}
+            }}
+            for (long c = c0; c < c1; ++c) {{
+                const long mb = c < r ? q + 1 : q, b0 = blo + (c < r ? c * (q + 1) : r * (q + 1) + (c - r) * q);
+                for (long m = 0; m < mb; ++m) for (long n = 0; n < nbt; ++n)
+                    FNAME_g(acc + (c - c0) * {chunk_acc} + (m * nbt + n) * {ng * VL}, xw, hp, hn, cs, pp, zb, rh,
+                            y, slen, t, b0 + m, hb + n, ybs);
+                {CB}
+            }}
+        }}
+    }}
+}}
+"""
