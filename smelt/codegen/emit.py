@@ -40,6 +40,7 @@ from smelt.codegen.emitter import (
     c_comment_text,
 )
 from smelt.codegen.plan import ExecutionPlan
+from smelt.codegen.registry import find_template
 from smelt.ir.graph import Graph, Node
 from smelt.ir.ops import flops
 from smelt.runtime.artifact import DynamicDims, StepInfo
@@ -237,7 +238,12 @@ def generate(g: Graph, plan: ExecutionPlan, target: Target, n_threads: int,
     for block in plan.native_blocks():
         em = BlockEmitter(g, plan, block, target, weights, functions, n_threads, state)
         for node in block.nodes:
-            em.emit_node(node)
+            tpl, reason = find_template(node, g)
+            if tpl is None:  # the planner only puts nodes with templates in native blocks
+                raise AssertionError(f"node {node.name} has no template: {reason}")
+            em.begin_node(node, tpl.name)
+            tpl.emit(node, g, em)
+            em.end_node()
             scratch = max(scratch, em.scratch_bytes)
         blocks.append(em.source)
     parts = [PRELUDE.format(

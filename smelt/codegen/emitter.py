@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from smelt.codegen.registry import find_template
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import c_type
 from smelt.runtime.artifact import DynamicDims
@@ -268,12 +267,11 @@ class BlockEmitter:
         self.source.dynamic.append(DynamicDims(state, x, layout, max_t, max_b,
                                                {k: tuple(v) for k, v in outputs.items()}))
 
-    def emit_node(self, node: Node) -> None:
-        tpl, reason = find_template(node, self.g)
-        if tpl is None:  # the planner only puts nodes with templates in native blocks
-            raise AssertionError(f"node {node.name} has no template: {reason}")
+    def begin_node(self, node: Node, template: str) -> None:
+        """Start rendering ``node`` with the template named ``template`` (emit.py calls it)."""
         self._node = node
         self._scratch_bytes = 0
-        self._schedule = {"template": tpl.name}  # a new dict: earlier nodes' steps keep theirs
-        tpl.emit(node, self.g, self)
+        self._schedule = {"template": template}  # a new dict: earlier nodes' steps keep theirs
+
+    def end_node(self) -> None:
         self._node = None

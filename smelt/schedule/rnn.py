@@ -307,7 +307,7 @@ def decide_rnn(node: Node, g: Graph, target: Target, threads: int, db: TuningDB 
     cfg, why = config(node, g)
     if cfg is None:
         raise ValueError(f"{node.op} node {node.name!r}: {why}")
-    budget = rnn_vec(target.isa).acc_budget(target)
+    budget = rnn_vec(target).acc_budget(target)
     level = schedule_level(node, cfg.layout)
     dynamic = bool(node.attr("smelt_dynamic", 0))
     P, B = max(1, threads), cfg.B

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from kernel_models import _isa_target
 from onnx import TensorProto, helper, numpy_helper
 
 import smelt
@@ -305,7 +306,9 @@ def test_onnx_backend_cases(monkeypatch):
 
 def _vmath_lib(tmp_path, isa: str) -> ctypes.CDLL:
     src = tmp_path / "vmath.c"
-    src.write_text('#include "smelt_rt.h"\n' + vmath_source("t", isa) + r"""
+    target = {"avx512": lambda: dataclasses.replace(detect(), isa="avx512", vector_bits=512, vector_registers=32),
+              "avx2": lambda: _isa_target("avx2"), "scalar": lambda: _isa_target("scalar")}[isa]()
+    src.write_text('#include "smelt_rt.h"\n' + vmath_source("t", target) + r"""
 void eval_all(const float *x, float *sg, float *th, long n) {
     for (long i = 0; i < n; i += 16) {
         t_v v = t_loadu(x + i);
@@ -549,7 +552,7 @@ def test_isa_headers(isa, monkeypatch):
     as two __m256 per 16-lane vector with 6-accumulator register tiles and 6x16 GEMM tiles; the
     portable struct) agrees with onnxruntime: padded hidden tails (masked stores), peepholes,
     several batch-row chunks, both GRU forms, runtime weights."""
-    from kernel_models import _isa_target
+
 
     target = _isa_target(isa)
     monkeypatch.setattr("smelt.compiler.detect", lambda: target)

@@ -58,6 +58,9 @@ class VectorIsa:
     embedded_broadcast: bool = False
     # AVX-512 hosts prefer 512-bit auto-vectorization of plain loops only when asked
     prefer_vector_width: int = 0
+    # the C header (csrc/) implementing the RNN template's 16-lane logical vector ``VX_v`` and
+    # its math (exp, sigmoid, tanh) on this ISA; the portable struct where none is native
+    rnn_header: str = "rnn_vec_portable.h"
     c_header: str = "immintrin.h"  # where the intrinsics are declared
     # spellings only some ISAs have, by name (``has``/``x``): int32 lane vectors, masked gathers,
     # merge-masked loads, two-source permutes (the conv im2col and depthwise kernels use them)
@@ -177,6 +180,7 @@ class VectorIsa:
 
 
 AVX512 = VectorIsa(
+    rnn_header="rnn_vec_avx512.h",
     name="avx512", lanes=16, registers=32, vtype="__m512", prefix="_mm512", mask_type="__mmask16",
     tail_mask="(__mmask16)((1u << {n}) - 1u)",
     masked_load_fmt="_mm512_maskz_loadu_ps({m}, {p})",
@@ -204,6 +208,7 @@ AVX512 = VectorIsa(
            ("gather", "_mm512_mask_i32gather_ps({a}, {m}, {i}, {p}, 4)")))  # {p}[{i}] in lanes {m}, else {a}
 
 AVX2 = VectorIsa(
+    rnn_header="rnn_vec_avx2.h",
     name="avx2", lanes=8, registers=16, vtype="__m256", prefix="_mm256", mask_type="__m256i",
     tail_mask="_mm256_cmpgt_epi32(_mm256_set1_epi32({n}), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))",
     masked_load_fmt="_mm256_maskload_ps({p}, {m})",
@@ -260,4 +265,5 @@ def by_name(name: str, fma: bool = True, lanes: int | None = None) -> VectorIsa:
 
 
 def _without_fma(d: VectorIsa) -> VectorIsa:
-    return dataclasses.replace(d, fma=False)
+    # the RNN headers are written with FMA intrinsics: without FMA the portable struct
+    return dataclasses.replace(d, fma=False, rnn_header=PORTABLE.rnn_header)

@@ -4,8 +4,9 @@ vector takes, from which the register-tile budget follows.
 
 The headers live in ``csrc/`` (real C files, read at render time and embedded in the generated
 source with their ``VX_`` names prefixed per chunk); ``rnn_vec_common.h`` (exotic activations,
-the group barrier) is written over the API every ISA header provides. ISAs without an entry
-(sse, neon, scalar) use the portable 16-float struct.
+the group barrier) is written over the API every ISA header provides. Which header an ISA uses
+is a field of its description (``kernels/isa.py``: ``VectorIsa.rnn_header``); ISAs without a
+native one (sse, neon, scalar, AVX2 without FMA) use the portable 16-float struct.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from smelt.codegen.kernels.isa import PORTABLE, vector_isa
 from smelt.target import Target
 
 CSRC = Path(__file__).resolve().parent / "csrc"
+PORTABLE_HEADER = PORTABLE.rnn_header
 LOGICAL_LANES = 16  # floats per logical vector on every ISA
 
 
@@ -33,16 +36,13 @@ class RnnVecIsa:
         return max(1, target.vector_registers * 3 // 4 // self.registers_per_vector)
 
 
-RNN_VEC: dict[str, RnnVecIsa] = {
-    "avx512": RnnVecIsa("rnn_vec_avx512.h", 1, True),
-    "avx2": RnnVecIsa("rnn_vec_avx2.h", 2, True),
-}
-# The struct is whatever gcc makes of 16 floats (auto-vectorized or not): budget as one register.
-PORTABLE = RnnVecIsa("rnn_vec_portable.h", 1, False)
-
-
-def rnn_vec(isa: str) -> RnnVecIsa:
-    return RNN_VEC.get(isa, PORTABLE)
+def rnn_vec(target: Target) -> RnnVecIsa:
+    """The RNN vector math for ``target``: the header its ISA description names
+    (``VectorIsa.rnn_header``) and the registers one logical vector takes (16 / lanes)."""
+    vx = vector_isa(target)
+    native = vx.rnn_header != PORTABLE_HEADER
+    per_vector = max(1, LOGICAL_LANES // vx.lanes) if native else 1
+    return RnnVecIsa(vx.rnn_header, per_vector, native)
 
 
 @cache
@@ -50,7 +50,7 @@ def _read(name: str) -> str:
     return (CSRC / name).read_text()
 
 
-def vmath_source(prefix: str, isa: str) -> str:
-    """The vector-math helpers for ``isa`` (its header + the common one), names prefixed."""
-    text = _read(rnn_vec(isa).header) + _read("rnn_vec_common.h")
+def vmath_source(prefix: str, target: Target) -> str:
+    """The vector-math helpers for ``target`` (its ISA's header + the common one), names prefixed."""
+    text = _read(rnn_vec(target).header) + _read("rnn_vec_common.h")
     return text.replace("VX_", f"{prefix}_")

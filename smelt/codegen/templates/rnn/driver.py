@@ -52,7 +52,7 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
         return
     G, T, B, H, Hp, D, N = cfg.G, cfg.T, cfg.B, cfg.H, cfg.Hp, cfg.D, cfg.ntot
     nhb = cfg.nhb
-    vx = em.function("rnn_vmath", vmath_source("FNAME", em.target.isa), doc="RNN vector math: exp/sigmoid/tanh, activations, group barrier")
+    vx = em.function("rnn_vmath", vmath_source("FNAME", em.target), doc="RNN vector math: exp/sigmoid/tanh, activations, group barrier")
 
     def fn(base: str, code: str, doc: str) -> str:
         return em.function(base, code.replace("VX_", f"{vx}_"), doc=doc)

@@ -40,7 +40,7 @@ def emit_pipeline(chain: list[Node], g: Graph, em: BlockEmitter) -> None:
                 setattr(cfg, attr, "")
         cfgs.append(cfg)
     T, B = cfgs[0].T, cfgs[0].B
-    vx = em.function("rnn_vmath", vmath_source("FNAME", em.target.isa), doc="RNN vector math: exp/sigmoid/tanh, activations, group barrier")
+    vx = em.function("rnn_vmath", vmath_source("FNAME", em.target), doc="RNN vector math: exp/sigmoid/tanh, activations, group barrier")
 
     def fn(base: str, code: str, doc: str) -> str:
         return em.function(base, code.replace("VX_", f"{vx}_"), doc=doc)
