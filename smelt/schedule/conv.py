@@ -380,8 +380,8 @@ def finish(node: Node, g: Graph, target: Target, options: CompileOptions) -> Non
     geo = ConvGeometry(node, g)
     tile = fit(sched.tile, geo, layout_block(out.layout))
     order = winograd_choice(node, g, target, options)
-    if order:
-        node.schedule = replace(sched, algorithm="winograd", tile=tile, winograd_order=order)
-        return
+    # both kernels finish each output element in one go (the Winograd output transform reads
+    # the residual element it then writes), so the in-place rule is the same for both
     inplace = inplace_residual(node, g) if options.inplace else None
-    node.schedule = replace(sched, algorithm="direct", tile=tile, inplace_operand=inplace)
+    node.schedule = replace(sched, algorithm="winograd" if order else "direct", tile=tile,
+                            winograd_order=order, inplace_operand=inplace)

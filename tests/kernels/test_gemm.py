@@ -251,7 +251,7 @@ def test_vector_exp_epilogues_accuracy(isa, monkeypatch, cache):
 
 def test_direct_b_variant(monkeypatch, tmp_path):
     """The (disabled by default) in-place B reading path: kernels read run-time B rows directly."""
-    from smelt.codegen.templates import gemm
+    from smelt.codegen.kernels import gemm
 
     monkeypatch.setattr(gemm, "DIRECT_B", True)
     by_name = {c.name: c for c in GEMM_CASES + MATMUL_CASES}

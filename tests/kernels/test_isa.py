@@ -17,7 +17,7 @@ import pytest
 from smelt.codegen import toolchain
 from smelt.codegen.emit import PRELUDE
 from smelt.codegen.kernels import isa
-from smelt.codegen.templates.gemm import EF_RELU, EF_ROW, Blocking, microkernel_source
+from smelt.codegen.kernels.gemm import EF_RELU, EF_ROW, Blocking, microkernel_source
 from smelt.target import detect
 
 VECTOR = [d for d in isa.DESCRIPTIONS if d.vector]
@@ -220,7 +220,7 @@ def test_gemm_tile_every_edge(d, tmp_path):
 
 # templates whose rendering is wholly ported to the description (conv_nchwc's and winograd's
 # schedule decisions, target.py's detection and rnn.py are not yet: see the point 1)
-PORTED = ["codegen/templates/gemm.py", "codegen/templates/conv.py", "codegen/templates/blocked.py",
+PORTED = ["codegen/templates/gemm.py", "codegen/kernels/gemm.py", "codegen/templates/conv.py", "codegen/templates/blocked.py",
           "codegen/templates/reduce.py", "codegen/kernels/epilogue.py", "codegen/kernels/tile.py"]
 
 

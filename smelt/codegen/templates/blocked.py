@@ -21,17 +21,17 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.epilogue import epilogue_doc
-from smelt.codegen.kernels.isa import vector_isa
-from smelt.codegen.kernels.loops import work_range
-from smelt.codegen.kernels.pool_geometry import geometry
-from smelt.codegen.registry import SMELT_DOMAIN, register
-from smelt.codegen.templates.gemm import (
+from smelt.codegen.kernels.gemm import (
     Blocking,
     TileEpilogue,
     node_epilogue_ops,
     scalar_epilogue,
     vector_epilogue_stmts,
 )
+from smelt.codegen.kernels.isa import vector_isa
+from smelt.codegen.kernels.loops import work_range
+from smelt.codegen.kernels.pool_geometry import geometry
+from smelt.codegen.registry import SMELT_DOMAIN, register
 from smelt.ir.graph import PLAIN, Graph, Node
 from smelt.ir.graph import layout_block as block_of
 from smelt.target import Target

@@ -30,9 +30,7 @@ import numpy as np
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.conv_geometry import ConvGeometry, check_conv
 from smelt.codegen.kernels.epilogue import TileOperand, epilogue_doc
-from smelt.codegen.kernels.isa import VectorIsa
-from smelt.codegen.registry import register
-from smelt.codegen.templates.gemm import (
+from smelt.codegen.kernels.gemm import (
     Blocking,
     ConstPacked,
     GemmProblem,
@@ -44,6 +42,8 @@ from smelt.codegen.templates.gemm import (
     tile_epilogue_code,
     vector_epilogue_stmts,
 )
+from smelt.codegen.kernels.isa import VectorIsa
+from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
 
 # Below this many multiply-adds a depthwise conv runs on thread 0 alone.

@@ -51,8 +51,6 @@ memory planner applies that when the conv is the operand's last reader; ``y`` th
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
@@ -61,19 +59,18 @@ from smelt.codegen.kernels.conv_geometry import (
     is_depthwise,
     is_flat_pointwise,
 )
-from smelt.codegen.kernels.epilogue import TileOperand, epilogue_doc
-from smelt.codegen.kernels.isa import with_lanes
-from smelt.codegen.kernels.tile import RegisterTile
-from smelt.codegen.registry import register
-from smelt.codegen.templates import winograd
-from smelt.codegen.templates.gemm import (
+from smelt.codegen.kernels.epilogue import epilogue_doc
+from smelt.codegen.kernels.gemm import (
     Blocking,
     TileEpilogue,
     define,
-    node_epilogue_ops,
+    kernel_param_epilogue,
     scalar_epilogue,
     vector_epilogue_stmts,
 )
+from smelt.codegen.kernels.isa import with_lanes
+from smelt.codegen.kernels.tile import RegisterTile
+from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node, layout_block
 from smelt.schedule.conv import ConvSchedule, NchwcSchedule, geometry_reason
 
@@ -112,21 +109,6 @@ def _blocking(ob: int) -> Blocking:
     vx = with_lanes(ob)
     assert vx.lanes == ob, ob
     return Blocking(vx.name, ob, 1, ob, 1, 1, 1, fma=True)
-
-
-def _epilogue(node: Node, g: Graph, em: BlockEmitter, bias: str | None) -> tuple[TileEpilogue, list[str]]:
-    """The tile epilogue with operand pointers renamed to kernel parameters e0, e1, ... and the
-    call-site expressions for them."""
-    ops = []
-    args = []
-    if bias is not None:
-        ops.append(TileOperand("Add", bias, "col"))
-    ops += node_epilogue_ops(em, node, "col")
-    for i, op in enumerate(ops):
-        if isinstance(op, TileOperand):
-            args.append(op.ptr)
-            ops[i] = replace(op, ptr=f"e{len(args) - 1}")
-    return TileEpilogue(ops), args
 
 
 class _Gen:
@@ -464,6 +446,8 @@ def _check_nchwc(node: Node, g: Graph) -> str | None:
     out = g.values[node.outputs[0]]
     if out.layout == PLAIN:
         return "the NCHWc template writes blocked outputs (the layout pass did not block this conv)"
+    if isinstance(node.schedule, ConvSchedule) and node.schedule.algorithm == "winograd":
+        return "scheduled as Winograd F(2x2,3x3) (templates/winograd.py)"
     why = geometry_reason(node, g)
     if why is not None:
         return why
@@ -498,10 +482,7 @@ def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     assert not (aliased and s.ic_chunk), f"conv {node.name}: in place with an ic-outer tile"
     w = np.asarray(g.const(node.inputs[1]), dtype=np.float32)
     bias = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
-    ep, eargs = _epilogue(node, g, em, bias)
-    if sched.algorithm == "winograd":
-        winograd.emit(geo, node.name, w, em.ptr(node.inputs[0]), y_ptr, eargs, ep, em, sched.winograd_order)
-        return
+    ep, eargs = kernel_param_epilogue(em, node, bias)
     if is_depthwise(geo):
         # [C, 1, KH, KW] -> [C/b][KH][KW][b]
         packed = w.reshape(geo.oc // ob, ob, geo.ks[0], geo.ks[1]).transpose(0, 2, 3, 1)

@@ -38,14 +38,18 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.conv_geometry import ConvGeometry
-from smelt.codegen.kernels.isa import with_lanes
-from smelt.codegen.kernels.tile import RegisterTile
-from smelt.codegen.templates.gemm import (
+from smelt.codegen.kernels.gemm import (
     Blocking,
     TileEpilogue,
     define,
+    kernel_param_epilogue,
     vector_epilogue_stmts,
 )
+from smelt.codegen.kernels.isa import with_lanes
+from smelt.codegen.kernels.tile import RegisterTile
+from smelt.codegen.registry import register
+from smelt.ir.graph import Graph, Node
+from smelt.schedule.conv import ConvSchedule
 
 # Off only to measure what the algorithm saves (benchmarks A/B) or to get the direct sum's rounding.
 # register tile of the GEMM phase: J output blocks x R transform tiles
@@ -350,3 +354,22 @@ def emit(geo: ConvGeometry, node_name: str, w: np.ndarray, x_ptr: str, y_ptr: st
     em.step(f"{f_in}({x_ptr}, {vbuf}, tid, nt);")
     em.step(f"{f_gemm}({vbuf}, {u}, {mbuf}, tid, nt);")
     em.step(f"{f_out}({mbuf}, {y_ptr}{args}, tid, nt);")
+
+
+def _check_winograd(node: Node, g: Graph) -> str | None:
+    """This template takes exactly the convs the schedule stage scheduled as Winograd
+    (``schedule.conv.winograd_choice`` checked the shape, the 16-lane blocks and the epilogue)."""
+    sched = node.schedule
+    if not isinstance(sched, ConvSchedule) or sched.algorithm != "winograd":
+        return "not scheduled as Winograd (schedule.conv.winograd_choice)"
+    return None
+
+
+@register("Conv", versions=(1, 11, 22), check=_check_winograd, name="f32_conv_winograd", blocked=True)
+def emit_conv_winograd(node: Node, g: Graph, em: BlockEmitter) -> None:
+    geo = ConvGeometry(node, g)
+    w = np.asarray(g.const(node.inputs[1]), dtype=np.float32)
+    bias = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    ep, eargs = kernel_param_epilogue(em, node, bias)
+    emit(geo, node.name, w, em.ptr(node.inputs[0]), em.ptr(node.outputs[0]), eargs, ep, em,
+         node.schedule.winograd_order)
