@@ -41,6 +41,10 @@ class CompileOptions:
     concat_views: bool = True
     # on a 16-lane target, convs whose channels only divide into 8-lane blocks run as the NCHW GEMM
     gemm_for_half_width: bool = True
+    # GEMMs read a run-time B with unit column stride (1x1 conv input, MatMul B) in place, rows
+    # ldb apart, instead of packing it: measured slower on ResNet-50's 1x1 layers (packed panels
+    # stream better), so off; kept for A/B measurements and its tests
+    gemm_read_b_in_place: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_MODES:

@@ -97,6 +97,8 @@ class ConvSchedule:
     # the fused residual operand the kernel may write its output over (the memory planner
     # applies it when the conv is that operand's last reader), or None
     inplace_operand: str | None = None
+    # "gemm": read the run-time input (B) in place instead of packing it (1x1 convs)
+    read_b_in_place: bool = False
 
     def describe(self) -> str:
         parts = [self.algorithm]
@@ -374,7 +376,8 @@ def finish(node: Node, g: Graph, target: Target, options: CompileOptions) -> Non
     out = g.values[node.outputs[0]]
     sched = node.schedule
     if out.layout == PLAIN:
-        node.schedule = ConvSchedule("gemm")  # conv.py: the NCHW GEMM (or its depthwise kernel)
+        # conv.py: the NCHW GEMM (or its depthwise kernel)
+        node.schedule = ConvSchedule("gemm", read_b_in_place=options.gemm_read_b_in_place)
         return
     assert isinstance(sched, ConvSchedule) and sched.tile is not None, f"conv {node.name} blocked without a tile"
     geo = ConvGeometry(node, g)

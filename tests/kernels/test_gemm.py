@@ -171,12 +171,12 @@ MATMUL_CASES = [
 ]
 
 
-def _check(cases: list[Case], isa: str, monkeypatch, cache) -> None:
+def _check(cases: list[Case], isa: str, monkeypatch, cache, **compile_kw) -> None:
     monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
     def structure(compiled, target):
         assert f"__{target.isa}_" in compiled.source_path.read_text()  # the kernels asked for
 
-    check_cases(cases, isa, monkeypatch, cache, structure)
+    check_cases(cases, isa, monkeypatch, cache, structure, **compile_kw)
 
 
 def test_fused_graphs_have_no_standalone_epilogue(monkeypatch, cache):
@@ -251,9 +251,7 @@ def test_vector_exp_epilogues_accuracy(isa, monkeypatch, cache):
 
 def test_direct_b_variant(monkeypatch, tmp_path):
     """The (disabled by default) in-place B reading path: kernels read run-time B rows directly."""
-    from smelt.codegen.kernels import gemm
-
-    monkeypatch.setattr(gemm, "DIRECT_B", True)
     by_name = {c.name: c for c in GEMM_CASES + MATMUL_CASES}
     cases = [by_name[n] for n in ("g_rtb", "g_rta_big", "m_batched", "m_bcast_a")]
-    _check(cases + [matmul_case("d_tail", (17, 30), (30, 49))], "native", monkeypatch, tmp_path)
+    _check(cases + [matmul_case("d_tail", (17, 30), (30, 49))], "native", monkeypatch, tmp_path,
+           schedule={"gemm_read_b_in_place": True})

@@ -69,11 +69,6 @@ from smelt.ir.epilogue import EpilogueActivation, EpilogueBinary
 from smelt.ir.graph import Node
 from smelt.target import Target
 
-# Read a run-time B with unit column stride (1x1 conv input, MatMul B) in place (rows ldb
-# apart) instead of packing it: measured slower on ResNet-50 1x1 layers (packed panels stream
-# better), so off; the kernels keep their ldb parameter.
-DIRECT_B = False
-
 # Below this many multiply-adds a GEMM runs on thread 0 alone (a split costs more than it saves).
 PARALLEL_MIN_MACS = 1 << 16
 
@@ -547,6 +542,9 @@ class GemmProblem:
     name: str = "gemm"
     doc: str = ""
     extra: dict = field(default_factory=dict)
+    # read a run-time B with unit column stride in place instead of packing it (the schedule's
+    # ``read_b_in_place``; the kernels keep their ldb parameter)
+    direct_b: bool = False
 
 
 def pack_const_a(a: np.ndarray, mr: int) -> np.ndarray:
@@ -577,7 +575,7 @@ def choose_partition(p: GemmProblem, blk: Blocking, nt: int) -> tuple[str, int]:
     if nt <= 1 or p.items * p.M * p.N * p.K < PARALLEL_MIN_MACS:
         return "single", 1
     mp, np_ = -(-p.M // blk.mr), -(-p.N // blk.nr)
-    pack_b = not isinstance(p.b, ConstPacked) and not (DIRECT_B and isinstance(p.b, Strided) and p.b.s1 == 1)
+    pack_b = not isinstance(p.b, ConstPacked) and not (p.direct_b and isinstance(p.b, Strided) and p.b.s1 == 1)
     pack_a = not isinstance(p.a, ConstPacked) and not (DIRECT_A and isinstance(p.a, Strided) and p.a.s1 == 1)
 
     def cost(rows_panels: int, cols_panels: int, last_m: bool, last_n: bool) -> float:
@@ -711,7 +709,7 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
     mp, np_ = -(-p.M // mr), -(-p.N // nr)
     kb_max = blk.kb(p.K)
     pack_b = not isinstance(p.b, ConstPacked)
-    direct_b = DIRECT_B and blk.vx.vector and isinstance(p.b, Strided) and p.b.s1 == 1
+    direct_b = p.direct_b and blk.vx.vector and isinstance(p.b, Strided) and p.b.s1 == 1
     pack_b = pack_b and not direct_b
     pack_a = not isinstance(p.a, ConstPacked)
     direct_a = DIRECT_A and blk.vx.vector and isinstance(p.a, Strided) and p.a.s1 == 1

@@ -281,6 +281,7 @@ def emit_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
                  f"const long ao = gi * {gsz}L, bo = bi * {geo.c * geo.ihw}L + gi * {geo.cg * geo.ihw}L;\n"
                  f"const long co = bi * {geo.oc * geo.ohw}L + gi * {geo.ocg * geo.ohw}L, grow0 = gi * {geo.ocg}L;")
     p = GemmProblem(geo.ocg, geo.ohw, k, a_op, b_op, em.ptr(node.outputs[0]), geo.ohw, _epilogue(node, g, em),
+                    direct_b=getattr(node.schedule, "read_b_in_place", False),
                     items=items, item_code=item_code, name=f"f32_conv{geo.rank}d_{kind}_gemm",
                     doc=f"Conv {geo.describe()}")
     render_gemm(em, p, blk)
