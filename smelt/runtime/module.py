@@ -114,6 +114,18 @@ def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
     return raw[shift : shift + nbytes]
 
 
+def aligned_array(shape: tuple[int, ...], dtype: np.dtype, align: int = 64) -> np.ndarray:
+    """An uninitialised array whose data is ``align``-byte aligned. Every buffer a native block
+    writes is one: kernels store whole vectors with aligned stores (a blocked NCHW8c output
+    is 32-byte vectors), and numpy only guarantees 16 bytes (a Conv whose blocked output crossed
+    into the next block through a fallback step crashed 1 call in 2 on AVX2)."""
+    dt = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = np.empty(count * dt.itemsize + align, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % align
+    return raw[shift : shift + count * dt.itemsize].view(dt).reshape(shape)
+
+
 def _glue_fn(model):
     """A numpy implementation of a one-node shape-glue model (Squeeze, Unsqueeze, Reshape,
     Transpose, Identity), or None. onnx.reference costs ~15-30 us per such node; this ~1-3 us,
@@ -406,7 +418,7 @@ class LoadedArtifact:
                             arr = env[spec.name] = np.asarray(arr, dtype=spec.dtype, order="C")
                         in_ptrs[i] = arr.ctypes.data
                     for i, spec in enumerate(outs):
-                        arr = np.empty(dyn_shapes.get(spec.name, spec.shape), dtype=spec.dtype)
+                        arr = aligned_array(dyn_shapes.get(spec.name, spec.shape), spec.dtype)
                         env[spec.name] = arr
                         out_ptrs[i] = arr.ctypes.data
                     status = fn(self.pool, in_ptrs, out_ptrs, self._arena_ptr, self._scratch_ptr,
