@@ -52,6 +52,17 @@ def _isa_target(isa: str):
     return dataclasses.replace(real, isa="scalar", vector_bits=32, vector_registers=16)
 
 
+def force_isa(isa: str, monkeypatch, cache):
+    """Compile for ``isa`` ("native", "avx2", "scalar") in this test, with its own cache; "avx2"
+    is skipped where it is the native ISA (the "native" case covers it)."""
+    if isa == "avx2" and detect().isa == "avx2":
+        pytest.skip("avx2 is the native ISA here")
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    return target
+
+
 def check_cases(cases: list[Case], isa: str, monkeypatch, cache, check_compiled, layout: str = "nchw",
                 **compile_kw) -> None:
     """Compile the cases for ``isa`` at 1 and 2 threads and compare every output with onnxruntime.

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_models import _isa_target
+from kernel_models import force_isa
 from node_cases import Cases, build_model, oracle
 
 import smelt
 from smelt.ir.activations import ACTIVATIONS, RNN_ACTIVATIONS
-from smelt.target import detect
 
 F = np.float32
 NAN, INF = F(np.nan), F(np.inf)
@@ -148,13 +147,7 @@ def _check(cases: Cases, feeds: dict, names: list[str], hosts: tuple[str, ...] =
 
 @pytest.fixture
 def isa_target(request, monkeypatch, cache):
-    isa = request.param
-    if isa == "avx2" and detect().isa == "avx2":
-        pytest.skip("avx2 is the native ISA here")
-    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
-    target = _isa_target(isa)
-    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
-    return target
+    return force_isa(request.param, monkeypatch, cache)
 
 
 @pytest.mark.parametrize("isa_target", ISAS, indirect=True)

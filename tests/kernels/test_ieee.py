@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_models import _isa_target
+from kernel_models import force_isa
 from node_cases import Cases, assert_close, build_model, check, oracle
 
 import smelt
@@ -28,12 +28,7 @@ ISAS = ["native", "avx2", "scalar"]
 
 def _target(isa: str, monkeypatch, cache):
     """Force ``isa`` for the compiles of this test (avx2 is skipped where it is the native ISA)."""
-    if isa == "avx2" and detect().isa == "avx2":
-        pytest.skip("avx2 is the native ISA here")
-    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
-    target = _isa_target(isa)
-    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
-    return target
+    return force_isa(isa, monkeypatch, cache)
 
 
 def uniform(*shape: int, lo: float = -1.0, hi: float = 1.0) -> np.ndarray:
