@@ -193,3 +193,20 @@ def test_runtime_weights_fall_back(monkeypatch, cache):
     assert compiled.fallback_nodes
     feeds = {"x": _rand(1, 2, 5, 5), "w": _rand(3, 2, 3, 3)}
     np.testing.assert_allclose(compiled.run(feeds)[0], ort_run(model, feeds)[0], atol=1e-5)
+
+
+def test_conv_with_an_unknown_shape_is_a_reason_not_a_crash():
+    """A Conv whose input shape inference could not fix (silero-vad's, shipped in its PyPI
+    wheel: the input comes out of an If) reached the layout planner's NCHWc test, which took
+    len() of a None shape: TypeError at compile time. It is a reason now, so the conv falls
+    back (or runs on the GEMM path once shapes are known at run time)."""
+    from smelt.codegen.kernels.conv_geometry import check_conv
+    from smelt.ir.graph import Graph, Node, Value
+
+    g = Graph("g")
+    g.add_value(Value("x", np.dtype(np.float32), None))
+    w = g.add_const(np.ones((8, 4, 3, 3), np.float32), "w")
+    g.add_value(Value("y", np.dtype(np.float32), None))
+    node = Node("Conv", "conv", ["x", w], ["y"])
+    why = check_conv(node, g)
+    assert why is not None and "'x'" in why and "static shape" in why

@@ -75,6 +75,9 @@ def check_conv(node: Node, g: Graph) -> str | None:
             return f"native Conv is float32 only ({name!r} is {np.dtype(v.dtype).name if v.dtype else '?'})"
     if g.const(node.inputs[1]) is None:
         return "native Conv needs constant weights (they are packed at compile time)"
+    for name in (node.inputs[0], node.inputs[1], node.outputs[0]):
+        if not g.values[name].is_static:  # a symbolic or unknown dim (the layout pass asks early)
+            return f"Conv value {name!r} has no static shape"
     xs, ws = g.values[node.inputs[0]].shape, g.values[node.inputs[1]].shape
     if len(xs) < 3 or len(xs) > 5 or len(ws) != len(xs):
         return f"native Conv handles 1-D to 3-D convolutions (input rank {len(xs)})"
