@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import _ctypes
 import ctypes
+import math
 import os
 import threading
 import time
@@ -120,10 +121,10 @@ def aligned_array(shape: tuple[int, ...], dtype: np.dtype, align: int = 64) -> n
     is 32-byte vectors), and numpy only guarantees 16 bytes (a Conv whose blocked output crossed
     into the next block through a fallback step crashed 1 call in 2 on AVX2)."""
     dt = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
-    raw = np.empty(count * dt.itemsize + align, dtype=np.uint8)
+    nbytes = math.prod(shape) * dt.itemsize  # math.prod: no Python-level numpy call per inference
+    raw = np.empty(nbytes + align, dtype=np.uint8)
     shift = (-raw.ctypes.data) % align
-    return raw[shift : shift + count * dt.itemsize].view(dt).reshape(shape)
+    return raw[shift : shift + nbytes].view(dt).reshape(shape)
 
 
 def _glue_fn(model):
