@@ -462,7 +462,7 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     ``allow_fallback``: when False, a node with no native template is an error.
     ``profile``: build the instrumented variant that times each step (``profile_counters()``).
     ``progress``: show a progress bar on stderr while compiling (cache hits show nothing).
-    ``layout``: convolution layout planning (``smelt.passes.layout.MODES``): "propagate" (NCHW[x]c
+    ``layout``: convolution layout planning (``smelt.options.LAYOUT_MODES``): "propagate" (NCHW[x]c
     with transform elimination, the default), "nchw", "conv" or "global" (NeoCPU's ablation).
     ``use_tuning_db``: use schedules from the tuning database (``smelt tune``) where it has them.
     ``dynamic``: run-time sequence length and batch for recurrent models (default: on when the

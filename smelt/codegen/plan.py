@@ -116,7 +116,7 @@ def plan_arena(g: Graph, steps: list[NativeBlock | FallbackStep], concat_views: 
         for i in n.all_inputs():
             if i in internal:
                 end[i] = t
-    # A pipelined stack of recurrent layers (templates/rnn.py, pipeline plan; membership in the
+    # A pipelined stack of recurrent layers (templates/rnn/, pipeline plan; membership in the
     # nodes' RNN schedules) computes every layer in the first layer's step: the stack's values
     # must be live over the whole stack.
     index = {id(n): t for t, n in enumerate(order)}

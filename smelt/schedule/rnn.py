@@ -3,7 +3,7 @@
 ``decide_rnn`` resolves, per recurrent node, forced (node attributes set by ``annotate``) ->
 tuned (the tuning database, kind "rnn", written by ``smelt.tune.rnn_calibrate``) -> the cost
 model's default, and returns a frozen ``RnnSchedule`` that the template
-(smelt/codegen/templates/rnn.py) only reads ``node.schedule`` (an ``RnnSchedule``):
+(smelt/codegen/templates/rnn/) only reads ``node.schedule`` (an ``RnnSchedule``):
 
 * the schedule level (DeepCPU Fig. 4(a) ablation: baseline / hoist / pcp / wcs);
 * the thread grid per pool size and batch size (PCP: ``step_cost``, DeepCPU sec. 5.2.3);

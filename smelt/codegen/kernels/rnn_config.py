@@ -1,6 +1,6 @@
 """An ONNX LSTM / GRU / RNN node as the recurrent kernels see it (``RnnConfig``: sizes, gates,
 activations, input and output names), read and checked once; shared by the RNN template
-(smelt/codegen/templates/rnn.py) and its schedule (smelt/schedule/rnn.py)."""
+(smelt/codegen/templates/rnn/) and its schedule (smelt/schedule/rnn.py)."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ VX = _VXOps()
 
 def act_code(name: str, alpha: float, beta: float, x: str) -> str:
     """C expression applying an activation to the vector variable ``x`` (Relu, LeakyRelu and
-    HardSigmoid rendered by codegen/epilogue.py). NaN as onnxruntime's RNN activation functors
+    HardSigmoid rendered by codegen/kernels/epilogue.py). NaN as onnxruntime's RNN activation functors
     (rnn_activation_functors.h): Relu and HardSigmoid (``std::max(0.0f, x)``) and
     ThresholdedRelu map NaN to 0, the others keep it."""
     if name == "sigmoid":
