@@ -473,7 +473,8 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     faster (still fp32; its rounding differs from the direct sum's by about 1e-6 relative);
     False keeps every convolution on the direct kernels; "always" takes it wherever it is legal.
     ``schedule``: further schedule-stage switches, by ``smelt.options.CompileOptions`` field name
-    (``winograd_order``, ``inplace``, ``concat_views``, ``gemm_for_half_width``); each is part of
+    (``winograd_order``, ``inplace``, ``concat_views``, ``gemm_for_half_width``,
+    ``gemm_read_b_in_place``); each is part of
     the cache key.
     """
     return CompiledModel(model, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,

@@ -110,9 +110,9 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
     """A zeroed byte buffer whose data pointer is ``align``-byte aligned."""
-    raw = np.zeros(nbytes + align, dtype=np.uint8)
-    shift = (-raw.ctypes.data) % align
-    return raw[shift : shift + nbytes]
+    buf = aligned_array((nbytes,), np.dtype(np.uint8), align)
+    buf.fill(0)
+    return buf
 
 
 def aligned_array(shape: tuple[int, ...], dtype: np.dtype, align: int = 64) -> np.ndarray:

@@ -100,14 +100,8 @@ class ConvSchedule:
     # "gemm": read the run-time input (B) in place instead of packing it (1x1 convs)
     read_b_in_place: bool = False
 
-    def describe(self) -> str:
-        parts = [self.algorithm]
-        if self.tile is not None:
-            parts.append(f"tile {self.tile.oc_blocks}x{self.tile.reg_n} oc_bn={self.tile.oc_bn} "
-                         f"ic_chunk={self.tile.ic_chunk} ({self.source})")
-        if self.winograd_order:
-            parts.append(self.winograd_order)
-        return ", ".join(parts)
+    def __post_init__(self) -> None:
+        assert self.algorithm in ALGORITHMS, self.algorithm
 
 
 # ------------------------------------------------------------------------------------------
@@ -168,11 +162,10 @@ def prefers_gemm(node: Node, g: Graph, target: Target, options: CompileOptions) 
     The GEMM also costs a layout transform on each side when its neighbours are blocked, which
     only deep reductions repay (MobileNet-v2's 144->24 and 24->144 convs lost 13% as GEMMs).
     Depthwise and grouped convs stay direct (the GEMM runs them group by group)."""
-    lanes = vector_lanes(target)
     if not options.gemm_for_half_width or nchwc_reason(node, g, target) is not None:
         return False
     geo = ConvGeometry(node, g)
-    half_width_only = geo.oc % lanes != 0
+    half_width_only = geo.oc % vector_lanes(target) != 0
     return (half_width_only and geo.group == 1
             and geo.c * geo.ks[0] * geo.ks[1] >= GEMM_MIN_REDUCTION)
 
@@ -308,14 +301,11 @@ def fit(s: NchwcSchedule, geo: ConvGeometry, out_block: int) -> NchwcSchedule:
 # ------------------------------------------------------------------------------------------
 # Epilogue capability, Winograd and in-place (after layouts are planned)
 # ------------------------------------------------------------------------------------------
-_BINARY = ("Add", "Sub", "Mul", "Div")
-
-
 def vector_epilogue(node: Node) -> bool:
     """Whether every fused epilogue op of ``node`` has a vector rendering in the NCHWc and
     Winograd kernels (else they store the accumulator and finish element by element in scalar
     code)."""
-    return all(e.op in _BINARY or e.op in ACTIVATIONS for e in node.epilogue)
+    return all(isinstance(e, EpilogueBinary) or e.op in ACTIVATIONS for e in node.epilogue)
 
 
 def winograd_choice(node: Node, g: Graph, target: Target, options: CompileOptions) -> str:
