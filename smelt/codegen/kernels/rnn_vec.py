@@ -33,7 +33,7 @@ class RnnVecIsa:
         """Logical-vector accumulators a register tile may keep: 3/4 of the target's vector
         registers (the rest hold the broadcast inputs and the loaded weights), e.g. 24 of 32 zmm
         on AVX-512, 6 pairs of 16 ymm on AVX2."""
-        return max(1, target.vector_registers * 3 // 4 // self.registers_per_vector)
+        return max(1, vector_isa(target).registers * 3 // 4 // self.registers_per_vector)
 
 
 def rnn_vec(target: Target) -> RnnVecIsa:
