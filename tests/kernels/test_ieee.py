@@ -294,6 +294,30 @@ def test_gemm_conv_epilogues(isa, monkeypatch, cache):
     check(cases, feeds, opset=17, layout="nchw")
 
 
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_depthwise_border_taps_skip_padding(isa, monkeypatch, cache):
+    """NaN and Inf weights on the border taps of NCHW depthwise convs: onnxruntime skips a tap
+    that falls on the padding, so those outputs stay finite (0 * NaN would not). Small planes
+    (one register block: 7x9, 4x5 at stride 2) and wide ones (row by row: 19x21), stride 1 and 2,
+    dilation 2; every tap of the 3x3 kernel carries a special in some channel.
+
+    onnxruntime 1.32 skips padded taps in its blocked depthwise kernel, which it uses when the
+    channels are a multiple of 8 (nearly every real depthwise conv); at other channel counts its
+    im2col GEMM multiplies the padding and gives NaN. smelt skips them at every channel count (one
+    semantics); the oracle comparison therefore uses 16 channels."""
+    _target(isa, monkeypatch, cache)
+    c = 16
+    cases = Cases()
+    w = uniform(c, 1, 3, 3)
+    for ch, (ky, kx) in enumerate([(0, 0), (0, 2), (2, 0), (2, 2), (1, 0), (1, 2), (0, 1), (2, 1)]):
+        w[ch, 0, ky, kx] = (NAN, INF, -INF)[ch % 3]
+    for name in ("xs", "xw"):
+        for attrs in ({}, {"strides": [2, 2]}, {"dilations": [2, 2], "pads": [2, 2, 2, 2]}):
+            kw = {"pads": [1, 1, 1, 1], **attrs}
+            cases.add("Conv", [name], (w, uniform(c)), group=c, **kw)
+    check(cases, {"xs": uniform(1, c, 7, 9), "xw": uniform(1, c, 19, 21)}, opset=17, layout="nchw")
+
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_nchwc_epilogues_and_blocked_ops(isa, monkeypatch, cache):
     """The blocked (NCHW<b>c) templates: direct 1x1 / 3x3 / depthwise convs with every epilogue kind

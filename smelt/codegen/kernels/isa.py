@@ -203,6 +203,7 @@ AVX512 = VectorIsa(
            ("i32_storeu", "_mm512_storeu_si512((void *)({p}), {a});"),
            ("mask_loadu", "_mm512_mask_loadu_ps({a}, {m}, {p})"),  # merge: lanes off keep {a}
            ("mask_mov", "_mm512_mask_mov_ps({a}, {m}, {b})"),
+           ("mask3_fmadd", "_mm512_mask3_fmadd_ps({a}, {b}, {c}, {m})"),  # {a}*{b}+{c} in lanes {m}, else {c}
            ("permute2", "_mm512_permutex2var_ps({a}, {i}, {b})"),  # lanes of {a}:{b} by index {i}
            ("maskz_permute2", "_mm512_maskz_permutex2var_ps({m}, {a}, {i}, {b})"),
            ("gather", "_mm512_mask_i32gather_ps({a}, {m}, {i}, {p}, 4)")))  # {p}[{i}] in lanes {m}, else {a}

@@ -411,6 +411,15 @@ def _dw_even(v: VectorIsa) -> str:
     return f"const {v.x('itype')} DW_EVEN = {v.x('i32_setr', a=', '.join(str(2 * e) for e in range(v.lanes)))};"
 
 
+def _dw_fma(v: VectorIsa, tap: str, acc: str, mask: int) -> str:
+    """``acc += wv * tap`` in the lanes whose tap lies inside the input (``mask``); lanes over
+    the padding keep ``acc``. Multiplying the zero a masked load gives there would turn a NaN or
+    Inf weight into a NaN at the border, where onnxruntime skips the padded taps."""
+    if mask == (1 << v.lanes) - 1:
+        return v.fmadd("wv", tap, acc)
+    return v.x("mask3_fmadd", a="wv", b=tap, c=acc, m=f"({v.mask_type}){mask:#x}")
+
+
 def _dw_store(v: VectorIsa, c: int, n: int, dst: str, finish, flat_off: str) -> list[str]:
     L = ["  " + x for x in (finish(f"a{c}", n, flat_off) if finish else [])]
     L.append("  " + v.masked_store(dst, f"a{c}", None if n == v.lanes else f"({v.mask_type}){(1 << n) - 1:#x}"))
@@ -446,20 +455,20 @@ def _dw_plane_avx512(v: VectorIsa, ih: int, iw: int, oh: int, ow: int, kh: int, 
                 mask = sum(1 << i for i in valid)
                 base = offs[valid[0]] - valid[0]
                 if all(offs[i] == base + i for i in valid):
-                    taps.append((c, _dw_tap(v, f"(const float *)(xb + (uintptr_t)({base}L * 4))", mask, 1)))
+                    taps.append((c, _dw_tap(v, f"(const float *)(xb + (uintptr_t)({base}L * 4))", mask, 1), mask))
                     continue
                 base2 = offs[valid[0]] - 2 * valid[0]
                 if all(offs[i] == base2 + 2 * i for i in valid):
                     uses_even = True
-                    taps.append((c, _dw_tap(v, f"(const float *)(xb + (uintptr_t)({base2}L * 4))", mask, 2)))
+                    taps.append((c, _dw_tap(v, f"(const float *)(xb + (uintptr_t)({base2}L * 4))", mask, 2), mask))
                     continue
                 lanes = [v if v is not None else 0 for v in offs]
-                taps.append((c, _dw_tap(v, "(const float *)xb", mask, 0, lanes)))
+                taps.append((c, _dw_tap(v, "(const float *)xb", mask, 0, lanes), mask))
             if not taps:
                 continue
             L.append(f"  {{ const {v.t} wv = {v.set1(f'wk[{ky * kw + kx}]')};")
-            for c, xv in taps:
-                L.append(f"    a{c} = {v.fmadd('wv', xv, f'a{c}')};")
+            for c, xv, mask in taps:
+                L.append(f"    a{c} = {_dw_fma(v, xv, f'a{c}', mask)};")
             L.append("  }")
     for c in range(chunks):
         L += _dw_store(v, c, min(w, n_out - w * c), f"y + {w * c}", finish, f"pl * {n_out}L + {w * c}")
@@ -499,7 +508,7 @@ def _dw_row_avx512(v: VectorIsa, ih: int, iw: int, oh: int, ow: int, kh: int, kw
             L.append(f"    {{ const {v.t} wv = {v.set1(f'wr[{kx}]')};")
             for c, mask, base in taps:
                 src = f"(const float *)(xr + (uintptr_t)({base}L * 4))"
-                L.append(f"      a{c} = {v.fmadd('wv', _dw_tap(v, src, mask, sw), f'a{c}')};")
+                L.append(f"      a{c} = {_dw_fma(v, _dw_tap(v, src, mask, sw), f'a{c}', mask)};")
             L.append("    }")
         L.append("  }")
         for c in group:
