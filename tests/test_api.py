@@ -104,6 +104,21 @@ def test_symbolic_batch_specializes_per_shape():
     assert len(cm._variants) == 3
 
 
+def test_unknown_dims_spelled_minus_one_and_question_mark():
+    """paddle2onnx declares unknown dims as -1 and as "?" (each "?" its own unknown, not one
+    symbol): onnxruntime accepts any size there, and so does smelt (a text-direction classifier
+    shipped in a PyPI wheel declared [-1, 3, ?, ?] and was refused). A real named dim still binds."""
+    nodes = [helper.make_node("ReduceMean", ["x"], ["y"], name="mean", axes=[2, 3], keepdims=0)]
+    model = make_model(nodes, [tensor("x", [-1, 3, "?", "?"])], [tensor("y", [-1, 3])], opset=17)
+    cm = smelt.compile(model, threads=1)
+    for shape in ((1, 3, 48, 192), (2, 3, 5, 7)):
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        assert_close([cm(x)], ort_run(model, {"x": x}))
+    tied = make_model([helper.make_node("Neg", ["a"], ["y"])], [tensor("a", ["n", "n"])], [tensor("y", ["n", "n"])])
+    with pytest.raises(ValueError, match="dimension 'n' must be the same size"):
+        smelt.compile(tied, threads=1)(np.ones((2, 3), np.float32))
+
+
 def test_variant_cache_is_bounded(monkeypatch):
     monkeypatch.setenv("SMELT_MAX_VARIANTS", "2")
     model = make_model([helper.make_node("Neg", ["x"], ["y"])], [tensor("x", ["N"])], [tensor("y", ["N"])])

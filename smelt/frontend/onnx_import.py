@@ -51,7 +51,27 @@ def load_model(model: ModelLike) -> onnx.ModelProto:
         raise TypeError(f"model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}")
     if not proto.graph.node and not proto.graph.output:
         raise ModelLoadError("the model has an empty graph (is it really an ONNX model?)")
-    return _upgrade_opset(proto)
+    return _upgrade_opset(_unknown_negative_dims(proto))
+
+
+def _unknown_negative_dims(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Exporters (paddle2onnx among them) declare an unknown dimension as -1 on graph inputs,
+    outputs and value_info; onnxruntime treats it as unknown, so smelt does too: such a dim loses
+    its value (a copy of the model is changed, never the caller's)."""
+    graph = proto.graph
+    infos = list(graph.input) + list(graph.output) + list(graph.value_info)
+    if not any(d.HasField("dim_value") and d.dim_value < 0
+               for vi in infos if vi.type.HasField("tensor_type") for d in vi.type.tensor_type.shape.dim):
+        return proto
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    g = out.graph
+    for vi in list(g.input) + list(g.output) + list(g.value_info):
+        if vi.type.HasField("tensor_type"):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.HasField("dim_value") and d.dim_value < 0:
+                    d.Clear()
+    return out
 
 
 def _tensors(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
@@ -192,6 +212,9 @@ def _upgrade_opset(proto: onnx.ModelProto) -> onnx.ModelProto:
     return upgraded
 
 
+ANONYMOUS_DIM = "?"
+
+
 def model_input_specs(proto: onnx.ModelProto) -> list[tuple[str, np.dtype | None, Shape | None]]:
     """(name, dtype, shape) of the inputs a caller feeds: initializers excluded."""
     inits = {i.name for i in proto.graph.initializer}
@@ -216,9 +239,12 @@ def _type_of(tp: onnx.TypeProto) -> tuple[np.dtype | None, Shape | None]:
         return dtype, None
     dims: list[int | str] = []
     for i, d in enumerate(tt.shape.dim):
-        if d.HasField("dim_value"):
+        # exporters spell an unknown dimension -1 (a negative dim_value) or "?" (paddle2onnx writes
+        # "?" for every one of them, not as one shared symbol): both accept any size, as in
+        # onnxruntime, and are not tied to each other
+        if d.HasField("dim_value") and d.dim_value >= 0:
             dims.append(int(d.dim_value))
-        elif d.HasField("dim_param") and d.dim_param:
+        elif d.HasField("dim_param") and d.dim_param and d.dim_param != ANONYMOUS_DIM:
             dims.append(d.dim_param)
         else:
             dims.append(f"unk_{i}")

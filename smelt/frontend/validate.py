@@ -82,11 +82,6 @@ def _check_graph_proto(graph: onnx.GraphProto, opset: dict[str, int], outer: fro
             raise InvalidModelError(f"{where} has two initializers named {t.name!r}")
         check_tensor(t, f"initializer {t.name!r}")
         origin[t.name] = "an initializer"
-    for vi in list(graph.input) + list(graph.output):
-        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
-        if any(d.HasField("dim_value") and d.dim_value < 0 for d in dims):
-            shown = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in dims]
-            raise InvalidModelError(f"{where} declares {vi.name!r} with a negative dimension: {shown}")
     for vi in graph.input:
         if vi.name in origin and origin[vi.name] != "an initializer":
             raise InvalidModelError(f"{where} declares graph input {vi.name!r} twice")
