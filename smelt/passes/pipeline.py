@@ -23,14 +23,30 @@ from smelt.passes.shape_inference import infer_shapes
 
 Pass = Callable[[Graph], Graph]
 
+# rounds of fold + shape inference at most: each round resolves one more link of a chain like
+# Reshape(x, Concat(Slice(Shape(y)), -1)) -> Shape -> ... (PP-OCRv4's recognizer needs 4)
+MAX_FOLD_ROUNDS = 16
+
+
+def fold_to_fixpoint(g: Graph) -> Graph:
+    """Constant folding and shape inference in turn until a round folds nothing: a Shape can
+    only fold once inference has sized its input, which needed the previous round's folds
+    (exported attention blocks compute every Reshape target from Shape ops). Validation
+    follows each inference, before the next fold evaluates a node."""
+    for _ in range(MAX_FOLD_ROUNDS):
+        before = len(g.nodes)
+        g = check_graph(infer_shapes(fold_constants(g)))
+        if len(g.nodes) == before:
+            break
+    return g
+
+
 # (name, pass, enabled at opt_level >= n)
 PASSES: list[tuple[str, Pass, int]] = [
     ("infer_shapes", infer_shapes, 0),
     ("validate", check_graph, 0),
     ("eliminate_identity", eliminate_identity, 1),
-    ("fold_constants", fold_constants, 1),
-    ("infer_shapes_after_folding", infer_shapes, 1),
-    ("validate_after_folding", check_graph, 1),
+    ("fold_constants", fold_to_fixpoint, 1),
     ("eliminate_dead_nodes", eliminate_dead_nodes, 0),
     ("fold_batchnorm", fold_batchnorm, 1),
     ("fuse_epilogues", fuse_epilogues, 1),

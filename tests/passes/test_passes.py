@@ -101,6 +101,37 @@ def test_shape_subgraph_folds_once_input_shapes_are_known():
     assert cm.fallback_nodes == []
 
 
+def test_chained_shape_subgraphs_fold_to_a_fixpoint():
+    """Three Reshapes in a row, each target computed from the Shape of the previous Reshape's
+    output (as exported attention blocks do): each Shape can only fold once shape inference has
+    sized its input, which needs the previous fold. One fold + one inference left two of them
+    (and everything after) unsized and falling back (PP-OCRv4's recognizer: 105 nodes)."""
+    def constant(name, values):  # Constant nodes, as paddle2onnx writes them (not initializers)
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(
+            name + "_v", TensorProto.INT64, [len(values)], values))
+
+    nodes, inits, prev = [], [], "x"
+    for i in range(3):
+        nodes += [helper.make_node("Sigmoid", [prev], [f"g{i}"]),
+                  helper.make_node("Mul", [prev, f"g{i}"], [f"r{i}"]),
+                  helper.make_node("Shape", [f"r{i}"], [f"s{i}"]),
+                  constant(f"zero{i}", [0]), constant(f"two{i}", [2]), constant(f"m{i}", [-1]),
+                  helper.make_node("Slice", [f"s{i}", f"zero{i}", f"two{i}", f"zero{i}"], [f"h{i}"]),
+                  helper.make_node("Concat", [f"h{i}", f"m{i}"], [f"t{i}"], axis=0),
+                  helper.make_node("Reshape", [f"r{i}", f"t{i}"], [f"y{i}"])]
+        prev = f"y{i}"
+    nodes.append(helper.make_node("Softmax", [prev], ["y"], axis=-1))
+    # opset 12, as paddle2onnx wrote it: onnx's data propagation (which would size the Reshapes
+    # in one inference) only knows Shape/Slice/Concat from opset 13 on
+    model = make_model(nodes, [tensor("x", ["N", 3, 4, 5])], [tensor("y", None)], inits, opset=12)
+    g = _lower(model, {"x": [2, 3, 4, 5]})
+    assert "Shape" not in _ops(g) and g.values["y"].shape == (2, 3, 20)
+    cm = smelt.compile(model)
+    x = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    assert_close([cm(x)], ort_run(model, {"x": x}))
+    assert cm.fallback_nodes == []
+
+
 def test_silu_and_clip_fuse_into_conv():
     w = const("w", RNG.standard_normal((4, 2, 1, 1)).astype(np.float32))
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
