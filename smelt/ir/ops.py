@@ -118,6 +118,7 @@ TRAITS.update({
     "GRU": OpTraits("opaque", "dependent", rnn_flops),
     "RNN": OpTraits("opaque", "dependent", rnn_flops),
     "Dropout": OpTraits("elementwise", "oblivious"),
+    "Resize": OpTraits("injective", "tolerant"),
 })
 
 OPAQUE = OpTraits("opaque", "dependent")
@@ -132,7 +133,7 @@ _mark(("Conv", "BatchNormalization"), epilogue_channel_axis=1)
 _mark(("Gemm", "MatMul"), epilogue_channel_axis=-1)
 # the ops with blocked templates (templates/blocked.py, elementwise, movement, conv_nchwc)
 _mark(UNARY_ELEMENTWISE + ("Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Concat", "MaxPool", "AveragePool",
-                           "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization"), blocked=True)
+                           "GlobalAveragePool", "GlobalMaxPool", "BatchNormalization", "Resize"), blocked=True)
 _mark(("LSTM", "GRU", "RNN"), recurrent=True)
 _mark(("Squeeze", "Unsqueeze", "Reshape", "Transpose", "Identity", "Constant"), shape_glue=True)
 _mark(("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"),
