@@ -143,7 +143,9 @@ def test_global_without_costs_keeps_the_default_schedules():
             continue
         want = default_schedule(node, planned, target)
         ib = layout_block(planned.values[node.inputs[0]].layout)
-        got = lookup(node, planned, ib)
-        assert got is not None and got.oc_bn == want.oc_bn and got.ic_chunk == want.ic_chunk, (node.name, got, want)
+        found = lookup(node, planned, ib)
+        assert found is not None, node.name
+        got, _source = found
+        assert got.oc_bn == want.oc_bn and got.ic_chunk == want.ic_chunk, (node.name, got, want)
         assert (got.reg_n, got.oc_blocks) == (want.reg_n, want.oc_blocks), (node.name, got, want)
     assert any(default_schedule(n, planned, target).ic_chunk for n in planned.nodes if n.op == "Conv")
