@@ -14,8 +14,10 @@ NaN and Inf follow onnxruntime (the oracle):
   Relu(NaN) = NaN, Clip(NaN) = NaN, HardSigmoid(NaN) = NaN, HardSwish(NaN) = NaN.
 - Clip's absent bounds are the float range (ONNX's defaults, what onnxruntime uses), so
   Clip() maps +-Inf to +-FLT_MAX; the fuse pass stores them in the step's params (``min``/``max``).
-- Sigmoid(+-Inf) = 1 / 0 exactly and SiLU(-Inf) = -Inf * 0 = NaN (the vector exp is exact at
-  +-Inf); HardSwish(-Inf) = -Inf * 0 = NaN; LeakyRelu(-Inf) = -Inf.
+- Sigmoid(+-Inf) = 1 / 0 exactly and SiLU(-Inf) = -Inf / Inf = NaN (the vector exp is exact at
+  +-Inf); Tanh(+-Inf) = +-1; HardSwish(-Inf) = -Inf * 0 = NaN; LeakyRelu(-Inf) = -Inf. The vector
+  exp, sigmoid and tanh are csrc/smelt_vec.h's (one implementation per vector width, shared with
+  the RNN headers); the scalar forms call libm.
 
 Templates of epilogue hosts (Conv, Gemm, MatMul, BatchNormalization) call
 ``epilogue_expr(em, node, acc, flat_index, channel)`` on each output element before storing it.
@@ -35,14 +37,13 @@ from smelt.ir.graph import Node
 
 if TYPE_CHECKING:
     from smelt.codegen.emitter import BlockEmitter
-    from smelt.codegen.kernels.isa import VectorIsa
 
 
 _BINARY_C = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
 
 # activations with a rendering here: the entries of smelt.ir.activations.ACTIVATIONS
 ACTIVATIONS = tuple(_TABLE)
-# ... whose vector form calls the vector expf or tanhf (so needs FMA)
+# ... whose vector form calls the vector math of csrc/smelt_vec.h (so needs FMA)
 FMA_ACTIVATIONS = frozenset(a.name for a in _TABLE.values() if a.needs_fma)
 
 
@@ -166,9 +167,24 @@ def vector_hard_sigmoid(v: VectorOps, x: str, alpha: float, beta: float, nan_to_
     return v.op("min", v.set1("1.0f"), vector_relu(v, t, nan_to_zero))
 
 
-def vector_unary_expr(v: VectorOps, step: EpilogueActivation, x: str, vexp: str = "", vtanh: str = "") -> str:
-    """Vector expression for activation ``step`` on vector ``x``; ``vexp`` names a vector expf
-    (exact at +-Inf) for Sigmoid and SiLU, ``vtanh`` a vector tanhf (``vtanh_source``) for Tanh."""
+class VectorMath(VectorOps, Protocol):
+    """``VectorOps`` plus the names of the vector math functions (kernels/isa.py ``VectorIsa``:
+    csrc/smelt_vec.h's ``smelt_vexp*``, ``smelt_vsigmoid*``, ``smelt_vtanh*``)."""
+
+    @property
+    def exp_fn(self) -> str: ...
+
+    @property
+    def sigmoid_fn(self) -> str: ...
+
+    @property
+    def tanh_fn(self) -> str: ...
+
+
+def vector_unary_expr(v: VectorMath, step: EpilogueActivation, x: str) -> str:
+    """Vector expression for activation ``step`` on vector ``x``. Sigmoid, SiLU and Tanh call the
+    description's functions of csrc/smelt_vec.h (whose comments give their numerics: exact at
+    +-Inf, NaN kept), the one vector math the RNN headers call too."""
     op = step.op
     if op == "Relu":
         return vector_relu(v, x)
@@ -181,40 +197,14 @@ def vector_unary_expr(v: VectorOps, step: EpilogueActivation, x: str, vexp: str 
         return vector_hard_sigmoid(v, x, step.param("alpha"), step.param("beta"))
     if op == "HardSwish":
         return v.op("mul", x, vector_hard_sigmoid(v, x, 1 / 6, 0.5))
-    one, zero = v.set1("1.0f"), v.zero()
     if op == "Sigmoid":  # 1 / (1 + e^-x)
-        return v.op("div", one, v.op("add", one, f"{vexp}({v.op('sub', zero, x)})"))
-    if op == "SiLU":  # x / (1 + e^-x)
-        return v.op("div", x, v.op("add", one, f"{vexp}({v.op('sub', zero, x)})"))
+        return f"{v.sigmoid_fn}({x})"
+    if op == "SiLU":  # x / (1 + e^-x): -Inf / Inf = NaN, as onnxruntime's x * sigmoid(x)
+        one = v.set1("1.0f")
+        return v.op("div", x, v.op("add", one, f"{v.exp_fn}({v.op('sub', v.zero(), x)})"))
     if op == "Tanh":
-        return f"{vtanh}({x})"
+        return f"{v.tanh_fn}({x})"
     raise KeyError(op)
-
-
-# The rational tanh of the RNN template's AVX-512 ``VX_tanh`` (Eigen's float coefficients): x on
-# +-7.99881 (tanh = 1 - 2.3e-7 there), x * P(x^2) / Q(x^2). Relative accuracy near 0 by
-# construction, so tanh(-0) = -0 and tiny x stay x (the exp form 1 - 2/(e^2x + 1) gave 0 for
-# |x| < 3e-8 and +0 for -0); +-Inf -> +-1 and NaN kept (x second in the clamp).
-TANH_CLAMP = "7.99881172180175781f"
-TANH_P = ("-2.76076847742355e-16f", "2.00018790482477e-13f", "-8.60467152213735e-11f", "5.12229709037114e-08f",
-          "1.48572235717979e-05f", "6.37261928875436e-04f", "4.89352455891786e-03f")
-TANH_Q = ("1.19825839466702e-06f", "1.18534705686654e-04f", "2.26843463243900e-03f", "4.89352518554385e-03f")
-
-
-def vtanh_source(v: VectorIsa) -> str:
-    """``static inline`` vector tanhf (FNAME) in ``v``'s spelling (a ``VectorIsa`` description):
-    the constants above, 1/Q by a division. x is clamped with the value second (NaN kept)."""
-    t = v.t
-    clamp = v.op("max", v.set1(f"-{TANH_CLAMP}"), v.op("min", v.set1(TANH_CLAMP), "x0"))
-    L = [f"static inline {t} FNAME({t} x0) {{",
-         f"    const {t} x = {clamp};",
-         f"    const {t} z = {v.op('mul', 'x', 'x')};",
-         f"    {t} n = {v.set1(TANH_P[0])};"]
-    L += [f"    n = {v.fmadd('n', 'z', v.set1(c))};" for c in TANH_P[1:]]
-    L.append(f"    {t} d = {v.set1(TANH_Q[0])};")
-    L += [f"    d = {v.fmadd('d', 'z', v.set1(c))};" for c in TANH_Q[1:]]
-    L += [f"    return {v.op('div', v.op('mul', 'n', 'x'), 'd')};", "}"]
-    return "\n".join(L)
 
 
 # ------------------------------------------------------------------------------------------

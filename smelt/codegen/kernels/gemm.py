@@ -61,7 +61,6 @@ from smelt.codegen.kernels.epilogue import (
     vector_clamp,
     vector_relu,
     vector_unary_expr,
-    vtanh_source,
 )
 from smelt.codegen.kernels.isa import VectorIsa, by_name, half_width, vector_isa
 from smelt.codegen.kernels.tile import RegisterTile
@@ -391,7 +390,7 @@ def vector_epilogue_ok(ep: TileEpilogue, blk: Blocking) -> bool:
     return all(op.op in _BIN or op.op == "Scale" or op.op in ok for op in ep.all_ops())
 
 
-def _vector_op(v: VectorIsa, op: TileOp, x: str, operand: str | None, vexp: str = "", vtanh: str = "") -> str:
+def _vector_op(v: VectorIsa, op: TileOp, x: str, operand: str | None) -> str:
     name = op.op
     if isinstance(op, TileScale):
         return v.op("mul", x, v.set1(_lit(op.value)))
@@ -402,7 +401,7 @@ def _vector_op(v: VectorIsa, op: TileOp, x: str, operand: str | None, vexp: str 
             o = v.op("mul", v.set1(_lit(op.scale)), o)
         fn = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}[name]
         return v.op(fn, o, x) if op.swap else v.op(fn, x, o)
-    return vector_unary_expr(v, op, x, vexp, vtanh)
+    return vector_unary_expr(v, op, x)
 
 
 def describe_epilogue(ep: TileEpilogue) -> str:
@@ -452,10 +451,6 @@ def vector_epilogue_stmts(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, x: 
     if not blk.vx.vector or not vector_epilogue_ok(ep, blk):
         return None
     v = blk.vx
-    vexp = v.exp_fn  # csrc/smelt_vec.h
-    vtanh = ""
-    if any(op.op == "Tanh" for op in ep.all_ops()):
-        vtanh = define(em, f"f32_vtanh__{v.name}", vtanh_source(v), "vector tanhf")
     ops = list(ep.ops) + (node_epilogue_ops(em, ep.node, ep.channel) if ep.node is not None else [])
     out = []
     for op in ops:
@@ -466,7 +461,7 @@ def vector_epilogue_stmts(ep: TileEpilogue, em: BlockEmitter, blk: Blocking, x: 
                        "scalar": lambda p=ptr: v.set1(f"{p}[0]"),
                        "col": lambda p=ptr: v.masked_load(f"{p} + {col}", mask),
                        "full": lambda p=ptr: v.masked_load(f"{p} + {flat}", mask)}[op.kind]()
-        out.append(f"{x} = {_vector_op(v, op, x, operand, vexp, vtanh)};")
+        out.append(f"{x} = {_vector_op(v, op, x, operand)};")
     return out
 
 

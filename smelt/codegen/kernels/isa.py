@@ -4,8 +4,9 @@ Templates never compare ISA names: they ask the description for a C spelling (``
 ``v.masked_load(ptr, m)``), a size (``v.lanes``, ``v.registers``) or a shape (``v.gemm_kernel``).
 Adding an ISA (AVX-VNNI, NEON, ...) is one more description here plus its tests
 (tests/kernels/test_isa.py), not edits in every template. Helper C functions that are more than one
-intrinsic (horizontal sum/max) live in ``csrc/smelt_vec.h``, embedded into every generated
-translation unit like the runtime header (codegen/toolchain.py ``source_with_runtime``).
+intrinsic (horizontal sum/max; the vector exp, sigmoid and tanh: ``exp_fn``, ``sigmoid_fn``,
+``tanh_fn``) live in ``csrc/smelt_vec.h``, embedded into every generated translation unit like
+the runtime header (codegen/toolchain.py ``source_with_runtime``).
 
 Every spelling is a format string with ``{p}`` (pointer), ``{a}``/``{b}``/``{c}`` (operands),
 ``{m}`` (tail mask), ``{n}`` (lane count) placeholders; the portable description has no vector
@@ -44,11 +45,15 @@ class VectorIsa:
     any_eq_fmt: str  # C truth value: some lane of {a} equals that of {b} (ordered)
     hsum_fn: str  # C function (csrc/smelt_vec.h or an intrinsic): sum of the lanes
     hmax_fn: str  # max of the lanes (NaN in any lane gives NaN)
-    exp_fn: str  # vector expf (csrc/smelt_vec.h; needs FMA)
+    # the vector math (csrc/smelt_vec.h, one implementation per width; needs FMA): expf, the
+    # sigmoid 1/(1 + e^-x) and tanhf, each a C function of one vector
+    exp_fn: str
     broadcast_fmt: str  # the float at {p} in every lane
     cflags: tuple[str, ...]  # gcc flags enabling the ISA (when the host default does not)
     features: tuple[str, ...]  # /proc/cpuinfo flags the host must have to run it
     gemm_kernel: tuple[int, int]  # GEMM micro-kernel (MR rows, NR columns), NR a multiple of lanes
+    sigmoid_fn: str = ""
+    tanh_fn: str = ""
     fma: bool = True  # fused multiply-add available (else mul + add: two roundings)
     # tail masks are integer bit masks (lane i under bit i: shifts and ANDs build them) rather
     # than vectors of all-ones lanes
@@ -187,7 +192,8 @@ AVX512 = VectorIsa(
     masked_store_fmt="_mm512_mask_storeu_ps({p}, {m}, {a});",
     select_ge_zero_fmt="_mm512_mask_blend_ps(_mm512_cmp_ps_mask({a}, _mm512_setzero_ps(), _CMP_GE_OQ), {c}, {b})",
     any_eq_fmt="_mm512_cmp_ps_mask({a}, {b}, _CMP_EQ_OQ)",
-    hsum_fn="_mm512_reduce_add_ps", hmax_fn="smelt_hmax512", exp_fn="smelt_vexp512",
+    hsum_fn="_mm512_reduce_add_ps", hmax_fn="smelt_hmax512",
+    exp_fn="smelt_vexp512", sigmoid_fn="smelt_vsigmoid512", tanh_fn="smelt_vtanh512",
     broadcast_fmt="_mm512_set1_ps(*({p}))",
     cflags=("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"),
     features=("avx512f", "avx512bw", "avx512vl", "avx512dq"),
@@ -216,7 +222,8 @@ AVX2 = VectorIsa(
     masked_store_fmt="_mm256_maskstore_ps({p}, {m}, {a});",
     select_ge_zero_fmt="_mm256_blendv_ps({c}, {b}, _mm256_cmp_ps({a}, _mm256_setzero_ps(), _CMP_GE_OQ))",
     any_eq_fmt="_mm256_movemask_ps(_mm256_cmp_ps({a}, {b}, _CMP_EQ_OQ))",
-    hsum_fn="smelt_hsum256", hmax_fn="smelt_hmax256", exp_fn="smelt_vexp256",
+    hsum_fn="smelt_hsum256", hmax_fn="smelt_hmax256",
+    exp_fn="smelt_vexp256", sigmoid_fn="smelt_vsigmoid256", tanh_fn="smelt_vtanh256",
     broadcast_fmt="_mm256_broadcast_ss({p})",
     cflags=("-mavx2", "-mfma"), features=("avx2", "fma"), gemm_kernel=(6, 16))
 

@@ -4,7 +4,8 @@ vector takes, from which the register-tile budget follows.
 
 The headers live in ``csrc/`` (real C files, read at render time and embedded in the generated
 source with their ``VX_`` names prefixed per chunk); ``rnn_vec_common.h`` (exotic activations,
-the group barrier) is written over the API every ISA header provides. Which header an ISA uses
+the group barrier) is written over the API every ISA header provides. The native headers' exp,
+sigmoid and tanh are ``csrc/smelt_vec.h``'s (one vector-math implementation per width). Which header an ISA uses
 is a field of its description (``kernels/isa.py``: ``VectorIsa.rnn_header``); ISAs without a
 native one (sse, neon, scalar, AVX2 without FMA) use the portable 16-float struct.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from smelt.codegen.kernels.isa import PORTABLE, vector_isa
+from smelt.codegen.kernels.isa import PORTABLE, VEC_HEADER, vector_isa
 from smelt.target import Target
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -51,6 +52,11 @@ def _read(name: str) -> str:
 
 
 def vmath_source(prefix: str, target: Target) -> str:
-    """The vector-math helpers for ``target`` (its ISA's header + the common one), names prefixed."""
-    text = _read(rnn_vec(target).header) + _read("rnn_vec_common.h")
-    return text.replace("VX_", f"{prefix}_")
+    """The vector-math helpers for ``target`` (its ISA's header + the common one), names prefixed.
+    A native header calls smelt_vec.h's exp/sigmoid/tanh (the one implementation the fused
+    epilogues use too): that header comes first, under its include guard, so the chunk compiles
+    on its own as well as after the copy every translation unit embeds (toolchain.py)."""
+    isa = rnn_vec(target)
+    text = _read(isa.header) + _read("rnn_vec_common.h")
+    shared = _read(VEC_HEADER.name) if isa.native else ""
+    return shared + text.replace("VX_", f"{prefix}_")

@@ -1,13 +1,11 @@
 /* RNN vector math, AVX2 + FMA: the 16-lane logical vector (the packing unit of hidden blocks)
  * is two __m256 halves, so the packing is the AVX-512 one and the register-tile budget counts
- * two ymm registers per vector (smelt/codegen/kernels/rnn_vec.py). Same numerics as the
- * AVX-512 header: exp as Cephes' polynomial (2^n built in two exponent-field halves instead of
- * scalef), 1/x as a division (correctly rounded, as AVX-512's rcp14 + Newton is in effect), sigmoid =
- * 1/(1+exp(-x)), tanh the odd rational on x clamped to +-7.99881. min/max are min_ps/max_ps
- * (the second operand when either is NaN), so NaN behaves as on AVX-512.
+ * two ymm registers per vector (smelt/codegen/kernels/rnn_vec.py). exp/sigmoid/tanh are
+ * smelt_vec.h's smelt_v*256, the same bits as the AVX-512 header's smelt_v*512. min/max are
+ * min_ps/max_ps (the second operand when either is NaN), so NaN behaves as on AVX-512.
  * Masks (VX_m) stay 16-bit integers, bit l = lane l, as in the other headers.
  * Names start with VX_, replaced by the including chunk's unique prefix
- * (smelt/codegen/kernels/rnn_vec.py). Needs the headers smelt_rt.h includes. */
+ * (smelt/codegen/kernels/rnn_vec.py). Needs the headers smelt_rt.h includes and smelt_vec.h. */
 #if !defined(__AVX2__) || !defined(__FMA__)
 #error "rnn_vec_avx2.h needs AVX2 and FMA (-mavx2 -mfma)"
 #endif
@@ -58,56 +56,8 @@ static inline VX_m VX_gt(VX_v a, VX_v b) {
     return (VX_m)_mm256_movemask_ps(_mm256_cmp_ps(a.lo, b.lo, _CMP_GT_OQ))
          | (VX_m)_mm256_movemask_ps(_mm256_cmp_ps(a.hi, b.hi, _CMP_GT_OQ)) << 8;
 }
-/* exp(x) of 8 lanes: Cephes expf polynomial on x - n*ln2, |x - n*ln2| <= ln2/2; 2^n as two
- * exponent-field factors 2^(n>>1) * 2^(n-(n>>1)), since n reaches 128 (x = 88.72283) and
- * -126, beyond one normal power of two. NaN propagates through p. */
-static inline __m256 VX_exp8(__m256 x) {
-    x = _mm256_max_ps(_mm256_set1_ps(-87.33654f), _mm256_min_ps(_mm256_set1_ps(88.72283f), x)); /* x second: NaN kept */
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i ni = _mm256_cvtps_epi32(n);
-    __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
-    const __m256i bias = _mm256_set1_epi32(127);
-    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
-    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
-    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-}
-/* 1/d of 8 lanes, correctly rounded: rcp (12 bits) plus one Newton step was 2 ulp off near 1,
- * where 1 - sigmoid(x) (a GRU's 1 - z) turns 2 ulp of 1 into a 15% error of a 1e-6 hidden state
- * (onnx's test_gru_bidirectional); AVX-512's rcp14 + Newton is exact there. vdivps costs one
- * instruction per gate vector, beside the step's GEMM. */
-static inline __m256 VX_recip8(__m256 d) {
-    return _mm256_div_ps(_mm256_set1_ps(1.0f), d);
-}
-static inline __m256 VX_sigmoid8(__m256 x) {
-    return VX_recip8(_mm256_add_ps(_mm256_set1_ps(1.0f), VX_exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
-}
-/* tanh: the AVX-512 header's odd rational x*P(x^2)/Q(x^2) (Eigen's float coefficients) */
-static inline __m256 VX_tanh8(__m256 x) {
-    x = _mm256_max_ps(_mm256_set1_ps(-7.99881172180175781f), _mm256_min_ps(_mm256_set1_ps(7.99881172180175781f), x));
-    __m256 z = _mm256_mul_ps(x, x);
-    __m256 p = _mm256_set1_ps(-2.76076847742355e-16f);
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.00018790482477e-13f));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-8.60467152213735e-11f));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(5.12229709037114e-08f));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.48572235717979e-05f));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(6.37261928875436e-04f));
-    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(4.89352455891786e-03f));
-    __m256 q = _mm256_set1_ps(1.19825839466702e-06f);
-    q = _mm256_fmadd_ps(q, z, _mm256_set1_ps(1.18534705686654e-04f));
-    q = _mm256_fmadd_ps(q, z, _mm256_set1_ps(2.26843463243900e-03f));
-    q = _mm256_fmadd_ps(q, z, _mm256_set1_ps(4.89352518554385e-03f));
-    return _mm256_mul_ps(_mm256_mul_ps(p, x), VX_recip8(q));
-}
-static inline VX_v VX_exp(VX_v x) { return VX_mk(VX_exp8(x.lo), VX_exp8(x.hi)); }
-static inline VX_v VX_sigmoid(VX_v x) { return VX_mk(VX_sigmoid8(x.lo), VX_sigmoid8(x.hi)); }
-static inline VX_v VX_tanh(VX_v x) { return VX_mk(VX_tanh8(x.lo), VX_tanh8(x.hi)); }
+/* the math of one 8-lane half: smelt_vec.h's (the one implementation the fused epilogues use
+ * too; its comments say the numerics) */
+static inline VX_v VX_exp(VX_v x) { return VX_mk(smelt_vexp256(x.lo), smelt_vexp256(x.hi)); }
+static inline VX_v VX_sigmoid(VX_v x) { return VX_mk(smelt_vsigmoid256(x.lo), smelt_vsigmoid256(x.hi)); }
+static inline VX_v VX_tanh(VX_v x) { return VX_mk(smelt_vtanh256(x.lo), smelt_vtanh256(x.hi)); }
