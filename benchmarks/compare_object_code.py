@@ -50,8 +50,9 @@ for model in sys.argv[3:]:
         c = out / f"{model}-{isa}.c"
         c.write_text(src)
         o = c.with_suffix(".o")
+        # every flag the real build uses (-O3 included) but the host ISA, set explicitly per target
         base = [f for f in toolchain.compile_flags(t) if not f.startswith("-march") and not f.startswith("-mtune")]
-        subprocess.run(["gcc", *base[:-2], "-march=x86-64-v3", *flags, "-c", "-o", str(o), str(c)], check=True)
+        subprocess.run(["gcc", *base, "-march=x86-64-v3", *flags, "-c", "-o", str(o), str(c)], check=True)
         dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(o)], capture_output=True, text=True,
                              check=True).stdout
         c.with_suffix(".dis").write_text(dis)
