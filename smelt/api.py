@@ -41,6 +41,7 @@ import onnx
 from smelt import settings
 from smelt.codegen.toolchain import sanitize_enabled, source_path_for
 from smelt.compiler import BuildResult, build
+from smelt.frontend.control_flow import Decisions, branch_guards, specialize
 from smelt.frontend.onnx_import import ModelLike, load_model, model_input_specs, model_output_specs
 from smelt.ir.ops import ops_where
 from smelt.ir.types import onnx_type_string
@@ -50,6 +51,7 @@ from smelt.runtime.module import LoadedArtifact, ProfileCounters, reinit_after_f
 from smelt.target import detect
 
 DYNAMIC_KEY = ("__dynamic__",)  # the one variant of a dynamic model
+BRANCH_KEY = "\0branches"  # in a variant key: the branch each guarded If takes (never an input name)
 RNN_OPS = ops_where(lambda t: t.recurrent)
 # shape glue around recurrent nodes in exported models; run by the (shape-generic) fallback in
 # dynamic mode
@@ -136,6 +138,10 @@ class CompiledModel:
         self._lock = threading.Lock()
         self._last: tuple | None = None
         self.compilations = 0  # variants built (or loaded from the disk cache) by this object
+        # Ifs decided by small inputs (smelt.frontend.control_flow): compiled per branch taken,
+        # so nothing is built before a call brings their values
+        self._guards = branch_guards(self.proto)
+        self._decide = Decisions(self._guards)
         reinit_after_fork(self)
         symbols = {d for _, _, shp in self._inputs if shp for d in shp if isinstance(d, str)}
         if dynamic is None:
@@ -164,7 +170,7 @@ class CompiledModel:
         for name, _, shape in self._inputs:
             if name not in shapes and shape is not None and all(isinstance(d, int) for d in shape):
                 shapes[name] = shape
-        if len(shapes) == len([i for i in self._inputs if i[1] is not None]):
+        if len(shapes) == len([i for i in self._inputs if i[1] is not None]) and not self._guards:
             self._variant(self._key(shapes)).release()
 
     # -- inputs ----------------------------------------------------------------------
@@ -291,7 +297,9 @@ class CompiledModel:
             if not owner:
                 pending.wait()
                 continue  # built: look again (it may have been evicted meanwhile)
-            art = self._build_variant(key, pending, self.proto, dict(key), self.options)
+            shapes = {k: v for k, v in key if k != BRANCH_KEY}
+            proto = specialize(self.proto, self._guards, dict(key)[BRANCH_KEY]) if self._guards else self.proto
+            art = self._build_variant(key, pending, proto, shapes, self.options)
             if art is not None:
                 return art
 
@@ -349,7 +357,10 @@ class CompiledModel:
         if self.dynamic:
             art = self._dynamic_variant(arrays)
         else:
-            art = self._variant(self._key({k: a.shape for k, a in arrays.items() if isinstance(a, np.ndarray)}))
+            key = self._key({k: a.shape for k, a in arrays.items() if isinstance(a, np.ndarray)})
+            if self._guards:  # the branch each guarded If takes for these values is part of the variant
+                key += ((BRANCH_KEY, self._decide(arrays)),)
+            art = self._variant(key)
         try:
             return art.run_acquired(arrays)
         finally:

@@ -266,7 +266,8 @@ def specialize_inputs(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]
     return out
 
 
-def _attr_value(attr: onnx.AttributeProto):
+def attribute_value(attr: onnx.AttributeProto):
+    """A decoded attribute value as the IR keeps it (subgraphs stay ONNX protos)."""
     if attr.type == onnx.AttributeProto.TENSOR:
         return numpy_helper.to_array(attr.t)
     if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
@@ -303,7 +304,7 @@ def to_ir(proto: onnx.ModelProto) -> Graph:
             name=name,
             inputs=list(n.input),
             outputs=list(n.output),
-            attrs={a.name: _attr_value(a) for a in n.attribute},
+            attrs={a.name: attribute_value(a) for a in n.attribute},
             domain=n.domain or "",
             attr_protos=list(n.attribute),
         )

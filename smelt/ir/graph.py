@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from smelt.ir.epilogue import EpilogueStep
+from smelt.ir.subgraphs import outer_names, with_outer_renamed
 
 Dim = int | str  # a concrete size or a symbolic dimension name
 Shape = tuple[Dim, ...]
@@ -109,8 +110,6 @@ class Node:
         """Data inputs, values read by fused epilogues, and outer values read by subgraphs."""
         extra = [e.input for e in self.epilogue if e.input]
         if self.attr_protos:
-            from smelt.ir.subgraphs import outer_names
-
             for attr in self.attr_protos:
                 if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
                     extra.extend(sorted(outer_names(attr) - set(extra)))
@@ -185,6 +184,11 @@ class Graph:
         for n in self.nodes:
             n.inputs = [new if i == old else i for i in n.inputs]
             n.epilogue = [e.with_input(new) if e.input == old else e for e in n.epilogue]
+            if n.attr_protos and any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                     for a in n.attr_protos):
+                n.attr_protos = with_outer_renamed(n.attr_protos, {old: new})
+                n.attrs.update({a.name: a for a in n.attr_protos
+                                if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)})
         self.outputs = [new if o == old else o for o in self.outputs]
 
     def prune_values(self) -> None:

@@ -19,6 +19,7 @@ from smelt.passes.dead_nodes import eliminate_dead_nodes
 from smelt.passes.eliminate_identity import eliminate_identity
 from smelt.passes.fold_batchnorm import fold_batchnorm
 from smelt.passes.fuse_epilogue import fuse_epilogues
+from smelt.passes.inline_if import inline_constant_ifs
 from smelt.passes.shape_inference import infer_shapes
 
 Pass = Callable[[Graph], Graph]
@@ -29,16 +30,23 @@ MAX_FOLD_ROUNDS = 16
 
 
 def fold_to_fixpoint(g: Graph) -> Graph:
-    """Constant folding and shape inference in turn until a round folds nothing: a Shape can
-    only fold once inference has sized its input, which needed the previous round's folds
-    (exported attention blocks compute every Reshape target from Shape ops). Validation
-    follows each inference, before the next fold evaluates a node."""
+    """Constant folding, If inlining and shape inference in turn until a round changes nothing:
+    a Shape can only fold once inference has sized its input, which needed the previous round's
+    folds (exported attention blocks compute every Reshape target from Shape ops), and an If's
+    condition is often such a Shape test whose taken branch then needs inference in turn.
+    Validation follows each inference, before the next fold evaluates a node."""
     for _ in range(MAX_FOLD_ROUNDS):
-        before = len(g.nodes)
-        g = check_graph(infer_shapes(fold_constants(g)))
-        if len(g.nodes) == before:
+        before = _fold_signature(g)
+        g = check_graph(infer_shapes(eliminate_identity(inline_constant_ifs(fold_constants(g)))))
+        if _fold_signature(g) == before:
             break
     return g
+
+
+def _fold_signature(g: Graph) -> tuple[int, int]:
+    """What a fold round changes: the node count, and the If count (inlining a one-node branch
+    keeps the count)."""
+    return len(g.nodes), sum(n.op == "If" for n in g.nodes)
 
 
 # (name, pass, enabled at opt_level >= n)
