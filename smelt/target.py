@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import os
 import platform
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -124,6 +125,39 @@ _CAPS: dict[str, _Cap] = {
     PORTABLE_ISA: _Cap((), ("sse4_2",), 128, 16, ("-mno-avx",)),
 }
 ISA_CHOICES: tuple[str, ...] = (*_CAPS, NATIVE_ISA)
+
+
+# What holds a peer to a cap (``smelt bench --isa``): oneDNN (PyTorch's convolutions, OpenVINO's
+# CPU plugin) reads ONEDNN_MAX_CPU_ISA (older builds DNNL_MAX_CPU_ISA), PyTorch's ATen kernels
+# ATEN_CPU_CAPABILITY, MKL MKL_ENABLE_INSTRUCTIONS. Each is read once, when the library first
+# dispatches, so they must be in the environment before the peer is imported.
+_PEER_ENV: dict[str, dict[str, str]] = {
+    "avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "ATEN_CPU_CAPABILITY": "avx512",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    PORTABLE_ISA: {"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default",
+                   "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+}
+
+
+def peer_isa_environment(isa: str) -> dict[str, str]:
+    """The environment variables that hold oneDNN, PyTorch and MKL to the cap ``isa``."""
+    check_isa_choice(isa)
+    env = dict(_PEER_ENV.get(isa, {}))
+    if "ONEDNN_MAX_CPU_ISA" in env:
+        env["DNNL_MAX_CPU_ISA"] = env["ONEDNN_MAX_CPU_ISA"]
+    return env
+
+
+def isa_named_in(names: str | Iterable[str]) -> str | None:
+    """The widest of smelt's ISA names that a peer's own kernel or capability names mention
+    ("brgconv_avx512_f32", "jit:avx2", PyTorch's "AVX2" / "DEFAULT"): what the peer ran. None when
+    they name none (generic "jit_uni" or "ref" kernels say nothing)."""
+    text = (names if isinstance(names, str) else " ".join(names)).lower()
+    for name in _CAPS:
+        if name != PORTABLE_ISA and name in text:
+            return name
+    return PORTABLE_ISA if "default" in text.split() else None
 
 
 def check_isa_choice(name: str | None, what: str = "isa") -> None:

@@ -25,8 +25,9 @@ from smelt.frontend import zoo
 
 jsonschema = pytest.importorskip("jsonschema")
 
-FAKE_MACHINE = {"cpu": "test", "isa": "avx512", "cores": 2, "python": "3", "peak_gflops": 100.0,
-                "peak": None}
+FAKE_MACHINE = {"cpu": "test", "isa": "avx512", "smelt_isa": "avx512", "cores": 2, "python": "3",
+                "caches": {"l1d_kib": 32, "l2_kib": 1024, "l3_kib": 32768}, "peak_gflops": 100.0,
+                "peaks": {"avx512": 100.0}, "peak": None}
 FAKE_PEAK = {"isa": "avx512", "vector_bits": 512, "cores": 2, "kernel": "avx512-fma", "accumulators": 24,
              "flops_per_iter": 768, "fma_gflops_1t": 220.0, "fma_gflops_all": 440.0, "fma_gflops_1t_max": 225.0,
              "fma_gflops_all_max": 450.0, "sgemm_gflops": 300.0, "sgemm_gflops_max": 310.0, "sgemm_n": 2048,
@@ -288,7 +289,7 @@ def test_cli_profile_writes_table_html_and_json(tiny, tmp_path, monkeypatch, cap
     from smelt.bench import peak
 
     monkeypatch.setattr(peak, "peak_or_reason",
-                        lambda measure=None, progress=True: (peak.PeakResult.from_dict(FAKE_PEAK), "test peak"))
+                        lambda measure=None, progress=True, **kw: (peak.PeakResult.from_dict(FAKE_PEAK), "test peak"))
     out_json, out_html = tmp_path / "p.json", tmp_path / "p.html"
     assert cli.main(["profile", tiny, "--batch", "2", "--rounds", "3", "--threads", "1",
                      "--json", str(out_json), "--html", str(out_html)]) == 0
