@@ -146,12 +146,11 @@ def apply_isa_cap(isa: str | None) -> dict[str, str]:
     earlier keeps its ISA, and its report says which ran). Returns the variables set. An ISA the
     host cannot run is a ValueError naming both, before anything is compiled."""
     from smelt import settings
-    from smelt.target import NATIVE_ISA, detect, peer_isa_environment
+    from smelt.target import detect, peer_isa_environment
 
     isa = isa if isa is not None else settings.isa()  # SMELT_ISA caps the peers too
-    host = detect()
-    target = host.narrowed(isa)  # the error for an ISA this host cannot run
-    if isa in (None, NATIVE_ISA) or target.isa == host.isa:
+    target = detect().narrowed(isa)  # the error for an ISA this host cannot run
+    if not target.native_isa:  # no cap ("native", or the host's own ISA)
         return {}
     env = {"SMELT_ISA": target.isa, **peer_isa_environment(target.isa)}
     os.environ.update(env)
