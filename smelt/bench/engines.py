@@ -181,10 +181,15 @@ def _openvino(model: BenchModel, threads: int) -> Runner:
     capped = os.environ.get("ONEDNN_MAX_CPU_ISA")
     details = {k: str(compiled.get_property(k)) for k in ("INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT",
                                                            "PERFORMANCE_HINT")}
-    details.update(isa=isa_named_in(kernels) or detect().isa, kernels=kernels,
-                   isa_note=(f"oneDNN kernels capped by ONEDNN_MAX_CPU_ISA={capped}; OpenVINO's own JIT kernels "
-                             "are not (OV_CPU_MAX_ISA is debug builds only)" if capped
-                             else "native ISA (from its kernels' names)"))
+    named = isa_named_in(kernels)
+    if named is None:  # "ref_any_f32", "unknown_f32": OpenVINO's own kernels, which no variable caps
+        note = "its kernels name no ISA; OpenVINO's own kernels run the host's"
+    elif capped:
+        note = (f"oneDNN kernels capped by ONEDNN_MAX_CPU_ISA={capped}; OpenVINO's own JIT kernels are not "
+                "(OV_CPU_MAX_ISA is debug builds only)")
+    else:
+        note = "native ISA (from its kernels' names)"
+    details.update(isa=named or detect().isa, kernels=kernels, isa_note=note)
     # ov.__version__ carries the build tag ("2026.4.1-22982-e213a14-releases/..."): keep the release.
     return Runner("openvino", ov.__version__.split("-")[0], run, details=details)
 

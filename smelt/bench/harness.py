@@ -162,7 +162,7 @@ def machine_info(threads: int, measure_peak: bool | None = None, progress: bool 
     """CPU (model, family/model numbers), ISAs, caches, cores and the measured fp32 peaks for
     ``threads`` threads: ``peaks`` by ISA, for the host's ISA and smelt's (``isa``, its cap), so
     each engine's share of peak is against the ISA it ran; ``peak_gflops`` is smelt's."""
-    from smelt.bench.peak import peak_or_reason
+    from smelt.bench.peak import busy_note, peak_or_reason
     from smelt.target import detect
 
     t = detect()
@@ -177,6 +177,8 @@ def machine_info(threads: int, measure_peak: bool | None = None, progress: bool 
             print(f"note: {note}; GFLOPS shares at {which} omitted", file=sys.stderr)
             continue
         info["peaks"][which] = round(peak.peak_gflops(threads), 1)
+        if busy_note(peak):
+            info.setdefault("peak_notes", {})[which] = busy_note(peak)
         if which == mine.isa:
             info["peak_gflops"] = info["peaks"][which]
             info["peak"] = peak.to_dict()

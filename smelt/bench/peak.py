@@ -19,6 +19,7 @@ from __future__ import annotations
 import ctypes
 import datetime as _dt
 import json
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -293,6 +294,9 @@ class PeakResult:
     target_key: str
     compiler: str
     samples: dict[str, list[float]] = field(default_factory=dict)  # GFLOPS of every run
+    # the 1-minute load average when measured: above the core count, other work shared the cores
+    # and even the best run may be understated (a model can then show more than 100% of it)
+    loadavg: float | None = None
 
     @property
     def fma_gflops_per_core(self) -> float:
@@ -477,7 +481,23 @@ def measure_peak(*, duration_s: float = 0.08, runs: int = 7, sgemm_n: int | None
         target_key=target.key(),
         compiler=find_compiler().identity,
         samples={"fma_1t": one, "fma_all": alls, "sgemm": sg},
+        loadavg=_loadavg(),
     )
+
+
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_note(result: PeakResult) -> str:
+    """A warning when the machine was busy while the peak was measured, else ""."""
+    if result.loadavg is not None and result.loadavg > result.cores:
+        return (f"measured at load average {result.loadavg:.1f} on {result.cores} cores: other work shared them, "
+                f"the peak may be understated; measure again on a quiet machine (`smelt info --peak`)")
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -581,4 +601,5 @@ def format_peak(result: PeakResult) -> str:
         f"= {share:.0%} of the {n}-thread FMA peak",
         f"  {'FMA loop:':<12}{result.kernel}, {result.accumulators} register accumulators, "
         f"{result.flops_per_iter} FLOPs per iteration per thread",
+        *([f"  warning:    {busy_note(result)}"] if busy_note(result) else []),
     ])

@@ -168,6 +168,11 @@ def format_machine(report: dict) -> str:
         lines.append(f"fp32 FMA peak{f' at {_threads(n)}' if n else ''}: "
                      + ", ".join(f"{isa} {g:.1f} GFLOPS" for isa, g in peaks.items())
                      + "; % peak = executed FLOPs (smelt's Winograd counted as it runs) / the peak of the engine's ISA")
+    lines += [f"note: {isa} peak {note}" for isa, note in (m.get("peak_notes") or {}).items()]
+    over = sorted({n for mod in report["models"] for n, e in mod["engines"].items() if (e.get("peak_share") or 0) > 1})
+    if over:
+        lines.append(f"note: {', '.join(over)} above 100% of peak: the stored peak is understated (measured while "
+                     "the machine was busy?); measure it again with `smelt info --peak [--isa ISA]`")
     return "\n".join(lines)
 
 

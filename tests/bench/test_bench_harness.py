@@ -415,3 +415,16 @@ def test_cli_info_names_family_model_and_measures_the_isa_asked(monkeypatch, cap
     assert cli.main(["info", "--peak", "--isa", low]) == 0
     out = capsys.readouterr().out
     assert asked == [low] and f"cpu:        {detect().cpu}" in out and "can cap it to" in out
+
+
+def test_format_machine_flags_a_share_above_the_peak():
+    entry = {"model": "m", "engines": {"smelt": {"status": "ok", "peak_share": 1.13, "details": {"isa": "avx2"}},
+                                       "onnxruntime": {"status": "ok", "peak_share": 0.5,
+                                                       "details": {"isa": "avx512", "isa_note": "native"}}}}
+    rep = {"machine": {**FAKE_MACHINE, "peak_notes": {"avx512": "measured at load average 9"}},
+           "settings": {"threads": 2, "isa": "avx2"}, "models": [entry]}
+    text = report.format_machine(rep)
+    assert "capped to avx2" in text and "smelt avx2" in text and "onnxruntime avx512 (native)" in text
+    assert "smelt above 100% of peak" in text and "onnxruntime above" not in text
+    assert "avx512 peak measured at load average 9" in text
+    assert "fp32 FMA peak at 2 threads: avx512 100.0 GFLOPS" in text

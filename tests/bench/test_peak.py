@@ -270,3 +270,10 @@ def test_peak_is_stored_per_isa(tmp_path, monkeypatch):
     assert len(seen) == 2
     with pytest.raises(ValueError, match="cannot run"):
         load_or_measure_peak(measure=False, isa="avx512", target=host.narrowed(low))
+
+
+def test_a_peak_measured_on_a_busy_machine_says_so():
+    assert "warning" not in format_peak(_fake(loadavg=1.0))
+    assert "warning" not in format_peak(_fake(loadavg=None))  # older cache files have none
+    text = format_peak(_fake(loadavg=7.5))  # 4 cores
+    assert "load average 7.5 on 4 cores" in text and "understated" in text
