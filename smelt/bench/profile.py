@@ -422,10 +422,13 @@ def run_profile(model: Any, feeds: Mapping[str, np.ndarray] | None = None, *, th
             steps, e2e_plain, e2e_prof = _measure(plain, prof, feeds, rounds, warmup, block, settle)
         peak_gflops, peak_note = None, "not requested"
         if peak:
-            from smelt.bench.peak import peak_or_reason
+            from smelt.bench.peak import busy_note, peak_or_reason
 
             result, peak_note = peak_or_reason(progress=progress, isa=prof.target.isa)
             peak_gflops = result.peak_gflops(prof.threads) if result else None
+            # the peak of the ISA the build runs, and whether it was measured on a busy machine
+            peak_note = "; ".join(x for x in (f"{prof.target.isa} peak, {peak_note}",
+                                              busy_note(result) if result else "") if x)
         compile_s = plain.compile_seconds if not plain.from_cache else plain.plan.compile_seconds
         prof_compile_s = prof.compile_seconds if not prof.from_cache else prof.plan.compile_seconds
         return _report(model_name, prof, steps, e2e_plain, e2e_prof, rounds, peak_gflops, peak_note,
