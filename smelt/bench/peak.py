@@ -433,13 +433,20 @@ def _sgemm(n: int, runs: int) -> tuple[list[float], int | None]:
 
 
 def measure_peak(*, duration_s: float = 0.08, runs: int = 7, sgemm_n: int | None = None,
-                 progress: bool = True, target: Target | None = None) -> PeakResult:
+                 progress: bool = True, target: Target | None = None,
+                 busy_budget_s: float = 20.0) -> PeakResult:
     """Measure now (no cache): FMA peak at 1 thread and at one thread per core, then sgemm.
 
     ``duration_s`` is one run's length per thread count; the 1-thread and all-threads runs are
     interleaved so a burst of load from elsewhere on a shared machine hits both alike. The
     all-threads rate is every thread's FLOPs over the wall time from the first thread's start to
     the last one's end, so a descheduled thread counts against it.
+
+    The peak is the best run (``PeakResult.peak_gflops``). On a busy machine (load average above
+    the core count) ``runs`` rounds rarely include a quiet one, so rounds go on, up to
+    ``busy_budget_s`` seconds, until the best has not improved by 1% for 10 rounds. (Zen 4 at
+    load 6 on 2 cores: 7 rounds gave 40 GFLOPS a thread, the best of a few hundred 117.5, the
+    figure a quiet machine gives.)
     """
     from smelt.codegen.toolchain import find_compiler
 
@@ -452,12 +459,27 @@ def measure_peak(*, duration_s: float = 0.08, runs: int = 7, sgemm_n: int | None
         iters = _calibrate(lib, cpus[0], duration_s)
     flops = float(kernel.flops_per_iter) * iters
     one, alls = [], []
-    for _ in track(range(runs), desc="smelt: FMA peak (1 thread, all threads)", total=runs,
-                   enabled=progress):
+
+    def round_() -> None:
         wall, _ = _run(lib, iters, cpus[:1])
         one.append(flops / wall / 1e9)
         wall, _ = _run(lib, iters, cpus)
         alls.append(flops * len(cpus) / wall / 1e9)
+
+    for _ in track(range(runs), desc="smelt: FMA peak (1 thread, all threads)", total=runs,
+                   enabled=progress):
+        round_()
+    load = _loadavg()
+    if load is not None and load > len(cpus) and busy_budget_s > 0:
+        with stage(f"smelt: load average {load:.1f} on {len(cpus)} cores: sampling until the best run "
+                   f"settles (at most {busy_budget_s:.0f} s)", enabled=progress):
+            deadline = time.monotonic() + busy_budget_s
+            best, since = (max(one), max(alls)), 0
+            while since < 10 and time.monotonic() < deadline:
+                round_()
+                now = (max(one), max(alls))
+                improved = now[0] > 1.01 * best[0] or now[1] > 1.01 * best[1]
+                best, since = (now, 0) if improved else (best, since + 1)
     # 2048 saturates BLAS on a desktop or small server; wide machines need a bigger product
     n = sgemm_n or (2048 if len(cpus) <= 16 else 4096)
     with stage(f"smelt: sgemm {n}x{n} through numpy", enabled=progress):

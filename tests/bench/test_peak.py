@@ -78,7 +78,7 @@ def measured(tmp_path_factory) -> PeakResult:
     mp = pytest.MonkeyPatch()
     mp.setenv("SMELT_CACHE_DIR", str(tmp_path_factory.mktemp("smelt-peak-cache")))
     try:
-        return peak.measure_peak(duration_s=0.02, runs=3, sgemm_n=256, progress=False)
+        return peak.measure_peak(duration_s=0.02, runs=3, sgemm_n=256, progress=False, busy_budget_s=0)
     finally:
         mp.undo()
 
@@ -277,3 +277,17 @@ def test_a_peak_measured_on_a_busy_machine_says_so():
     assert "warning" not in format_peak(_fake(loadavg=None))  # older cache files have none
     text = format_peak(_fake(loadavg=7.5))  # 4 cores
     assert "load average 7.5 on 4 cores" in text and "understated" in text
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
+def test_a_busy_machine_samples_until_the_best_run_settles(tmp_path, monkeypatch):
+    """Above the core count's load, rounds go on past ``runs`` (a quiet one sets the peak), at
+    least 10 without a 1% improvement, within the budget; the load is recorded and reported."""
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(peak, "_loadavg", lambda: 99.0)
+    r = peak.measure_peak(duration_s=0.002, runs=2, sgemm_n=64, progress=False, busy_budget_s=5.0)
+    assert 2 + 10 <= len(r.samples["fma_1t"]) == len(r.samples["fma_all"])
+    assert len(r.samples["sgemm"]) == 2
+    assert r.loadavg == 99.0 and "understated" in peak.busy_note(r)
+    quiet = dataclasses.replace(r, loadavg=0.5)
+    assert peak.busy_note(quiet) == ""
