@@ -169,6 +169,7 @@ def test_peak_gflops_per_thread_count():
         r.peak_gflops(0)
     # badly throttled or shared: 2 threads' peak is never quoted below 1 thread's
     assert _fake(fma_gflops_all_max=120.0).peak_gflops(2) == 101.0
+    assert _fake(fma_gflops_all_max=90.0).peak_gflops(4) == 101.0
 
 
 def test_dict_round_trip():
@@ -282,11 +283,11 @@ def test_a_peak_measured_on_a_busy_machine_says_so():
 @pytest.mark.skipif(not HAVE_CC, reason="needs a C compiler")
 def test_a_busy_machine_samples_until_the_best_run_settles(tmp_path, monkeypatch):
     """Above the core count's load, rounds go on past ``runs`` (a quiet one sets the peak), at
-    least 10 without a 1% improvement, within the budget; the load is recorded and reported."""
+    least 20 without a 1% improvement, within the budget; the load is recorded and reported."""
     monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(peak, "_loadavg", lambda: 99.0)
     r = peak.measure_peak(duration_s=0.002, runs=2, sgemm_n=64, progress=False, busy_budget_s=5.0)
-    assert 2 + 10 <= len(r.samples["fma_1t"]) == len(r.samples["fma_all"])
+    assert 2 + 20 <= len(r.samples["fma_1t"]) == len(r.samples["fma_all"])
     assert len(r.samples["sgemm"]) == 2
     assert r.loadavg == 99.0 and "understated" in peak.busy_note(r)
     quiet = dataclasses.replace(r, loadavg=0.5)
