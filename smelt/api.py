@@ -48,7 +48,7 @@ from smelt.ir.types import onnx_type_string
 from smelt.options import CompileOptions
 from smelt.runtime.artifact import ArtifactPlan
 from smelt.runtime.module import LoadedArtifact, ProfileCounters, reinit_after_fork
-from smelt.target import detect
+from smelt.target import NATIVE_ISA, detect
 
 DYNAMIC_KEY = ("__dynamic__",)  # the one variant of a dynamic model
 BRANCH_KEY = "\0branches"  # in a variant key: the branch each guarded If takes (never an input name)
@@ -107,7 +107,8 @@ class CompiledModel:
     Attributes: ``fallback_nodes`` (nodes run by the onnx.reference fallback, [] when all are
     native), ``arena_bytes`` (intermediate memory), ``source_path`` (the generated C),
     ``compile_seconds`` and ``from_cache`` (of the most recent build), ``plan`` (the compiled
-    plan: steps, their nodes and schedules, a ``smelt.runtime.artifact.ArtifactPlan``).
+    plan: steps, their nodes and schedules, a ``smelt.runtime.artifact.ArtifactPlan``), ``target``
+    (the CPU description it compiles for: the host's, held to ``isa`` when one is given).
 
     ``profile=True`` builds the instrumented variant (a separate cached library) that times every
     step inside the native code: read with ``profile_counters()``, zero with ``profile_reset()``
@@ -120,14 +121,16 @@ class CompiledModel:
                  force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False,
                  layout: str = "propagate", use_tuning_db: bool = True, dynamic: bool | None = None,
                  max_dims: Mapping[str, int] | None = None, winograd: bool | str = True,
-                 schedule: Mapping[str, object] | None = None) -> None:
+                 schedule: Mapping[str, object] | None = None, isa: str | None = None) -> None:
         self.progress = progress  # a progress bar on stderr while a variant compiles
         self.proto: onnx.ModelProto = load_model(model)
         self.threads = _resolve_threads(threads)
         self.options = _options(self.threads, opt_level=opt_level, allow_fallback=allow_fallback,
                                 force_fallback=frozenset(force_fallback), sanitize=sanitize_enabled(),
                                 profile=profile, layout=layout, use_tuning_db=use_tuning_db, winograd=winograd,
-                                **dict(schedule or {}))
+                                isa=_resolve_isa(isa), **dict(schedule or {}))
+        # fail here, before any build, when the host cannot run the cap
+        self.target = detect().narrowed(self.options.isa)
         self._inputs = model_input_specs(self.proto)
         self._outputs = model_output_specs(self.proto)
         # guarded by _lock (never held during a build): the variants (LRU order), their build
@@ -465,7 +468,7 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
             force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False,
             layout: str = "propagate", use_tuning_db: bool = True, dynamic: bool | None = None,
             max_dims: Mapping[str, int] | None = None, winograd: bool | str = True,
-            schedule: Mapping[str, object] | None = None) -> CompiledModel:
+            schedule: Mapping[str, object] | None = None, isa: str | None = None) -> CompiledModel:
     """Compile an ONNX model (path, bytes or ModelProto) for this CPU.
 
     ``threads``: worker threads including the caller (default: physical cores).
@@ -487,11 +490,21 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     (``winograd_order``, ``inplace``, ``concat_views``, ``gemm_for_half_width``,
     ``gemm_read_b_in_place``); each is part of
     the cache key.
+    ``isa``: the widest vector ISA the compiled code may use, like oneDNN's ONEDNN_MAX_CPU_ISA:
+    avx512, avx2, scalar (portable C built without AVX) or native (default: $SMELT_ISA,
+    else the host's own). An ISA this host cannot run is a ValueError; part of the cache key.
     """
     return CompiledModel(model, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
                          input_shapes=input_shapes, force_fallback=force_fallback, profile=profile,
                          progress=progress, layout=layout, use_tuning_db=use_tuning_db, dynamic=dynamic,
-                         max_dims=max_dims, winograd=winograd, schedule=schedule)
+                         max_dims=max_dims, winograd=winograd, schedule=schedule, isa=isa)
+
+
+def _resolve_isa(isa: str | None) -> str | None:
+    """The argument wins over $SMELT_ISA; "native" (either way) is no cap, stored as None so a
+    native build shares its cache entry with one made without naming an ISA."""
+    chosen = isa if isa is not None else settings.isa()
+    return None if chosen in (None, NATIVE_ISA, detect().isa) else chosen
 
 
 def _options(threads: int, **fields: object) -> CompileOptions:
@@ -513,14 +526,39 @@ class SessionOptions:
         self.log_severity_level = 2
 
 
+PROVIDER = "SmeltExecutionProvider"
+
+
+def _provider_options(providers: Sequence[Any] | None, provider_options: Sequence[Mapping] | None) -> dict:
+    """smelt's entry of onnxruntime-style provider options: ``providers=[(name, {...})]`` or the
+    parallel ``provider_options=[{...}]`` list; other providers' entries are ignored."""
+    found: dict = {}
+    for i, p in enumerate(providers or ()):
+        name, opts = (p[0], p[1]) if isinstance(p, tuple) else (p, None)
+        if provider_options is not None and i < len(provider_options):
+            opts = {**(opts or {}), **provider_options[i]}
+        if name == PROVIDER and opts:
+            found.update(opts)
+    unknown = sorted(set(found) - {"isa"})
+    if unknown:
+        raise ValueError(f"unknown {PROVIDER} option {unknown[0]!r} (known: isa)")
+    return found
+
+
 class InferenceSession:
-    """Drop-in for ``onnxruntime.InferenceSession``: ``run``, ``get_inputs``, ``get_outputs``."""
+    """Drop-in for ``onnxruntime.InferenceSession``: ``run``, ``get_inputs``, ``get_outputs``.
+
+    The ISA cap is a provider option, where onnxruntime users set an execution provider's own
+    knobs: ``providers=[("SmeltExecutionProvider", {"isa": <cap>})]`` (or ``provider_options``);
+    without it, $SMELT_ISA, else the host's ISA."""
 
     def __init__(self, model: ModelLike, sess_options: SessionOptions | Any | None = None,
-                 providers: Sequence[Any] | None = None, **kwargs: Any) -> None:
+                 providers: Sequence[Any] | None = None, provider_options: Sequence[Mapping] | None = None,
+                 **kwargs: Any) -> None:
         threads = getattr(sess_options, "intra_op_num_threads", 0) if sess_options is not None else 0
-        self._model = CompiledModel(model, threads=threads or None)
-        self._providers = ["SmeltExecutionProvider"]
+        opts = _provider_options(providers, provider_options)
+        self._model = CompiledModel(model, threads=threads or None, isa=opts.get("isa"))
+        self._providers = [PROVIDER]
 
     def get_inputs(self) -> list[NodeArg]:
         return self._model.get_inputs()

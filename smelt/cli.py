@@ -42,7 +42,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     # the library was cached without it)
     with keeping_sources() if args.emit_c else nullcontext():
         model = smelt.compile(proto, threads=args.threads, input_shapes=_parse_shapes(args.shape),
-                              allow_fallback=not args.no_fallback, progress=True)
+                              allow_fallback=not args.no_fallback, progress=True, isa=args.isa)
     native = model.native_nodes
     fallback = model.fallback_report
     if args.verbose:
@@ -61,7 +61,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     print(f"{name}: {len(native)}/{total} nodes native, {len(fallback)} through the onnx.reference fallback"
           f"{'' if fallback else ' (fully native: one native call per inference)'}")
     print(f"compile time {model.compile_seconds:.2f} s{' (from cache)' if model.from_cache else ''}; "
-          f"arena {model.arena_bytes / 2**20:.2f} MiB; threads {model.threads}")
+          f"arena {model.arena_bytes / 2**20:.2f} MiB; threads {model.threads}; isa {model.target.isa}")
     if model.source_path:
         print(f"generated C: {model.source_path}")
         if args.emit_c:
@@ -79,7 +79,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import smelt
 
     proto, name = load_model_arg(args.model)
-    model = smelt.compile(proto, threads=args.threads, progress=True)
+    model = smelt.compile(proto, threads=args.threads, progress=True, isa=args.isa)
     inputs = model.get_inputs()
     feeds = {}
     for i, item in enumerate(args.input or []):
@@ -161,9 +161,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     from smelt.target import detect
 
     t = detect()
-    print(f"cpu:        {t.model_name}")
+    print(f"cpu:        {t.cpu}")
     print(f"isa:        {t.isa} ({t.vector_bits}-bit vectors, {t.vector_registers} vector registers, "
-          f"FMA {'yes' if t.fma else 'no'})")
+          f"FMA {'yes' if t.fma else 'no'}); --isa / SMELT_ISA can cap it to {', '.join(t.isa_caps())}")
     print(f"features:   {' '.join(t.flags)}")
     print(f"cores:      {t.physical_cores} physical (pinning to CPUs {list(t.core_cpus)})")
     print(f"caches:     L1d {t.l1d_bytes // 1024} KiB, L2 {t.l2_bytes // 1024} KiB, L3 {t.l3_bytes // 1024} KiB")
@@ -174,16 +174,21 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"compiler:   none ({exc})")
     print(f"cache dir:  {_cache_summary()}")
     if args.peak:
+        from smelt import settings
         from smelt.bench.peak import format_peak, load_or_measure_peak
 
-        print(format_peak(load_or_measure_peak(measure=True, progress=True)))
+        isa = args.isa if args.isa is not None else settings.isa()
+        print(format_peak(load_or_measure_peak(measure=True, progress=True, isa=isa)))
     return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from smelt.bench import report as rep
     from smelt.bench.engines import parse_engines
-    from smelt.bench.harness import run_bench
+    from smelt.bench.harness import apply_isa_cap, run_bench
+
+    # before anything imports a peer: they read their ISA variables once, at their first dispatch
+    apply_isa_cap(args.isa)
     from smelt.bench.suites import suite_models
     from smelt.target import detect
 
@@ -201,7 +206,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     result = run_bench(models, peers, threads, batch=args.batch, rounds=args.rounds, warmup=args.warmup,
                        tolerance=args.tolerance, shapes=_parse_shapes(args.shape), instances=args.instances,
                        threads_per_instance=args.threads_per_instance, duration=args.duration,
-                       command=args.command_line)
+                       command=args.command_line, isa=args.isa)
+    print(rep.format_machine(result))
     if args.suite:
         n = result["settings"]["threads"]
         print(f"suite {args.suite}: {len(models)} models, {n} thread{'s' if n != 1 else ''}, "
@@ -231,7 +237,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     model = resolve_model(args.model, args.batch, _parse_shapes(args.shape))
     report = run_profile(model.proto, model.feeds, threads=args.threads, rounds=args.rounds, progress=True,
-                         name=model.name)
+                         name=model.name, isa=args.isa)
     print(report.format_table(top=args.top))
     if args.html:
         report.write_html(args.html)
@@ -321,6 +327,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _isa_arg(p: argparse.ArgumentParser, help: str | None = None) -> None:
+    from smelt.target import ISA_CHOICES
+
+    p.add_argument("--isa", choices=ISA_CHOICES, default=None,
+                   help=help or "the widest ISA the compiled code may use (default: $SMELT_ISA, else the host's); "
+                   "like oneDNN's ONEDNN_MAX_CPU_ISA")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="smelt", description="Optimizing compiler and runtime for "
                                      "neural-network inference on CPUs.")
@@ -334,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="concrete shape for an input with symbolic dimensions")
     p.add_argument("--emit-c", metavar="PATH", help="also write the generated C to PATH")
     p.add_argument("--no-fallback", action="store_true", help="fail if any node is not native")
+    _isa_arg(p)
     p.add_argument("-v", "--verbose", action="store_true", help="list native nodes too")
     p.set_defaults(func=cmd_compile)
 
@@ -344,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", metavar="[NAME=]FILE.npy", help="an input tensor")
     p.add_argument("--output-dir", default=".", help="where to write outputs (default: .)")
     p.add_argument("--threads", type=int, default=None)
+    _isa_arg(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("demo", help="compile built-in models, check them against onnxruntime, time them",
@@ -361,6 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peak", action="store_true",
                    help="measure the fp32 peak (FMA register loop at 1 and all threads, numpy sgemm) "
                    "and store it for bench/profile")
+    _isa_arg(p, "with --peak: measure that ISA's peak (stored apart from the host's)")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("bench", help="time smelt against onnxruntime, OpenVINO and PyTorch",
@@ -390,6 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT", help="write the full report as JSON")
     p.add_argument("--chart", metavar="OUT.png", help="write a chart (latency per engine, or suite speedups)")
     p.add_argument("--markdown", action="store_true", help="print tables as markdown")
+    _isa_arg(p, "hold smelt to ISA, and the peers that can be held (PyTorch: ATEN_CPU_CAPABILITY and oneDNN's "
+             "ONEDNN_MAX_CPU_ISA; OpenVINO: its oneDNN kernels); onnxruntime cannot be capped. The report "
+             "names the ISA each engine ran and takes its share of peak against that ISA's peak")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("profile", help="time per node and per op class, measured inside the native code",
@@ -406,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML report with a chart")
     p.add_argument("--chart", metavar="OUT.png", help="write a PNG chart of per-node and per-class time")
     p.add_argument("--json", metavar="OUT.json", help="write the profile as JSON")
+    _isa_arg(p)
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("tune", help="measure conv schedules and layout transforms into the tuning database",

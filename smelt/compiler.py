@@ -135,7 +135,7 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
     check_model(proto)  # InvalidModelError before anything trusts the model (frontend/validate.py)
     g = to_ir(proto)
     g = run_passes(g, options.opt_level)
-    g = schedule_graph(g, target or detect(), options)
+    g = schedule_graph(g, (target or detect()).narrowed(options.isa), options)
     verify(g, "schedule")  # the graph codegen reads: invariants hold (cheap: linear)
     return g
 
@@ -156,7 +156,8 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
           *, target: Target | None = None, progress: bool = False) -> BuildResult:
     """Compile ``proto`` specialized to ``shapes``; reuse a cached artifact when one exists."""
     settings.check_all()  # a bad SMELT_* value fails here, before any work (or any thread pool)
-    target = target or detect()
+    # the ISA cap (options.isa) narrows the host description every later stage reads
+    target = (target or detect()).narrowed(options.isa)
     compiler = toolchain.find_compiler()
     model_bytes = proto.SerializeToString()
     key = toolchain.artifact_key(
@@ -211,7 +212,8 @@ def build_lowered(g: Graph, options: CompileOptions, directory: Path, *, target:
     passes: the tuner builds throwaway measurement graphs whose nodes already carry their layouts
     and schedules (the shared library itself is still cached by source hash)."""
     settings.check_all()
-    target = target or detect()
+    # the ISA cap (options.isa) narrows the host description every later stage reads
+    target = (target or detect()).narrowed(options.isa)
     start = time.perf_counter()
     plan = plan or build_plan(g, options.force_fallback, concat_views=options.concat_views)
     _check_fallbacks(plan, options)

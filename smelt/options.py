@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from smelt.target import Target
+from smelt.target import Target, check_isa_choice
 
 LAYOUT_MODES = ("nchw", "conv", "propagate", "global")
 WINOGRAD_MODES = (True, False, "always")
@@ -45,6 +45,9 @@ class CompileOptions:
     # ldb apart, instead of packing it: measured slower on ResNet-50's 1x1 layers (packed panels
     # stream better), so off; kept for A/B measurements and its tests
     gemm_read_b_in_place: bool = False
+    # the widest ISA the generated code may use (``Target.narrowed``: "avx512", "avx2", "scalar");
+    # None: the host's own. Like oneDNN's ONEDNN_MAX_CPU_ISA; SMELT_ISA sets it when not given
+    isa: str | None = None
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_MODES:
@@ -53,6 +56,7 @@ class CompileOptions:
             raise ValueError(f"winograd must be True, False or 'always' (given {self.winograd!r})")
         if self.winograd_order not in WINOGRAD_ORDERS:
             raise ValueError(f"winograd_order must be one of {', '.join(WINOGRAD_ORDERS)} (given {self.winograd_order!r})")
+        check_isa_choice(self.isa)
 
     def codegen_threads(self, target: Target) -> int:
         """Threads the generated code is sized for (per-thread scratch). It runs correctly with any

@@ -14,6 +14,7 @@ An unset or empty variable means its default.
 | SMELT_SPIN_US | an integer from 0 to 10**9 (microseconds) | 2000 |
 | SMELT_TUNING_DB | a file path, or off | <cache dir>/tuning.sqlite |
 | SMELT_DEBUG, SMELT_SANITIZE | 0 or 1 | 0 |
+| SMELT_ISA | avx512, avx2, scalar or native (the widest ISA compiled code may use) | native |
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import re
 from pathlib import Path
 
 from smelt.errors import ConfigError
+from smelt.target import ISA_CHOICES
 
 DEFAULT_CACHE_MAX_BYTES = 4 << 30
 DEFAULT_MAX_VARIANTS = 8
@@ -141,7 +143,18 @@ def tuning_db() -> Path | None:
     return path
 
 
+def isa() -> str | None:
+    """SMELT_ISA: the ISA cap a compile uses when its ``isa`` argument is not given (None: the
+    host's own); whether the host can run it is checked when the compile narrows its target."""
+    value = _raw("SMELT_ISA")
+    if value is None:
+        return None
+    if value.lower() not in ISA_CHOICES:
+        raise _invalid("SMELT_ISA", value, f"expected one of {', '.join(ISA_CHOICES)}")
+    return value.lower()
+
+
 def check_all() -> None:
     """Validate every variable (a compile calls this before doing any work)."""
-    for getter in (debug, sanitize, max_variants, spin_us, cache_max_bytes, cache_dir, tuning_db):
+    for getter in (debug, sanitize, max_variants, spin_us, cache_max_bytes, cache_dir, tuning_db, isa):
         getter()

@@ -6,9 +6,11 @@ rather than hard-coding a machine, so the same template serves AVX-512 and AVX2 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import platform
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -27,6 +29,12 @@ class Target:
     l3_bytes: int
     model_name: str = ""
     vector_registers: int = field(default=16)
+    # /proc/cpuinfo "cpu family" and "model" (x86): tell a generation apart when the model name
+    # is terse (a cloud "AMD EPYC" is Zen 4 at family 25 model 17, Zen 3 at family 25 model 1)
+    cpu_family: int = 0
+    cpu_model: int = 0
+    # the host's own ISA when this target is capped below it (``narrowed``); "" when not capped
+    native_isa: str = ""
 
     @property
     def vector_floats(self) -> int:
@@ -47,17 +55,128 @@ class Target:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def cpu(self) -> str:
+        """The CPU model as /proc/cpuinfo names it, with family/model where that name is too terse
+        to tell a generation apart ("AMD EPYC" covers Zen 1 to Zen 5)."""
+        name = self.model_name or "unknown CPU"
+        if self.cpu_family and len(name.split()) <= 3:
+            name += f" (family {self.cpu_family} model {self.cpu_model})"
+        return name
+
+    def isa_caps(self) -> tuple[str, ...]:
+        """The ``isa=`` caps this host can run, widest first (see ``narrowed``)."""
+        return tuple(name for name, cap in _CAPS.items()
+                     if name == PORTABLE_ISA or (self.arch == "x86_64" and set(cap.requires) <= set(self.flags)))
+
+    def narrowed(self, isa: str | None) -> Target:
+        """This target held to at most ``isa`` (like oneDNN's ONEDNN_MAX_CPU_ISA): "avx512",
+        "avx2", or "scalar" (smelt's portable C, compiled without AVX). None or "native": unchanged.
+
+        The narrowed target drops the wider ISA's feature flags, so its ``key()`` differs (no
+        cached build is shared across caps) and ``compiler_flags()`` keeps gcc from using them
+        in code smelt did not write with intrinsics. An ISA the host cannot run is a ValueError
+        naming the requested and the host's ISA."""
+        if isa is None or isa == NATIVE_ISA:
+            return self
+        check_isa_choice(isa)
+        if isa not in self.isa_caps():
+            raise ValueError(f"ISA {isa!r} was requested but this host cannot run it: {self.cpu} "
+                             f"runs {self.isa} (it can be capped to {', '.join(self.isa_caps())})")
+        if isa == self.isa:
+            return self
+        cap = _CAPS[isa]
+        return dataclasses.replace(self, isa=isa, vector_bits=cap.vector_bits, vector_registers=cap.vector_registers,
+                                   fma=self.fma and "fma" in cap.keeps,
+                                   flags=tuple(f for f in self.flags if f in cap.keeps),
+                                   native_isa=self.native_isa or self.isa)
+
+    def compiler_flags(self) -> tuple[str, ...]:
+        """gcc flags (after -march=native) that keep the compiler's own vectorization within a
+        capped ISA: without them gcc would auto-vectorize plain loops with the host's widest."""
+        if self.arch != "x86_64" or not self.native_isa:
+            return ()
+        return _CAPS[self.isa].gcc_flags if self.isa in _CAPS else ()
+
+
+# the ISA caps a user can ask for (``Target.narrowed``), widest first: the features a host needs
+# for each, its vector width and architectural vector registers. They are the ISAs smelt has
+# descriptions for (codegen/kernels/isa.py); "scalar" is the portable C path.
+PORTABLE_ISA = "scalar"
+NATIVE_ISA = "native"  # no cap: the host's widest
+
+
+@dataclass(frozen=True)
+class _Cap:
+    requires: tuple[str, ...]  # /proc/cpuinfo flags a host needs to run it
+    keeps: tuple[str, ...]  # the notable flags a target capped here keeps
+    vector_bits: int
+    vector_registers: int
+    gcc_flags: tuple[str, ...]  # what stops gcc going past it after -march=native
+
+
+_AVX2_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni")
+_CAPS: dict[str, _Cap] = {
+    "avx512": _Cap(("avx512f", "avx512bw", "avx512vl", "avx512dq"), (), 512, 32, ()),
+    # -mno-avx512f disables every AVX-512 extension (and the 16 extra registers)
+    "avx2": _Cap(("avx2",), _AVX2_FLAGS, 256, 16, ("-mno-avx512f",)),
+    # -mno-avx: everything from AVX up (AVX2, FMA, AVX-512); gcc still vectorizes the portable
+    # C's plain loops at the baseline's 128 bits (SSE2), with mul and add
+    PORTABLE_ISA: _Cap((), ("sse4_2",), 128, 16, ("-mno-avx",)),
+}
+ISA_CHOICES: tuple[str, ...] = (*_CAPS, NATIVE_ISA)
+
+
+# What holds a peer to a cap (``smelt bench --isa``): oneDNN (PyTorch's convolutions, OpenVINO's
+# CPU plugin) reads ONEDNN_MAX_CPU_ISA (older builds DNNL_MAX_CPU_ISA), PyTorch's ATen kernels
+# ATEN_CPU_CAPABILITY, MKL MKL_ENABLE_INSTRUCTIONS. Each is read once, when the library first
+# dispatches, so they must be in the environment before the peer is imported.
+_PEER_ENV: dict[str, dict[str, str]] = {
+    "avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "ATEN_CPU_CAPABILITY": "avx512",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    PORTABLE_ISA: {"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default",
+                   "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+}
+
+
+def peer_isa_environment(isa: str) -> dict[str, str]:
+    """The environment variables that hold oneDNN, PyTorch and MKL to the cap ``isa``."""
+    check_isa_choice(isa)
+    env = dict(_PEER_ENV.get(isa, {}))
+    if "ONEDNN_MAX_CPU_ISA" in env:
+        env["DNNL_MAX_CPU_ISA"] = env["ONEDNN_MAX_CPU_ISA"]
+    return env
+
+
+def isa_named_in(names: str | Iterable[str]) -> str | None:
+    """The widest of smelt's ISA names that a peer's own kernel or capability names mention
+    ("brgconv_avx512_f32", "jit:avx2", PyTorch's "AVX2" / "DEFAULT"): what the peer ran. None when
+    they name none (generic "jit_uni" or "ref" kernels say nothing)."""
+    text = (names if isinstance(names, str) else " ".join(names)).lower()
+    for name in _CAPS:
+        if name != PORTABLE_ISA and name in text:
+            return name
+    return PORTABLE_ISA if "default" in text.split() else None
+
+
+def check_isa_choice(name: str | None, what: str = "isa") -> None:
+    """ValueError unless ``name`` is None or one of ``ISA_CHOICES``."""
+    if name is not None and name not in ISA_CHOICES:
+        raise ValueError(f"{what} must be one of {', '.join(ISA_CHOICES)} (given {name!r})")
+
 
 _NOTABLE = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
             "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
 
 
-def _cpuinfo() -> tuple[str, set[str]]:
+def _cpuinfo() -> tuple[str, set[str], int, int]:
+    """Model name, feature flags, family and model number of the first CPU in /proc/cpuinfo."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return platform.processor(), set()
-    model, flags = "", set()
+        return platform.processor(), set(), 0, 0
+    model, flags, numbers = "", set(), {}
     for line in text.splitlines():
         key, _, val = line.partition(":")
         key = key.strip()
@@ -65,7 +184,9 @@ def _cpuinfo() -> tuple[str, set[str]]:
             model = val.strip()
         elif key in ("flags", "Features") and not flags:
             flags = set(val.split())
-    return model, flags
+        elif key in ("cpu family", "model") and key not in numbers and val.strip().isdigit():
+            numbers[key] = int(val)
+    return model, flags, numbers.get("cpu family", 0), numbers.get("model", 0)
 
 
 def _cache_size(level: int, kind: tuple[str, ...]) -> int:
@@ -108,7 +229,7 @@ def _physical_core_cpus() -> tuple[int, ...]:
 def detect() -> Target:
     """Describe the host CPU (cached for the process)."""
     arch = platform.machine().lower()
-    model, flags = _cpuinfo()
+    model, flags, family, model_number = _cpuinfo()
     if arch in ("x86_64", "amd64"):
         arch = "x86_64"
         if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
@@ -136,4 +257,6 @@ def detect() -> Target:
         l3_bytes=_cache_size(3, ("Unified", "Data")),
         model_name=model,
         vector_registers=regs,
+        cpu_family=family,
+        cpu_model=model_number,
     )

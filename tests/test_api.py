@@ -196,3 +196,161 @@ def test_gather_index_out_of_range_raises_naming_the_node():
     with pytest.raises(smelt.SmeltError, match=r"'lookup' \(Gather\).*out of range"):
         cm(data, np.array([1, 5], np.int64))
     np.testing.assert_array_equal(cm(data, np.array([0, 1], np.int64)), data[[0, 1]])  # still usable
+
+
+# ----------------------------------------------------------------------------- the ISA cap
+def _conv_relu():
+    """A 3x3 conv + ReLU big enough for the vector kernels (and gcc's own vectorization)."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((32, 16, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["y"], name="relu")]
+    model = make_model(nodes, [tensor("x", [1, 16, 12, 12])], [tensor("y", [1, 32, 12, 12])], [const("w", w)])
+    return model, {"x": rng.standard_normal((1, 16, 12, 12)).astype(np.float32)}
+
+
+def _disassembly(compiled) -> str:
+    import subprocess
+
+    lib = compiled._current().lib_path
+    return subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def _host_caps():
+    from smelt.target import detect
+
+    return detect().isa_caps()
+
+
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+def test_isa_cap_generated_code_stays_within_it(isa, tmp_path, monkeypatch):
+    """A cap holds every instruction of the library, the ones gcc picks for plain loops included:
+    no zmm register (nor AVX-512 mask register) at avx2, no ymm at all for the portable path."""
+    import shutil
+
+    if isa not in _host_caps():
+        pytest.skip(f"host cannot run {isa}")
+    if not shutil.which("objdump"):
+        pytest.skip("needs objdump")
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
+    model, feeds = _conv_relu()
+    want = ort_run(model, feeds)
+    native = smelt.compile(model, threads=1)
+    capped = smelt.compile(model, threads=1, isa=isa)
+    assert capped.target.isa == isa and capped.options.isa == isa
+    assert_close(capped.run(feeds), want)
+    dis = _disassembly(capped)
+    assert "%zmm" not in dis and "%k1" not in dis
+    if isa == "scalar":
+        assert "%ymm" not in dis
+    else:
+        assert "%ymm" in dis  # really AVX2 code, not portable C
+    if native.target.isa == "avx512":
+        assert "%zmm" in _disassembly(native)  # the check above can fail
+
+
+def test_isa_cap_is_in_the_cache_key_and_native_is_no_cap(tmp_path, monkeypatch):
+    if "avx2" not in _host_caps():
+        pytest.skip("host has no AVX2")
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
+    from smelt.target import detect
+
+    model = _relu_add()
+    a = smelt.compile(model, threads=1)
+    b = smelt.compile(model, threads=1, isa="avx2")
+    c = smelt.compile(model, threads=1, isa="native")
+    d = smelt.compile(model, threads=1, isa=detect().isa)  # naming the host's ISA is no cap
+    host = detect()
+    assert c.options.isa is None and d.options.isa is None and a.options.key(host) == d.options.key(host)
+    if host.isa != "avx2":
+        assert b.options.key(host) != a.options.key(host)
+        assert b._current().lib_path != a._current().lib_path
+        assert not b.from_cache  # not the native build's artifact
+
+
+def test_isa_cap_from_the_environment_and_the_argument_wins(monkeypatch, tmp_path):
+    if "avx2" not in _host_caps():
+        pytest.skip("host has no AVX2")
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
+    model = _relu_add()
+    monkeypatch.setenv("SMELT_ISA", "scalar")
+    assert smelt.compile(model, threads=1).target.isa == "scalar"
+    assert smelt.compile(model, threads=1, isa="avx2").target.isa == "avx2"
+    from smelt.errors import ConfigError
+
+    monkeypatch.setenv("SMELT_ISA", "avx9000")
+    with pytest.raises(ConfigError, match="SMELT_ISA='avx9000'.*avx512, avx2, scalar, native"):
+        smelt.compile(model, threads=1)
+
+
+def test_isa_cap_errors_name_the_requested_and_the_host_isa(monkeypatch):
+    import dataclasses
+
+    from smelt.target import detect
+
+    with pytest.raises(ValueError, match="isa must be one of avx512, avx2, scalar, native"):
+        smelt.compile(_relu_add(), threads=1, isa="sse9")
+    host = detect()
+    # an AVX2-only host asked for AVX-512: the requested ISA, the host's model and ISA, the choices
+    avx2_host = dataclasses.replace(host, arch="x86_64", isa="avx2", vector_bits=256, vector_registers=16,
+                                    flags=("avx", "avx2", "fma"), model_name="AMD EPYC", cpu_family=25,
+                                    cpu_model=1)
+    with pytest.raises(ValueError) as err:
+        avx2_host.narrowed("avx512")
+    msg = str(err.value)
+    assert "'avx512'" in msg and "runs avx2" in msg and "AMD EPYC (family 25 model 1)" in msg
+    assert "avx2, scalar" in msg
+    monkeypatch.setattr("smelt.api.detect", lambda: avx2_host)
+    with pytest.raises(ValueError, match="'avx512' was requested but this host cannot run it"):
+        smelt.compile(_relu_add(), threads=1, isa="avx512")
+
+
+def test_narrowed_target_describes_the_cap():
+    import dataclasses
+
+    from smelt.target import detect
+
+    host = dataclasses.replace(detect(), arch="x86_64", isa="avx512", vector_bits=512, vector_registers=32,
+                               flags=("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw",
+                                      "avx512vl", "avx512dq", "avx512_vnni"))
+    assert host.isa_caps() == ("avx512", "avx2", "scalar")
+    assert host.narrowed(None) is host and host.narrowed("native") is host and host.narrowed("avx512") is host
+    avx2 = host.narrowed("avx2")
+    assert (avx2.isa, avx2.vector_bits, avx2.vector_registers, avx2.native_isa) == ("avx2", 256, 16, "avx512")
+    assert not any(f.startswith("avx512") for f in avx2.flags) and avx2.fma
+    assert avx2.compiler_flags() == ("-mno-avx512f",) and host.compiler_flags() == ()
+    scalar = host.narrowed("scalar")
+    assert scalar.compiler_flags() == ("-mno-avx",) and not scalar.fma and scalar.flags == ("sse4_2",)
+    assert len({host.key(), avx2.key(), scalar.key()}) == 3  # no build is shared across caps
+    assert avx2.narrowed("avx2") is avx2
+    with pytest.raises(ValueError, match="cannot run"):
+        avx2.narrowed("avx512")
+
+
+def test_cpu_names_family_and_model_when_the_name_is_terse():
+    import dataclasses
+
+    from smelt.target import detect
+
+    t = detect()
+    assert dataclasses.replace(t, model_name="AMD EPYC", cpu_family=25, cpu_model=17).cpu == \
+        "AMD EPYC (family 25 model 17)"
+    long_name = "AMD EPYC 9R14 96-Core Processor"
+    assert dataclasses.replace(t, model_name=long_name, cpu_family=25, cpu_model=17).cpu == long_name
+
+
+def test_inference_session_takes_the_cap_as_a_provider_option(tmp_path, monkeypatch):
+    if "avx2" not in _host_caps():
+        pytest.skip("host has no AVX2")
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
+    model = _relu_add().SerializeToString()
+    sess = smelt.InferenceSession(model, providers=[("SmeltExecutionProvider", {"isa": "avx2"})])
+    assert sess.compiled.target.isa == "avx2"
+    sess = smelt.InferenceSession(model, providers=["SmeltExecutionProvider"], provider_options=[{"isa": "scalar"}])
+    assert sess.compiled.target.isa == "scalar"
+    # another provider's options are not smelt's
+    sess = smelt.InferenceSession(model, providers=[("CPUExecutionProvider", {"isa": "avx2"})])
+    assert sess.compiled.options.isa is None
+    with pytest.raises(ValueError, match="unknown SmeltExecutionProvider option 'fast'"):
+        smelt.InferenceSession(model, providers=[("SmeltExecutionProvider", {"fast": 1})])

@@ -9,10 +9,20 @@ Thread settings follow what each peer's documentation recommends for latency at 
 count: onnxruntime's intra-op pool (inter-op 1, sequential execution); OpenVINO's LATENCY hint
 with ``INFERENCE_NUM_THREADS`` and f32 inference precision (it would otherwise pick bf16 on
 AMX machines, which changes the numbers); ``torch.set_num_threads`` under ``inference_mode``.
+
+ISA: every runner records the ISA it ran in ``details["isa"]`` (the name the peak is looked up
+by) and how that was established in ``details["isa_note"]``. smelt: the ISA it compiled for (its
+cap, ``smelt.compile(isa=...)``, which ``smelt bench --isa`` passes through SMELT_ISA). PyTorch:
+``torch.backends.cpu.get_cpu_capability()`` after import (ATEN_CPU_CAPABILITY and oneDNN's
+ONEDNN_MAX_CPU_ISA cap it). OpenVINO: the ISA its compiled model's kernels name (its oneDNN
+kernels honour ONEDNN_MAX_CPU_ISA; its own JIT kernels do not in release builds).
+onnxruntime: MLAS picks kernels by cpuid with no cap, so the host's ISA.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +30,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
+from smelt.runtime.artifact import ArtifactPlan
+from smelt.target import detect, isa_named_in
 
 PEERS = ("onnxruntime", "openvino", "torch")
 INSTALL_HINT = 'pip install -e ".[peers]"'
@@ -55,20 +68,50 @@ class Runner:
     details: dict = field(default_factory=dict)  # settings worth recording in the report
 
 
+def executed_flops(plan: ArtifactPlan | None) -> int | None:
+    """The FLOPs a compiled model's kernels execute, where they differ from the model's nominal
+    (direct-algorithm) FLOPs: a Winograd F(m x m, r x r) step multiplies (m+r-1)^2 transformed
+    values per m x m output tile instead of m^2 r^2 (16 instead of 36 for F(2x2,3x3)), so its
+    nominal GFLOPS overstate what the FMA units did, and a share of peak computed from them can
+    pass 100% (ResNet-18 was reported at 113%). The transforms' few adds are not counted."""
+    if plan is None:
+        return None
+    total = sum(step_executed_flops(step.flops, step.schedule) for block in plan.native_blocks
+                for step in block.step_info)
+    return total + sum(s.flops for s in plan.fallback_steps)
+
+
+def step_executed_flops(flops: int, schedule: Mapping[str, str]) -> int:
+    """One step's nominal ``flops`` as its kernel executes them (see ``executed_flops``)."""
+    m = _WINOGRAD.search(schedule.get("algorithm", ""))
+    if not m:
+        return flops
+    out, ker = int(m.group(1)), int(m.group(2))
+    return flops * (out + ker - 1) ** 2 // (out * ker) ** 2
+
+
+_WINOGRAD = re.compile(r"Winograd F\((\d+)x\d+,\s*(\d+)x\d+\)")
+
+
 def _smelt(model: BenchModel, threads: int, layout: str = "propagate", engine: str = "smelt",
            winograd: bool = True) -> Runner:
     import sys
 
     import smelt
 
+    # the ISA cap comes from SMELT_ISA (``smelt bench --isa`` sets it with the peers' variables)
     compiled = smelt.compile(model.proto, threads=threads, input_shapes={k: v.shape for k, v in model.feeds.items()},
                              progress=sys.stderr.isatty(), layout=layout, winograd=winograd)
+    target = compiled.target
     return Runner(engine, smelt.__version__, compiled.run, compiled.close,
                   {"fallback_nodes": len(compiled.fallback_nodes),
                    "compile_seconds": round(compiled.compile_seconds, 3),
                    "from_cache": compiled.from_cache,
                    "arena_bytes": compiled.arena_bytes,
-                   "layout": layout, "winograd": winograd})
+                   "layout": layout, "winograd": winograd,
+                   "isa": target.isa,
+                   "isa_note": f"capped (host: {target.native_isa})" if target.native_isa else "native",
+                   "executed_flops": executed_flops(compiled.plan)})
 
 
 def _smelt_variant(mode: str) -> Callable[[BenchModel, int], Runner]:
@@ -92,7 +135,10 @@ def _onnxruntime(model: BenchModel, threads: int) -> Runner:
     def run(feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         return sess.run(names, dict(feeds))
 
-    return Runner("onnxruntime", ort.__version__, run, details={"intra_op_num_threads": threads})
+    return Runner("onnxruntime", ort.__version__, run, details={
+        "intra_op_num_threads": threads, "isa": detect().isa,
+        # MLAS dispatches on cpuid at load; there is no variable or option that lowers it
+        "isa_note": "native ISA (cannot be capped)"})
 
 
 def _openvino(model: BenchModel, threads: int) -> Runner:
@@ -129,10 +175,23 @@ def _openvino(model: BenchModel, threads: int) -> Runner:
         request.infer(dict(feeds))
         return [request.get_output_tensor(i).data.copy() for i in order]
 
+    # the kernels the plugin chose ("brgconv_avx512_f32", "jit_avx2_FP32"): what ISA actually ran
+    kernels = sorted({str(op.get_rt_info()["primitiveType"].astype(str)) for op in compiled.get_runtime_model().get_ops()
+                      if "primitiveType" in op.get_rt_info()})
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    details = {k: str(compiled.get_property(k)) for k in ("INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT",
+                                                           "PERFORMANCE_HINT")}
+    named = isa_named_in(kernels)
+    if named is None:  # "ref_any_f32", "unknown_f32": OpenVINO's own kernels, which no variable caps
+        note = "its kernels name no ISA; OpenVINO's own kernels run the host's"
+    elif capped:
+        note = (f"oneDNN kernels capped by ONEDNN_MAX_CPU_ISA={capped}; OpenVINO's own JIT kernels are not "
+                "(OV_CPU_MAX_ISA is debug builds only)")
+    else:
+        note = "native ISA (from its kernels' names)"
+    details.update(isa=named or detect().isa, kernels=kernels, isa_note=note)
     # ov.__version__ carries the build tag ("2026.4.1-22982-e213a14-releases/..."): keep the release.
-    return Runner("openvino", ov.__version__.split("-")[0], run, details={
-        k: str(compiled.get_property(k)) for k in ("INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT",
-                                                   "PERFORMANCE_HINT")})
+    return Runner("openvino", ov.__version__.split("-")[0], run, details=details)
 
 
 def _torch(model: BenchModel, threads: int) -> Runner:
@@ -158,7 +217,13 @@ def _torch(model: BenchModel, threads: int) -> Runner:
         return [o.numpy() for o in outs]
 
     torch.set_num_threads(threads)
-    return Runner("torch", torch.__version__, run, details={"num_threads": threads, "mode": "eager"})
+    capability = torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", "DEFAULT"
+    capped = os.environ.get("ATEN_CPU_CAPABILITY")
+    return Runner("torch", torch.__version__, run, details={
+        "num_threads": threads, "mode": "eager", "isa": isa_named_in(capability) or detect().isa,
+        "cpu_capability": capability,
+        "isa_note": (f"capped by ATEN_CPU_CAPABILITY={capped} and ONEDNN_MAX_CPU_ISA="
+                     f"{os.environ.get('ONEDNN_MAX_CPU_ISA', '-')}" if capped else "native ISA")})
 
 
 ENGINES: dict[str, Callable[[BenchModel, int], Runner]] = {

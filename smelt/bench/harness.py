@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
 import platform
 import re
 import statistics
@@ -136,21 +137,51 @@ def relative_error(reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) -
 
 
 # ----------------------------------------------------------------------------- the machine
-def machine_info(threads: int, measure_peak: bool | None = None, progress: bool = True) -> dict:
-    """CPU, ISA, cores and the measured fp32 peak for ``threads`` threads (None if unavailable)."""
-    from smelt.bench.peak import peak_or_reason
+def apply_isa_cap(isa: str | None) -> dict[str, str]:
+    """Hold every engine of this process to ``isa`` (None: $SMELT_ISA; "native": no cap): SMELT_ISA for
+    smelt, and the variables oneDNN, PyTorch and MKL read (``target.peer_isa_environment``).
+
+    Process-wide and for good: the peers read them once, when they first dispatch, so this must
+    run before they are imported (``smelt bench`` calls it before importing any; a peer imported
+    earlier keeps its ISA, and its report says which ran). Returns the variables set. An ISA the
+    host cannot run is a ValueError naming both, before anything is compiled."""
+    from smelt import settings
+    from smelt.target import detect, peer_isa_environment
+
+    isa = isa if isa is not None else settings.isa()  # SMELT_ISA caps the peers too
+    target = detect().narrowed(isa)  # the error for an ISA this host cannot run
+    if not target.native_isa:  # no cap ("native", or the host's own ISA)
+        return {}
+    env = {"SMELT_ISA": target.isa, **peer_isa_environment(target.isa)}
+    os.environ.update(env)
+    return env
+
+
+def machine_info(threads: int, measure_peak: bool | None = None, progress: bool = True,
+                 isa: str | None = None) -> dict:
+    """CPU (model, family/model numbers), ISAs, caches, cores and the measured fp32 peaks for
+    ``threads`` threads: ``peaks`` by ISA, for the host's ISA and smelt's (``isa``, its cap), so
+    each engine's share of peak is against the ISA it ran; ``peak_gflops`` is smelt's."""
+    from smelt.bench.peak import busy_note, peak_or_reason
     from smelt.target import detect
 
     t = detect()
-    info = {"cpu": t.model_name, "isa": t.isa, "cores": t.physical_cores, "python": platform.python_version(),
-            "peak_gflops": None, "peak": None}
-
-    peak, note = peak_or_reason(measure_peak, progress)
-    if peak is None:
-        print(f"note: {note}; GFLOPS shares omitted", file=sys.stderr)
-    else:
-        info["peak_gflops"] = round(peak.peak_gflops(threads), 1)
-        info["peak"] = peak.to_dict()
+    mine = t.narrowed(isa)
+    info = {"cpu": t.cpu, "cpu_model_name": t.model_name, "cpu_family": t.cpu_family, "cpu_model": t.cpu_model,
+            "isa": t.isa, "smelt_isa": mine.isa, "vector_bits": t.vector_bits, "cores": t.physical_cores,
+            "caches": {"l1d_kib": t.l1d_bytes // 1024, "l2_kib": t.l2_bytes // 1024, "l3_kib": t.l3_bytes // 1024},
+            "python": platform.python_version(), "peak_gflops": None, "peak": None, "peaks": {}}
+    for which in dict.fromkeys([mine.isa, t.isa]):
+        peak, note = peak_or_reason(measure_peak, progress, isa=which)
+        if peak is None:
+            print(f"note: {note}; GFLOPS shares at {which} omitted", file=sys.stderr)
+            continue
+        info["peaks"][which] = round(peak.peak_gflops(threads), 1)
+        if busy_note(peak):
+            info.setdefault("peak_notes", {})[which] = busy_note(peak)
+        if which == mine.isa:
+            info["peak_gflops"] = info["peaks"][which]
+            info["peak"] = peak.to_dict()
     return info
 
 
@@ -174,9 +205,12 @@ def _prepare(names: Sequence[str], model: BenchModel, threads: int,
 
 
 def bench_model(model: BenchModel, peers: Sequence[str], threads: int, rounds: int = 20, warmup: int = 3,
-                block: int = 5, tolerance: float = DEFAULT_TOLERANCE, peak_gflops: float | None = None,
+                block: int = 5, tolerance: float = DEFAULT_TOLERANCE,
+                peak_gflops: float | Mapping[str, float] | None = None,
                 factories: Mapping[str, EngineFactory] | None = None, progress: bool = True) -> dict:
-    """Check and time smelt and ``peers`` on ``model``; the report entry for this model."""
+    """Check and time smelt and ``peers`` on ``model``; the report entry for this model.
+    ``peak_gflops``: one figure for every engine, or figures by ISA (``machine_info``'s ``peaks``),
+    each engine's share then taken against the ISA its runner reports (``details["isa"]``)."""
     factories = dict(ENGINES if factories is None else factories)
     if progress:
         print(f"[{model.name}] preparing smelt, {', '.join(peers) or 'no peers'}", file=sys.stderr, flush=True)
@@ -217,8 +251,13 @@ def bench_model(model: BenchModel, peers: Sequence[str], threads: int, rounds: i
 
 
 def summarize(model: BenchModel, results: dict[str, dict], samples: Mapping[str, list[float]], threads: int,
-              peak_gflops: float | None, flops: int, rounds: int, block: int) -> dict:
-    """Fill medians, spreads, speedups, GFLOPS and peak shares into the per-engine results."""
+              peak_gflops: float | Mapping[str, float] | None, flops: int, rounds: int, block: int) -> dict:
+    """Fill medians, spreads, speedups, GFLOPS and peak shares into the per-engine results.
+
+    ``gflops`` is the model's nominal FLOPs (direct algorithms) over the median: comparable
+    across engines. ``peak_share`` divides what the engine's kernels executed, where known
+    (smelt's ``details["executed_flops"]``: Winograd does fewer multiplies), by the peak of the
+    ISA it ran; a peer's executed FLOPs are not known, so its share is nominal."""
     batch = _batch_of(model)
     for name, times in samples.items():
         med, iqr = median_and_spread(times)
@@ -227,7 +266,12 @@ def summarize(model: BenchModel, results: dict[str, dict], samples: Mapping[str,
                    p90_ms=statistics.quantiles(times, n=10)[-1] if len(times) >= 2 else times[0],
                    samples=len(times), items_per_s=batch * 1e3 / med)
         res["gflops"] = flops / (med * 1e-3) / 1e9 if flops else None
-        res["peak_share"] = res["gflops"] / peak_gflops if res["gflops"] and peak_gflops else None
+        details = res.get("details") or {}
+        executed = details.get("executed_flops") or flops
+        res["executed_gflops"] = executed / (med * 1e-3) / 1e9 if executed else None
+        peak = (peak_gflops.get(details.get("isa")) if isinstance(peak_gflops, Mapping) else peak_gflops)
+        res["isa"] = details.get("isa")
+        res["peak_share"] = res["executed_gflops"] / peak if res["executed_gflops"] and peak else None
     smelt_ms = results["smelt"].get("median_ms")
     best_peer, best_ms = None, math.inf
     for name, res in results.items():
@@ -309,19 +353,22 @@ def run_bench(models: Sequence[str], peers: Sequence[str], threads: int, *, batc
               shapes: Mapping[str, Sequence[int]] | None = None, instances: int | None = None,
               threads_per_instance: int | None = None, duration: float = 2.0, measure_peak: bool | None = None,
               command: Sequence[str] = (), factories: Mapping[str, EngineFactory] | None = None,
-              progress: bool = True) -> dict:
+              progress: bool = True, isa: str | None = None) -> dict:
     """Benchmark each of ``models`` (paths or zoo names) against ``peers``; the full report.
 
     A model smelt cannot compile is reported with its error and the run goes on, so one broken
     model does not cost a whole suite. With ``instances`` the single-instance latency run uses
-    ``threads_per_instance`` threads, and a multi-instance throughput run follows it.
+    ``threads_per_instance`` threads, and a multi-instance throughput run follows it. ``isa``: hold
+    smelt, and every peer that can be held, to that ISA (``apply_isa_cap``; process-wide).
     """
     from smelt.progress import track
 
     if instances is not None:
         threads = threads_per_instance or 1
-    machine = machine_info(threads, measure_peak, progress)
+    cap_env = apply_isa_cap(isa)
+    machine = machine_info(threads, measure_peak, progress, isa=cap_env.get("SMELT_ISA"))
     settings = {"threads": threads, "batch": batch, "rounds": rounds, "warmup": warmup, "block": block,
+                "isa": cap_env.get("SMELT_ISA"), "isa_environment": cap_env,
                 "tolerance": tolerance, "peers": list(peers), "instances": instances,
                 "threads_per_instance": threads_per_instance if instances else None,
                 "duration_s": duration if instances else None}
@@ -330,7 +377,7 @@ def run_bench(models: Sequence[str], peers: Sequence[str], threads: int, *, batc
         try:
             model = resolve_model(spec, batch, shapes)
             entry = bench_model(model, peers, threads, rounds, warmup, block, tolerance,
-                                machine["peak_gflops"], factories, progress)
+                                machine["peaks"], factories, progress)
         except SmeltError as exc:
             print(f"[{spec}] smelt failed: {exc}", file=sys.stderr)
             report["models"].append(_failed_entry(spec, peers, threads, rounds, block, str(exc)))

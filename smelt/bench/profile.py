@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from smelt.bench.engines import step_executed_flops
 from smelt.bench.output import fmt_opt, json_safe, pyplot, text_table
 from smelt.errors import SmeltError
 from smelt.runtime.artifact import ArtifactPlan, FallbackStepEntry, StepInfo
@@ -151,6 +152,8 @@ class ProfileReport:
     peak_gflops: float | None
     peak_note: str
     timer: str = "rdtsc, calibrated against CLOCK_MONOTONIC_RAW"
+    cpu: str = ""  # model name (family/model where the name is terse)
+    caches: str = ""  # "L1d 32 KiB, L2 1024 KiB, L3 32768 KiB"
 
     @property
     def ratio(self) -> float:
@@ -193,6 +196,7 @@ class ProfileReport:
         return [
             f"smelt profile: {self.model}, {self.threads} thread{'s' if self.threads != 1 else ''}, "
             f"{self.isa}, {self.calls} timed calls per build (interquartile means)",
+            f"  cpu                             {self.cpu or '-'}; {self.caches or '-'}",
             f"  end-to-end, ordinary build      {self.e2e_ms:10.3f} ms",
             f"  end-to-end, instrumented build  {self.e2e_profiled_ms:10.3f} ms  "
             f"(instrumentation overhead {self.overhead * 100:+.1f}%)",
@@ -383,7 +387,7 @@ imbalance is the slowest thread's busy time over the mean. Fallback nodes run in
 def run_profile(model: Any, feeds: Mapping[str, np.ndarray] | None = None, *, threads: int | None = None,
                 rounds: int = 50, warmup: int = 3, block: int = 5, settle: float = 0.05,
                 peak: bool = True, progress: bool = False, name: str | None = None,
-                force_fallback: Sequence[str] = ()) -> ProfileReport:
+                force_fallback: Sequence[str] = (), isa: str | None = None) -> ProfileReport:
     """Profile ``model`` (a path, bytes or ModelProto) and return the report.
 
     ``feeds``: input arrays (default: ``harness.random_inputs``, seeded random arrays of the
@@ -394,12 +398,13 @@ def run_profile(model: Any, feeds: Mapping[str, np.ndarray] | None = None, *, th
     each first. ``peak``: look up (or measure, once per machine) the fp32 peak for the
     share-of-peak column. ``progress``: say what is happening on stderr. ``name``: the model's
     name in the report (default: its graph name). ``force_fallback``: node names to run through
-    onnx.reference anyway (to see what a fallback would cost).
+    onnx.reference anyway (to see what a fallback would cost). ``isa``: compile for that ISA
+    (``smelt.compile(isa=...)``; default $SMELT_ISA, else the host's); the share of peak is
+    against that ISA's peak.
     """
     import smelt
     from smelt.frontend.onnx_import import load_model
     from smelt.progress import stage
-    from smelt.target import detect
 
     proto = load_model(model)
     model_name = name or proto.graph.name or "model"
@@ -407,23 +412,27 @@ def run_profile(model: Any, feeds: Mapping[str, np.ndarray] | None = None, *, th
         from smelt.bench.harness import random_inputs
 
         feeds = random_inputs(proto, model_name=model_name)
-    plain = smelt.compile(proto, threads=threads, force_fallback=force_fallback, progress=progress)
+    plain = smelt.compile(proto, threads=threads, force_fallback=force_fallback, progress=progress, isa=isa)
     plain.run(feeds)  # compiles now if the inputs are symbolic
-    prof = smelt.compile(proto, threads=threads, force_fallback=force_fallback, profile=True, progress=progress)
+    prof = smelt.compile(proto, threads=threads, force_fallback=force_fallback, profile=True, progress=progress,
+                         isa=isa)
     prof.run(feeds)
     try:
         with stage(f"timing {rounds} calls of each build", progress):
             steps, e2e_plain, e2e_prof = _measure(plain, prof, feeds, rounds, warmup, block, settle)
         peak_gflops, peak_note = None, "not requested"
         if peak:
-            from smelt.bench.peak import peak_or_reason
+            from smelt.bench.peak import busy_note, peak_or_reason
 
-            result, peak_note = peak_or_reason(progress=progress)
+            result, peak_note = peak_or_reason(progress=progress, isa=prof.target.isa)
             peak_gflops = result.peak_gflops(prof.threads) if result else None
+            # the peak of the ISA the build runs, and whether it was measured on a busy machine
+            peak_note = "; ".join(x for x in (f"{prof.target.isa} peak, {peak_note}",
+                                              busy_note(result) if result else "") if x)
         compile_s = plain.compile_seconds if not plain.from_cache else plain.plan.compile_seconds
         prof_compile_s = prof.compile_seconds if not prof.from_cache else prof.plan.compile_seconds
         return _report(model_name, prof, steps, e2e_plain, e2e_prof, rounds, peak_gflops, peak_note,
-                       detect(), compile_s, plain.from_cache, prof_compile_s)
+                       prof.target, compile_s, plain.from_cache, prof_compile_s)
     finally:
         plain.close()
         prof.close()
@@ -519,7 +528,9 @@ def _report(model_name: str, prof, samples: _Samples, e2e_plain: list[float], e2
         fl = first.flops
         gflops = fl / (ms * 1e6) if fl and ms > 0 else None
         fallback = g[0] in fallbacks
-        share = gflops / peak_gflops if gflops is not None and peak_gflops and first.op in PEAK_OPS else None
+        # against the peak: what the kernel executed (a Winograd step multiplies 16/36 of its nominal FLOPs)
+        executed = step_executed_flops(fl, sched) / (ms * 1e6) if fl and ms > 0 else None
+        share = executed / peak_gflops if executed is not None and peak_gflops and first.op in PEAK_OPS else None
         imbalance = (float(node_busy.max() / node_busy.mean())
                      if not fallback and n_threads > 1 and node_busy.mean() > 0 else None)
         nodes.append(NodeProfile(
@@ -547,6 +558,8 @@ def _report(model_name: str, prof, samples: _Samples, e2e_plain: list[float], e2
     glue = e2e[typical] * 1e-3 - block_total - secs[:, fb_steps].sum(axis=1)
     return ProfileReport(
         model=model_name, threads=n_threads, calls=calls, typical_calls=int(typical.sum()), isa=target.isa,
+        cpu=target.cpu, caches=(f"L1d {target.l1d_bytes // 1024} KiB, L2 {target.l2_bytes // 1024} KiB, "
+                                f"L3 {target.l3_bytes // 1024} KiB"),
         nodes=nodes,
         classes=sorted(classes.values(), key=lambda c: -c.ms), node_sum_ms=node_sum,
         e2e_ms=float(np.array(e2e_plain)[_typical(np.array(e2e_plain))].mean()),

@@ -29,7 +29,11 @@ ENGINE_SCHEMA = {
         "rel_error": {**_NUM, "description": "max|engine - smelt| / max|smelt|, worst output"},
         "smelt_speedup": {**_NUM, "description": "this engine's median / smelt's median (>1: smelt faster)"},
         "gflops": _NUM,
-        "peak_share": {**_NUM, "description": "gflops / the machine's measured fp32 peak at these threads"},
+        "executed_gflops": {**_NUM, "description": "FLOPs the kernels executed (smelt: Winograd steps count "
+                            "their fewer multiplies; peers: nominal) / median"},
+        "peak_share": {**_NUM, "description": "executed_gflops / the measured fp32 peak, at these threads, of "
+                       "the ISA this engine ran (isa)"},
+        "isa": {"type": ["string", "null"], "description": "the ISA the engine ran (peak looked up by it)"},
         "details": {"type": "object"},
         "throughput": {"type": "object"},
     },
@@ -68,8 +72,13 @@ REPORT_SCHEMA = {
         "command": {"type": "string"},
         "machine": {
             "type": "object",
-            "required": ["cpu", "isa", "cores", "peak_gflops"],
-            "properties": {"cores": {"type": "integer"}, "peak_gflops": _NUM,
+            "required": ["cpu", "isa", "smelt_isa", "caches", "cores", "peak_gflops"],
+            "properties": {"cpu": {"type": "string", "description": "model name (family/model when terse)"},
+                           "isa": {"type": "string", "description": "the host's widest ISA"},
+                           "smelt_isa": {"type": "string", "description": "the ISA smelt compiled for"},
+                           "caches": {"type": "object", "required": ["l1d_kib", "l2_kib", "l3_kib"]},
+                           "cores": {"type": "integer"}, "peak_gflops": _NUM,
+                           "peaks": {"type": "object", "additionalProperties": _NUM},
                            "peak": {"type": ["object", "null"]}},
         },
         "settings": {
@@ -131,21 +140,58 @@ def _pct(share: float | None) -> str:
     return fmt_opt(share, ".0%")
 
 
+def engine_isas(report: dict) -> dict[str, tuple[str, str]]:
+    """(ISA, how it was established) of each engine that ran, from its runner's details."""
+    found: dict[str, tuple[str, str]] = {}
+    for m in report["models"]:
+        for name, e in m["engines"].items():
+            d = e.get("details") or {}
+            if d.get("isa") and name not in found:
+                found[name] = (d["isa"], d.get("isa_note", ""))
+    return found
+
+
+def format_machine(report: dict) -> str:
+    """The lines every bench report starts with: CPU model, caches, the ISA each engine ran and
+    the peaks its shares are taken against."""
+    m = report["machine"]
+    caches = m.get("caches") or {}
+    lines = [f"cpu: {m['cpu']}, {m['cores']} cores; L1d {caches.get('l1d_kib', '?')} KiB, "
+             f"L2 {caches.get('l2_kib', '?')} KiB, L3 {caches.get('l3_kib', '?')} KiB"]
+    isas = engine_isas(report)
+    cap = (report.get("settings") or {}).get("isa")
+    ran = "; ".join(f"{name} {isa}" + (f" ({note})" if note else "") for name, (isa, note) in isas.items())
+    lines.append(f"isa: host {m['isa']}" + (f", capped to {cap}" if cap else "") + (f"; ran: {ran}" if ran else ""))
+    peaks = m.get("peaks") or {}
+    if peaks:
+        n = (report.get("settings") or {}).get("threads")
+        lines.append(f"fp32 FMA peak{f' at {_threads(n)}' if n else ''}: "
+                     + ", ".join(f"{isa} {g:.1f} GFLOPS" for isa, g in peaks.items())
+                     + "; % peak = executed FLOPs (smelt's Winograd counted as it runs) / the peak of the engine's ISA")
+    lines += [f"note: {isa} peak {note}" for isa, note in (m.get("peak_notes") or {}).items()]
+    over = sorted({n for mod in report["models"] for n, e in mod["engines"].items() if (e.get("peak_share") or 0) > 1})
+    if over:
+        lines.append(f"note: {', '.join(over)} above 100% of peak: the stored peak is understated (measured while "
+                     "the machine was busy?); measure it again with `smelt info --peak [--isa ISA]`")
+    return "\n".join(lines)
+
+
 def format_model(entry: dict, markdown: bool = False) -> str:
-    """One model: a row per engine with median, spread, error, speedup, GFLOPS, share of peak."""
+    """One model: a row per engine with its ISA, median, spread, error, speedup, GFLOPS, share of peak."""
     head = (f"{entry['model']}: batch {entry['batch']}, {_threads(entry['threads'])}, "
             f"{entry['rounds']} rounds x {entry['block']} calls, {entry['flops'] / 1e9:.2f} GFLOP per call")
     rows = []
     for name, e in entry["engines"].items():
+        isa = (e.get("details") or {}).get("isa") or "-"
         if e["status"] != "ok":
             err = f"{e['rel_error']:.1e}" if e.get("rel_error") is not None else "-"
-            rows.append([name, e.get("version", "-"), e["status"].upper(), "-", err, "-", "-", "-"])
+            rows.append([name, e.get("version", "-"), isa, e["status"].upper(), "-", err, "-", "-", "-"])
             continue
-        rows.append([name, e.get("version", "-"), f"{e['median_ms']:.3f}", f"{e['spread_ms']:.3f}",
+        rows.append([name, e.get("version", "-"), isa, f"{e['median_ms']:.3f}", f"{e['spread_ms']:.3f}",
                      "0" if name == "smelt" else f"{e['rel_error']:.1e}",
                      _x(e["smelt_speedup"]), fmt_opt(e["gflops"], ".1f"), _pct(e["peak_share"])])
-    table = text_table(["engine", "version", "median ms", "IQR ms", "rel.err", "smelt speedup", "GFLOPS",
-                        "% peak"], rows, right=set(range(2, 8)), markdown=markdown)
+    table = text_table(["engine", "version", "ISA", "median ms", "IQR ms", "rel.err", "smelt speedup", "GFLOPS",
+                        "% peak"], rows, right=set(range(3, 9)), markdown=markdown)
     notes = [f"  {n}: {e['reason']}" for n, e in entry["engines"].items() if e["status"] != "ok"]
     tail = (f"best peer: {entry['best_peer']}; smelt speedup over it {entry['speedup_vs_best_peer']:.2f}x"
             if entry["best_peer"] else "no peer timed")

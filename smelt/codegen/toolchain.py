@@ -94,7 +94,9 @@ def find_compiler() -> Compiler:
 
 def arch_flags(target: Target) -> list[str]:
     if target.arch == "x86_64":
-        return ["-march=native", "-mtune=native"]
+        # a capped target (``Target.narrowed``) adds -mno-... so gcc's own vectorization stays
+        # within the cap too
+        return ["-march=native", "-mtune=native", *target.compiler_flags()]
     if target.arch == "aarch64":
         return ["-mcpu=native"]
     return []

@@ -25,8 +25,9 @@ from smelt.frontend import zoo
 
 jsonschema = pytest.importorskip("jsonschema")
 
-FAKE_MACHINE = {"cpu": "test", "isa": "avx512", "cores": 2, "python": "3", "peak_gflops": 100.0,
-                "peak": None}
+FAKE_MACHINE = {"cpu": "test", "isa": "avx512", "smelt_isa": "avx512", "cores": 2, "python": "3",
+                "caches": {"l1d_kib": 32, "l2_kib": 1024, "l3_kib": 32768}, "peak_gflops": 100.0,
+                "peaks": {"avx512": 100.0}, "peak": None}
 FAKE_PEAK = {"isa": "avx512", "vector_bits": 512, "cores": 2, "kernel": "avx512-fma", "accumulators": 24,
              "flops_per_iter": 768, "fma_gflops_1t": 220.0, "fma_gflops_all": 440.0, "fma_gflops_1t_max": 225.0,
              "fma_gflops_all_max": 450.0, "sgemm_gflops": 300.0, "sgemm_gflops_max": 310.0, "sgemm_n": 2048,
@@ -288,7 +289,7 @@ def test_cli_profile_writes_table_html_and_json(tiny, tmp_path, monkeypatch, cap
     from smelt.bench import peak
 
     monkeypatch.setattr(peak, "peak_or_reason",
-                        lambda measure=None, progress=True: (peak.PeakResult.from_dict(FAKE_PEAK), "test peak"))
+                        lambda measure=None, progress=True, **kw: (peak.PeakResult.from_dict(FAKE_PEAK), "test peak"))
     out_json, out_html = tmp_path / "p.json", tmp_path / "p.html"
     assert cli.main(["profile", tiny, "--batch", "2", "--rounds", "3", "--threads", "1",
                      "--json", str(out_json), "--html", str(out_html)]) == 0
@@ -297,3 +298,133 @@ def test_cli_profile_writes_table_html_and_json(tiny, tmp_path, monkeypatch, cap
     data = json.loads(out_json.read_text())
     assert data["model"] == "tiny" and len(data["nodes"]) >= 1
     assert "<html" in out_html.read_text().lower()
+
+
+# ----------------------------------------------------------------------------- ISA and machine
+def test_apply_isa_cap_sets_smelt_and_peer_variables(monkeypatch):
+    from smelt.target import detect
+
+    host = detect()
+    for var in ("SMELT_ISA", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
+                "MKL_ENABLE_INSTRUCTIONS"):
+        monkeypatch.setenv(var, "")  # so that teardown removes what apply_isa_cap sets
+        monkeypatch.delenv(var)
+    assert harness.apply_isa_cap(None) == {} and harness.apply_isa_cap("native") == {}
+    assert harness.apply_isa_cap(host.isa) == {}  # the host's own ISA is no cap
+    if "avx2" in host.isa_caps() and host.isa != "avx2":
+        env = harness.apply_isa_cap("avx2")
+        assert env == {"SMELT_ISA": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
+                       "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+        assert all(__import__("os").environ[k] == v for k, v in env.items())
+    env = harness.apply_isa_cap("scalar")
+    assert env["ATEN_CPU_CAPABILITY"] == "default" and env["ONEDNN_MAX_CPU_ISA"] == "SSE41"
+    with pytest.raises(ValueError, match="must be one of"):
+        harness.apply_isa_cap("avx9000")
+
+
+def test_isa_named_in_peer_kernel_names():
+    from smelt.target import isa_named_in
+
+    assert isa_named_in(["brgconv_avx512_f32", "reorder_f32"]) == "avx512"
+    assert isa_named_in(["brgconv_avx2_f32", "jit_uni_f32"]) == "avx2"
+    assert isa_named_in("AVX2") == "avx2" and isa_named_in("AVX512") == "avx512"
+    assert isa_named_in("DEFAULT") == "scalar"
+    assert isa_named_in(["jit_uni_f32", "ref_any"]) is None
+
+
+def test_machine_info_names_the_cpu_and_has_a_peak_per_isa(monkeypatch):
+    from smelt.bench import peak
+    from smelt.target import detect
+
+    host = detect()
+    asked = []
+
+    def fake(measure=None, progress=True, isa=None):
+        asked.append(isa)
+        return peak.PeakResult.from_dict({**FAKE_PEAK, "isa": isa, "fma_gflops_1t_max": 10.0 * len(asked)}), "x"
+
+    monkeypatch.setattr(peak, "peak_or_reason", fake)
+    low = host.isa_caps()[-1]
+    info = harness.machine_info(1, progress=False, isa=low)
+    assert info["cpu"] == host.cpu and info["isa"] == host.isa and info["smelt_isa"] == low
+    assert info["cpu_family"] == host.cpu_family and info["caches"]["l2_kib"] == host.l2_bytes // 1024
+    assert list(info["peaks"]) == list(dict.fromkeys([low, host.isa]))
+    assert info["peak_gflops"] == info["peaks"][low] == 10.0
+
+
+def test_share_of_peak_is_per_engine_isa_and_counts_winograd_as_executed():
+    model = BenchModel("m", _tiny_model(), {"x": np.zeros((1, 16), np.float32)})
+    results = {"smelt": {"status": "ok", "details": {"isa": "avx2", "executed_flops": 4_000_000}},
+               "peer": {"status": "ok", "details": {"isa": "avx512"}},
+               "unknown": {"status": "ok", "details": {}}}
+    samples = {"smelt": [1.0, 1.0], "peer": [1.0, 1.0], "unknown": [1.0, 1.0]}  # ms
+    entry = harness.summarize(model, results, samples, 1, {"avx2": 10.0, "avx512": 20.0}, 9_000_000, 1, 1)
+    e = entry["engines"]
+    assert e["smelt"]["gflops"] == pytest.approx(9.0) and e["smelt"]["executed_gflops"] == pytest.approx(4.0)
+    assert e["smelt"]["peak_share"] == pytest.approx(0.4)  # 4 executed GFLOPS of avx2's 10
+    assert e["peer"]["peak_share"] == pytest.approx(9.0 / 20.0)  # nominal, of avx512's 20
+    assert e["unknown"]["peak_share"] is None  # no ISA: no share rather than a wrong one
+    assert e["smelt"]["isa"] == "avx2"
+
+
+def test_executed_flops_of_a_winograd_step():
+    from smelt.bench.engines import step_executed_flops
+
+    wino = {"algorithm": "Winograd F(2x2,3x3), NCHW16c"}
+    assert step_executed_flops(36_000, wino) == 16_000
+    assert step_executed_flops(36_000, {"algorithm": "direct convolution, NCHW[x]c (NeoCPU)"}) == 36_000
+    assert step_executed_flops(36_000, {}) == 36_000
+
+
+def test_report_names_cpu_isas_and_caches(tiny, tmp_path, monkeypatch, capsys):
+    """`smelt bench` output and JSON name the CPU, the caches and the ISA each engine ran."""
+    from smelt import cli
+
+    machine = {**FAKE_MACHINE, "cpu": "AMD EPYC (family 25 model 17)"}
+    monkeypatch.setattr(harness, "machine_info", lambda *a, **k: dict(machine))
+    out = tmp_path / "r.json"
+    assert cli.main(["bench", tiny, "--against", "onnxruntime", "--rounds", "2", "--warmup", "1",
+                     "--threads", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "cpu: AMD EPYC (family 25 model 17)" in text and "L2 1024 KiB" in text
+    assert "isa: host avx512" in text and "onnxruntime" in text and "cannot be capped" in text
+    data = json.loads(out.read_text())
+    report.validate(data)
+    eng = data["models"][0]["engines"]
+    from smelt.target import detect
+
+    assert eng["smelt"]["details"]["isa"] == detect().isa == eng["smelt"]["isa"]
+    if eng["onnxruntime"]["status"] == "ok":
+        assert eng["onnxruntime"]["details"]["isa_note"] == "native ISA (cannot be capped)"
+    assert data["machine"]["caches"] and data["machine"]["cpu"].startswith("AMD EPYC")
+
+
+def test_cli_info_names_family_model_and_measures_the_isa_asked(monkeypatch, capsys):
+    from smelt import cli
+    from smelt.bench import peak
+    from smelt.target import detect
+
+    asked = []
+
+    def fake(measure=None, progress=True, isa=None, **kw):
+        asked.append(isa)
+        return peak.PeakResult.from_dict(FAKE_PEAK)
+
+    monkeypatch.setattr(peak, "load_or_measure_peak", fake)
+    low = detect().isa_caps()[-1]
+    assert cli.main(["info", "--peak", "--isa", low]) == 0
+    out = capsys.readouterr().out
+    assert asked == [low] and f"cpu:        {detect().cpu}" in out and "can cap it to" in out
+
+
+def test_format_machine_flags_a_share_above_the_peak():
+    entry = {"model": "m", "engines": {"smelt": {"status": "ok", "peak_share": 1.13, "details": {"isa": "avx2"}},
+                                       "onnxruntime": {"status": "ok", "peak_share": 0.5,
+                                                       "details": {"isa": "avx512", "isa_note": "native"}}}}
+    rep = {"machine": {**FAKE_MACHINE, "peak_notes": {"avx512": "measured at load average 9"}},
+           "settings": {"threads": 2, "isa": "avx2"}, "models": [entry]}
+    text = report.format_machine(rep)
+    assert "capped to avx2" in text and "smelt avx2" in text and "onnxruntime avx512 (native)" in text
+    assert "smelt above 100% of peak" in text and "onnxruntime above" not in text
+    assert "avx512 peak measured at load average 9" in text
+    assert "fp32 FMA peak at 2 threads: avx512 100.0 GFLOPS" in text
