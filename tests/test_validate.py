@@ -227,6 +227,16 @@ MEMORY_CASES = [
     ("node_writes_initializer",
      make_model([h("Relu", ["x"], ["w"], name="a"), h("Add", ["w", "x"], ["y"], name="add")], _x((2, 3)),
                 [tensor("y", [2, 3])], [const("w", _w(2, 3))]), ["'a'", "'w'", "initializer"]),
+    ("output_declared_wrong_dtype",
+     make_model([h("Cast", ["x"], ["y"], name="c", to=TensorProto.INT64)], _x((2, 3)), [tensor("y", [2, 3])]),
+     ["'y'", "float32", "int64"]),
+]
+
+# Declared shapes that contradict inference: onnxruntime merges them leniently (a warning; the
+# inferred shape wins) and runs the model; smelt sizes buffers from inference only, so it runs
+# them too, warns, and answers as onnxruntime does (the memory safety is that nothing believes
+# the declaration).
+DECLARED_SHAPE_CASES = [
     ("output_declared_smaller",
      make_model([h("Conv", ["x", "w"], ["y"], name="c")], _x(), [tensor("y", [1, 4, 1, 1])],
                 [const("w", _w(4, 2, 3, 3))]), ["'y'", "'c'", "[1, 4, 1, 1]", "[1, 4, 3, 3]"]),
@@ -236,11 +246,23 @@ MEMORY_CASES = [
     ("value_info_declared_wrong",
      make_model([h("Relu", ["x"], ["t"], name="a"), h("Neg", ["t"], ["y"], name="b")], _x((2, 3)),
                 [tensor("y", [2, 3])]), ["'t'", "[4, 3]", "[2, 3]"]),
-    ("output_declared_wrong_dtype",
-     make_model([h("Cast", ["x"], ["y"], name="c", to=TensorProto.INT64)], _x((2, 3)), [tensor("y", [2, 3])]),
-     ["'y'", "float32", "int64"]),
 ]
-MEMORY_CASES[5][1].graph.value_info.append(tensor("t", [4, 3]))
+DECLARED_SHAPE_CASES[2][1].graph.value_info.append(tensor("t", [4, 3]))
+
+
+@pytest.mark.parametrize("model,words", [c[1:] for c in DECLARED_SHAPE_CASES],
+                         ids=[c[0] for c in DECLARED_SHAPE_CASES])
+def test_declared_shape_lie_warns_and_runs_as_onnxruntime(model, words) -> None:
+    import smelt
+    from smelt.frontend.validate import DeclaredShapeWarning
+
+    x = _w(*[d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim])
+    with pytest.warns(DeclaredShapeWarning) as record:
+        got = smelt.compile(model, threads=1).run({"x": x})
+    message = " ".join(str(r.message) for r in record)
+    for w in words:
+        assert w in message, (w, message)
+    assert_close(got, ort_run(model, {"x": x}))
 
 
 @pytest.mark.parametrize("model,words", [c[1:] for c in MEMORY_CASES], ids=[c[0] for c in MEMORY_CASES])

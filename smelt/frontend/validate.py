@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -275,6 +276,10 @@ def _check_arity(n: onnx.NodeProto, label: str, kind: str, names: list[str],
 
 # -- stage 2: the IR with inferred shapes -------------------------------------------------------
 
+class DeclaredShapeWarning(UserWarning):
+    """A value's declared shape contradicts shape inference (the inferred one is used)."""
+
+
 def check_graph(g: Graph) -> Graph:
     """Declared vs inferred types and shapes, then the op rules; returns ``g`` (a pipeline step)."""
     producer = {o: n for n in g.nodes for o in n.outputs if o}
@@ -305,9 +310,14 @@ def _check_declared(name: str, dtype, shape, got_dtype, got_shape, node: Node | 
         return
     if len(shape) != len(got_shape) or any(isinstance(a, int) and isinstance(b, int) and a != b
                                            for a, b in zip(shape, got_shape, strict=False)):
+        # onnxruntime merges such a declaration leniently (a warning, the inferred shape wins) and
+        # runs the model; exporters write stale output shapes (ddddocr's recognizer declares
+        # [1, seqlen] for a [T, 1, 8210] output). smelt sizes every buffer from inference alone, so
+        # the declaration is only reported, never believed.
         show = lambda s: [d if isinstance(d, int) else "?" if d.startswith("unk_") else d for d in s]  # noqa: E731
-        raise InvalidModelError(f"value {name!r}{who} is declared with shape {show(shape)} but its "
-                                f"inferred shape is {show(got_shape)}")
+        warnings.warn(f"value {name!r}{who} is declared with shape {show(shape)} but its inferred shape is "
+                      f"{show(got_shape)}; the inferred shape is used, as onnxruntime does", DeclaredShapeWarning,
+                      stacklevel=2)
 
 
 class _Ctx:
