@@ -191,6 +191,35 @@ def test_gather() -> None:
     check(cases, feeds, opset=13)
 
 
+def test_gather_elements_and_float_tests() -> None:
+    """GatherElements (every axis, negative indices, indices smaller than the data off the axis,
+    int32 and int64 indices, float and int data; onnx.reference fails BERT's position-id gather,
+    so it must be native) and IsNaN / IsInf (each detect flag) on specials."""
+    cases = Cases()
+    for axis in (0, 1, 2, -1):
+        cases.add("GatherElements", ["x", f"i{axis}"], axis=axis)
+    cases.add("GatherElements", ["xi", "i1"], axis=1)
+    cases.add("GatherElements", ["pos", "ids"], axis=1)  # BERT's expanded position-id buffer
+    cases.add("IsNaN", ["s"])
+    for pos, neg in ((1, 1), (1, 0), (0, 1), (0, 0)):
+        cases.add("IsInf", ["s"], detect_positive=pos, detect_negative=neg)
+    x = randn(3, 4, 5)
+    feeds = {"x": x, "xi": RNG.integers(-100, 100, (3, 4, 5)),
+             "i0": RNG.integers(-3, 3, (2, 4, 5)), "i1": RNG.integers(-4, 4, (3, 6, 2)).astype(np.int32),
+             "i2": RNG.integers(-5, 5, (3, 4, 9)), "i-1": RNG.integers(0, 5, (1, 2, 3)),
+             "pos": np.zeros((1, 512), np.int64), "ids": np.arange(128, dtype=np.int64)[None],
+             "s": np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.5, -3.0, 3.4e38], np.float32)}
+    check(cases, feeds, opset=13)
+
+
+def test_gather_elements_index_out_of_range_raises() -> None:
+    cases = Cases()
+    cases.add("GatherElements", ["x", "idx"], axis=1)
+    compiled = smelt.compile(build_model(cases, {"x": randn(2, 5), "idx": ints(0, 1).reshape(1, 2)}, 13), threads=1)
+    with pytest.raises(smelt.SmeltError, match="GatherElements.*out of range"):
+        compiled.run({"x": randn(2, 5), "idx": ints(0, 5).reshape(1, 2)})
+
+
 def test_gather_runtime_index_out_of_range_raises() -> None:
     cases = Cases()
     cases.add("Gather", ["x", "idx"], axis=1)

@@ -134,6 +134,33 @@ def emit_unary(node: Node, g: Graph, em: BlockEmitter) -> None:
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
 
 
+def _check_float_test(node: Node, g: Graph) -> str | None:
+    why = same_layout_flat(node, g, node.inputs[:1])
+    if why:
+        return why
+    dt = _dtype(g, node.inputs[0])
+    if dt not in FLOAT_TYPES or _dtype(g, node.outputs[0]) != "bool":
+        return f"no native {node.op} for {dt}"
+    return None
+
+
+@register(("IsNaN", "IsInf"), check=_check_float_test, name="eltwise_float_test", blocked=True)
+def emit_float_test(node: Node, g: Graph, em: BlockEmitter) -> None:
+    """IsNaN / IsInf (detect_positive, detect_negative): a float class test, bool out. Exported
+    attention masks use them (``Where(IsNaN(scores), 0, scores)``)."""
+    x, y = node.inputs[0], node.outputs[0]
+    if node.op == "IsNaN":
+        expr = "(X[I0] != X[I0])"
+    else:
+        tests = [t for t, on in (("X[I0] == INFINITY", node.attr("detect_positive", 1)),
+                                 ("X[I0] == -INFINITY", node.attr("detect_negative", 1))) if on]
+        expr = "(" + " || ".join(tests) + ")" if tests else "0"
+    loop = elementwise_loop(g.values[y].shape, [g.values[x].shape],
+                            lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', f'X[{idx[0]}]')};")
+    em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"
+            f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
+
+
 def _clip_bounds(node: Node, g: Graph) -> tuple[str | None, str | None] | None:
     dt = _dtype(g, node.inputs[0])
     lo, hi = node.attr("min"), node.attr("max")

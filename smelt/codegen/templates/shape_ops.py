@@ -354,6 +354,52 @@ def emit_gather(node: Node, g: Graph, em: BlockEmitter) -> None:
     emit_kernel(em, f"gather_rt_{dt}", "\n".join(L), f"Gather {ds} axis {axis}, {k} run-time indices")
 
 
+# -- GatherElements --------------------------------------------------------------------------------
+
+def _check_gather_elements(node: Node, g: Graph) -> str | None:
+    data, idx = node.inputs
+    why = _nonempty_native(node, g, [data, node.outputs[0]])
+    if why:
+        return why
+    ds, js = _shape(g, data), _shape(g, idx)
+    axis = node.attr("axis", 0)
+    if len(ds) != len(js) or not -len(ds) <= axis < len(ds):
+        return "GatherElements needs indices of the data's rank and an axis in range"
+    if dtype_name(g, idx) not in ("int32", "int64"):
+        return "indices dtype"
+    axis = axis % len(ds)
+    if any(j > d for k, (j, d) in enumerate(zip(js, ds, strict=True)) if k != axis):
+        return "indices larger than the data off the axis"
+    return None
+
+
+@register("GatherElements", versions=(11, 13), check=_check_gather_elements, name="gather_elements")
+def emit_gather_elements(node: Node, g: Graph, em: BlockEmitter) -> None:
+    """out[c] = data[c with c[axis] replaced by indices[c]] (negative indices wrap; one out of
+    range is reported with SMELT_FAIL, its element zeroed). onnx.reference's GatherElements
+    fails on BERT's position-id gather, so this op must not fall back."""
+    data, idx = node.inputs
+    y = node.outputs[0]
+    ds, js = _shape(g, data), _shape(g, idx)
+    axis = node.attr("axis", 0) % len(ds)
+    dt = dtype_name(g, data)
+    t, it = c_type(dt), c_type(dtype_name(g, idx))
+    strides = [int(np.prod(ds[k + 1:], dtype=np.int64)) for k in range(len(ds))]
+    total = int(np.prod(js, dtype=np.int64))
+    L = [f"const {t} *restrict X = {em.ptr(data)};", f"const {it} *restrict I = {em.ptr(idx)};",
+         f"{t} *restrict Y = (void *){em.ptr(y)};",
+         work_range(total, total >= PARALLEL_MIN_ELEMS),
+         "for (long o = wb; o < we; ++o) {",
+         "    long j = (long)I[o], rem = o, src = 0;",
+         f"    if (j < 0) j += {ds[axis]};",
+         f"    if ((unsigned long)j >= {ds[axis]}ul) {{ Y[o] = 0; SMELT_FAIL(); continue; }}  /* reported */"]
+    for k in reversed(range(len(js))):
+        term = "j" if k == axis else f"(rem % {js[k]})"
+        L.append(f"    src += {term} * {strides[k]}L; rem /= {js[k]};")
+    L += ["    Y[o] = X[src];", "}"]
+    emit_kernel(em, f"gather_elements_{dt}", "\n".join(L), f"GatherElements {ds} axis {axis}, indices {js}")
+
+
 # -- Pad -------------------------------------------------------------------------------------------
 
 PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}
