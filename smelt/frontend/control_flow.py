@@ -12,6 +12,7 @@ inlining pass (smelt.passes.inline_if) turns into the branch's own nodes.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -117,15 +118,18 @@ class Decisions:
         self.guards = guards
         self.names = sorted({i for g in guards for i in g.inputs})
         self._seen: dict[tuple, tuple[bool, ...]] = {}
+        # concurrent calls: the evaluators and the eviction are not thread-safe; a hit needs no lock
+        self._lock = threading.Lock()
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> tuple[bool, ...]:
         key = tuple((feeds[n].dtype.str, feeds[n].shape, feeds[n].tobytes()) for n in self.names)
         found = self._seen.get(key)
         if found is None:
-            found = tuple(g.evaluate(feeds) for g in self.guards)
-            if len(self._seen) >= MAX_REMEMBERED:
-                self._seen.pop(next(iter(self._seen)))
-            self._seen[key] = found
+            with self._lock:
+                found = tuple(g.evaluate(feeds) for g in self.guards)
+                if len(self._seen) >= MAX_REMEMBERED:
+                    self._seen.pop(next(iter(self._seen)))
+                self._seen[key] = found
         return found
 
 
