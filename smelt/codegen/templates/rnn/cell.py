@@ -10,7 +10,8 @@ from smelt.codegen.kernels.rnn_config import (
     gate_split_rows,
     tile_rows,
 )
-from smelt.codegen.templates.rnn.common import CB, _row_chunks
+from smelt.codegen.kernels.tile import RegisterTile
+from smelt.codegen.templates.rnn.common import CB, VX, _row_chunks
 from smelt.codegen.templates.rnn.gates import act_code, clip_code
 
 
@@ -63,15 +64,21 @@ def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool,
         L.append(f"    const float *rp{n} = Rp + (hb + {n}) * {H * G * VL}L;")
     for m in range(mb):
         L.append(f"    const float *h{m} = h + {m * cfg.Hp}L;")
-    for m in range(mb):
-        for n in range(nb):
-            for g in gates:
-                if kin_lbr and g == 2:
-                    init = f"VX_load(rbh + (hb + {n}) * {VL})"
-                else:
-                    init = f"VX_load(xw + {m * N}L + (hb + {n}) * {G * VL} + {g * VL})"
-                L.append(f"    VX_v a{m}_{n}_{g} = k0 == 0 ? {init} : VX_load(acc + {slot(m, n, g) * VL});")
-    names = [f"a{m}_{n}_{g}" for m in range(mb) for n in range(nb) for g in gates]
+    # J axis: the (hidden block, gate) vectors of R; rows: the batch rows, h[m][k] broadcast.
+    # Broadcasts first, then per vector its load and a FMA per row (few rows, up to 8 vectors).
+    pairs = [(n, g) for n in range(nb) for g in gates]
+    tile = RegisterTile(VX, len(pairs), mb, acc_fmt="a{r}_{j}", vec="w", bcast="h{r}k",
+                        labels=tuple(f"{n}_{g}" for n, g in pairs), hoist_broadcasts=True)
+
+    def init(j: int, m: int) -> str:
+        n, g = pairs[j]
+        if kin_lbr and g == 2:
+            first = VX.load(f"rbh + (hb + {n}) * {VL}")
+        else:
+            first = VX.load(f"xw + {m * N}L + (hb + {n}) * {G * VL} + {g * VL}")
+        return f"k0 == 0 ? {first} : {VX.load(f'acc + {slot(m, n, g) * VL}')}"
+
+    L += ["    " + x for x in tile.declare(init, by_row=True, one_per_line=True)]
     # XW of this step was written by the projection GEMM long before (T*B rows of it do not fit
     # L2), so the accumulators' first loads came from L3: fetch the next tile's lines now, a whole
     # K loop ahead (GRU B=10 H=256: recurrence 1.71 -> 1.57 ms).
@@ -82,42 +89,36 @@ def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool,
     L.append("    }")
     # Few accumulators (batch 1): each is one FMA chain over K, 4 cycles per link, so the loop is
     # latency bound; a second set over odd k halves the chain (summed at the end).
-    split = 2 * len(names) <= cfg.acc_budget
+    split = 2 * tile.J * tile.R <= cfg.acc_budget
 
-    def body(k: str, suffix: str) -> None:
-        for m in range(mb):
-            L.append(f"        VX_v h{m}k{suffix} = VX_set1(h{m}[{k}]);")
-        for n in range(nb):
-            for g in gates:
-                if pf_ahead:
-                    L.append(f"        __builtin_prefetch(rp{n} + ({k} + {pf_ahead}) * {ks} + {g * gst}, 0, 2);")
-                L.append(f"        VX_v w{n}_{g}{suffix} = VX_load(rp{n} + ({k}) * {ks} + {g * gst});")
-                for m in range(mb):
-                    a = f"a{m}_{n}_{g}{suffix}"
-                    L.append(f"        {a} = VX_fma(h{m}k{suffix}, w{n}_{g}{suffix}, {a});")
+    def body(t: RegisterTile, k: str) -> None:
+        def prefetch(j: int) -> list[str]:
+            n, g = pairs[j]
+            return [f"__builtin_prefetch(rp{n} + ({k} + {pf_ahead}) * {ks} + {g * gst}, 0, 2);"] if pf_ahead else []
+
+        L.extend(t.fma_step(lambda j: VX.load(f"rp{pairs[j][0]} + ({k}) * {ks} + {pairs[j][1] * gst}"),
+                            lambda m: VX.set1(f"h{m}[{k}]"), indent="        ", before_load=prefetch))
 
     if split:
-        for a in names:
-            L.append(f"    VX_v {a}b = VX_zero();")
+        odd = tile.second()
+        L += ["    " + x for x in odd.declare("zero", by_row=True, one_per_line=True)]
         L.append("    long k = k0;")
         L.append("    for (; k + 1 < k1; k += 2) {")
-        body("k", "")
-        body("k + 1", "b")
+        body(tile, "k")
+        body(odd, "k + 1")
         L.append("    }")
         L.append("    if (k < k1) {")
-        body("k", "")
+        body(tile, "k")
         L.append("    }")
-        for a in names:
-            L.append(f"    {a} = VX_add({a}, {a}b);")
+        L += ["    " + x for x in tile.add(odd, by_row=True)]
     else:
         L.append("    #pragma GCC unroll 2")
         L.append("    for (long k = k0; k < k1; ++k) {")
-        body("k", "")
+        body(tile, "k")
         L.append("    }")
-    for m in range(mb):
-        for n in range(nb):
-            for g in gates:
-                L.append(f"    VX_store(acc + {slot(m, n, g) * VL}, a{m}_{n}_{g});")
+    for j, m in tile.each(by_row=True):
+        n, g = pairs[j]
+        L.append("    " + VX.store(f"acc + {slot(m, n, g) * VL}", tile.acc(j, m)))
     L.append("}")
     return "\n".join(L)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.tile import MacroVector
 from smelt.errors import VerifyError
 from smelt.ir.graph import Node
 from smelt.schedule.rnn import RnnSchedule
@@ -12,6 +13,10 @@ from smelt.schedule.rnn import RnnSchedule
 # store them back at loop exit (an invented store: it clobbered the other thread's XW panel in
 # a stress test of the ONNX backend cases; -fno-predictive-commoning or -O2 also avoid it).
 CB = '__asm__ volatile("" ::: "memory");'
+
+# The 16-lane logical vector every RNN kernel computes in: VX_ names, defined per ISA by a C
+# header (kernels/rnn_vec.py) and prefixed per chunk when the source is assembled.
+VX = MacroVector("VX_v", "VX")
 
 
 def _row_chunks(total: int, most: int) -> list[tuple[int, int]]:
