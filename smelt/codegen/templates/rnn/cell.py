@@ -3,6 +3,7 @@ tiles of ``XW[t] + h·R^T`` and the gate math per (row, hidden block)."""
 
 from __future__ import annotations
 
+from smelt.codegen.kernels.isa import VectorIsa
 from smelt.codegen.kernels.rnn_config import (
     REC_GROUP_ROWS,
     VL,
@@ -14,10 +15,18 @@ from smelt.codegen.kernels.tile import RegisterTile
 from smelt.codegen.templates.rnn.common import CB, VX, _row_chunks
 from smelt.codegen.templates.rnn.gates import act_code, clip_code
 
-
 # --------------------------------------------------------------------------------------------
 # C: the recurrence cell for one direction, one time step, a range of hidden blocks
 # --------------------------------------------------------------------------------------------
+# Rows of a native-vector tile (_native_dot_code), where the logical tile holds one row: AVX2
+# LSTM, 2 rows x at most 6 ymm per pass (12 accumulators + 2 broadcasts + 1 load of the 16
+# ymm; the LSTM's 8 ymm per row in 2 passes of 4). Perf samples of the recurrence kernels, LSTM
+# forced to AVX2 on Zen 4, 1 thread: H=256 B=10 T=50 4140 -> 3491, H=128 B=8 3804 -> 3308,
+# H=128 B=4 3481 -> 2798 (3 rows x 3 ymm with the loads first: about the same; the GRU's 2-row
+# logical tile gained nothing as a native one, and without "unroll 2" no variant gained).
+NATIVE_TILE_ROWS = 2
+
+
 def _gate_groups(gates: list[int], most: int) -> list[list[int]]:
     """``gates`` cut into balanced runs of at most ``most`` consecutive gates."""
     out, i = [], 0
@@ -123,8 +132,70 @@ def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool,
     return "\n".join(L)
 
 
+def _native_dot_code(cfg: RnnConfig, nv: VectorIsa, gates: list[int], mb: int, kin_lbr: bool,
+                     pf_ahead: int = 0) -> str:
+    """FNAME_d{mb}x1[p]: ``_dot_code``'s kernel (same arguments, same ``acc`` layout) for one
+    hidden block, as register tiles of the target's native vectors (``nv``: ``lanes`` < 16, so a
+    logical vector is several of them): the block's G x 16/lanes native vectors in balanced
+    passes, each pass a J x mb tile (broadcasts first) over the K range of the call, whose R
+    block the K blocking keeps in L1. On AVX2 the LSTM's logical tile is one row (4 gates x 2
+    ymm = 8 accumulators of the 6 x 2 budget): every R vector was loaded once per FMA, and the
+    8 FMA chains were just enough to cover the FMA latency; 2 rows x 4 ymm per pass loads each
+    R vector once for two FMAs."""
+    G, H, N = cfg.G, cfg.H, cfg.ntot
+    w = nv.lanes
+    ks, gst = (VL, H * VL) if cfg.rgm else (G * VL, VL)
+    name = f"d{mb}x1{'p' if pf_ahead else ''}"
+    vecs = [(g, q) for g in gates for q in range(VL // w)]  # (gate, native part of the logical vector)
+    jp_most = max(1, (nv.registers - 1 - mb) // mb)  # J x mb accumulators + mb broadcasts + 1 load
+    npass = -(-len(vecs) // jp_most)
+    L = [f"static __attribute__((noinline)) void FNAME_{name}(const float *Rp, const float *xw, "
+         "const float *h, const float *rbh, long hb, float *acc, long k0, long k1, long hbn) {",
+         "    (void)rbh; (void)hbn;",
+         f"    const float *rp0 = Rp + hb * {H * G * VL}L;"]
+    for m in range(mb):
+        L.append(f"    const float *h{m} = h + {m * cfg.Hp}L;")
+    L.append("    if (k0 == 0) {")
+    for m in range(mb):
+        for g in range(G):
+            L.append(f"        __builtin_prefetch(xw + {m * N}L + hbn * {G * VL} + {g * VL}, 0, 3);")
+    L.append("    }")
+
+    def at(m: int, g: int, q: int) -> str:  # the floats of (row m, gate g, part q) in acc
+        return f"acc + {(m * len(gates) + gates.index(g)) * VL + q * w}"
+
+    i = 0
+    for p in range(npass):
+        part = vecs[i:i + -(-(len(vecs) - i) // (npass - p))]
+        i += len(part)
+        tile = RegisterTile(nv, len(part), mb, acc_fmt="c{j}_{r}", vec="r", bcast="b{r}", hoist_broadcasts=True)
+
+        def init(j: int, m: int, part: list[tuple[int, int]] = part) -> str:
+            g, q = part[j]
+            first = (f"rbh + hb * {VL} + {q * w}" if kin_lbr and g == 2
+                     else f"xw + {m * N}L + hb * {G * VL} + {g * VL + q * w}")
+            return f"k0 == 0 ? {nv.load(first)} : {nv.load(at(m, g, q))}"
+
+        def pf(j: int, part: list[tuple[int, int]] = part) -> list[str]:
+            g, q = part[j]
+            return ([f"__builtin_prefetch(rp0 + (k + {pf_ahead}) * {ks} + {g * gst}, 0, 2);"]
+                    if pf_ahead and q == 0 else [])
+
+        L.append("    {")
+        L += ["        " + x for x in tile.declare(init)]
+        L.append("        #pragma GCC unroll 2")
+        L.append("        for (long k = k0; k < k1; ++k) {")
+        L += tile.fma_step(lambda j, part=part: nv.load(f"rp0 + k * {ks} + {part[j][0] * gst + part[j][1] * w}"),
+                           lambda m: nv.set1(f"h{m}[k]"), indent="            ", before_load=pf)
+        L.append("        }")
+        L += ["        " + nv.store(at(m, *part[j]), tile.acc(j, m)) for j, m in tile.each()]
+        L.append("    }")
+    L.append("}")
+    return "\n".join(L)
+
+
 def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
-              rows: set[int] | None = None, l2_bytes: int = 0) -> str:
+              rows: set[int] | None = None, l2_bytes: int = 0, native: VectorIsa | None = None) -> str:
     """FNAME(Rp, xw, hp, hn, cs, pp, rbh, zb, rh, y, slen, t, hb0, hb1, blo, bhi, ybs) for direction ``d``:
     hidden blocks [hb0, hb1) of batch rows [blo, bhi).
 
@@ -142,6 +213,20 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     gates = {"": list(range(G)), "a": [0, 1], "b": [2]}[phase]
     ng = len(gates)
     mb_most = tile_rows(ng, cfg.acc_budget)
+    # A logical tile of one row (AVX2 LSTM: 4 gates x 2 ymm of the 6 x 2 budget): rows of 2 and
+    # more run as native-vector tiles instead (_native_dot_code); rows of 1 keep the logical tile
+    # (its split accumulator set for batch 1; batch 1 renders as without native tiles).
+    native_rows = native is not None and mb_most == 1 and (dynamic or max(rows or {B}) > 1)
+    if native_rows:
+        mb_most = NATIVE_TILE_ROWS
+
+    def tile_nb(mb: int) -> int:
+        return 1 if native_rows and mb > 1 else _tile_nb(ng, mb, cfg.acc_budget)
+
+    def dot(mb: int, nb: int, pf: int) -> str:
+        if native_rows and mb > 1:
+            return _native_dot_code(cfg, native, gates, mb, kin_lbr, pf)
+        return _dot_code(cfg, gates, mb, nb, kin_lbr, pf)
     row_counts = sorted(rows or {B})
     if dynamic:
         sizes = list(range(1, mb_most + 1))
@@ -163,7 +248,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     # (q + 1 rows, or q), and every chunk of that group uses it; leftover blocks go one by one
     pairs: set[tuple[int, int]] = {(mb, 1) for mb in sizes}
     for mb0 in (sizes if dynamic else [_row_chunks(bc, mb_most)[0][0] for bc in row_counts if bc > 0]):
-        nbt = _tile_nb(ng, mb0, cfg.acc_budget)
+        nbt = tile_nb(mb0)
         pairs |= {(mb, nbt) for mb in (mb0 - 1, mb0) if mb in sizes}
     # K block: the nb hidden blocks' R rows of one K block (<= 32 KiB) stay in L1 while every
     # chunk of a row group streams them (otherwise each chunk re-read the slice from L2; at
@@ -178,7 +263,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     # 3.5% on 3 of 4 shapes).
     stream = bool(l2_bytes) and cfg.nhb * H * G * VL * 4 > l2_bytes * 3 // 4
     pf_chunk = stream and (dynamic or any(bc > mb_most for bc in row_counts))
-    kernels = [_dot_code(cfg, gates, mb, nb, kin_lbr, pf) for mb, nb in sorted(pairs)
+    kernels = [dot(mb, nb, pf) for mb, nb in sorted(pairs)
                for pf in ((0, kc) if pf_chunk else (0,))]
     # Gate split: a thread's rows in one tile, over the gates in passes (see GATE_SPLIT_ROWS)
     gs_rows = [bc for bc in row_counts if mb_most < bc <= gate_split_rows(cfg.acc_budget)] if cfg.rgm else []
@@ -283,7 +368,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
 
     chunk_acc = max(mb * nb for mb, nb in pairs) * ng * VL  # floats of one chunk's accumulators
     cpg = max(1, REC_GROUP_ROWS // mb_most)  # chunks per row group (bounds acc)
-    nbt_cases = " ".join(f"case {mb}: nbt0 = {_tile_nb(ng, mb, cfg.acc_budget)}; break;" for mb in sizes)
+    nbt_cases = " ".join(f"case {mb}: nbt0 = {tile_nb(mb)}; break;" for mb in sizes)
     zz_doc = ("; on odd steps in reverse order, so a\n       step starts with the blocks the last one ended with, still in L2" if stream else "")
     gs_code = []
     for bc in gs_rows:
