@@ -572,12 +572,12 @@ def test_avx2_native_vector_tiles(monkeypatch):
     """On AVX2 the LSTM's logical register tile is one row (4 gates x 2 ymm of the 6 x 2
     budget), so row chunks of 2 run as tiles of native ymm vectors (cell.py _native_dot_code);
     they agree with onnxruntime in each R layout: interleaved (H=20 with a padded tail, odd
-    batches: 2-row native and 1-row logical chunks), gate-major at 2 rows (R beyond L2, too few
-    rows for a gate split), streamed from L3 with the R prefetch variant (H=260, 9 rows)."""
+    batches: 2-row native and 1-row logical chunks), streamed from L3 with the R prefetch variant
+    (H=260, 9 rows), and gate-major (R beyond L2, rows split 7 + 6 over two threads: the 6 run a
+    gate split, the 7 native row chunks on the gate-major layout)."""
     target = _isa_target("avx2")
     monkeypatch.setattr("smelt.compiler.detect", lambda: target)
     cases = [Case("LSTM", 3, 7, 8, 20, "bidirectional", init=True, peep=True, seq="rand"),
-             Case("LSTM", 3, 2, 5, 256, init=True),
              Case("LSTM", 2, 9, 4, 260, "reverse", peep=True)]
     monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
     model, _, _, _ = _models(cases, 0)
@@ -585,6 +585,8 @@ def test_avx2_native_vector_tiles(monkeypatch):
     native = [f for f in src.split("static __attribute__((noinline)) void ")[1:] if f.split("(")[0].endswith("_d2x1")]
     assert native and all("_mm256_fmadd_ps(b0, r" in f for f in native)
     _check(cases)
+    gate_major = [Case("LSTM", 3, 13, 5, 256, init=True)]
+    _check(gate_major, threads=(2,), transform=lambda m: annotate(m, grid=(2, 1)))
 
 
 def test_schedule_stage_decides_rnn():
