@@ -568,6 +568,27 @@ def test_isa_headers(isa, monkeypatch):
     _check(cases)
 
 
+def test_avx2_native_vector_tiles(monkeypatch):
+    """On AVX2 the LSTM's logical register tile is one row (4 gates x 2 ymm of the 6 x 2
+    budget), so row chunks of 2 run as tiles of native ymm vectors (cell.py _native_dot_code);
+    they agree with onnxruntime in each R layout: interleaved (H=20 with a padded tail, odd
+    batches: 2-row native and 1-row logical chunks), streamed from L3 with the R prefetch variant
+    (H=260, 9 rows), and gate-major (R beyond L2, rows split 7 + 6 over two threads: the 6 run a
+    gate split, the 7 native row chunks on the gate-major layout)."""
+    target = _isa_target("avx2")
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    cases = [Case("LSTM", 3, 7, 8, 20, "bidirectional", init=True, peep=True, seq="rand"),
+             Case("LSTM", 2, 9, 4, 260, "reverse", peep=True)]
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
+    model, _, _, _ = _models(cases, 0)
+    src = smelt.compile(model, threads=1).source_path.read_text()
+    native = [f for f in src.split("static __attribute__((noinline)) void ")[1:] if f.split("(")[0].endswith("_d2x1")]
+    assert native and all("_mm256_fmadd_ps(b0, r" in f for f in native)
+    _check(cases)
+    gate_major = [Case("LSTM", 3, 13, 5, 256, init=True)]
+    _check(gate_major, threads=(2,), transform=lambda m: annotate(m, grid=(2, 1)))
+
+
 def test_schedule_stage_decides_rnn():
     """The RNN's decisions are made by smelt.schedule.rnn, not the template: every recurrent node
     of a lowered graph carries a frozen RnnSchedule; a forced attribute wins over the cost model

@@ -62,6 +62,24 @@ def test_varying_lengths_and_batches_compile_once(cell, layers, bi, threads):
     assert {op for _, op in compiled.native_nodes} == {cell.upper()}
 
 
+def test_dynamic_batch_avx2(monkeypatch):
+    """Batch 1..8 at run time with the AVX2 LSTM tiles: native-vector kernels for chunks of 2
+    rows, the logical one-row tile (split accumulators) for a single row."""
+    from kernel_models import _isa_target
+
+    target = _isa_target("avx2")
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    model = lstm_model(12, 20, "B", "T", initial_states=True)
+    compiled = smelt.compile(model, threads=2, max_dims={"T": 16, "B": 8})
+    ref = _ort(model)
+    rng = np.random.default_rng(2)
+    for T, B in SIZES:
+        feeds = {"x": rng.standard_normal((T, B, 12)).astype(np.float32),
+                 "h0_0": rng.standard_normal((1, B, 20)).astype(np.float32),
+                 "c0_0": rng.standard_normal((1, B, 20)).astype(np.float32)}
+        _close(compiled.run(feeds), ref.run(None, feeds))
+
+
 def test_bound_grows_geometrically():
     model = lstm_model(8, 16, "B", "T")
     compiled = smelt.compile(model, threads=2)

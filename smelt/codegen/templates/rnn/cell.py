@@ -3,6 +3,7 @@ tiles of ``XW[t] + h·R^T`` and the gate math per (row, hidden block)."""
 
 from __future__ import annotations
 
+from smelt.codegen.kernels.isa import VectorIsa
 from smelt.codegen.kernels.rnn_config import (
     REC_GROUP_ROWS,
     VL,
@@ -10,13 +11,22 @@ from smelt.codegen.kernels.rnn_config import (
     gate_split_rows,
     tile_rows,
 )
-from smelt.codegen.templates.rnn.common import CB, _row_chunks
+from smelt.codegen.kernels.tile import RegisterTile
+from smelt.codegen.templates.rnn.common import CB, VX, _row_chunks
 from smelt.codegen.templates.rnn.gates import act_code, clip_code
-
 
 # --------------------------------------------------------------------------------------------
 # C: the recurrence cell for one direction, one time step, a range of hidden blocks
 # --------------------------------------------------------------------------------------------
+# Rows of a native-vector tile (_native_dot_code), where the logical tile holds one row: AVX2
+# LSTM, 2 rows x at most 6 ymm per pass (12 accumulators + 2 broadcasts + 1 load of the 16
+# ymm; the LSTM's 8 ymm per row in 2 passes of 4). Perf samples of the recurrence kernels, LSTM
+# forced to AVX2 on Zen 4, 1 thread: H=256 B=10 T=50 4140 -> 3491, H=128 B=8 3804 -> 3308,
+# H=128 B=4 3481 -> 2798 (3 rows x 3 ymm with the loads first: about the same; the GRU's 2-row
+# logical tile gained nothing as a native one, and without "unroll 2" no variant gained).
+NATIVE_TILE_ROWS = 2
+
+
 def _gate_groups(gates: list[int], most: int) -> list[list[int]]:
     """``gates`` cut into balanced runs of at most ``most`` consecutive gates."""
     out, i = [], 0
@@ -63,15 +73,21 @@ def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool,
         L.append(f"    const float *rp{n} = Rp + (hb + {n}) * {H * G * VL}L;")
     for m in range(mb):
         L.append(f"    const float *h{m} = h + {m * cfg.Hp}L;")
-    for m in range(mb):
-        for n in range(nb):
-            for g in gates:
-                if kin_lbr and g == 2:
-                    init = f"VX_load(rbh + (hb + {n}) * {VL})"
-                else:
-                    init = f"VX_load(xw + {m * N}L + (hb + {n}) * {G * VL} + {g * VL})"
-                L.append(f"    VX_v a{m}_{n}_{g} = k0 == 0 ? {init} : VX_load(acc + {slot(m, n, g) * VL});")
-    names = [f"a{m}_{n}_{g}" for m in range(mb) for n in range(nb) for g in gates]
+    # J axis: the (hidden block, gate) vectors of R; rows: the batch rows, h[m][k] broadcast.
+    # Broadcasts first, then per vector its load and a FMA per row (few rows, up to 8 vectors).
+    pairs = [(n, g) for n in range(nb) for g in gates]
+    tile = RegisterTile(VX, len(pairs), mb, acc_fmt="a{r}_{j}", vec="w", bcast="h{r}k",
+                        labels=tuple(f"{n}_{g}" for n, g in pairs), hoist_broadcasts=True)
+
+    def init(j: int, m: int) -> str:
+        n, g = pairs[j]
+        if kin_lbr and g == 2:
+            first = VX.load(f"rbh + (hb + {n}) * {VL}")
+        else:
+            first = VX.load(f"xw + {m * N}L + (hb + {n}) * {G * VL} + {g * VL}")
+        return f"k0 == 0 ? {first} : {VX.load(f'acc + {slot(m, n, g) * VL}')}"
+
+    L += ["    " + x for x in tile.declare(init, by_row=True, one_per_line=True)]
     # XW of this step was written by the projection GEMM long before (T*B rows of it do not fit
     # L2), so the accumulators' first loads came from L3: fetch the next tile's lines now, a whole
     # K loop ahead (GRU B=10 H=256: recurrence 1.71 -> 1.57 ms).
@@ -82,48 +98,104 @@ def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool,
     L.append("    }")
     # Few accumulators (batch 1): each is one FMA chain over K, 4 cycles per link, so the loop is
     # latency bound; a second set over odd k halves the chain (summed at the end).
-    split = 2 * len(names) <= cfg.acc_budget
+    split = 2 * tile.J * tile.R <= cfg.acc_budget
 
-    def body(k: str, suffix: str) -> None:
-        for m in range(mb):
-            L.append(f"        VX_v h{m}k{suffix} = VX_set1(h{m}[{k}]);")
-        for n in range(nb):
-            for g in gates:
-                if pf_ahead:
-                    L.append(f"        __builtin_prefetch(rp{n} + ({k} + {pf_ahead}) * {ks} + {g * gst}, 0, 2);")
-                L.append(f"        VX_v w{n}_{g}{suffix} = VX_load(rp{n} + ({k}) * {ks} + {g * gst});")
-                for m in range(mb):
-                    a = f"a{m}_{n}_{g}{suffix}"
-                    L.append(f"        {a} = VX_fma(h{m}k{suffix}, w{n}_{g}{suffix}, {a});")
+    def body(t: RegisterTile, k: str) -> None:
+        def prefetch(j: int) -> list[str]:
+            n, g = pairs[j]
+            return [f"__builtin_prefetch(rp{n} + ({k} + {pf_ahead}) * {ks} + {g * gst}, 0, 2);"] if pf_ahead else []
+
+        L.extend(t.fma_step(lambda j: VX.load(f"rp{pairs[j][0]} + ({k}) * {ks} + {pairs[j][1] * gst}"),
+                            lambda m: VX.set1(f"h{m}[{k}]"), indent="        ", before_load=prefetch))
 
     if split:
-        for a in names:
-            L.append(f"    VX_v {a}b = VX_zero();")
+        odd = tile.second()
+        L += ["    " + x for x in odd.declare("zero", by_row=True, one_per_line=True)]
         L.append("    long k = k0;")
         L.append("    for (; k + 1 < k1; k += 2) {")
-        body("k", "")
-        body("k + 1", "b")
+        body(tile, "k")
+        body(odd, "k + 1")
         L.append("    }")
         L.append("    if (k < k1) {")
-        body("k", "")
+        body(tile, "k")
         L.append("    }")
-        for a in names:
-            L.append(f"    {a} = VX_add({a}, {a}b);")
+        L += ["    " + x for x in tile.add(odd, by_row=True)]
     else:
         L.append("    #pragma GCC unroll 2")
         L.append("    for (long k = k0; k < k1; ++k) {")
-        body("k", "")
+        body(tile, "k")
         L.append("    }")
+    for j, m in tile.each(by_row=True):
+        n, g = pairs[j]
+        L.append("    " + VX.store(f"acc + {slot(m, n, g) * VL}", tile.acc(j, m)))
+    L.append("}")
+    return "\n".join(L)
+
+
+def _native_dot_code(cfg: RnnConfig, nv: VectorIsa, gates: list[int], mb: int, kin_lbr: bool,
+                     pf_ahead: int = 0) -> str:
+    """FNAME_d{mb}x1[p]: ``_dot_code``'s kernel (same arguments, same ``acc`` layout) for one
+    hidden block, as register tiles of the target's native vectors (``nv``: ``lanes`` < 16, so a
+    logical vector is several of them): the block's G x 16/lanes native vectors in balanced
+    passes, each pass a J x mb tile (broadcasts first) over the K range of the call, whose R
+    block the K blocking keeps in L1. On AVX2 the LSTM's logical tile is one row (4 gates x 2
+    ymm = 8 accumulators of the 6 x 2 budget): every R vector was loaded once per FMA, and the
+    8 FMA chains were just enough to cover the FMA latency; 2 rows x 4 ymm per pass loads each
+    R vector once for two FMAs."""
+    G, H, N = cfg.G, cfg.H, cfg.ntot
+    w = nv.lanes
+    ks, gst = (VL, H * VL) if cfg.rgm else (G * VL, VL)
+    name = f"d{mb}x1{'p' if pf_ahead else ''}"
+    vecs = [(g, q) for g in gates for q in range(VL // w)]  # (gate, native part of the logical vector)
+    jp_most = max(1, (nv.registers - 1 - mb) // mb)  # J x mb accumulators + mb broadcasts + 1 load
+    npass = -(-len(vecs) // jp_most)
+    L = [f"static __attribute__((noinline)) void FNAME_{name}(const float *Rp, const float *xw, "
+         "const float *h, const float *rbh, long hb, float *acc, long k0, long k1, long hbn) {",
+         "    (void)rbh; (void)hbn;",
+         f"    const float *rp0 = Rp + hb * {H * G * VL}L;"]
     for m in range(mb):
-        for n in range(nb):
-            for g in gates:
-                L.append(f"    VX_store(acc + {slot(m, n, g) * VL}, a{m}_{n}_{g});")
+        L.append(f"    const float *h{m} = h + {m * cfg.Hp}L;")
+    L.append("    if (k0 == 0) {")
+    for m in range(mb):
+        for g in range(G):
+            L.append(f"        __builtin_prefetch(xw + {m * N}L + hbn * {G * VL} + {g * VL}, 0, 3);")
+    L.append("    }")
+
+    def at(m: int, g: int, q: int) -> str:  # the floats of (row m, gate g, part q) in acc
+        return f"acc + {(m * len(gates) + gates.index(g)) * VL + q * w}"
+
+    i = 0
+    for p in range(npass):
+        part = vecs[i:i + -(-(len(vecs) - i) // (npass - p))]
+        i += len(part)
+        tile = RegisterTile(nv, len(part), mb, acc_fmt="c{j}_{r}", vec="r", bcast="b{r}", hoist_broadcasts=True)
+
+        def init(j: int, m: int, part: list[tuple[int, int]] = part) -> str:
+            g, q = part[j]
+            first = (f"rbh + hb * {VL} + {q * w}" if kin_lbr and g == 2
+                     else f"xw + {m * N}L + hb * {G * VL} + {g * VL + q * w}")
+            return f"k0 == 0 ? {nv.load(first)} : {nv.load(at(m, g, q))}"
+
+        def pf(j: int, part: list[tuple[int, int]] = part) -> list[str]:
+            g, q = part[j]
+            return ([f"__builtin_prefetch(rp0 + (k + {pf_ahead}) * {ks} + {g * gst}, 0, 2);"]
+                    if pf_ahead and q == 0 else [])
+
+        L.append("    {")
+        L += ["        " + x for x in tile.declare(init)]
+        L.append("        #pragma GCC unroll 2")
+        L.append("        for (long k = k0; k < k1; ++k) {")
+        L += tile.fma_step(lambda j, part=part: nv.load(f"rp0 + k * {ks} + {part[j][0] * gst + part[j][1] * w}"),
+                           lambda m: nv.set1(f"h{m}[k]"), indent="            ", before_load=pf)
+        L.append("        }")
+        L += ["        " + nv.store(at(m, *part[j]), tile.acc(j, m)) for j, m in tile.each()]
+        L.append("    }")
     L.append("}")
     return "\n".join(L)
 
 
 def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
-              rows: set[int] | None = None, l2_bytes: int = 0) -> str:
+              rows: set[int] | None = None, l2_bytes: int = 0, native: VectorIsa | None = None) -> str:
     """FNAME(Rp, xw, hp, hn, cs, pp, rbh, zb, rh, y, slen, t, hb0, hb1, blo, bhi, ybs) for direction ``d``:
     hidden blocks [hb0, hb1) of batch rows [blo, bhi).
 
@@ -140,7 +212,21 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     acts = cfg.acts[d]
     gates = {"": list(range(G)), "a": [0, 1], "b": [2]}[phase]
     ng = len(gates)
-    mb_most = tile_rows(ng, cfg.acc_budget)
+    mb_most = mb_logical = tile_rows(ng, cfg.acc_budget)
+    # A logical tile of one row (AVX2 LSTM: 4 gates x 2 ymm of the 6 x 2 budget): rows of 2 and
+    # more run as native-vector tiles instead (_native_dot_code); rows of 1 keep the logical tile
+    # (its split accumulator set for batch 1; batch 1 renders as without native tiles).
+    native_rows = native is not None and mb_most == 1 and (dynamic or max(rows or {B}) > 1)
+    if native_rows:
+        mb_most = NATIVE_TILE_ROWS
+
+    def tile_nb(mb: int) -> int:
+        return 1 if native_rows and mb > 1 else _tile_nb(ng, mb, cfg.acc_budget)
+
+    def dot(mb: int, nb: int, pf: int) -> str:
+        if native_rows and mb > 1:
+            return _native_dot_code(cfg, native, gates, mb, kin_lbr, pf)
+        return _dot_code(cfg, gates, mb, nb, kin_lbr, pf)
     row_counts = sorted(rows or {B})
     if dynamic:
         sizes = list(range(1, mb_most + 1))
@@ -162,7 +248,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     # (q + 1 rows, or q), and every chunk of that group uses it; leftover blocks go one by one
     pairs: set[tuple[int, int]] = {(mb, 1) for mb in sizes}
     for mb0 in (sizes if dynamic else [_row_chunks(bc, mb_most)[0][0] for bc in row_counts if bc > 0]):
-        nbt = _tile_nb(ng, mb0, cfg.acc_budget)
+        nbt = tile_nb(mb0)
         pairs |= {(mb, nbt) for mb in (mb0 - 1, mb0) if mb in sizes}
     # K block: the nb hidden blocks' R rows of one K block (<= 32 KiB) stay in L1 while every
     # chunk of a row group streams them (otherwise each chunk re-read the slice from L2; at
@@ -177,10 +263,12 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     # 3.5% on 3 of 4 shapes).
     stream = bool(l2_bytes) and cfg.nhb * H * G * VL * 4 > l2_bytes * 3 // 4
     pf_chunk = stream and (dynamic or any(bc > mb_most for bc in row_counts))
-    kernels = [_dot_code(cfg, gates, mb, nb, kin_lbr, pf) for mb, nb in sorted(pairs)
+    kernels = [dot(mb, nb, pf) for mb, nb in sorted(pairs)
                for pf in ((0, kc) if pf_chunk else (0,))]
     # Gate split: a thread's rows in one tile, over the gates in passes (see GATE_SPLIT_ROWS)
-    gs_rows = [bc for bc in row_counts if mb_most < bc <= gate_split_rows(cfg.acc_budget)] if cfg.rgm else []
+    # (with the logical tile's rows, as the schedule chose R's gate-major packing by: at 2 rows
+    # the gate split was 1-2% faster than the native tiles, AVX2 LSTM H=256 B=2)
+    gs_rows = [bc for bc in row_counts if mb_logical < bc <= gate_split_rows(cfg.acc_budget)] if cfg.rgm else []
     gs_groups = {bc: _gate_groups(gates, max(1, cfg.acc_budget // bc)) for bc in gs_rows}
     kernels += [_dot_code(cfg, grp, bc, 1, kin_lbr, acc_gates=gates) for bc in gs_rows for grp in gs_groups[bc]]
 
@@ -282,7 +370,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
 
     chunk_acc = max(mb * nb for mb, nb in pairs) * ng * VL  # floats of one chunk's accumulators
     cpg = max(1, REC_GROUP_ROWS // mb_most)  # chunks per row group (bounds acc)
-    nbt_cases = " ".join(f"case {mb}: nbt0 = {_tile_nb(ng, mb, cfg.acc_budget)}; break;" for mb in sizes)
+    nbt_cases = " ".join(f"case {mb}: nbt0 = {tile_nb(mb)}; break;" for mb in sizes)
     zz_doc = ("; on odd steps in reverse order, so a\n       step starts with the blocks the last one ended with, still in L2" if stream else "")
     gs_code = []
     for bc in gs_rows:

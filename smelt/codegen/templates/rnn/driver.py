@@ -14,7 +14,7 @@ from smelt.codegen.kernels.rnn_config import (
 from smelt.codegen.kernels.rnn_vec import vmath_source
 from smelt.codegen.registry import register
 from smelt.codegen.templates.rnn.cell import cell_code
-from smelt.codegen.templates.rnn.common import CB, _schedule, _scratch
+from smelt.codegen.templates.rnn.common import CB, _schedule, _scratch, native_vector
 from smelt.codegen.templates.rnn.dynamic import _dyn_output_shapes
 from smelt.codegen.templates.rnn.packing import _pack_code, pack_bias, pack_p, pack_r, pack_w
 from smelt.codegen.templates.rnn.pipeline import emit_pipeline
@@ -164,13 +164,14 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     # row counts a thread can get: smelt_range shares of B over xi row groups
     rows = {c for gp_ in grids.values() for (xi_, _) in gp_.values() for c in (B // xi_, -(-B // xi_))}
     l2 = em.target.l2_bytes
+    nat = native_vector(em.target)
     if two_phase:
-        cells_a = [fn("rnn_cell", cell_code(cfg, d, "a", dynamic, rows, l2), f"GRU z/r gates, direction {d}; {what}")
+        cells_a = [fn("rnn_cell", cell_code(cfg, d, "a", dynamic, rows, l2, nat), f"GRU z/r gates, direction {d}; {what}")
                    for d in range(D)]
-        cells_b = [fn("rnn_cell", cell_code(cfg, d, "b", dynamic, rows, l2), f"GRU candidate, direction {d}; {what}")
+        cells_b = [fn("rnn_cell", cell_code(cfg, d, "b", dynamic, rows, l2, nat), f"GRU candidate, direction {d}; {what}")
                    for d in range(D)]
     else:
-        cells_a = [fn("rnn_cell", cell_code(cfg, d, "", dynamic, rows, l2), f"{cfg.op} cell, direction {d}; {what}")
+        cells_a = [fn("rnn_cell", cell_code(cfg, d, "", dynamic, rows, l2, nat), f"{cfg.op} cell, direction {d}; {what}")
                    for d in range(D)]
         cells_b = []
     y = em.ptr(cfg.y) if cfg.y else "(float *)0"

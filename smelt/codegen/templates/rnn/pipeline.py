@@ -12,7 +12,7 @@ from smelt.codegen.kernels.rnn_config import (
 )
 from smelt.codegen.kernels.rnn_vec import vmath_source
 from smelt.codegen.templates.rnn.cell import cell_code
-from smelt.codegen.templates.rnn.common import _schedule, _scratch
+from smelt.codegen.templates.rnn.common import _schedule, _scratch, native_vector
 from smelt.codegen.templates.rnn.packing import pack_bias, pack_p, pack_r, pack_w
 from smelt.codegen.templates.rnn.projection import gemm_code
 from smelt.ir.graph import Graph, Node
@@ -49,6 +49,7 @@ def emit_pipeline(chain: list[Node], g: Graph, em: BlockEmitter) -> None:
     flags = em.scratch(max(2, P) * 64, "uint8")
     em.step(f"if (tid == 0) memset((void *){flags}, 0, {max(2, P) * 64});")
     layer_code, init_code, final_code = [], [], []
+    l2, nat = em.target.l2_bytes, native_vector(em.target)  # the cells' L2 and native-vector tiles
     for li, cfg in enumerate(cfgs):
         H, Hp, N, nhb = cfg.H, cfg.Hp, cfg.ntot, cfg.nhb
         wp = em.weight(pack_w(cfg, g.values[cfg.w].const.astype(np.float32)), key=f"rnn_w:{cfg.w}:{cfg.op}")
@@ -66,10 +67,10 @@ def emit_pipeline(chain: list[Node], g: Graph, em: BlockEmitter) -> None:
         rh = _scratch(em, B * Hp) if two else "(float *)0"
         gemm = fn("rnn_gemm", gemm_code(cfg, rows=B), f"{cfg.op} per-step input projection, {B} rows")
         if two:
-            cells = [fn("rnn_cell", cell_code(cfg, 0, "a", rows={B}, l2_bytes=em.target.l2_bytes), "GRU z/r gates"),
-                     fn("rnn_cell", cell_code(cfg, 0, "b", rows={B}, l2_bytes=em.target.l2_bytes), "GRU candidate")]
+            cells = [fn("rnn_cell", cell_code(cfg, 0, "a", rows={B}, l2_bytes=l2, native=nat), "GRU z/r gates"),
+                     fn("rnn_cell", cell_code(cfg, 0, "b", rows={B}, l2_bytes=l2, native=nat), "GRU candidate")]
         else:
-            cells = [fn("rnn_cell", cell_code(cfg, 0, "", rows={B}, l2_bytes=em.target.l2_bytes), f"{cfg.op} cell")]
+            cells = [fn("rnn_cell", cell_code(cfg, 0, "", rows={B}, l2_bytes=l2, native=nat), f"{cfg.op} cell")]
         # layer l reads layer l-1's Y directly ([T,1,B,H] has the bytes of its Squeeze output,
         # which the glue step only produces after this step)
         xin = em.ptr(cfg.x) if li == 0 else em.ptr(cfgs[li - 1].y)
