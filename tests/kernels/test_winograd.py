@@ -110,7 +110,7 @@ def test_weight_transform_matches_definition():
     """U = G g Gᵀ, laid out [e][oc tile][C][J*16] with a narrower last tile."""
     rng = np.random.default_rng(1)
     w = rng.standard_normal((48, 16, 3, 3)).astype(np.float32)
-    u = winograd.transform_weights(w, blocks=2)
+    u = winograd.transform_weights(w, blocks=2, lanes=16)
     assert u.shape == (16, 48 * 16)
     G = winograd._G
     for e in (0, 5, 15):
