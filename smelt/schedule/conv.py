@@ -52,8 +52,6 @@ MIN_IC_CHUNK = 16
 # the NCHWc kernels are rendered for blocks of 8 and 16 lanes
 NCHWC_BLOCKS = (16, 8)
 
-# Winograd F(2x2, 3x3): its kernels are rendered for 16-lane blocks in and out
-WINOGRAD_LANES = 16
 # output-channel blocks of the transform-domain GEMM's register tile (J); the tile's columns
 # (R transform tiles) fill the rest of the accumulator budget: 2 x 14 on 32 registers
 WINOGRAD_BLOCKS = 2
@@ -365,18 +363,20 @@ def vector_epilogue(node: Node) -> bool:
 def winograd_choice(node: Node, g: Graph, target: Target, options: CompileOptions) -> str:
     """"" when the conv runs direct, else its Winograd order ("banded" or "phased").
 
-    Legal: 3x3, stride 1, no dilation, no groups, 16-lane blocks in and out on a 16-lane target,
-    a vector epilogue. Chosen: ``options.winograd`` True and the cost thresholds met (plane of at
-    least WINOGRAD_MIN_PLANE positions, WINOGRAD_MIN_CHANNELS input channels); "always" skips the
+    Legal: 3x3, stride 1, no dilation, no groups, blocks of the target's full vector width in
+    and out (16 lanes on AVX-512, 8 on AVX2: the kernels render one vector per block), a vector
+    epilogue. Chosen: ``options.winograd`` True and the cost thresholds met (plane of at least
+    WINOGRAD_MIN_PLANE positions, WINOGRAD_MIN_CHANNELS input channels); "always" skips the
     thresholds (tests reach every edge with small shapes); False never."""
-    if not options.winograd or vector_lanes(target) != WINOGRAD_LANES:
+    lanes = vector_lanes(target)
+    if not options.winograd or lanes not in NCHWC_BLOCKS:
         return ""
     geo = ConvGeometry(node, g)
     ib = layout_block(g.values[node.inputs[0]].layout)
     ob = layout_block(g.values[node.outputs[0]].layout)
     legal = (geo.rank == 2 and geo.group == 1 and geo.ks == [3, 3] and geo.strides == [1, 1]
-             and geo.dils == [1, 1] and ib == WINOGRAD_LANES and ob == WINOGRAD_LANES
-             and geo.c % WINOGRAD_LANES == 0 and geo.oc % WINOGRAD_LANES == 0 and vector_epilogue(node))
+             and geo.dils == [1, 1] and ib == lanes and ob == lanes
+             and geo.c % lanes == 0 and geo.oc % lanes == 0 and vector_epilogue(node))
     if not legal:
         return ""
     wins = geo.outs[0] * geo.outs[1] >= WINOGRAD_MIN_PLANE and geo.c >= WINOGRAD_MIN_CHANNELS

@@ -1,8 +1,9 @@
-"""Winograd F(2x2, 3x3) convolution on NCHW16c (an algorithm of the NCHWc conv template).
+"""Winograd F(2x2, 3x3) convolution on NCHW<b>c (an algorithm of the NCHWc conv template), b =
+the target's full vector width: NCHW16c on AVX-512, NCHW8c on AVX2.
 
 The node's ``ConvSchedule`` gives the order (``winograd_order``), the block (``tile.oc_bn``: the
 vector's lanes) and the GEMM phase's register tile (``winograd_tile``, J x R from the target's
-registers); this template only reads them.
+registers: 2 x 14 in 32 registers, 2 x 6 in AVX2's 16); this template only reads them.
 
 A 3x3, stride-1, undilated, ungrouped conv computes each 2x2 output tile from a 4x4 input patch
 d as Y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A: 16 multiplies per (tile, input channel, output channel)
@@ -11,13 +12,13 @@ transforms only add, subtract and (weights, at compile time in float64) halve, s
 differs from the direct sum by rounding only (tested against onnxruntime at the template's
 usual tolerance).
 
-Per tile, three stages: the input transform (each 4x4 patch of 16-channel vectors, zeros
+Per tile, three stages: the input transform (each 4x4 patch of b-channel vectors, zeros
 outside the image, becomes 16 vectors V[e][icb][tile], e = 4*k + l indexing the 4x4 transform
 domain), 16 independent GEMMs M[e] = U[e] · V[e] (OC x C times C x tiles: the direct
 template's register tile with tiles as columns, J output blocks x R tiles of accumulators, per
 input channel J weight-vector loads and R broadcasts), and the output transform (the 2x2
 outputs get the conv's epilogue, bias, residual and activation, in registers and are stored
-NCHW16c; edge tiles of odd planes store only the outputs inside). Two orders:
+NCHW<b>c; edge tiles of odd planes store only the outputs inside). Two orders:
 - banded (the transformed weights fit a quarter of L2): one parallel step; each thread takes
   whole bands of tile rows (a multiple of the thread count per image, so the split is even) and
   runs all three stages on a band in its own V and M buffers, sized to stay in its L2;
@@ -28,7 +29,7 @@ NCHW16c; edge tiles of odd planes store only the outputs inside). Two orders:
   phased everywhere, DenseNet-121 2.2%, VGG-16 2.3%; banding also the 1 MiB weights of
   128-channel layers was 1.5% slower.
 
-Weights U = G g Gᵀ are laid out at compile time as [e][oc tile][C][J*16] (16/9 of the direct
+Weights U = G g Gᵀ are laid out at compile time as [e][oc tile][C][J*b] (16/9 of the direct
 weights). The buffers take 16/4 = 4x the input and output bytes per 2x2 tile, which is why the
 schedule stage picks this algorithm only where compute dominates (``schedule.conv.winograd_choice``): planes of at
 least ``WINOGRAD_MIN_PLANE`` outputs (ResNet-50's 56x56, 28x28 and 14x14 3x3 layers, not 7x7, whose
@@ -365,7 +366,7 @@ def emit(geo: ConvGeometry, node_name: str, w: np.ndarray, x_ptr: str, y_ptr: st
 
 def _check_winograd(node: Node, g: Graph) -> str | None:
     """This template takes exactly the convs the schedule stage scheduled as Winograd
-    (``schedule.conv.winograd_choice`` checked the shape, the 16-lane blocks and the epilogue)."""
+    (``schedule.conv.winograd_choice`` checked the shape, the full-width blocks and the epilogue)."""
     sched = node.schedule
     if not isinstance(sched, ConvSchedule) or sched.algorithm != "winograd":
         return "not scheduled as Winograd (schedule.conv.winograd_choice)"
