@@ -53,14 +53,21 @@ MIN_IC_CHUNK = 16
 NCHWC_BLOCKS = (16, 8)
 
 # output-channel blocks of the transform-domain GEMM's register tile (J); the tile's columns
-# (R transform tiles) fill the rest of the accumulator budget: 2 x 14 on 32 registers
+# (R transform tiles) fill the rest of the accumulator budget: 2 x 14 on 32 registers, 2 x 6
+# on 16 (2 x 6 beat 3 x 4 on ResNet-18 at AVX2: 142 vs 156 ms median, interleaved, 2 threads)
 WINOGRAD_BLOCKS = 2
-# smallest output plane (positions per image) that takes Winograd: ResNet-50's 7x7 layers were
-# 5.6% slower with it (16/9 more weight bytes from memory)
-WINOGRAD_MIN_PLANE = 196
-# fewest input channels: with one block of 16 the GEMMs reduce over too little to pay for the
-# transforms (SqueezeNet's 16->64 expand on 55x55: 0.195 ms Winograd vs 0.158 ms direct)
-WINOGRAD_MIN_CHANNELS = 32
+# The cost thresholds, by the target's vector registers: (fewest output positions per image,
+# fewest input channels) that take Winograd by default.
+# 32 registers (AVX-512): planes of 196 (ResNet-50's 7x7 layers were 5.6% slower with it: 16/9
+# more weight bytes from memory) and 32 channels (SqueezeNet's 16->64 expand on 55x55: 0.195 ms
+# Winograd vs 0.158 ms direct).
+# 16 registers (AVX2, measured on the forced AVX2 path, Zen 4): Winograd won wherever legal on
+# ResNet-18 and SqueezeNet 1.1, 7x7 planes and 16-channel inputs included (ResNet-18 1 thread
+# 44.5 vs 49.8 ms median with the 32-register thresholds, SqueezeNet 10.0 vs 12.7 ms): the direct
+# kernel's 12-accumulator tile does less per load than 28, and the 2.25x fewer FMAs pay for the
+# transforms. The smallest measured winners set the floor (7x7 = 49 positions, 16 channels);
+# no data below it. A register count not listed takes the strictest thresholds.
+WINOGRAD_THRESHOLDS = {32: (196, 32), 16: (49, 16)}
 # banded order when the transformed weights fit L2 / this (next to a band's buffers)
 WINOGRAD_BANDED_MAX_WEIGHTS = 4
 
@@ -360,13 +367,20 @@ def vector_epilogue(node: Node) -> bool:
     return all(isinstance(e, EpilogueBinary) or e.op in ACTIVATIONS for e in node.epilogue)
 
 
+def winograd_thresholds(target: Target) -> tuple[int, int]:
+    """(fewest output positions, fewest input channels) for Winograd by default on ``target``
+    (``WINOGRAD_THRESHOLDS`` by its vector registers; the strictest for a count not measured)."""
+    strictest = (max(p for p, _ in WINOGRAD_THRESHOLDS.values()), max(c for _, c in WINOGRAD_THRESHOLDS.values()))
+    return WINOGRAD_THRESHOLDS.get(vector_isa(target).registers, strictest)
+
+
 def winograd_choice(node: Node, g: Graph, target: Target, options: CompileOptions) -> str:
     """"" when the conv runs direct, else its Winograd order ("banded" or "phased").
 
     Legal: 3x3, stride 1, no dilation, no groups, blocks of the target's full vector width in
     and out (16 lanes on AVX-512, 8 on AVX2: the kernels render one vector per block), a vector
-    epilogue. Chosen: ``options.winograd`` True and the cost thresholds met (plane of at least
-    WINOGRAD_MIN_PLANE positions, WINOGRAD_MIN_CHANNELS input channels); "always" skips the
+    epilogue. Chosen: ``options.winograd`` True and the target's cost thresholds met
+    (``winograd_thresholds``: a big enough plane and enough input channels); "always" skips the
     thresholds (tests reach every edge with small shapes); False never."""
     lanes = vector_lanes(target)
     if not options.winograd or lanes not in NCHWC_BLOCKS:
@@ -379,7 +393,8 @@ def winograd_choice(node: Node, g: Graph, target: Target, options: CompileOption
              and geo.c % lanes == 0 and geo.oc % lanes == 0 and vector_epilogue(node))
     if not legal:
         return ""
-    wins = geo.outs[0] * geo.outs[1] >= WINOGRAD_MIN_PLANE and geo.c >= WINOGRAD_MIN_CHANNELS
+    min_plane, min_channels = winograd_thresholds(target)
+    wins = geo.outs[0] * geo.outs[1] >= min_plane and geo.c >= min_channels
     if options.winograd != "always" and not wins:
         return ""
     if options.winograd_order in ("banded", "phased"):

@@ -22,6 +22,7 @@ from kernel_models import Chain, _model, check_cases, force_isa
 import smelt
 from smelt.codegen.kernels.isa import vector_isa
 from smelt.codegen.templates import winograd
+from smelt.schedule.conv import winograd_thresholds
 from smelt.target import detect
 
 PAD1 = (1, 1, 1, 1)
@@ -104,16 +105,23 @@ def test_winograd_chains(banded, isa, monkeypatch, cache):
 
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_default_threshold(isa, monkeypatch, cache):
-    """At the defaults a 14x14 plane with 32 input channels takes Winograd; a 13x15 one (195
-    outputs) and one with 16 input channels stay direct; all match. The same thresholds on
-    AVX2 (measured: Winograd wins there too, docs/benchmarks.md)."""
-    cases = [Chain("th14", (1, 32, 14, 14)).conv(32, (1, 1)).conv(32, (3, 3), pads=PAD1, post=("Relu",)).case(),
-             Chain("th13", (1, 32, 13, 15)).conv(32, (1, 1)).conv(32, (3, 3), pads=PAD1, post=("Relu",)).case(),
-             Chain("thc16", (1, 32, 14, 14)).conv(16, (1, 1)).conv(32, (3, 3), pads=PAD1).case()]
+    """At the defaults Winograd takes exactly the convs at or above the target's thresholds
+    (``schedule.conv.winograd_thresholds``: 196 positions and 32 channels with 32 registers,
+    49 and 16 with AVX2's 16): 14x14 with 32 channels, 13x15 (195 positions), 16 input
+    channels, a 6x8 plane (48 positions) and 8 input channels; all match onnxruntime."""
+    target = force_isa(isa, monkeypatch, cache)
+    min_plane, min_channels = winograd_thresholds(target)
+    shapes = [("th14", 32, 14, 14), ("th13", 32, 13, 15), ("thc16", 16, 14, 14), ("th48", 32, 6, 8),
+              ("thc8", 8, 14, 14)]
+    cases = [Chain(n, (1, 32, h, w)).conv(c, (1, 1)).conv(32, (3, 3), pads=PAD1, post=("Relu",)).case()
+             for n, c, h, w in shapes]
+    lanes = vector_isa(target).lanes
+    want = [h * w >= min_plane and c >= min_channels and c % lanes == 0 for _, c, h, w in shapes]
+    assert want[0] and not want[3] and not want[4]  # the thresholds cut between these shapes
 
     def check(compiled, target):
         algos = list(_algorithms(compiled).values())
-        assert [("Winograd" in a) for a in algos] == [False, True, False, False, False, False], algos
+        assert [("Winograd" in a) for a in algos] == [x for w in want for x in (False, w)], algos
 
     check_cases(cases, isa, monkeypatch, cache, check, layout="propagate")
 

@@ -31,10 +31,11 @@ NCHW<b>c; edge tiles of odd planes store only the outputs inside). Two orders:
 
 Weights U = G g Gᵀ are laid out at compile time as [e][oc tile][C][J*b] (16/9 of the direct
 weights). The buffers take 16/4 = 4x the input and output bytes per 2x2 tile, which is why the
-schedule stage picks this algorithm only where compute dominates (``schedule.conv.winograd_choice``): planes of at
-least ``WINOGRAD_MIN_PLANE`` outputs (ResNet-50's 56x56, 28x28 and 14x14 3x3 layers, not 7x7, whose
-16/9 larger weights would stream from memory with little compute to hide them: ResNet-50 was
-5.6% slower with them) and at least ``WINOGRAD_MIN_CHANNELS`` input channels.
+schedule stage picks this algorithm only where compute dominates (``schedule.conv.winograd_choice``,
+thresholds by the target's registers in ``WINOGRAD_THRESHOLDS``): on AVX-512 planes of at least
+196 outputs (ResNet-50's 56x56, 28x28 and 14x14 3x3 layers, not 7x7, whose 16/9 larger weights
+would stream from memory with little compute to hide them: ResNet-50 was 5.6% slower with them)
+and at least 32 input channels; on AVX2 (measured) 7x7 planes and 16 input channels win too.
 """
 
 from __future__ import annotations
