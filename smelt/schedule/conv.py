@@ -54,7 +54,8 @@ NCHWC_BLOCKS = (16, 8)
 
 # output-channel blocks of the transform-domain GEMM's register tile (J); the tile's columns
 # (R transform tiles) fill the rest of the accumulator budget: 2 x 14 on 32 registers, 2 x 6
-# on 16 (2 x 6 beat 3 x 4 on ResNet-18 at AVX2: 142 vs 156 ms median, interleaved, 2 threads)
+# on 16 (on ResNet-18 at AVX2, 1 thread, interleaved: 2 x 6 24.8 ms, 1 x 12 27.8, 3 x 4 28.5, by
+# the fastest run; the machine was shared)
 WINOGRAD_BLOCKS = 2
 # The cost thresholds, by the target's vector registers: (fewest output positions per image,
 # fewest input channels) that take Winograd by default.
@@ -62,11 +63,12 @@ WINOGRAD_BLOCKS = 2
 # more weight bytes from memory) and 32 channels (SqueezeNet's 16->64 expand on 55x55: 0.195 ms
 # Winograd vs 0.158 ms direct).
 # 16 registers (AVX2, measured on the forced AVX2 path, Zen 4): Winograd won wherever legal on
-# ResNet-18 and SqueezeNet 1.1, 7x7 planes and 16-channel inputs included (ResNet-18 1 thread
-# 44.5 vs 49.8 ms median with the 32-register thresholds, SqueezeNet 10.0 vs 12.7 ms): the direct
-# kernel's 12-accumulator tile does less per load than 28, and the 2.25x fewer FMAs pay for the
-# transforms. The smallest measured winners set the floor (7x7 = 49 positions, 16 channels);
-# no data below it. A register count not listed takes the strictest thresholds.
+# ResNet-18 and SqueezeNet 1.1, 7x7 planes and 16-channel inputs included (interleaved medians,
+# direct / 32-register thresholds / these: ResNet-18 1 thread 44.7 / 27.9 / 24.9 ms, 2 threads
+# 23.1 / 15.4 / 14.1; SqueezeNet 1 thread 7.48 / 6.84 / 5.69, 2 threads 4.91 / 4.64 / 4.38): the
+# direct kernel's 12-accumulator tile does less per load than 28, and the 2.25x fewer FMAs pay
+# for the transforms. The smallest measured winners set the floor (7x7 = 49 positions, 16
+# channels); no data below it. A register count not listed takes the strictest thresholds.
 WINOGRAD_THRESHOLDS = {32: (196, 32), 16: (49, 16)}
 # banded order when the transformed weights fit L2 / this (next to a band's buffers)
 WINOGRAD_BANDED_MAX_WEIGHTS = 4
