@@ -48,6 +48,21 @@ class CompileOptions:
     # the widest ISA the generated code may use (``Target.narrowed``: "avx512", "avx2", "scalar");
     # None: the host's own. Like oneDNN's ONEDNN_MAX_CPU_ISA; SMELT_ISA sets it when not given
     isa: str | None = None
+    # GEMMs read a run-time row-major A (MatMul's A, unit column stride) in place, the
+    # micro-kernel broadcasting from MR rows lda apart, instead of packing MR-row panels
+    gemm_read_a_in_place: bool = True
+    # the GEMM micro-kernel prefetches its C tile (and a same-shape residual operand) before its
+    # K loop, so they arrive while the FMAs run
+    gemm_prefetch_c: bool = True
+    # NCHWc direct convs software-prefetch the next input-channel block's first input row into
+    # L1 at the start of each block (its lines would otherwise miss at every block start)
+    conv_prefetch_input: bool = True
+    # NCHWc direct convs software-prefetch the weights they need next into L2 a few lines per
+    # kernel tap (ic-outer order: a chunk ahead; row-outer order: the next output-channel tile)
+    conv_prefetch_weights: bool = True
+    # row-outer NCHWc convs whose weights fit half an L2 split their work by output rows first
+    # (each thread reads its own band of the input, every thread all the L2-resident weights)
+    conv_row_split: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_MODES:

@@ -10,7 +10,11 @@ For each Conv the schedule stage resolves, in this order:
   measurement graph) -> tuned (the tuning database, kind ``CONV_KIND``) -> default (the cost
   model, ``default_schedule``), then fitted to the blocks the layout pass chose (``fit``);
 - the **Winograd order** (banded or phased) and the **in-place residual** (the row-outer kernel
-  may write its output over a fused residual operand; the memory planner checks liveness).
+  may write its output over a fused residual operand; the memory planner checks liveness);
+- the kernels' remaining choices, each a typed field: the direct kernel's prefetches and work
+  split (``DirectKernel``), the NCHW GEMM's (``GemmSchedule``), the NCHW depthwise kernel's
+  register blocking and threading (``DepthwiseKernel``), Winograd's transform-domain register
+  tile (``winograd_tile``). Those a caller may flip are ``CompileOptions`` fields.
 
 Everything here reads target facts (vector lanes, registers, cache sizes) and the compile
 options; no template is imported: templates only read ``node.schedule`` (a ``ConvSchedule``).
@@ -34,6 +38,7 @@ from smelt.ir.epilogue import EpilogueBinary
 from smelt.ir.graph import PLAIN, Graph, Node, layout_block
 from smelt.options import CompileOptions
 from smelt.schedule.db import CONV_KIND, TuningDB
+from smelt.schedule.gemm import GemmSchedule, gemm_schedule
 from smelt.target import Target
 
 # ic-outer order is in the space of convs with at most this many output positions per image
@@ -47,16 +52,38 @@ MIN_IC_CHUNK = 16
 # the NCHWc kernels are rendered for blocks of 8 and 16 lanes
 NCHWC_BLOCKS = (16, 8)
 
-# Winograd F(2x2, 3x3): its kernels are rendered for 16-lane blocks in and out
-WINOGRAD_LANES = 16
-# smallest output plane (positions per image) that takes Winograd: ResNet-50's 7x7 layers were
-# 5.6% slower with it (16/9 more weight bytes from memory)
-WINOGRAD_MIN_PLANE = 196
-# fewest input channels: with one block of 16 the GEMMs reduce over too little to pay for the
-# transforms (SqueezeNet's 16->64 expand on 55x55: 0.195 ms Winograd vs 0.158 ms direct)
-WINOGRAD_MIN_CHANNELS = 32
+# output-channel blocks of the transform-domain GEMM's register tile (J); the tile's columns
+# (R transform tiles) fill the rest of the accumulator budget: 2 x 14 on 32 registers, 2 x 6
+# on 16 (on ResNet-18 at AVX2, 1 thread, interleaved: 2 x 6 24.8 ms, 1 x 12 27.8, 3 x 4 28.5, by
+# the fastest run; the machine was shared)
+WINOGRAD_BLOCKS = 2
+# The cost thresholds, by the target's vector registers: (fewest output positions per image,
+# fewest input channels) that take Winograd by default.
+# 32 registers (AVX-512): planes of 196 (ResNet-50's 7x7 layers were 5.6% slower with it: 16/9
+# more weight bytes from memory) and 32 channels (SqueezeNet's 16->64 expand on 55x55: 0.195 ms
+# Winograd vs 0.158 ms direct).
+# 16 registers (AVX2, measured on the forced AVX2 path, Zen 4): Winograd won wherever legal on
+# ResNet-18 and SqueezeNet 1.1, 7x7 planes and 16-channel inputs included (interleaved medians,
+# direct / 32-register thresholds / these: ResNet-18 1 thread 44.7 / 27.9 / 24.9 ms, 2 threads
+# 23.1 / 15.4 / 14.1; SqueezeNet 1 thread 7.48 / 6.84 / 5.69, 2 threads 4.91 / 4.64 / 4.38): the
+# direct kernel's 12-accumulator tile does less per load than 28, and the 2.25x fewer FMAs pay
+# for the transforms. The smallest measured winners set the floor (7x7 = 49 positions, 16
+# channels); no data below it. A register count not listed takes the strictest thresholds.
+WINOGRAD_THRESHOLDS = {32: (196, 32), 16: (49, 16)}
 # banded order when the transformed weights fit L2 / this (next to a band's buffers)
 WINOGRAD_BANDED_MAX_WEIGHTS = 4
+
+# NCHWc direct kernel, ic-outer order: prefetch the weights this many chunks ahead (2: the chunk
+# after next, so each chunk's weights had a whole chunk of FMAs to arrive from memory)
+WEIGHT_PREFETCH_DISTANCE = 2
+# row-outer order splits work by rows first when the weights fit L2 / this
+ROW_SPLIT_L2_FRACTION = 2
+
+# NCHW depthwise kernel (templates/conv.py): below this many multiply-adds thread 0 runs it alone
+DW_PARALLEL_MIN_MACS = 1 << 15
+# independent accumulators that hide the FMA latency (4 cycles x 2 FMA ports); more only take
+# registers (the depthwise row's vectors in flight)
+FMA_CHAINS = 8
 
 ALGORITHMS = ("gemm", "direct", "winograd")
 
@@ -87,6 +114,35 @@ class NchwcSchedule:
 
 
 @dataclass(frozen=True)
+class DirectKernel:
+    """The NCHWc direct kernel's memory decisions (``direct_kernel``)."""
+
+    # prefetch the next input-channel block's first input row into L1 at each block's start
+    # (``options.conv_prefetch_input``; only kernels with more than one input block do it)
+    prefetch_input: bool
+    # prefetch the next weights into L2 a few lines per kernel tap: ic-outer order the chunk
+    # ``weight_distance`` ahead, row-outer order the next output-channel tile
+    # (``options.conv_prefetch_weights``; never with ``row_split``, whose weights stay in L2)
+    prefetch_weights: bool
+    weight_distance: int  # chunks ahead (ic-outer order)
+    # row-outer work items row-major: each thread takes a band of output rows over every oc
+    # tile (reading its own band of the input, which the previous layer's same split left in
+    # its own L2) instead of oc tiles first; taken when the weights fit L2 / ROW_SPLIT_L2_FRACTION
+    row_split: bool
+
+
+@dataclass(frozen=True)
+class DepthwiseKernel:
+    """The NCHW depthwise kernel's choices (templates/conv.py; ``depthwise_kernel``)."""
+
+    threaded: bool  # planes split over threads (False: thread 0 alone, a tiny conv)
+    # output vectors of a row accumulated in registers at once (the register kernels)
+    row_vectors: int
+    # a plane of at most this many output vectors runs as one flat block of registers
+    plane_vectors: int
+
+
+@dataclass(frozen=True)
 class ConvSchedule:
     """How one Conv runs (``node.schedule``); the conv templates render exactly this."""
 
@@ -97,8 +153,13 @@ class ConvSchedule:
     # the fused residual operand the kernel may write its output over (the memory planner
     # applies it when the conv is that operand's last reader), or None
     inplace_operand: str | None = None
-    # "gemm": read the run-time input (B) in place instead of packing it (1x1 convs)
-    read_b_in_place: bool = False
+    # "direct": prefetches and work split (None until ``finish``, or ``forced_direct``)
+    direct: DirectKernel | None = None
+    # "gemm": the GEMM's schedule (1x1 and im2col convs) and the depthwise kernel's
+    gemm: GemmSchedule | None = None
+    depthwise: DepthwiseKernel | None = None
+    # "winograd": the transform-domain GEMM's register tile (J output blocks, R transform tiles)
+    winograd_tile: tuple[int, int] = (0, 0)
 
     def __post_init__(self) -> None:
         assert self.algorithm in ALGORITHMS, self.algorithm
@@ -308,24 +369,34 @@ def vector_epilogue(node: Node) -> bool:
     return all(isinstance(e, EpilogueBinary) or e.op in ACTIVATIONS for e in node.epilogue)
 
 
+def winograd_thresholds(target: Target) -> tuple[int, int]:
+    """(fewest output positions, fewest input channels) for Winograd by default on ``target``
+    (``WINOGRAD_THRESHOLDS`` by its vector registers; the strictest for a count not measured)."""
+    strictest = (max(p for p, _ in WINOGRAD_THRESHOLDS.values()), max(c for _, c in WINOGRAD_THRESHOLDS.values()))
+    return WINOGRAD_THRESHOLDS.get(vector_isa(target).registers, strictest)
+
+
 def winograd_choice(node: Node, g: Graph, target: Target, options: CompileOptions) -> str:
     """"" when the conv runs direct, else its Winograd order ("banded" or "phased").
 
-    Legal: 3x3, stride 1, no dilation, no groups, 16-lane blocks in and out on a 16-lane target,
-    a vector epilogue. Chosen: ``options.winograd`` True and the cost thresholds met (plane of at
-    least WINOGRAD_MIN_PLANE positions, WINOGRAD_MIN_CHANNELS input channels); "always" skips the
+    Legal: 3x3, stride 1, no dilation, no groups, blocks of the target's full vector width in
+    and out (16 lanes on AVX-512, 8 on AVX2: the kernels render one vector per block), a vector
+    epilogue. Chosen: ``options.winograd`` True and the target's cost thresholds met
+    (``winograd_thresholds``: a big enough plane and enough input channels); "always" skips the
     thresholds (tests reach every edge with small shapes); False never."""
-    if not options.winograd or vector_lanes(target) != WINOGRAD_LANES:
+    lanes = vector_lanes(target)
+    if not options.winograd or lanes not in NCHWC_BLOCKS:
         return ""
     geo = ConvGeometry(node, g)
     ib = layout_block(g.values[node.inputs[0]].layout)
     ob = layout_block(g.values[node.outputs[0]].layout)
     legal = (geo.rank == 2 and geo.group == 1 and geo.ks == [3, 3] and geo.strides == [1, 1]
-             and geo.dils == [1, 1] and ib == WINOGRAD_LANES and ob == WINOGRAD_LANES
-             and geo.c % WINOGRAD_LANES == 0 and geo.oc % WINOGRAD_LANES == 0 and vector_epilogue(node))
+             and geo.dils == [1, 1] and ib == lanes and ob == lanes
+             and geo.c % lanes == 0 and geo.oc % lanes == 0 and vector_epilogue(node))
     if not legal:
         return ""
-    wins = geo.outs[0] * geo.outs[1] >= WINOGRAD_MIN_PLANE and geo.c >= WINOGRAD_MIN_CHANNELS
+    min_plane, min_channels = winograd_thresholds(target)
+    wins = geo.outs[0] * geo.outs[1] >= min_plane and geo.c >= min_channels
     if options.winograd != "always" and not wins:
         return ""
     if options.winograd_order in ("banded", "phased"):
@@ -360,14 +431,66 @@ def inplace_residual(node: Node, g: Graph) -> str | None:
     return None
 
 
+# ------------------------------------------------------------------------------------------
+# The kernels' remaining choices
+# ------------------------------------------------------------------------------------------
+def ic_outer_blocks(geo: ConvGeometry, s: NchwcSchedule, ib: int) -> int:
+    """Input blocks per chunk when tile ``s`` runs ic-outer on ``ib``-channel input blocks, 0
+    when it runs row-outer (no chunk, or one chunk covering every input block)."""
+    chunk = max(1, s.ic_chunk // ib)
+    return chunk if s.ic_chunk > 0 and chunk < geo.cg // ib and not is_depthwise(geo) else 0
+
+
+def direct_kernel(geo: ConvGeometry, s: NchwcSchedule, ib: int, target: Target,
+                  options: CompileOptions) -> DirectKernel:
+    """The direct kernel's prefetches and work split for tile ``s`` on ``ib``-channel input
+    blocks (``DirectKernel``)."""
+    dw = is_depthwise(geo)
+    wbytes = geo.oc * geo.cg * geo.ks[0] * geo.ks[1] * 4
+    row_split = (options.conv_row_split and not ic_outer_blocks(geo, s, ib) and not dw
+                 and wbytes <= target.l2_bytes // ROW_SPLIT_L2_FRACTION)
+    return DirectKernel(prefetch_input=options.conv_prefetch_input,
+                        prefetch_weights=options.conv_prefetch_weights and not dw and not row_split,
+                        weight_distance=WEIGHT_PREFETCH_DISTANCE, row_split=row_split)
+
+
+def forced_direct(node: Node, g: Graph, s: NchwcSchedule, target: Target, options: CompileOptions) -> ConvSchedule:
+    """A complete "direct" schedule with tile ``s`` (the tuner's measurement graphs, which skip
+    the stage): the kernel's other choices as ``finish`` would make them."""
+    ib = layout_block(g.values[node.inputs[0]].layout)
+    return ConvSchedule("direct", s, "forced", direct=direct_kernel(ConvGeometry(node, g), s, ib, target, options))
+
+
+def depthwise_kernel(geo: ConvGeometry, target: Target) -> DepthwiseKernel:
+    """The NCHW depthwise kernel's threading and register blocking. The register kernels keep
+    FMA_CHAINS row vectors in flight (enough to hide the FMA latency, 8 of 32 registers) and
+    take planes of up to half the register file as one block: the other half holds the taps in
+    flight (a gather's index vector, a stride-2 tap's two loads and its even-lane index)."""
+    vx = vector_isa(target)
+    macs = geo.batch * geo.oc * geo.ohw * geo.ksp
+    return DepthwiseKernel(threaded=macs >= DW_PARALLEL_MIN_MACS, row_vectors=min(FMA_CHAINS, vx.registers // 2),
+                           plane_vectors=vx.registers // 2)
+
+
+def winograd_tile(target: Target) -> tuple[int, int]:
+    """The transform-domain GEMM's register tile (J, R): WINOGRAD_BLOCKS output blocks x as many
+    transform tiles as the accumulator budget holds (28 accumulators of 32 registers: 2 x 14;
+    12 of 16: 2 x 6)."""
+    j = WINOGRAD_BLOCKS
+    return j, accumulator_budget(target, vector_lanes(target)) // j
+
+
 def finish(node: Node, g: Graph, target: Target, options: CompileOptions) -> None:
     """After layout planning: fix each Conv's algorithm, its tile for the chosen blocks, the
     Winograd order and the in-place operand (``node.schedule`` becomes a ``ConvSchedule``)."""
     out = g.values[node.outputs[0]]
     sched = node.schedule
     if out.layout == PLAIN:
-        # conv.py: the NCHW GEMM (or its depthwise kernel)
-        node.schedule = ConvSchedule("gemm", read_b_in_place=options.gemm_read_b_in_place)
+        # conv.py: the NCHW GEMM (or its depthwise kernel); a conv no native kernel takes (the
+        # fallback runs it) has no geometry to schedule
+        geo = ConvGeometry(node, g) if check_conv(node, g) is None else None
+        node.schedule = ConvSchedule("gemm", gemm=gemm_schedule(options),
+                                     depthwise=depthwise_kernel(geo, target) if geo and geo.is_depthwise else None)
         return
     assert isinstance(sched, ConvSchedule) and sched.tile is not None, f"conv {node.name} blocked without a tile"
     geo = ConvGeometry(node, g)
@@ -376,5 +499,8 @@ def finish(node: Node, g: Graph, target: Target, options: CompileOptions) -> Non
     # both kernels finish each output element in one go (the Winograd output transform reads
     # the residual element it then writes), so the in-place rule is the same for both
     inplace = inplace_residual(node, g) if options.inplace else None
+    ib = layout_block(g.values[node.inputs[0]].layout)
     node.schedule = replace(sched, algorithm="winograd" if order else "direct", tile=tile,
-                            winograd_order=order, inplace_operand=inplace)
+                            winograd_order=order, inplace_operand=inplace,
+                            direct=None if order else direct_kernel(geo, tile, ib, target, options),
+                            winograd_tile=winograd_tile(target) if order else (0, 0))

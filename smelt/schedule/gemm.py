@@ -2,7 +2,8 @@
 
 The blocking (MC/KC/NC) and the micro-kernel come from the target's facts in the kernel library
 (``kernels/gemm.py``: ``blocking_for``, the ISA description's kernel shape); what a caller can
-switch is decided here, once, from the compile options.
+switch, and when a GEMM is worth splitting over threads, is decided here, once, and written on
+the node as a ``GemmSchedule`` (the NCHW conv GEMMs carry one inside their ``ConvSchedule``).
 """
 
 from __future__ import annotations
@@ -14,17 +15,42 @@ from smelt.options import CompileOptions
 
 GEMM_OPS = ("Gemm", "MatMul")
 
+# Below this many multiply-adds (all items together) a GEMM runs on thread 0 alone: waking a
+# second thread and the barrier after it cost more than half of such a GEMM saves (a few
+# microseconds against ~2 us of FMAs). Counted in MACs, not cycles, so the same on every ISA.
+PARALLEL_MIN_MACS = 1 << 16
+
 
 @dataclass(frozen=True)
 class GemmSchedule:
-    """How one Gemm/MatMul runs."""
+    """How one GEMM runs (a Gemm/MatMul node, or an NCHW conv's GEMM)."""
 
-    # read a run-time B with unit column stride in place instead of packing it
-    read_b_in_place: bool = False
+    # read a run-time B with unit column stride in place instead of packing it (measured slower
+    # on ResNet-50's 1x1 layers: packed panels stream better; ``options.gemm_read_b_in_place``)
+    read_b_in_place: bool
+    # read a run-time row-major A in place (the micro-kernel broadcasts from MR rows lda apart)
+    # instead of packing MR-row panels (``options.gemm_read_a_in_place``)
+    read_a_in_place: bool
+    # the micro-kernel prefetches its C tile (and a residual operand) before the K loop
+    prefetch_c: bool
+    # fewer multiply-adds than this: thread 0 alone (``PARALLEL_MIN_MACS``)
+    parallel_min_macs: int
+
+    def problem_args(self) -> dict:
+        """The kernel library's ``GemmProblem`` fields this schedule sets (kernels/gemm.py)."""
+        return {"direct_b": self.read_b_in_place, "direct_a": self.read_a_in_place,
+                "prefetch_c": self.prefetch_c, "parallel_min_macs": self.parallel_min_macs}
+
+
+def gemm_schedule(options: CompileOptions) -> GemmSchedule:
+    """The schedule every GEMM gets under ``options`` (nothing here depends on the shape)."""
+    return GemmSchedule(read_b_in_place=options.gemm_read_b_in_place,
+                        read_a_in_place=options.gemm_read_a_in_place,
+                        prefetch_c=options.gemm_prefetch_c, parallel_min_macs=PARALLEL_MIN_MACS)
 
 
 def decide_gemm_graph(g: Graph, options: CompileOptions) -> None:
     """``node.schedule = GemmSchedule(...)`` for every Gemm and MatMul."""
     for node in g.nodes:
         if node.op in GEMM_OPS and node.domain in ("", "ai.onnx"):
-            node.schedule = GemmSchedule(read_b_in_place=options.gemm_read_b_in_place)
+            node.schedule = gemm_schedule(options)

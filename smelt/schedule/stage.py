@@ -71,15 +71,15 @@ def _conv_tiles(g: Graph, target: Target, options: CompileOptions, db: TuningDB 
 
 def schedule_graph(g: Graph, target: Target, options: CompileOptions) -> Graph:
     """Plan layouts and write every heavy node's schedule (see the module docstring). At
-    ``opt_level`` 0 layouts stay plain, but recurrent nodes still get their schedules (their
-    template renders nothing else)."""
+    ``opt_level`` 0 layouts stay plain, but every heavy node still gets its schedule (the
+    templates render nothing else)."""
     db = tuning_db(options)
     if blocks_convs(options):
         g = plan_layouts(g, target, options, _conv_tiles(g, target, options, db))
-    if options.opt_level >= 1:
-        for node in g.nodes:
-            if node.op == "Conv" and node.domain in ("", "ai.onnx") and node.name not in options.force_fallback:
-                conv.finish(node, g, target, options)
+    # every opt level: at 0 layouts stay plain and each Conv gets its NCHW GEMM's schedule
+    for node in g.nodes:
+        if node.op == "Conv" and node.domain in ("", "ai.onnx") and node.name not in options.force_fallback:
+            conv.finish(node, g, target, options)
     decide_gemm_graph(g, options)
     decide_rnn_graph(g, target, options.codegen_threads(target), db)
     return g

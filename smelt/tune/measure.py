@@ -34,7 +34,7 @@ import numpy as np
 
 from smelt.codegen.plan import ALIGN, ExecutionPlan, build_plan
 from smelt.ir.graph import Graph, Node, Value, blocked_layout
-from smelt.schedule.conv import ConvSchedule, NchwcSchedule
+from smelt.schedule.conv import ConvSchedule, NchwcSchedule, forced_direct
 from smelt.target import Target, detect
 
 # packed weights + outputs per measurement library (bounds the weights blob and the arena; the
@@ -192,6 +192,12 @@ def time_graph(g: Graph, threads: int, target: Target | None = None, *, min_roun
 
     target = target or detect()
     options = CompileOptions(threads=threads, profile=True, use_tuning_db=False, allow_fallback=False)
+    # the graph skipped the schedule stage: each forced tile gets the kernel's other choices
+    # (prefetches, work split) as a compile under these options would make them
+    for node in g.nodes:
+        sched = node.schedule
+        if isinstance(sched, ConvSchedule) and sched.tile is not None and sched.direct is None:
+            node.schedule = forced_direct(node, g, sched.tile, target, options)
     rng = np.random.default_rng(1)
     feeds = {name: rng.standard_normal(g.values[name].shape).astype(np.float32) for name in g.inputs}
     with tempfile.TemporaryDirectory(prefix="smelt-tune-") as tmp:

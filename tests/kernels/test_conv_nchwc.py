@@ -95,7 +95,9 @@ def _structure(min_nchwc: int):
 def test_nchwc_chains(isa, monkeypatch, cache):
     cases = _chains()
     n_convs = sum(1 for c in cases for n in c.nodes if n.op_type == "Conv")
-    check_cases(cases, isa, monkeypatch, cache, _structure(n_convs), layout="propagate")
+    # the direct kernel at every shape (Winograd, which AVX2 takes down to 7x7 planes and 16
+    # channels, has its own tests)
+    check_cases(cases, isa, monkeypatch, cache, _structure(n_convs), layout="propagate", winograd=False)
 
 
 def test_conv_only_mode_transforms_around_every_conv(monkeypatch, cache):
@@ -236,3 +238,60 @@ def test_kernel_source_names_template_and_schedule(monkeypatch, cache):
     src = smelt.compile(model, threads=1, layout="propagate").source_path.read_text()
     assert "template: f32_conv2d_nchw16c_" in src or "template: f32_conv2d_nchw8c_" in src
     assert "schedule oc_bn=" in src and "epilogue: Relu" in src
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_direct_kernel_switches(isa, monkeypatch, tmp_path):
+    """``conv_prefetch_input``, ``conv_prefetch_weights`` and ``conv_row_split`` off (schedule
+    switches, ``schedule.conv.DirectKernel``): the same answers, and the kernels lose their
+    prefetches (``pn``: the next input block's row, ``pq``: the next weights); at the defaults
+    the same chains have both."""
+    by_name = {c.name: c for c in _chains()}
+    cases = [by_name[n] for n in ("r3", "bneck", "icout", "grp")]
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
+    input_pf, weight_pf = "_mm_prefetch(pn + q", "_mm_prefetch(pq + q"
+
+    def off(compiled, target):
+        src = compiled.source_path.read_text()
+        assert input_pf not in src and weight_pf not in src
+
+    check_cases(cases, isa, monkeypatch, tmp_path / "off", off, layout="propagate", winograd=False,
+                schedule={"conv_prefetch_input": False, "conv_prefetch_weights": False, "conv_row_split": False})
+
+    def on(compiled, target):
+        src = compiled.source_path.read_text()
+        assert input_pf in src and weight_pf in src
+
+    check_cases(cases[2:3], isa, monkeypatch, tmp_path / "on", on, layout="propagate", winograd=False)
+
+
+def test_direct_kernel_choices_follow_the_target():
+    """Row split when the weights fit half of L2 (the target's), weight prefetch only without it;
+    Winograd's GEMM tile fills 32 or 16 registers; the depthwise blocking fits the register file."""
+    import dataclasses
+
+    from smelt.codegen.kernels.conv_geometry import ConvGeometry
+    from smelt.compiler import lower
+    from smelt.frontend.onnx_import import load_model
+    from smelt.options import CompileOptions
+    from smelt.schedule.conv import depthwise_kernel, direct_kernel, winograd_tile
+    from smelt.target import detect
+
+    model, _ = _model([Chain("k", (1, 256, 14, 14)).conv(256, (3, 3), pads=(1, 1, 1, 1)).case()])
+    g = lower(load_model(model), CompileOptions(threads=1, layout="nchw"))
+    geo = ConvGeometry(next(n for n in g.nodes if n.op == "Conv"), g)  # 2.25 MiB of weights
+    s = NchwcSchedule(16, 14, 2)
+    opts = CompileOptions(threads=1)
+    big_l2 = dataclasses.replace(detect(), l2_bytes=8 << 20)
+    small_l2 = dataclasses.replace(detect(), l2_bytes=1 << 20)
+    assert direct_kernel(geo, s, 16, big_l2, opts).row_split
+    assert not direct_kernel(geo, s, 16, big_l2, opts).prefetch_weights
+    dk = direct_kernel(geo, s, 16, small_l2, opts)
+    assert not dk.row_split and dk.prefetch_weights and dk.prefetch_input
+    assert not direct_kernel(geo, s, 16, small_l2, CompileOptions(threads=1, conv_prefetch_input=False)).prefetch_input
+    avx2 = dataclasses.replace(detect(), isa="avx2", vector_bits=256, vector_registers=16)
+    avx512 = dataclasses.replace(detect(), isa="avx512", vector_bits=512, vector_registers=32)
+    assert winograd_tile(avx512) == (2, 14) and winograd_tile(avx2) == (2, 6)
+    for t in (avx2, avx512):
+        d = depthwise_kernel(geo, t)
+        assert d.threaded and d.row_vectors + 2 <= t.vector_registers and d.plane_vectors <= t.vector_registers // 2

@@ -255,3 +255,41 @@ def test_direct_b_variant(monkeypatch, tmp_path):
     cases = [by_name[n] for n in ("g_rtb", "g_rta_big", "m_batched", "m_bcast_a")]
     _check(cases + [matmul_case("d_tail", (17, 30), (30, 49))], "native", monkeypatch, tmp_path,
            schedule={"gemm_read_b_in_place": True})
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_packed_a_and_no_c_prefetch(isa, monkeypatch, tmp_path):
+    """The schedule switches ``gemm_read_a_in_place=False`` (a run-time row-major A is packed
+    into MR-row panels instead of read in place) and ``gemm_prefetch_c=False`` (no C-tile
+    prefetch before the K loop): the same answers, and the kernels really changed."""
+    by_name = {c.name: c for c in GEMM_CASES + MATMUL_CASES}
+    cases = [by_name[n] for n in ("g_rtb", "g_rta_big", "m_batched", "m_bcast_a", "m_big")]
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
+    c_prefetch = "_mm_prefetch((const char *)(C + r * ldc"
+
+    def structure(compiled, target):
+        src = compiled.source_path.read_text()
+        assert "f32_gemm_ukrA_" not in src and "f32_gemm_ukr_" in src
+        assert c_prefetch not in src
+
+    check_cases(cases, isa, monkeypatch, tmp_path / "off", structure,
+                schedule={"gemm_read_a_in_place": False, "gemm_prefetch_c": False})
+
+    def defaults(compiled, target):  # the same cases at the defaults do read A in place and prefetch C
+        src = compiled.source_path.read_text()
+        assert "f32_gemm_ukrA_" in src and c_prefetch in src
+
+    check_cases(cases[1:2], isa, monkeypatch, tmp_path / "on", defaults)
+
+
+def test_gemm_switches_are_in_the_key():
+    """Every GEMM and conv kernel switch is a CompileOptions field that changes the artifact key."""
+    from smelt.options import CompileOptions
+    from smelt.target import detect
+
+    t = detect()
+    base = CompileOptions(threads=1)
+    for name in ("gemm_read_a_in_place", "gemm_prefetch_c", "conv_prefetch_input", "conv_prefetch_weights",
+                 "conv_row_split"):
+        flipped = CompileOptions(threads=1, **{name: not getattr(base, name)})
+        assert flipped.key(t) != base.key(t), name

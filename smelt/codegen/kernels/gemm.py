@@ -68,9 +68,6 @@ from smelt.ir.epilogue import EpilogueActivation, EpilogueBinary
 from smelt.ir.graph import Node
 from smelt.target import Target
 
-# Below this many multiply-adds a GEMM runs on thread 0 alone (a split costs more than it saves).
-PARALLEL_MIN_MACS = 1 << 16
-
 FLOAT = "float32"
 
 
@@ -109,18 +106,14 @@ class Blocking:
         return -(-k // blocks)
 
 
-# Read a run-time row-major A in place (the micro-kernel broadcasts from MR rows lda apart)
-# instead of packing it into MR-interleaved panels.
-DIRECT_A = True
-
 # Run-time A operands up to this size are packed whole once (per item) rather than per block.
 PREPACK_A_BYTES = 2 << 20
 
 # Software prefetch distance (k iterations) of the micro-kernel's A stream (0: none): weights
 # stream from DRAM in a whole network (ResNet-50 stage 4: +30% on its layers, cold cache).
+# A property of the packed-A kernel (64 k steps ahead of an MR-float panel row = a few lines),
+# not a per-node choice; whether A is packed at all is the schedule's ``read_a_in_place``.
 A_PREFETCH = 64
-# The micro-kernel prefetches its C tile (and a residual operand) before the K loop.
-C_PREFETCH = True
 
 # Cache blocking: the A micro-panel (MR x KC) takes 1/KC_L1_FRACTION of L1d; the B block
 # (KC x NC) 1/NC_L2_FRACTION of L2 (leaving room for the conv input image and C).
@@ -163,12 +156,13 @@ UKR_SIG = ("(long kc, const float *restrict A, long lda, const float *restrict B
 EF_ROW, EF_COL, EF_FULL, EF_RELU, EF_CLIP = 1, 2, 4, 8, 16
 
 
-def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False) -> str:
+def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False, prefetch_c: bool = True) -> str:
     """C source of the micro-kernel computing a ``rows`` x ``nv`` vectors tile (function FNAME).
 
     A is an MR-strided packed micro-panel, B has rows ``ldb`` floats apart (NR when packed);
     ``accum`` adds to C instead of overwriting it; the last vector loads B and stores C only in
     its first ``lastn`` lanes (so B may be read in place, up to the end of a matrix).
+    ``prefetch_c``: the schedule's ``GemmSchedule.prefetch_c`` (``render_gemm`` always passes it).
     """
     mr = blk.mr
     lines = [f"static __attribute__((noinline)) void FNAME{UKR_SIG} {{"]
@@ -210,7 +204,7 @@ def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False
     tile = RegisterTile(v, nv, rows, acc_fmt="c{r}_{j}", vec="b", bcast="a")
     lines.append(f"    const {v.mask_type} lm = {v.lane_mask('lastn')};")
     lines += ["    " + x for x in tile.declare(by_row=True)]
-    if C_PREFETCH:  # the C tile (and a residual operand) arrive while the K loop runs
+    if prefetch_c:  # the C tile (and a residual operand) arrive while the K loop runs
         lines.append(f"    for (int r = 0; r < {rows}; ++r) {{")
         lines += [f"        {v.prefetch(f'C + r * ldc + {j * w}')}" for j in range(nv)]
         lines.append("        if (ef & 4) {")
@@ -303,11 +297,11 @@ def colkernel_source(blk: Blocking, npn: int, r: int) -> str:
     return "\n".join(L)
 
 
-def microkernel(em: BlockEmitter, blk: Blocking, rows: int, nv: int, direct_a: bool = False) -> str:
+def microkernel(em: BlockEmitter, blk: Blocking, rows: int, nv: int, direct_a: bool, prefetch_c: bool) -> str:
     kind = "ukrA" if direct_a else "ukr"
     a_doc = "A read in place (rows lda apart)" if direct_a else f"A packed (stride {blk.mr})"
     return define(em, f"f32_gemm_{kind}_{rows}x{nv * blk.vec}__{blk.isa}",
-                  microkernel_source(blk, rows, nv, direct_a),
+                  microkernel_source(blk, rows, nv, direct_a, prefetch_c),
                   f"micro-kernel {rows} rows x {nv} vectors of {blk.vec}; {a_doc}; B rows ldb apart")
 
 
@@ -537,9 +531,16 @@ class GemmProblem:
     name: str = "gemm"
     doc: str = ""
     extra: dict = field(default_factory=dict)
-    # read a run-time B with unit column stride in place instead of packing it (the schedule's
-    # ``read_b_in_place``; the kernels keep their ldb parameter)
+    # the schedule's decisions (``smelt.schedule.gemm.GemmSchedule``; the templates copy them):
+    # read a run-time B with unit column stride in place instead of packing it (the kernels
+    # keep their ldb parameter)
     direct_b: bool = False
+    # read a run-time row-major A in place instead of packing MR-row panels
+    direct_a: bool = False
+    # the micro-kernel prefetches its C tile before the K loop
+    prefetch_c: bool = False
+    # fewer multiply-adds than this (all items): thread 0 alone
+    parallel_min_macs: int = 0
 
 
 def pack_const_a(a: np.ndarray, mr: int) -> np.ndarray:
@@ -567,11 +568,11 @@ def _split(total: int, parts: int) -> list[int]:
 
 def choose_partition(p: GemmProblem, blk: Blocking, nt: int) -> tuple[str, int]:
     """("single"|"items"|"grid", pn): how threads divide the work (pn: grid columns)."""
-    if nt <= 1 or p.items * p.M * p.N * p.K < PARALLEL_MIN_MACS:
+    if nt <= 1 or p.items * p.M * p.N * p.K < p.parallel_min_macs:
         return "single", 1
     mp, np_ = -(-p.M // blk.mr), -(-p.N // blk.nr)
     pack_b = not isinstance(p.b, ConstPacked) and not (p.direct_b and isinstance(p.b, Strided) and p.b.s1 == 1)
-    pack_a = not isinstance(p.a, ConstPacked) and not (DIRECT_A and isinstance(p.a, Strided) and p.a.s1 == 1)
+    pack_a = not isinstance(p.a, ConstPacked) and not (p.direct_a and isinstance(p.a, Strided) and p.a.s1 == 1)
 
     def cost(rows_panels: int, cols_panels: int, last_m: bool, last_n: bool) -> float:
         rows = rows_panels * blk.mr - ((-p.M) % blk.mr if last_m else 0)
@@ -623,7 +624,7 @@ def _dispatch(em: BlockEmitter, blk: Blocking, p: GemmProblem, direct_a: bool,
     def call(rows: int, cols: int) -> str:
         vecs = -(-cols // blk.vec)
         lastn = cols - (vecs - 1) * blk.vec
-        fn = microkernel(em, blk, rows, vecs, direct_a)
+        fn = microkernel(em, blk, rows, vecs, direct_a, p.prefetch_c)
         return f"{fn}(kb, ap, lda, bp, ldb, cp, {p.ldc}, pc > 0, {lastn}, {eargs});"
 
     def by_cols(rows: int) -> str:
@@ -707,7 +708,7 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
     direct_b = p.direct_b and blk.vx.vector and isinstance(p.b, Strided) and p.b.s1 == 1
     pack_b = pack_b and not direct_b
     pack_a = not isinstance(p.a, ConstPacked)
-    direct_a = DIRECT_A and blk.vx.vector and isinstance(p.a, Strided) and p.a.s1 == 1
+    direct_a = p.direct_a and blk.vx.vector and isinstance(p.a, Strided) and p.a.s1 == 1
     pack_a = pack_a and not direct_a
     # a run-time A small enough is packed whole, once per item, instead of per (jc, pc) block
     prepack_a = pack_a and mp * mr * p.K * 4 <= PREPACK_A_BYTES

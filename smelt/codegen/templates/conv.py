@@ -14,10 +14,13 @@ with channel = output channel = GEMM row):
   per vector and run (stride 2: two loads and an even-lane permute); otherwise per-lane
   offsets (masked gathers, or a plain loop on other targets). Padding lanes are never read.
 - ``f32_conv<S>d_depthwise_direct``: group == C, one input channel per group (1-D/2-D), any
-  channel multiplier. AVX-512: a plane of up to 256 outputs is one block of registers (16
-  flat outputs per vector) with every tap's lane mask and offsets compile-time constants;
-  larger planes go row by row (up to 8 vectors per row in registers). The epilogue is applied
-  to the accumulators before the masked store. Other targets: compiler-vectorized row loops.
+  channel multiplier. AVX-512: a plane of up to ``DepthwiseKernel.plane_vectors`` vectors (16
+  on 32 registers: 256 outputs) is one block of registers (16 flat outputs per vector) with
+  every tap's lane mask and offsets compile-time constants; larger planes go row by row
+  (``row_vectors`` vectors per row in registers at a time). The epilogue is applied to the
+  accumulators before the masked store. Other targets: compiler-vectorized row loops.
+  Threading, blocking and the GEMM's switches are the node's ``ConvSchedule`` (``gemm``,
+  ``depthwise``; schedule/conv.py); this template only reads them.
 
 Weights are reordered at compile time: per group, W[oc, ic*kd*kh*kw] packed into MR-row panels
 of the GEMM micro-kernel ([G][OC/G/MR][K][MR]). Images and groups are the GEMM's items.
@@ -45,9 +48,15 @@ from smelt.codegen.kernels.gemm import (
 from smelt.codegen.kernels.isa import VectorIsa
 from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
+from smelt.schedule.conv import ConvSchedule, DepthwiseKernel
 
-# Below this many multiply-adds a depthwise conv runs on thread 0 alone.
-DW_PARALLEL_MIN_MACS = 1 << 15
+
+def _schedule(node: Node) -> ConvSchedule:
+    """The schedule stage's "gemm" schedule (schedule/conv.py ``finish``: every plain Conv)."""
+    s = node.schedule
+    assert isinstance(s, ConvSchedule) and s.algorithm == "gemm" and s.gemm is not None, (
+        f"Conv {node.name}: no NCHW GEMM schedule ({s!r})")
+    return s
 
 
 class Im2col:
@@ -254,9 +263,12 @@ def _epilogue(node: Node, g: Graph, em: BlockEmitter) -> TileEpilogue:
 @register("Conv", versions=(1, 11, 22), check=check_conv, name="f32_conv")
 def emit_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
     geo = ConvGeometry(node, g)
+    sched = _schedule(node)
     if geo.is_depthwise:
-        _emit_depthwise(node, g, em, geo)
+        assert sched.depthwise is not None, f"Conv {node.name}: depthwise without its kernel's schedule"
+        _emit_depthwise(node, g, em, geo, sched.depthwise)
         return
+    assert sched.gemm is not None
     blk = blocking_for(em.target)
     w = np.asarray(g.const(node.inputs[1]), np.float32)
     k = geo.cg * geo.ksp
@@ -281,13 +293,13 @@ def emit_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
                  f"const long ao = gi * {gsz}L, bo = bi * {geo.c * geo.ihw}L + gi * {geo.cg * geo.ihw}L;\n"
                  f"const long co = bi * {geo.oc * geo.ohw}L + gi * {geo.ocg * geo.ohw}L, grow0 = gi * {geo.ocg}L;")
     p = GemmProblem(geo.ocg, geo.ohw, k, a_op, b_op, em.ptr(node.outputs[0]), geo.ohw, _epilogue(node, g, em),
-                    direct_b=getattr(node.schedule, "read_b_in_place", False),
+                    **sched.gemm.problem_args(),
                     items=items, item_code=item_code, name=f"f32_conv{geo.rank}d_{kind}_gemm",
                     doc=f"Conv {geo.describe()}")
     render_gemm(em, p, blk)
 
 
-def _emit_depthwise(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry) -> None:
+def _emit_depthwise(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry, dk: DepthwiseKernel) -> None:
     blk = blocking_for(em.target)
     ins, outs, ks = list(geo.ins), list(geo.outs), list(geo.ks)
     strides, dils, pb = list(geo.strides), list(geo.dils), list(geo.pb)
@@ -303,14 +315,13 @@ def _emit_depthwise(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry) -
     w = np.asarray(g.const(node.inputs[1]), np.float32).reshape(geo.oc, kh * kw)
     wptr = em.weight(w)
     planes = geo.batch * geo.oc
-    macs = planes * geo.ohw * kh * kw
     ep = _epilogue(node, g, em)
     L = ["(void)in; (void)out; (void)arena; (void)scratch; (void)W;",
          f"const float *restrict X = {em.ptr(node.inputs[0])};",
          f"float *restrict Y = {em.ptr(node.outputs[0])};",
          f"const float *restrict Wt = {wptr};",
          "long p0, p1;"]
-    if macs < DW_PARALLEL_MIN_MACS:
+    if not dk.threaded:
         L.append(f"if (tid != 0) return; p0 = 0; p1 = {planes};")
     else:
         L.append(f"smelt_range({planes}, tid, nt, &p0, &p1);")
@@ -322,7 +333,7 @@ def _emit_depthwise(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry) -
     v = blk.vx
     # the register kernels build every tap's lane mask at compile time: bit-mask ISAs with gathers
     in_regs = v.bit_masks and v.has("gather")
-    flat = in_regs and oh_ * ow <= v.lanes * DW_FLAT_CHUNKS
+    flat = in_regs and oh_ * ow <= v.lanes * dk.plane_vectors
 
     def finish(acc: str, n: int, flat_off: str) -> list[str]:
         """The epilogue on an accumulator before its (masked) store."""
@@ -341,7 +352,7 @@ def _emit_depthwise(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry) -
         pass
     elif in_regs:
         L += ["        " + x for x in _dw_row_avx512(v, ih, iw, oh_, ow, kh, kw, sh, sw, dh, dw, ph, pw,
-                                                     finish if epi_in_regs else None)]
+                                                     dk.row_vectors, finish if epi_in_regs else None)]
     else:
         L += [f"        for (long o = 0; o < {ow}; ++o) yr[o] = 0.0f;",
               f"        for (int kh = 0; kh < {kh}; ++kh) {{",
@@ -379,14 +390,10 @@ def _emit_depthwise(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry) -
     em.schedule(algorithm="depthwise direct" + (
         " (whole plane in registers)" if flat else " (row by row in registers)" if in_regs else ""),
         kernel=f"f32_conv{geo.rank}d_depthwise_direct", layout="NCHW",
-        threads="thread 0 only" if macs < DW_PARALLEL_MIN_MACS else "planes split over threads",
+        threads="planes split over threads" if dk.threaded else "thread 0 only",
         epilogue_at="in registers" if epi_in_regs and not ep.empty() else "row pass" if epi else "",
         shape=f"{geo.ks} kernel, stride {geo.strides}, multiplier {mult}")
     em.step("\n".join(L), name=f"f32_conv{geo.rank}d_depthwise_direct", doc=doc)
-
-
-DW_CHUNKS = 8  # output vectors accumulated in registers at once by the AVX-512 depthwise row
-DW_FLAT_CHUNKS = 16  # planes up to 16 vectors (256 outputs) run as one flat register block
 
 
 def _dw_tap(v: VectorIsa, src: str, mask: int, sw: int, lanes: list[int] | None = None) -> str:
@@ -479,13 +486,14 @@ def _dw_plane_avx512(v: VectorIsa, ih: int, iw: int, oh: int, ow: int, kh: int, 
 
 
 def _dw_row_avx512(v: VectorIsa, ih: int, iw: int, oh: int, ow: int, kh: int, kw: int, sh: int, sw: int, dh: int,
-                   dw: int, ph: int, pw: int, finish=None) -> list[str]:
-    """One depthwise output row (``yr``) in registers: 16 outputs per vector, every tap's lane
-    mask (padding, row end) a compile-time constant."""
+                   dw: int, ph: int, pw: int, row_vectors: int, finish=None) -> list[str]:
+    """One depthwise output row (``yr``) in registers: a vector of outputs per accumulator,
+    ``row_vectors`` accumulators at a time (the schedule's ``DepthwiseKernel``), every tap's
+    lane mask (padding, row end) a compile-time constant."""
     L, w = [], v.lanes
     chunks = -(-ow // w)
-    for g0 in range(0, chunks, DW_CHUNKS):
-        group = list(range(g0, min(chunks, g0 + DW_CHUNKS)))
+    for g0 in range(0, chunks, row_vectors):
+        group = list(range(g0, min(chunks, g0 + row_vectors)))
         L.append("{ " + " ".join(f"{v.t} a{c} = {v.zero()};" for c in group))
         L += [f"  for (int kh = 0; kh < {kh}; ++kh) {{",
               f"    const long ih = oh * {sh} - {ph} + kh * {dh};",

@@ -43,7 +43,7 @@ output in the same block size, one vector of channels per tap (a load, not a bro
 
 The schedule stage (``smelt/schedule/conv.py``) decides everything this template renders and
 writes it on the node as a ``ConvSchedule``: the tile (``NchwcSchedule``, fitted to the blocks
-the layout pass chose), whether the conv runs as Winograd F(2x2, 3x3) instead
+the layout pass chose), the prefetches and the row-first work split (``DirectKernel``), whether the conv runs as Winograd F(2x2, 3x3) instead
 (``templates/winograd.py``), and whether its output may overwrite a fused residual operand (the
 memory planner applies that when the conv is the operand's last reader; ``y`` then loses
 ``restrict``).
@@ -72,17 +72,15 @@ from smelt.codegen.kernels.isa import with_lanes
 from smelt.codegen.kernels.tile import RegisterTile
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node, layout_block
-from smelt.schedule.conv import ConvSchedule, NchwcSchedule, geometry_reason
+from smelt.schedule.conv import (
+    ConvSchedule,
+    DirectKernel,
+    NchwcSchedule,
+    geometry_reason,
+    ic_outer_blocks,
+)
 
-# Software-prefetch the next input-channel block's row at the start of each block.
-PREFETCH_NEXT_IC = True
-# ic-outer order: software-prefetch the next weight chunk into L2 while this one computes.
-PREFETCH_NEXT_WEIGHTS = True
-PREFETCH_WEIGHT_DISTANCE = 2  # chunks ahead
-# row-outer order: software-prefetch the next oc tile's weights into L2, a slice per row
-PREFETCH_NEXT_TILE = True
-# row-outer order with weights of at most half an L2: work items row-major (see _Gen)
-ROW_SPLIT_SMALL_WEIGHTS = True
+
 # ------------------------------------------------------------------------------------------
 # Compile-time weight layout
 # ------------------------------------------------------------------------------------------
@@ -115,8 +113,8 @@ class _Gen:
     """Renders one convolution's kernel (driver + tile functions)."""
 
     def __init__(self, em: BlockEmitter, node: Node, g: Graph, geo: ConvGeometry, s: NchwcSchedule,
-                 ib: int, ep: TileEpilogue, n_eps: int, y_aliased: bool = False) -> None:
-        self.em, self.node, self.g, self.geo, self.s, self.ib = em, node, g, geo, s, ib
+                 dk: DirectKernel, ib: int, ep: TileEpilogue, n_eps: int, y_aliased: bool = False) -> None:
+        self.em, self.node, self.g, self.geo, self.s, self.dk, self.ib = em, node, g, geo, s, dk, ib
         # y written over a residual operand (codegen/inplace.py): y may not be restrict
         self.yq = "" if y_aliased else "restrict "
         self.ep = ep
@@ -125,22 +123,17 @@ class _Gen:
         self.v = self.blk.vx
         self.eparams = "".join(f", const float *e{k}" for k in range(n_eps))
         self.eargs = "".join(f", e{k}" for k in range(n_eps))
-        icbs = geo.cg // ib
         self.chunk = max(1, s.ic_chunk // ib)  # input blocks per chunk
-        self.chunked = s.ic_chunk > 0 and self.chunk < icbs and not is_depthwise(geo)
+        self.chunked = ic_outer_blocks(geo, s, ib) > 0
         self.icparams = ", int icb_lo, int icb_hi" if self.chunked else ""
         self.icargs = ", icb_lo, icb_hi" if self.chunked else ""
-        # row-outer order with small weights: split work by rows first (each thread reads its own
-        # band of the input, which the previous layer's same split mostly left in its own L2),
-        # every thread reading all the (L2-resident) weights; big weights split by oc tile
-        wbytes = geo.oc * geo.cg * geo.ks[0] * geo.ks[1] * 4
-        self.row_split = (ROW_SPLIT_SMALL_WEIGHTS and not self.chunked and not is_depthwise(geo)
-                          and wbytes <= em.target.l2_bytes // 2)
-        # the next weights (ic-outer: the chunk after next; row-outer: the next oc tile) are
-        # prefetched into L2 a few lines per kernel tap (``pf``: this row's slice of them),
-        # spread evenly so the prefetches never crowd the line-fill buffers the FMAs' loads need
-        self.tap_prefetch = not is_depthwise(geo) and not self.row_split and (
-            PREFETCH_NEXT_WEIGHTS if self.chunked else PREFETCH_NEXT_TILE)
+        # the schedule's work split: row-outer order with small weights splits work by rows first
+        # (schedule.conv.DirectKernel.row_split); big weights split by oc tile
+        self.row_split = dk.row_split
+        # the next weights (ic-outer: a chunk ahead; row-outer: the next oc tile) are prefetched
+        # into L2 a few lines per kernel tap (``pf``: this row's slice of them), spread evenly so
+        # the prefetches never crowd the line-fill buffers the FMAs' loads need
+        self.tap_prefetch = dk.prefetch_weights
         if self.tap_prefetch:
             self.icparams += ", const char *pf"
             self.icargs += ", pf"
@@ -226,7 +219,7 @@ class _Gen:
             L.append(f"    for (int icb = 0; icb < {icbs}; ++icb) {{")
             icb_end = str(icbs)
         unroll = self.s.unroll_ker or ow0 is not None
-        if PREFETCH_NEXT_IC and icbs > 1:
+        if self.dk.prefetch_input and icbs > 1:
             # the next channel block's first input row of this tile: its lines would otherwise
             # miss L1 at the start of every block (the input plane rarely fits L1)
             span = ((width - 1) * self.SW + (self.KW - 1) * self.DW + 1) * ib
@@ -389,7 +382,7 @@ class _Gen:
                 # very last chunk re-touches its own tile instead
                 per_icb = self.KH * self.KW * ib * j * ob
                 nbytes = chunk * per_icb * 4
-                ahead = (PREFETCH_WEIGHT_DISTANCE - 1) * chunk
+                ahead = (self.dk.weight_distance - 1) * chunk
                 L += [f"{ind}const char *pf = (const char *)wt;",
                       f"{ind}if (icb_hi < {icb_per_group} || it + 1 < hi)",
                       f"{ind}    pf = (const char *)(wt + ((long)icb_hi + {ahead}) * {per_icb}) + {nbytes}L * oh / {rows};"]
@@ -475,6 +468,7 @@ def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     sched = node.schedule
     assert isinstance(sched, ConvSchedule) and sched.tile is not None and sched.tile.oc_bn == ob, (
         f"conv {node.name}: the schedule stage did not fit a tile to its blocks ({sched!r})")
+    assert sched.direct is not None, f"conv {node.name}: no direct-kernel schedule ({sched!r})"
     s = sched.tile
     y_ptr = em.ptr(node.outputs[0])
     aliased = any(em.ptr(e.input) == y_ptr for e in node.epilogue if e.input)
@@ -489,7 +483,7 @@ def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     else:
         packed = pack_weights(w, geo, s, ib)
     wptr = em.weight(packed.reshape(-1), key=f"nchwc:{node.name}:{s}:{ib}")
-    gen = _Gen(em, node, g, geo, s, ib, ep, len(eargs), aliased)
+    gen = _Gen(em, node, g, geo, s, sched.direct, ib, ep, len(eargs), aliased)
     fn = gen.kernel()
     args = "".join(f", {a}" for a in eargs)
     em.schedule(algorithm="direct convolution, NCHW[x]c (NeoCPU)" + (" depthwise" if gen.dw else "")

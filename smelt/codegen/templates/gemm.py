@@ -34,9 +34,11 @@ from smelt.schedule.gemm import GemmSchedule
 # ------------------------------------------------------------------------------------------
 # ONNX Gemm
 # ------------------------------------------------------------------------------------------
-def _read_b_in_place(node: Node) -> bool:
-    """The schedule's choice (schedule/gemm.py); a graph that skipped the stage packs B."""
-    return isinstance(node.schedule, GemmSchedule) and node.schedule.read_b_in_place
+def _schedule(node: Node) -> GemmSchedule:
+    """The schedule stage's decisions for this node (schedule/gemm.py: every Gemm and MatMul)."""
+    s = node.schedule
+    assert isinstance(s, GemmSchedule), f"{node.op} {node.name}: no GemmSchedule (the schedule stage did not run)"
+    return s
 
 
 def _f32(g: Graph, name: str) -> bool:
@@ -126,7 +128,7 @@ def emit_gemm(node: Node, g: Graph, em: BlockEmitter) -> None:
         a_op: ConstPacked | Strided = ConstPacked(em.weight(pack_const_a(am, blk.mr)))
     else:
         a_op = Strided(em.ptr(a_name), 1, m) if ta else Strided(em.ptr(a_name), k, 1)
-    p = GemmProblem(m, n, k, a_op, b_op, em.ptr(y), n, ep, direct_b=_read_b_in_place(node), name="f32_gemm",
+    p = GemmProblem(m, n, k, a_op, b_op, em.ptr(y), n, ep, **_schedule(node).problem_args(), name="f32_gemm",
                     doc=f"Gemm transA={ta} transB={tb} alpha={alpha!r} beta={beta!r}")
     em.schedule(algorithm="BLIS-style GEMM",
                 layout=f"row-major{' A^T' if ta else ''}{' B^T' if tb else ''}"
@@ -225,7 +227,7 @@ def emit_matmul(node: Node, g: Graph, em: BlockEmitter) -> None:
             parts.append(f"rem /= {batch[d]};")
         parts.append(f"const long co = it * {m * n}L, grow0 = 0; (void)rem;")
         item_code = "\n".join(parts)
-    p = GemmProblem(m, n, k, a_op, b_op, em.ptr(y), n, ep, direct_b=_read_b_in_place(node), items=items, item_code=item_code,
+    p = GemmProblem(m, n, k, a_op, b_op, em.ptr(y), n, ep, **_schedule(node).problem_args(), items=items, item_code=item_code,
                     name="f32_matmul", doc=f"MatMul {list(sa)} x {list(sb)}")
     em.schedule(algorithm="BLIS-style GEMM",
                 layout="row-major" + ("; constant B packed [N/NR][K][NR] at compile time"

@@ -1,4 +1,9 @@
-"""Winograd F(2x2, 3x3) convolution on NCHW16c (an algorithm of the NCHWc conv template).
+"""Winograd F(2x2, 3x3) convolution on NCHW<b>c (an algorithm of the NCHWc conv template), b =
+the target's full vector width: NCHW16c on AVX-512, NCHW8c on AVX2.
+
+The node's ``ConvSchedule`` gives the order (``winograd_order``), the block (``tile.oc_bn``: the
+vector's lanes) and the GEMM phase's register tile (``winograd_tile``, J x R from the target's
+registers: 2 x 14 in 32 registers, 2 x 6 in AVX2's 16); this template only reads them.
 
 A 3x3, stride-1, undilated, ungrouped conv computes each 2x2 output tile from a 4x4 input patch
 d as Y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A: 16 multiplies per (tile, input channel, output channel)
@@ -7,13 +12,13 @@ transforms only add, subtract and (weights, at compile time in float64) halve, s
 differs from the direct sum by rounding only (tested against onnxruntime at the template's
 usual tolerance).
 
-Per tile, three stages: the input transform (each 4x4 patch of 16-channel vectors, zeros
+Per tile, three stages: the input transform (each 4x4 patch of b-channel vectors, zeros
 outside the image, becomes 16 vectors V[e][icb][tile], e = 4*k + l indexing the 4x4 transform
 domain), 16 independent GEMMs M[e] = U[e] · V[e] (OC x C times C x tiles: the direct
 template's register tile with tiles as columns, J output blocks x R tiles of accumulators, per
 input channel J weight-vector loads and R broadcasts), and the output transform (the 2x2
 outputs get the conv's epilogue, bias, residual and activation, in registers and are stored
-NCHW16c; edge tiles of odd planes store only the outputs inside). Two orders:
+NCHW<b>c; edge tiles of odd planes store only the outputs inside). Two orders:
 - banded (the transformed weights fit a quarter of L2): one parallel step; each thread takes
   whole bands of tile rows (a multiple of the thread count per image, so the split is even) and
   runs all three stages on a band in its own V and M buffers, sized to stay in its L2;
@@ -24,12 +29,13 @@ NCHW16c; edge tiles of odd planes store only the outputs inside). Two orders:
   phased everywhere, DenseNet-121 2.2%, VGG-16 2.3%; banding also the 1 MiB weights of
   128-channel layers was 1.5% slower.
 
-Weights U = G g Gᵀ are laid out at compile time as [e][oc tile][C][J*16] (16/9 of the direct
+Weights U = G g Gᵀ are laid out at compile time as [e][oc tile][C][J*b] (16/9 of the direct
 weights). The buffers take 16/4 = 4x the input and output bytes per 2x2 tile, which is why the
-schedule stage picks this algorithm only where compute dominates (``schedule.conv.winograd_choice``): planes of at
-least ``WINOGRAD_MIN_PLANE`` outputs (ResNet-50's 56x56, 28x28 and 14x14 3x3 layers, not 7x7, whose
-16/9 larger weights would stream from memory with little compute to hide them: ResNet-50 was
-5.6% slower with them) and at least ``WINOGRAD_MIN_CHANNELS`` input channels.
+schedule stage picks this algorithm only where compute dominates (``schedule.conv.winograd_choice``,
+thresholds by the target's registers in ``WINOGRAD_THRESHOLDS``): on AVX-512 planes of at least
+196 outputs (ResNet-50's 56x56, 28x28 and 14x14 3x3 layers, not 7x7, whose 16/9 larger weights
+would stream from memory with little compute to hide them: ResNet-50 was 5.6% slower with them)
+and at least 32 input channels; on AVX2 (measured) 7x7 planes and 16 input channels win too.
 """
 
 from __future__ import annotations
@@ -51,25 +57,22 @@ from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
 from smelt.schedule.conv import ConvSchedule
 
-# Off only to measure what the algorithm saves (benchmarks A/B) or to get the direct sum's rounding.
-# register tile of the GEMM phase: J output blocks x R transform tiles
-GEMM_BLOCKS = 2
-GEMM_TILES = 14
-
-LANES = 16
+# the transform matrix of F(2x2, 3x3) (a fact of the algorithm, not a choice)
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 
 
-def _blocking() -> Blocking:
-    vx = with_lanes(LANES)
-    return Blocking(vx.name, LANES, 1, LANES, 1, 1, 1, fma=True)
+def _blocking(lanes: int) -> Blocking:
+    """The vector spelling for blocks of ``lanes`` channels (the schedule's block)."""
+    vx = with_lanes(lanes)
+    assert vx.lanes == lanes, lanes
+    return Blocking(vx.name, lanes, 1, lanes, 1, 1, 1, fma=True)
 
 
-def transform_weights(w: np.ndarray, blocks: int) -> np.ndarray:
-    """[OC, C, 3, 3] -> U = G g Gᵀ laid out [e][oc tile][C][J*16] (the last tile may be narrower)."""
+def transform_weights(w: np.ndarray, blocks: int, lanes: int) -> np.ndarray:
+    """[OC, C, 3, 3] -> U = G g Gᵀ laid out [e][oc tile][C][J*lanes] (the last tile may be narrower)."""
     oc, c = w.shape[:2]
     u = np.einsum("ai,ocij,bj->abco", _G, w.astype(np.float64), _G).reshape(16, c, oc)
-    width = blocks * LANES
+    width = blocks * lanes
     tiles = [u[:, :, t0:t0 + width] for t0 in range(0, oc, width)]
     return np.ascontiguousarray(np.concatenate([t.reshape(16, -1) for t in tiles], axis=1), dtype=np.float32)
 
@@ -78,24 +81,29 @@ class _Gen:
     """Renders one Winograd conv. ``TB``: transform tiles per buffer (all ``T`` tiles of an image
     in the phased order, one band's worth in the banded order)."""
 
-    def __init__(self, em: BlockEmitter, geo: ConvGeometry, ep: TileEpilogue, n_eps: int, order: str) -> None:
+    def __init__(self, em: BlockEmitter, geo: ConvGeometry, ep: TileEpilogue, n_eps: int, sched: ConvSchedule) -> None:
+        assert sched.tile is not None and sched.winograd_tile[0] > 0, sched
         self.em, self.geo, self.ep = em, geo, ep
-        self.v = _blocking().vx
+        self.L = sched.tile.oc_bn  # channels per block = vector lanes (the schedule's block)
+        self.blk = _blocking(self.L)
+        self.v = self.blk.vx
         self.N = geo.batch
         self.IH, self.IW = geo.ins
         self.OH, self.OW = geo.outs
         self.PT, self.PL = geo.pb
         self.TH, self.TW = -(-self.OH // 2), -(-self.OW // 2)
         self.T = self.TH * self.TW
-        self.ICB, self.OCB = geo.c // LANES, geo.oc // LANES
-        self.J, self.R = GEMM_BLOCKS, GEMM_TILES
+        self.ICB, self.OCB = geo.c // self.L, geo.oc // self.L
+        # the GEMM phase's register tile: J output blocks x R transform tiles (the schedule's)
+        self.J, self.R = sched.winograd_tile
+        self.cname = f"nchw{self.L}c__{self.v.name}"
         self.eparams = "".join(f", const float *e{k}" for k in range(n_eps))
         self.eargs = "".join(f", e{k}" for k in range(n_eps))
         self.tag = f"C={geo.c} OC={geo.oc} in={geo.ins} out={geo.outs} pads={geo.pads}"
         # the order is the schedule stage's choice (schedule.conv.winograd_choice)
         l2 = em.target.l2_bytes
         tile_bytes = 16 * (geo.c + geo.oc) * 4  # V and M bytes per transform tile
-        self.banded = order == "banded"
+        self.banded = sched.winograd_order == "banded"
         if self.banded:
             # bands of whole tile rows, a multiple of the thread count per image (balanced split),
             # each band's V and M within a quarter of L2
@@ -113,7 +121,7 @@ class _Gen:
     # -- one tile row of one channel block -----------------------------------------------------
     def input_row(self) -> str:
         """Input transform of tile row ``ty`` of block ``icb`` into buffer row ``tb``."""
-        v, L16 = self.v, LANES
+        v, L16 = self.v, self.L
         vs = self.ICB * self.TB * L16  # stride between transform elements e in V
         L = ["static inline __attribute__((always_inline)) void FNAME(const float *restrict x, float *restrict V, "
              "long icb, long ty, long tb) {",
@@ -146,13 +154,13 @@ class _Gen:
             for m, expr in enumerate(outs):
                 L.append(f"        {v.store(f'vp + {(4 * k + m) * vs}L + tx * {L16}', expr)};")
         L += ["    }", "}"]
-        return define(self.em, "f32_winograd2x3_input_row_nchw16c__avx512", "\n".join(L),
+        return define(self.em, f"f32_winograd2x3_input_row_{self.cname}", "\n".join(L),
                       f"Winograd F(2x2,3x3) input transform of one tile row; {self.tag}; "
                       f"V [e][C/16][{self.TB} tiles][16]")
 
     def output_row(self) -> str:
         """Output transform + epilogue of tile row ``ty`` of block ``ocb`` from buffer row ``tb``."""
-        v, L16 = self.v, LANES
+        v, L16 = self.v, self.L
         ms = self.OCB * self.TB * L16
         L = [f"static inline __attribute__((always_inline)) void FNAME(const float *restrict M, float *y{self.eparams}, "
              "long n, long ocb, long ty, long tb) {",
@@ -188,19 +196,19 @@ class _Gen:
                 L.append("            }")
             L.append("        }")
         L += ["    }", "}"]
-        return define(self.em, "f32_winograd2x3_output_row_nchw16c__avx512", "\n".join(L),
+        return define(self.em, f"f32_winograd2x3_output_row_{self.cname}", "\n".join(L),
                       f"Winograd F(2x2,3x3) output transform + epilogue of one tile row; {self.tag}")
 
     def _store(self, acc: str, off: str) -> list[str]:
         flat = f"yo + {off}"
-        lines = vector_epilogue_stmts(self.ep, self.em, _blocking(), acc, None, flat, "0", "ch") \
+        lines = vector_epilogue_stmts(self.ep, self.em, self.blk, acc, None, flat, "0", "ch") \
             if not self.ep.empty() else []
         assert lines is not None  # applies() requires a vector epilogue
         return lines + [f"{self.v.store(f'y + {flat}', acc)};"]
 
     # -- the transform-domain GEMMs ------------------------------------------------------------
     def gemm_tile(self, jt: int, width: int) -> str:
-        v, L16 = self.v, LANES
+        v, L16 = self.v, self.L
         tile = RegisterTile(v, jt, width)
         L = ["static inline __attribute__((always_inline)) void FNAME(const float *restrict vb, "
              "const float *restrict u, float *restrict m) {"]
@@ -222,7 +230,7 @@ class _Gen:
 
     def gemm_calls(self, jt: int, count: int) -> list[str]:
         """Micro-tiles over ``count`` transform tiles (full register tiles, then the rest)."""
-        R, L16 = self.R, LANES
+        R, L16 = self.R, self.L
         calls = []
         full = count // R * R
         if full:
@@ -243,7 +251,7 @@ class _Gen:
                 + ["} else {"] + ["    " + x for x in self.gemm_calls(self.J, count)] + ["}"])
 
     def gemm_pointers(self, ind: str) -> list[str]:
-        c, oc, L16 = self.geo.c, self.geo.oc, LANES
+        c, oc, L16 = self.geo.c, self.geo.oc, self.L
         return [f"{ind}const float *vb = V + e * {self.ICB * self.TB * L16}L;",
                 f"{ind}const float *u = U + e * {c * oc}L + t * {c * self.J * L16}L;",
                 f"{ind}float *m = M + e * {self.OCB * self.TB * L16}L + t * {self.J * self.TB * L16}L;"]
@@ -256,7 +264,7 @@ class _Gen:
         """Three parallel steps over all tiles of an image (buffers per image, shared)."""
         f_in, f_out = self.input_row(), self.output_row()
         vf, mf = self.buffer_floats()
-        x_img = self.ICB * self.IH * self.IW * LANES
+        x_img = self.ICB * self.IH * self.IW * self.L
         p1 = ["static void FNAME(const float *restrict x, float *restrict V, int tid, int nt) {",
               f"    const long total = {self.N * self.ICB * self.TH}L;",
               "    const long lo = total * tid / nt, hi = total * (tid + 1) / nt;",
@@ -284,17 +292,17 @@ class _Gen:
               f"        {f_out}(M + n * {mf}L, y{self.eargs}, n, ocb, ty, ty);",
               "    }", "}"]
         doc = f"Winograd F(2x2,3x3), phased; {self.tag}"
-        return (define(self.em, "f32_winograd2x3_input_nchw16c__avx512", "\n".join(p1), doc + "; input transform"),
-                define(self.em, f"f32_winograd2x3_gemm_{self.J}x{self.R}__avx512", "\n".join(p2),
-                       doc + f"; 16 GEMMs per image, U [e][oc tile][C][{self.J}*16]"),
-                define(self.em, "f32_winograd2x3_output_nchw16c__avx512", "\n".join(p3), doc + "; output transform"))
+        return (define(self.em, f"f32_winograd2x3_input_{self.cname}", "\n".join(p1), doc + "; input transform"),
+                define(self.em, f"f32_winograd2x3_gemm_{self.J}x{self.R}__{self.v.name}", "\n".join(p2),
+                       doc + f"; 16 GEMMs per image, U [e][oc tile][C][{self.J}*{self.L}]"),
+                define(self.em, f"f32_winograd2x3_output_{self.cname}", "\n".join(p3), doc + "; output transform"))
 
     def banded_fn(self) -> str:
         """One step: each thread runs whole bands of tile rows (transform, GEMMs, inverse
         transform) in its own buffers, which stay in its L2."""
         f_in, f_out = self.input_row(), self.output_row()
         vf, mf = self.buffer_floats()
-        x_img = self.ICB * self.IH * self.IW * LANES
+        x_img = self.ICB * self.IH * self.IW * self.L
         oct_ = -(-self.OCB // self.J)
         L = [f"static void FNAME(const float *restrict x, const float *restrict U, float *y, float *restrict S"
              f"{self.eparams}, int tid, int nt) {{",
@@ -322,24 +330,25 @@ class _Gen:
               f"        for (long ocb = 0; ocb < {self.OCB}; ++ocb)",
               f"            for (long ty = ty0; ty < ty1; ++ty) {f_out}(M, y{self.eargs}, n, ocb, ty, ty - ty0);",
               "    }", "}"]
-        return define(self.em, f"f32_winograd2x3_banded_{self.J}x{self.R}__avx512", "\n".join(L),
+        return define(self.em, f"f32_winograd2x3_banded_{self.J}x{self.R}__{self.v.name}", "\n".join(L),
                       f"Winograd F(2x2,3x3), banded: {self.NB} bands of {'/'.join(map(str, rows))} tile rows per "
-                      f"image, per-thread V and M; {self.tag}; U [e][oc tile][C][{self.J}*16]")
+                      f"image, per-thread V and M; {self.tag}; U [e][oc tile][C][{self.J}*{self.L}]")
 
 
 def emit(geo: ConvGeometry, node_name: str, w: np.ndarray, x_ptr: str, y_ptr: str, eargs: list[str],
-         ep: TileEpilogue, em: BlockEmitter, order: str) -> None:
-    """One Winograd conv: one banded step, or three phased steps (``order``)."""
-    gen = _Gen(em, geo, ep, len(eargs), order)
-    u = em.weight(transform_weights(w, gen.J).reshape(-1), key=f"winograd:{node_name}:{gen.J}")
+         ep: TileEpilogue, em: BlockEmitter, sched: ConvSchedule) -> None:
+    """One Winograd conv: one banded step, or three phased steps (the schedule's order)."""
+    gen = _Gen(em, geo, ep, len(eargs), sched)
+    lanes = gen.L
+    u = em.weight(transform_weights(w, gen.J, lanes).reshape(-1), key=f"winograd:{node_name}:{gen.J}")
     vf, mf = gen.buffer_floats()
     args = "".join(f", {a}" for a in eargs)
-    common = dict(micro_kernel=f"{gen.J}x{gen.R} x 16 lanes avx512 (16 transform-domain GEMMs)",
-                  layout="NCHW16c -> NCHW16c; weights U [16][oc tile][C][J*16]")
+    common = dict(micro_kernel=f"{gen.J}x{gen.R} x {lanes} lanes {gen.v.name} (16 transform-domain GEMMs)",
+                  layout=f"NCHW{lanes}c -> NCHW{lanes}c; weights U [16][oc tile][C][J*{lanes}]")
     if gen.banded:
         scratch = em.scratch(max(1, em.n_threads) * (vf + mf) * 4)
         fn = gen.banded_fn()
-        em.schedule(algorithm="Winograd F(2x2,3x3), NCHW16c", kernel=fn.rsplit("_", 1)[0],
+        em.schedule(algorithm=f"Winograd F(2x2,3x3), NCHW{lanes}c", kernel=fn.rsplit("_", 1)[0],
                     blocking=f"tiles={gen.TH}x{gen.TW}, {gen.NB} bands per image, J={gen.J} R={gen.R}",
                     threads="static split over (image, band of tile rows); per-thread buffers", **common)
         em.step(f"{fn}({x_ptr}, {u}, {y_ptr}, {scratch}{args}, tid, nt);")
@@ -347,7 +356,7 @@ def emit(geo: ConvGeometry, node_name: str, w: np.ndarray, x_ptr: str, y_ptr: st
     vbuf = em.scratch(geo.batch * vf * 4)
     mbuf = em.scratch(geo.batch * mf * 4)
     f_in, f_gemm, f_out = gen.phased()
-    em.schedule(algorithm="Winograd F(2x2,3x3), NCHW16c", kernel=f_gemm.rsplit("_", 1)[0],
+    em.schedule(algorithm=f"Winograd F(2x2,3x3), NCHW{lanes}c", kernel=f_gemm.rsplit("_", 1)[0],
                 blocking=f"tiles={gen.TH}x{gen.TW}, phased, J={gen.J} R={gen.R}",
                 threads="static split over (image, block, tile row) / (image, e, oc tile) / (image, block, tile row)",
                 **common)
@@ -358,7 +367,7 @@ def emit(geo: ConvGeometry, node_name: str, w: np.ndarray, x_ptr: str, y_ptr: st
 
 def _check_winograd(node: Node, g: Graph) -> str | None:
     """This template takes exactly the convs the schedule stage scheduled as Winograd
-    (``schedule.conv.winograd_choice`` checked the shape, the 16-lane blocks and the epilogue)."""
+    (``schedule.conv.winograd_choice`` checked the shape, the full-width blocks and the epilogue)."""
     sched = node.schedule
     if not isinstance(sched, ConvSchedule) or sched.algorithm != "winograd":
         return "not scheduled as Winograd (schedule.conv.winograd_choice)"
@@ -371,5 +380,4 @@ def emit_conv_winograd(node: Node, g: Graph, em: BlockEmitter) -> None:
     w = np.asarray(g.const(node.inputs[1]), dtype=np.float32)
     bias = em.ptr(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     ep, eargs = kernel_param_epilogue(em, node, bias)
-    emit(geo, node.name, w, em.ptr(node.inputs[0]), em.ptr(node.outputs[0]), eargs, ep, em,
-         node.schedule.winograd_order)
+    emit(geo, node.name, w, em.ptr(node.inputs[0]), em.ptr(node.outputs[0]), eargs, ep, em, node.schedule)
