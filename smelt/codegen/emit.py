@@ -110,7 +110,9 @@ def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1, 
     ``smelt_work_*``): a thread runs its own share and any share left unclaimed, then waits for
     the step's shares to be done, so a descheduled thread's work is done by the others. Steps in
     ``sync_steps`` (their shares synchronize with each other: their template's
-    ``shares_synchronize``) run only their own share on each thread. A pool without work sharing
+    ``shares_synchronize``) run only their own share on each thread; where such a node begins, the
+    caller runs the rest of the job alone if no worker has entered it within a grace period (a
+    descheduled worker would stall every synchronization inside). A pool without work sharing
     (more threads than SMELT_SHARE_MAX, or SMELT_POOL_SHARE=0) runs the plain loop with a barrier
     between steps.
 
@@ -139,11 +141,12 @@ def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1, 
         lines.append(f"static const smelt_step_t smelt_steps_{k}[{n}] = {{")
         lines += rows
         lines.append("};")
-        sync = sorted(i for i in sync_steps if 0 <= i < n)
-        if sync:  # whether step i's shares may be stolen (0: they synchronize with each other)
-            lines.append(f"static const unsigned char smelt_steal_{k}[{n}] = {{"
-                         + ", ".join("0" if i in sync_steps else "1" for i in range(n)) + "};")
-        steal = f"smelt_steal_{k}[i]" if sync else "1"
+        sync = [i in sync_steps for i in range(n)]
+        if any(sync):  # per step: 1 = its shares may be stolen; 2 = a synchronizing node starts here
+            lines.append(f"static const unsigned char smelt_mode_{k}[{n}] = {{"
+                         + ", ".join("1" if not sync[i] else "2" if i == 0 or not sync[i - 1] or block.steps[i - 1].node
+                                     is not block.steps[i].node else "0" for i in range(n)) + "};")
+        steal = f"smelt_mode_{k}[i] & 1" if any(sync) else "1"
     lines.append(f"static void smelt_body_{k}(void *vctx, int tid, int nt) {{")
     lines.append("    smelt_ctx_t *c = (smelt_ctx_t *)vctx;")
     if n:
@@ -153,8 +156,24 @@ def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1, 
         lines += ["    if (smelt_sharing(c->pool, nt)) {",
                   "        smelt_pool_t *pool = c->pool;",
                   f"        for (unsigned i = smelt_work_enter(pool); i < {n};) {{",
-                  f"            const smelt_step_t *s = &smelt_steps_{k}[i];",
-                  f"            smelt_resolve(c, smelt_refs_{k} + s->first_ref, s->n_refs, args);",
+                  f"            const smelt_step_t *s = &smelt_steps_{k}[i];"]
+        if any(sync):
+            # a synchronizing node needs every thread at once: if no worker has entered the job
+            # yet, the caller runs the rest of it alone rather than wait for a descheduled one
+            lines += [f"            if (tid == 0 && (smelt_mode_{k}[i] & 2) && smelt_work_solo(pool)) {{",
+                      f"                for (; i < {n}; ++i) {{",
+                      f"                    s = &smelt_steps_{k}[i];",
+                      f"                    smelt_resolve(c, smelt_refs_{k} + s->first_ref, s->n_refs, args);",
+                      "                    s->fn(c, 0, 1, args);",
+                      "                    if (smelt_tls_error) { atomic_store(&c->status, i + 1); smelt_tls_error = 0; }",
+                      "                    smelt_work_solo_step(pool);"]
+            if profile:
+                lines += ["                    smelt_prof_busy(prof, i, tid, t);",
+                          "                    t = smelt_prof_step(prof, i, tid, t);"]
+            lines += ["                }",
+                      "                break;",
+                      "            }"]
+        lines += [f"            smelt_resolve(c, smelt_refs_{k} + s->first_ref, s->n_refs, args);",
                   f"            for (int share; (share = smelt_work_claim(pool, i, tid, nt, {steal})) >= 0;) {{",
                   "                s->fn(c, share, nt, args);",
                   "                if (smelt_tls_error) { atomic_store(&c->status, i + 1); smelt_tls_error = 0; }",

@@ -89,7 +89,9 @@ typedef struct {
     atomic_int stop;
     long spin_ns;
     long delay_ns[2]; /* test hook (SMELT_TEST_DELAY_WORKER=tid:us): that worker sleeps before each job */
-    atomic_ullong test_counts[2]; /* with the hook set: shares run, shares run by another thread */
+    atomic_ullong test_counts[3]; /* with the hook set: shares run, of them by another thread, steps run solo */
+    long post_ns;  /* when the running job was posted */
+    long grace_ns; /* how long the caller waits for a worker before running a synchronizing node alone */
     pthread_mutex_t run_lock;
     pthread_t threads[SMELT_MAX_THREADS];
     int cpus[SMELT_MAX_THREADS];
@@ -217,6 +219,31 @@ static inline unsigned smelt_work_wait(smelt_pool_t *pool, unsigned i) {
     return s;
 }
 
+/* Called by the caller (tid 0) where a node whose shares synchronize (all nt threads at once)
+ * begins: if no worker has entered the job by the grace period after it was posted, the caller
+ * closes the gate and returns 1, and runs the rest of the job alone (nt = 1: the generated code
+ * runs with any thread count; the nodes before were finished by the shares). Otherwise 0: the
+ * node waits for every thread, as a barrier does. */
+static inline int smelt_work_solo(smelt_pool_t *pool) {
+    unsigned long long gt = atomic_load_explicit(&pool->gate, memory_order_acquire);
+    for (;;) {
+        if ((gt & 0x7fffffffu) != 0 || !(gt & SMELT_GATE_OPEN)) return 0; /* a worker is in: wait for all */
+        if (smelt_now_ns() - pool->post_ns > pool->grace_ns) {
+            if (atomic_compare_exchange_strong_explicit(&pool->gate, &gt, gt & ~SMELT_GATE_OPEN,
+                                                        memory_order_acq_rel, memory_order_acquire))
+                return 1;
+            continue; /* a worker entered meanwhile */
+        }
+        SMELT_PAUSE();
+        gt = atomic_load_explicit(&pool->gate, memory_order_acquire);
+    }
+}
+
+/* Test hook: count a step the caller ran alone. */
+static inline void smelt_work_solo_step(smelt_pool_t *pool) {
+    if (pool->delay_ns[0] >= 0) atomic_fetch_add_explicit(&pool->test_counts[2], 1, memory_order_relaxed);
+}
+
 /* Whether a job of nt threads uses the work-sharing protocol (else: a barrier between steps). */
 static inline int smelt_sharing(const smelt_pool_t *pool, int nt) { return nt > 1 && pool && pool->share; }
 
@@ -334,11 +361,12 @@ void smelt_pool_destroy(smelt_pool_t *pool) {
     free(pool);
 }
 
-/* Test hook: shares run and shares stolen since the pool was created (counted only while
- * SMELT_TEST_DELAY_WORKER is set). */
+/* Test hook: shares run, shares stolen and steps the caller ran alone since the pool was
+ * created (counted only while SMELT_TEST_DELAY_WORKER is set). */
 void smelt_pool_test_counts(smelt_pool_t *pool, unsigned long long *out) {
     out[0] = atomic_load(&pool->test_counts[0]);
     out[1] = atomic_load(&pool->test_counts[1]);
+    out[2] = atomic_load(&pool->test_counts[2]);
 }
 
 int smelt_pool_threads(const smelt_pool_t *pool) { return pool ? pool->n_threads : 1; }
@@ -362,7 +390,13 @@ static void smelt_pool_run(smelt_pool_t *pool, smelt_job_fn fn, void *ctx) {
      * gate only after seeing the new generation */
     atomic_store_explicit(&pool->gate, ((unsigned long long)g << 32) | SMELT_GATE_OPEN, memory_order_release);
     atomic_store(&pool->generation, g); /* seq_cst: pairs with the sleepers' check */
-    if (atomic_load(&pool->n_sleeping) > 0) smelt_futex_wake_all(&pool->generation);
+    pool->post_ns = smelt_now_ns();
+    /* a spinning worker enters within a microsecond; a sleeping one needs the futex wake-up */
+    pool->grace_ns = 20000;
+    if (atomic_load(&pool->n_sleeping) > 0) {
+        smelt_futex_wake_all(&pool->generation);
+        pool->grace_ns = 300000;
+    }
     fn(ctx, 0, pool->n_threads);
     int entered;
     if (pool->share) { /* the job is done: whoever has not entered yet never will */
