@@ -326,8 +326,8 @@ smelt_pool_t *smelt_pool_create(int n_threads, const int *cpus) {
             arg->tid = i;
         }
         if (!arg || pthread_create(&pool->threads[i], NULL, smelt_worker_main, arg) != 0) {
-            /* out of threads or memory: run with the workers that exist (jobs wait for exactly
-             * n_threads - 1 of them; the generated code runs with any thread count) */
+            /* out of threads or memory: run with the workers that exist (n_threads becomes their
+             * count plus the caller; the generated code runs with any thread count) */
             free(arg);
             pool->n_threads = i;
             break;
