@@ -205,3 +205,64 @@ print("ok")
     env = dict(os.environ, SMELT_CACHE_DIR=str(tmp_path / "cache"))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (run.returncode, run.stdout[-500:], run.stderr[-2000:])
+
+
+def _pool_counts(cm) -> tuple[int, int, int, int]:
+    """(shares run, shares stolen, steps run alone by the caller, steps per call) of the compiled
+    model's current variant."""
+    import ctypes
+
+    art = cm._current()
+    out = (ctypes.c_ulonglong * 3)()
+    art.lib.smelt_pool_counts.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    art.lib.smelt_pool_counts(art.pool, out)
+    steps = sum(len(s.step_nodes) for s in art.plan.steps if hasattr(s, "step_nodes"))
+    return out[0], out[1], out[2], steps
+
+
+def test_a_late_worker_s_shares_run_once_by_the_others(monkeypatch):
+    """A worker the OS runs late (the test hook sleeps before it enters each job): its shares of
+    every step are run by the caller, each exactly once, and the answers do not change. With
+    a 1 ms delay on ~0.1 ms steps the worker joins mid-job in some calls and not at all in others."""
+    n_nodes, calls = 24, 12
+    model = chain_model(n_nodes, (1 << 18,))
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(1 << 18).astype(np.float32) for _ in range(calls)]
+    for delay in ("1:1000", "1:50000"):
+        monkeypatch.setenv("SMELT_TEST_DELAY_WORKER", delay)
+        cm = smelt.compile(model, threads=2)
+        for x in xs:
+            assert np.array_equal(cm(x), chain_expected(x, n_nodes))
+        run, stolen, solo, steps = _pool_counts(cm)
+        assert steps >= n_nodes // 2
+        assert solo == 0  # no step synchronizes: nothing to run alone
+        assert run == calls * steps * 2, (delay, run, calls, steps)
+        assert stolen > 0, delay
+        if delay == "1:50000":  # the worker sleeps through most calls: the caller ran their shares
+            assert stolen >= calls * steps // 2, (stolen, calls, steps)
+
+
+def test_synchronizing_steps_wait_for_a_worker_or_run_alone(monkeypatch):
+    """The RNN recurrence's shares meet inside the step (group barriers): never stolen. A worker
+    that has entered is waited for; one that has not entered within the grace period is not:
+    the caller runs the node (and the rest of the job) alone. Answers match onnxruntime either way,
+    and every step runs exactly once per call (as nt shares, or alone)."""
+    from helpers import ort_run
+
+    from smelt.frontend.zoo.rnn import lstm_model
+
+    model = lstm_model(32, 64, 2, 12)
+    x = np.random.default_rng(1).standard_normal((12, 2, 32)).astype(np.float32)
+    name = model.graph.input[0].name
+    want = ort_run(model, {name: x})
+    for delay in ("1:0", "1:50000"):
+        monkeypatch.setenv("SMELT_TEST_DELAY_WORKER", delay)
+        cm = smelt.compile(model, threads=2)
+        for _ in range(4):
+            got = cm.run({name: x})
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+        run, _, solo, steps = _pool_counts(cm)
+        assert run + 2 * solo == 4 * steps * 2, (delay, run, solo, steps)
+        if delay == "1:50000":
+            assert solo >= 2 * steps, (run, solo, steps)

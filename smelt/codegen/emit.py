@@ -1,7 +1,8 @@
 """Render a planned graph as one C translation unit: one entry point per execution block.
 
-Every native node becomes one or more *steps* of its block: C statements that every thread of
-the pool runs with ``tid`` and ``nt`` in scope, followed by a barrier. A block's entry runs its
+Every native node becomes one or more *steps* of its block: C statements run with ``tid`` and
+``nt`` in scope as ``nt`` shares (share ``tid`` of the node's split), each share once, by whichever
+thread of the pool claims it; the next step starts when all shares are done (``render_block``). A block's entry runs its
 body as one job on the pool, so an inference of a fully native model is one call from Python and
 one fork/join in C.
 
@@ -59,6 +60,7 @@ PRELUDE = """\
 
 SMELT_EXPORT void *smelt_create_pool(int n, const int *cpus) {{ return smelt_pool_create(n, cpus); }}
 SMELT_EXPORT void smelt_destroy_pool(void *p) {{ smelt_pool_destroy((smelt_pool_t *)p); }}
+SMELT_EXPORT void smelt_pool_counts(void *p, unsigned long long *out) {{ smelt_pool_test_counts((smelt_pool_t *)p, out); }}
 
 typedef struct {{
     smelt_pool_t *pool;
@@ -98,17 +100,29 @@ static inline void smelt_resolve(const smelt_ctx_t *c, const smelt_ref_t *r, uns
 """
 
 
-def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1, prof_offset: int = 0) -> str:
-    """A block: its step table, a body looping over it with a barrier between steps, and the
-    exported entry. The table keeps gcc's time independent of the number of steps (a body with
-    one call and one inlined barrier per step took gcc 20 s at 2,000 steps).
+def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1, prof_offset: int = 0,
+                 sync_steps: frozenset[int] = frozenset()) -> str:
+    """A block: its step table, a body looping over it, and the exported entry. The table keeps
+    gcc's time independent of the number of steps (a body with one call and one inlined barrier
+    per step took gcc 20 s at 2,000 steps).
+
+    The body runs each step as nt shares under the pool's work-sharing protocol (smelt_rt.h,
+    ``smelt_work_*``): a thread runs its own share and any share left unclaimed, then waits for
+    the step's shares to be done, so a descheduled thread's work is done by the others. Steps in
+    ``sync_steps`` (their shares synchronize with each other: their template's
+    ``shares_synchronize``) run only their own share on each thread; where such a node begins, the
+    caller runs the rest of the job alone if no worker has entered it within a grace period (a
+    descheduled worker would stall every synchronization inside). A pool without work sharing
+    (more threads than SMELT_SHARE_MAX, or SMELT_POOL_SHARE=0) runs the plain loop with a barrier
+    between steps.
 
     A step reports a run-time failure (e.g. an index out of range) with SMELT_FAIL(); the body
     records which step failed and the entry returns its number + 1 (0 = success).
 
-    ``profile``: the instrumented variant. Each step is timed on every thread (busy time) and on
-    thread 0 up to the end of its barrier; the last step ends after the join, in the entry. The
-    block's counters are at ``prof_offset`` in the instance state (``render_state_exports``).
+    ``profile``: the instrumented variant. Each step is timed on every thread (busy time: the
+    shares it ran) and on thread 0 up to the end of the step; the last step ends after the join,
+    in the entry. The block's counters are at ``prof_offset`` in the instance state
+    (``render_state_exports``).
     """
     k = block.index
     n = len(block.steps)
@@ -127,13 +141,56 @@ def render_block(block: BlockSource, profile: bool = False, n_threads: int = 1, 
         lines.append(f"static const smelt_step_t smelt_steps_{k}[{n}] = {{")
         lines += rows
         lines.append("};")
+        sync = [i in sync_steps for i in range(n)]
+        if any(sync):  # per step: 1 = its shares may be stolen; 2 = a synchronizing node starts here
+            lines.append(f"static const unsigned char smelt_mode_{k}[{n}] = {{"
+                         + ", ".join("1" if not sync[i] else "2" if i == 0 or not sync[i - 1] or block.steps[i - 1].node
+                                     is not block.steps[i].node else "0" for i in range(n)) + "};")
+        steal = f"smelt_mode_{k}[i] & 1" if any(sync) else "1"
     lines.append(f"static void smelt_body_{k}(void *vctx, int tid, int nt) {{")
     lines.append("    smelt_ctx_t *c = (smelt_ctx_t *)vctx;")
     if n:
         lines.append(f"    void *args[{max(1, max(len(st.refs) for st in block.steps))}];")
         if profile:
             lines.append(f"    uint64_t *prof = (uint64_t *)(c->state + {prof_offset}), t = smelt_prof_ticks(); /* t: start of the step */")
-        lines += [f"    for (int i = 0; i < {n}; ++i) {{",
+        lines += ["    if (smelt_sharing(c->pool, nt)) {",
+                  "        smelt_pool_t *pool = c->pool;",
+                  f"        for (unsigned i = smelt_work_enter(pool); i < {n};) {{",
+                  f"            const smelt_step_t *s = &smelt_steps_{k}[i];"]
+        if any(sync):
+            # a synchronizing node needs every thread at once: if no worker has entered the job
+            # yet, the caller runs the rest of it alone rather than wait for a descheduled one
+            lines += [f"            if (tid == 0 && (smelt_mode_{k}[i] & 2) && smelt_work_solo(pool)) {{",
+                      f"                for (; i < {n}; ++i) {{",
+                      f"                    s = &smelt_steps_{k}[i];",
+                      f"                    smelt_resolve(c, smelt_refs_{k} + s->first_ref, s->n_refs, args);",
+                      "                    s->fn(c, 0, 1, args);",
+                      "                    if (smelt_tls_error) { atomic_store(&c->status, i + 1); smelt_tls_error = 0; }",
+                      "                    smelt_work_solo_step(pool);"]
+            if profile:
+                lines += ["                    smelt_prof_busy(prof, i, tid, t);",
+                          "                    t = smelt_prof_step(prof, i, tid, t);"]
+            lines += ["                }",
+                      "                break;",
+                      "            }"]
+        lines += [f"            smelt_resolve(c, smelt_refs_{k} + s->first_ref, s->n_refs, args);",
+                  f"            for (int share; (share = smelt_work_claim(pool, i, tid, nt, {steal})) >= 0;) {{",
+                  "                s->fn(c, share, nt, args);",
+                  "                if (smelt_tls_error) { atomic_store(&c->status, i + 1); smelt_tls_error = 0; }",
+                  "                smelt_work_done(pool, i, nt, share != tid);",
+                  "            }"]
+        if profile:
+            lines.append("            smelt_prof_busy(prof, i, tid, t);")
+        lines.append("            const unsigned next = smelt_work_wait(pool, i);")
+        if profile:
+            lines.append("            t = smelt_prof_step(prof, i, tid, t);")
+        lines += ["            i = next;",
+                  "        }"]
+        if profile:
+            lines.append("        if (tid == 0) c->prof_t = t; /* the entry ends the join */")
+        lines += ["        return;",
+                  "    }",
+                  f"    for (int i = 0; i < {n}; ++i) {{",
                   f"        const smelt_step_t *s = &smelt_steps_{k}[i];",
                   f"        smelt_resolve(c, smelt_refs_{k} + s->first_ref, s->n_refs, args);",
                   "        s->fn(c, tid, nt, args);",
@@ -234,18 +291,24 @@ def generate(g: Graph, plan: ExecutionPlan, target: Target, n_threads: int,
     state = InstanceState()
     functions: dict[str, tuple[str, str]] = {}
     blocks = []
+    sync: list[frozenset[int]] = []  # per block: the steps whose shares synchronize
     scratch = 0
     for block in plan.native_blocks():
         em = BlockEmitter(g, plan, block, target, weights, functions, n_threads, state)
+        block_sync: set[int] = set()
         for node in block.nodes:
             tpl, reason = find_template(node, g)
             if tpl is None:  # the planner only puts nodes with templates in native blocks
                 raise AssertionError(f"node {node.name} has no template: {reason}")
+            first = len(em.source.steps)
             em.begin_node(node, tpl.name)
             tpl.emit(node, g, em)
             em.end_node()
+            if tpl.shares_synchronize:  # its steps' shares must run at once, one per thread
+                block_sync.update(range(first, len(em.source.steps)))
             scratch = max(scratch, em.scratch_bytes)
         blocks.append(em.source)
+        sync.append(frozenset(block_sync))
     parts = [PRELUDE.format(
         model=c_comment_text(g.name), n_blocks=len(blocks), threads=n_threads, target=c_comment_text(target.isa),
         variant="; instrumented (per-step timing)" if profile else "",
@@ -255,7 +318,7 @@ def generate(g: Graph, plan: ExecutionPlan, target: Target, n_threads: int,
     # per block (counters' offset, steps, threads)
     prof = [(state.add(8 * profile_words(len(b.steps), n_threads)), len(b.steps), n_threads)
             for b in blocks] if profile else None
-    parts += [render_block(b, profile, n_threads, prof[i][0] if prof else 0) for i, b in enumerate(blocks)]
+    parts += [render_block(b, profile, n_threads, prof[i][0] if prof else 0, sync[i]) for i, b in enumerate(blocks)]
     parts.append(render_state_exports(state.size, prof))
     step_nodes = {b.index: [[st.node.name, st.node.op] for st in b.steps] for b in blocks}
     infos = {b.index: step_info(g, b) for b in blocks}

@@ -31,6 +31,9 @@ class Template:
     # whether the template reads/writes blocked layouts (Value.layout != "plain"); templates that
     # do not are never offered a node touching one (its ``check`` sees only plain values)
     blocked: bool = False
+    # whether the shares of its steps synchronize with each other (a barrier or flags inside a
+    # step): such steps run one share per thread, all at once, never stolen (emit.render_block)
+    shares_synchronize: bool = False
 
 
 _REGISTRY: dict[str, list[Template]] = {}
@@ -38,10 +41,11 @@ _REGISTRY: dict[str, list[Template]] = {}
 
 def register(ops: str | Iterable[str], *, versions: Iterable[int] | None = None,
              check: CheckFn | None = None, name: str | None = None, blocked: bool = False,
-             domain: str = "") -> Callable[[EmitFn], EmitFn]:
+             domain: str = "", shares_synchronize: bool = False) -> Callable[[EmitFn], EmitFn]:
     """Decorator registering ``emit`` as the template for ``ops`` (of ``domain``: "" is ONNX's,
     "ai.smelt" smelt's own ops such as LayoutTransform). ``blocked``: the template's ``check``
-    understands blocked layouts."""
+    understands blocked layouts. ``shares_synchronize``: threads meet inside its steps (see
+    ``Template.shares_synchronize``)."""
     op_tuple = (ops,) if isinstance(ops, str) else tuple(ops)
 
     def deco(emit: EmitFn) -> EmitFn:
@@ -52,6 +56,7 @@ def register(ops: str | Iterable[str], *, versions: Iterable[int] | None = None,
             check or (lambda n, g: None),
             emit,
             blocked,
+            shares_synchronize,
         )
         for op in op_tuple:
             _REGISTRY.setdefault(_key(domain, op), []).append(tpl)

@@ -3,9 +3,16 @@
  * Design (see docs/architecture.md, "Runtime"):
  *  - one worker per physical core but the first; the calling thread is worker 0 and works too;
  *  - workers are pinned to the CPUs the caller passes (one per physical core);
- *  - a job is one function run by every thread as fn(ctx, tid, nt); kernels split their work
- *    with smelt_range(); inside a job, smelt_barrier() separates operators, so a whole
+ *  - a job is one function run as fn(ctx, tid, nt) by the caller and by every worker that
+ *    enters it in time (the entry gate: a worker the OS has not run by the time the caller is
+ *    done is not waited for, and never touches the job); a whole native block is one job, so an
  *    inference is a single fork/join (one persistent parallel region);
+ *  - inside a job, a step (an operator, or part of one) is nt shares: share k is the work the
+ *    kernel's smelt_range() split gives thread k. Threads claim shares (own first, then any left)
+ *    and wait for the step's shares to be done before the next step (smelt_work_*): a late or
+ *    descheduled thread's untouched shares are run by the others. Steps whose shares synchronize
+ *    among themselves run one share per thread, as with a barrier (SMELT_POOL_SHARE=0: every
+ *    step does, with smelt_barrier() between steps: the pool before work sharing);
  *  - between jobs workers spin for SMELT_SPIN_US microseconds (default 2000), then sleep on a
  *    futex, so an idle model costs no CPU;
  *  - a pool runs one job at a time: smelt_pool_run() takes the pool's mutex, which is what makes
@@ -54,18 +61,37 @@
 
 typedef void (*smelt_job_fn)(void *ctx, int tid, int nt);
 
+/* Shares of a step tracked in one word (work-sharing protocol below); more threads than this run
+ * every step as one share per thread with a barrier between steps. */
+#define SMELT_SHARE_MAX 32
+#define SMELT_GATE_OPEN (1ull << 31)
+#define SMELT_WORK_STEP_SHIFT 38
+#define SMELT_WORK_DONE_SHIFT 32
+
 typedef struct {
-    _Alignas(SMELT_CACHELINE) atomic_uint generation; /* bumped once per job */
-    _Alignas(SMELT_CACHELINE) atomic_int n_done;      /* workers finished with the job */
+    _Alignas(SMELT_CACHELINE) atomic_uint generation; /* bumped once per job (the futex word) */
+    /* the job's entry gate: (generation << 32) | SMELT_GATE_OPEN while open | workers entered.
+     * A worker runs a job only after counting itself in while the gate is open; the caller
+     * closes it when its own part is done and waits only for the workers that entered, so a
+     * worker the OS has not run yet neither delays the join nor ever touches that job's ctx */
+    _Alignas(SMELT_CACHELINE) atomic_ullong gate;
+    _Alignas(SMELT_CACHELINE) atomic_int n_done;      /* entered workers finished with the job */
     _Alignas(SMELT_CACHELINE) atomic_int n_sleeping;  /* workers blocked on the futex */
     _Alignas(SMELT_CACHELINE) atomic_uint bar_count;  /* spin barrier inside a job */
     _Alignas(SMELT_CACHELINE) atomic_uint bar_gen;
+    /* the running job's progress (smelt_work_*): (step << 38) | (shares done << 32) | claimed */
+    _Alignas(SMELT_CACHELINE) atomic_ullong work;
     _Alignas(SMELT_CACHELINE) smelt_job_fn fn;
     void *ctx;
     int n_threads;
+    int share; /* 1: jobs use the work-sharing protocol (n_threads <= SMELT_SHARE_MAX) */
     unsigned fork_epoch; /* smelt_fork_epoch when created; older = created before a fork() */
     atomic_int stop;
     long spin_ns;
+    long delay_ns[2]; /* test hook (SMELT_TEST_DELAY_WORKER=tid:us): that worker sleeps before each job */
+    atomic_ullong test_counts[3]; /* with the hook set: shares run, of them by another thread, steps run solo */
+    long post_ns;  /* when the running job was posted */
+    long grace_ns; /* how long the caller waits for a worker before running a synchronizing node alone */
     pthread_mutex_t run_lock;
     pthread_t threads[SMELT_MAX_THREADS];
     int cpus[SMELT_MAX_THREADS];
@@ -136,6 +162,91 @@ static inline void smelt_barrier(smelt_pool_t *pool, int nt) {
     }
 }
 
+/* ---- work sharing inside a job ----------------------------------------------------------
+ * A step's work is nt shares: share k is what the template's own split gives thread k, run as
+ * fn(c, k, nt, args). Every share is claimed once (a bit in pool->work): a thread claims its own
+ * share first (its cache affinity), then any share still unclaimed; then it waits until all nt
+ * shares of the step are done (the done count in the same word) and goes on with the next step.
+ * A thread the OS descheduled finds its shares taken when it comes back and only catches up, so
+ * a busy core costs a step its running shares, not a barrier wait per operator. A step whose
+ * shares synchronize with each other (the RNN recurrence's group barriers) is run with stealing
+ * off: each thread runs exactly its own share, as with a barrier.
+ * One word holds the step (bits 38..63), the shares done (32..37) and the claimed shares (0..31);
+ * the thread finishing the last share moves the word to the next step. */
+static inline unsigned smelt_work_step(unsigned long long w) { return (unsigned)(w >> SMELT_WORK_STEP_SHIFT); }
+
+/* The step a thread entering the job starts at (steps before it are done). */
+static inline unsigned smelt_work_enter(smelt_pool_t *pool) {
+    return smelt_work_step(atomic_load_explicit(&pool->work, memory_order_acquire));
+}
+
+/* Claim a share of step i: own first, then (steal) any unclaimed one; -1 when none is left. */
+static inline int smelt_work_claim(smelt_pool_t *pool, unsigned i, int own, int nt, int steal) {
+    unsigned long long w = atomic_load_explicit(&pool->work, memory_order_acquire);
+    const unsigned all = nt >= 32 ? 0xffffffffu : (1u << nt) - 1u;
+    for (;;) {
+        if (smelt_work_step(w) != i) return -1;
+        const unsigned claimed = (unsigned)w;
+        int k;
+        if (!(claimed & (1u << own))) k = own;
+        else if (!steal || (claimed & all) == all) return -1;
+        else k = 31 - __builtin_clz(~claimed & all); /* the highest: farthest from the caller's */
+        if (atomic_compare_exchange_weak_explicit(&pool->work, &w, w | (1ull << k), memory_order_acq_rel,
+                                                  memory_order_acquire))
+            return k;
+    }
+}
+
+/* A share of step i is done (stolen: by a thread other than its own); the last one opens step i + 1. */
+static inline void smelt_work_done(smelt_pool_t *pool, unsigned i, int nt, int stolen) {
+    if (pool->delay_ns[0] >= 0) { /* test hook set: count shares (tests check each runs once) */
+        atomic_fetch_add_explicit(&pool->test_counts[0], 1, memory_order_relaxed);
+        if (stolen) atomic_fetch_add_explicit(&pool->test_counts[1], 1, memory_order_relaxed);
+    }
+    unsigned long long w = atomic_fetch_add_explicit(&pool->work, 1ull << SMELT_WORK_DONE_SHIFT, memory_order_acq_rel);
+    if ((int)((w >> SMELT_WORK_DONE_SHIFT) & 63u) == nt - 1)
+        atomic_store_explicit(&pool->work, (unsigned long long)(i + 1) << SMELT_WORK_STEP_SHIFT, memory_order_release);
+}
+
+/* Wait until step i is done; returns the step now open (later steps may be done too). */
+static inline unsigned smelt_work_wait(smelt_pool_t *pool, unsigned i) {
+    unsigned spins = 0, s;
+    while ((s = smelt_work_step(atomic_load_explicit(&pool->work, memory_order_acquire))) == i) {
+        SMELT_PAUSE();
+        /* the share we wait for runs on a descheduled thread (shared machine): give the core away */
+        if (++spins > 20000u) { sched_yield(); spins = 0; }
+    }
+    return s;
+}
+
+/* Called by the caller (tid 0) where a node whose shares synchronize (all nt threads at once)
+ * begins: if no worker has entered the job by the grace period after it was posted, the caller
+ * closes the gate and returns 1, and runs the rest of the job alone (nt = 1: the generated code
+ * runs with any thread count; the nodes before were finished by the shares). Otherwise 0: the
+ * node waits for every thread, as a barrier does. */
+static inline int smelt_work_solo(smelt_pool_t *pool) {
+    unsigned long long gt = atomic_load_explicit(&pool->gate, memory_order_acquire);
+    for (;;) {
+        if ((gt & 0x7fffffffu) != 0 || !(gt & SMELT_GATE_OPEN)) return 0; /* a worker is in: wait for all */
+        if (smelt_now_ns() - pool->post_ns > pool->grace_ns) {
+            if (atomic_compare_exchange_strong_explicit(&pool->gate, &gt, gt & ~SMELT_GATE_OPEN,
+                                                        memory_order_acq_rel, memory_order_acquire))
+                return 1;
+            continue; /* a worker entered meanwhile */
+        }
+        SMELT_PAUSE();
+        gt = atomic_load_explicit(&pool->gate, memory_order_acquire);
+    }
+}
+
+/* Test hook: count a step the caller ran alone. */
+static inline void smelt_work_solo_step(smelt_pool_t *pool) {
+    if (pool->delay_ns[0] >= 0) atomic_fetch_add_explicit(&pool->test_counts[2], 1, memory_order_relaxed);
+}
+
+/* Whether a job of nt threads uses the work-sharing protocol (else: a barrier between steps). */
+static inline int smelt_sharing(const smelt_pool_t *pool, int nt) { return nt > 1 && pool && pool->share; }
+
 static void *smelt_worker_main(void *p) {
     smelt_worker_arg_t *arg = (smelt_worker_arg_t *)p;
     smelt_pool_t *pool = arg->pool;
@@ -159,15 +270,34 @@ static void *smelt_worker_main(void *p) {
                 }
             }
         }
-        seen = g;
         if (atomic_load(&pool->stop)) break;
+        if (pool->delay_ns[0] == tid) { /* test hook: a worker the OS runs late */
+            struct timespec ts = {0, pool->delay_ns[1]};
+            nanosleep(&ts, NULL);
+        }
+        /* enter the newest job if its gate is still open; the gate's generation is the truth (a
+         * late worker may see a later job than the one that woke it, and must enter each once) */
+        unsigned long long gt = atomic_load_explicit(&pool->gate, memory_order_acquire);
+        int entered = 0;
+        while ((gt & SMELT_GATE_OPEN) && (unsigned)(gt >> 32) != seen) {
+            if (atomic_compare_exchange_weak_explicit(&pool->gate, &gt, gt + 1, memory_order_acq_rel,
+                                                      memory_order_acquire)) {
+                entered = 1;
+                break;
+            }
+        }
+        seen = (unsigned)(gt >> 32);
+        if (!entered) continue; /* closed: the job was done without this thread */
         pool->fn(pool->ctx, tid, pool->n_threads);
         atomic_fetch_add_explicit(&pool->n_done, 1, memory_order_acq_rel);
     }
     return NULL;
 }
 
-/* Create a pool of n_threads (caller included). cpus[i] pins thread i (i >= 1); -1 = no pin. */
+/* Create a pool of n_threads (caller included). cpus[i] pins thread i (i >= 1); -1 = no pin.
+ * Environment: SMELT_SPIN_US (idle spin before sleeping), SMELT_POOL_SHARE=0 (the barrier pool:
+ * no work sharing, the join waits for every worker; for comparisons), SMELT_TEST_DELAY_WORKER
+ * (tests: "tid:us", that worker sleeps us microseconds before entering each job). */
 smelt_pool_t *smelt_pool_create(int n_threads, const int *cpus) {
     if (n_threads < 1) n_threads = 1;
     if (n_threads > SMELT_MAX_THREADS) n_threads = SMELT_MAX_THREADS;
@@ -178,6 +308,15 @@ smelt_pool_t *smelt_pool_create(int n_threads, const int *cpus) {
     pool->fork_epoch = atomic_load(&smelt_fork_epoch);
     const char *spin = getenv("SMELT_SPIN_US");
     pool->spin_ns = (spin ? atol(spin) : 2000) * 1000L;
+    const char *share = getenv("SMELT_POOL_SHARE");
+    pool->share = !(share && share[0] == '0');
+    pool->delay_ns[0] = -1;
+    const char *delay = getenv("SMELT_TEST_DELAY_WORKER");
+    if (delay && strchr(delay, ':')) {
+        pool->delay_ns[0] = atol(delay);
+        long us = atol(strchr(delay, ':') + 1);
+        pool->delay_ns[1] = (us < 0 ? 0 : us > 999999 ? 999999 : us) * 1000L;
+    }
     pthread_mutex_init(&pool->run_lock, NULL);
     for (int i = 0; i < n_threads; ++i) pool->cpus[i] = cpus ? cpus[i] : -1;
     for (int i = 1; i < n_threads; ++i) {
@@ -187,8 +326,8 @@ smelt_pool_t *smelt_pool_create(int n_threads, const int *cpus) {
             arg->tid = i;
         }
         if (!arg || pthread_create(&pool->threads[i], NULL, smelt_worker_main, arg) != 0) {
-            /* out of threads or memory: run with the workers that exist (jobs wait for exactly
-             * n_threads - 1 of them; the generated code runs with any thread count) */
+            /* out of threads or memory: run with the workers that exist (n_threads becomes their
+             * count plus the caller; the generated code runs with any thread count) */
             free(arg);
             pool->n_threads = i;
             break;
@@ -202,6 +341,7 @@ smelt_pool_t *smelt_pool_create(int n_threads, const int *cpus) {
         }
 #endif
     }
+    if (pool->n_threads > SMELT_SHARE_MAX) pool->share = 0;
     return pool;
 }
 
@@ -221,9 +361,20 @@ void smelt_pool_destroy(smelt_pool_t *pool) {
     free(pool);
 }
 
+/* Test hook: shares run, shares stolen and steps the caller ran alone since the pool was
+ * created (counted only while SMELT_TEST_DELAY_WORKER is set). */
+void smelt_pool_test_counts(smelt_pool_t *pool, unsigned long long *out) {
+    out[0] = atomic_load(&pool->test_counts[0]);
+    out[1] = atomic_load(&pool->test_counts[1]);
+    out[2] = atomic_load(&pool->test_counts[2]);
+}
+
 int smelt_pool_threads(const smelt_pool_t *pool) { return pool ? pool->n_threads : 1; }
 
-/* Run fn(ctx, tid, nt) on every thread of the pool and return when all are done. */
+/* Run fn(ctx, tid, nt) as one job: the caller runs it as thread 0, every worker that enters
+ * before the caller is done runs it too, and this returns when all that entered are done.
+ * With work sharing (pool->share), fn must finish the job whoever enters (the generated bodies
+ * do: smelt_work_*); without it, every worker enters and the join waits for all of them. */
 static void smelt_pool_run(smelt_pool_t *pool, smelt_job_fn fn, void *ctx) {
     if (!pool || pool->n_threads == 1 || !smelt_pool_live(pool)) {
         fn(ctx, 0, 1);
@@ -233,14 +384,32 @@ static void smelt_pool_run(smelt_pool_t *pool, smelt_job_fn fn, void *ctx) {
     pool->fn = fn;
     pool->ctx = ctx;
     atomic_store_explicit(&pool->n_done, 0, memory_order_relaxed);
-    atomic_fetch_add(&pool->generation, 1); /* seq_cst: pairs with the sleepers' check */
-    if (atomic_load(&pool->n_sleeping) > 0) smelt_futex_wake_all(&pool->generation);
+    atomic_store_explicit(&pool->work, 0, memory_order_relaxed);
+    const unsigned g = atomic_load_explicit(&pool->generation, memory_order_relaxed) + 1;
+    /* open the gate (publishing fn, ctx and the reset counters), then wake: a worker reads the
+     * gate only after seeing the new generation */
+    atomic_store_explicit(&pool->gate, ((unsigned long long)g << 32) | SMELT_GATE_OPEN, memory_order_release);
+    atomic_store(&pool->generation, g); /* seq_cst: pairs with the sleepers' check */
+    pool->post_ns = smelt_now_ns();
+    /* a spinning worker enters within a microsecond; a sleeping one needs the futex wake-up */
+    pool->grace_ns = 20000;
+    if (atomic_load(&pool->n_sleeping) > 0) {
+        smelt_futex_wake_all(&pool->generation);
+        pool->grace_ns = 300000;
+    }
     fn(ctx, 0, pool->n_threads);
+    int entered;
+    if (pool->share) { /* the job is done: whoever has not entered yet never will */
+        entered = (int)(atomic_fetch_and(&pool->gate, ~SMELT_GATE_OPEN) & 0x7fffffffu);
+    } else {
+        entered = pool->n_threads - 1;
+    }
     unsigned spins = 0;
-    while (atomic_load_explicit(&pool->n_done, memory_order_acquire) != pool->n_threads - 1) {
+    while (atomic_load_explicit(&pool->n_done, memory_order_acquire) != entered) {
         SMELT_PAUSE();
         if (++spins > 20000u) { sched_yield(); spins = 0; }
     }
+    if (!pool->share) atomic_fetch_and(&pool->gate, ~SMELT_GATE_OPEN);
     pthread_mutex_unlock(&pool->run_lock);
 }
 

@@ -31,7 +31,7 @@ def check_rnn(node: Node, g: Graph) -> str | None:
     return None if cfg is not None else why
 
 
-@register(("LSTM", "GRU", "RNN"), versions=(7, 14, 22), check=check_rnn, name="rnn_native")
+@register(("LSTM", "GRU", "RNN"), versions=(7, 14, 22), check=check_rnn, name="rnn_native", shares_synchronize=True)
 def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     cfg, why = config(node, g)
     assert cfg is not None, why
