@@ -15,6 +15,7 @@ An unset or empty variable means its default.
 | SMELT_TUNING_DB | a file path, or off | <cache dir>/tuning.sqlite |
 | SMELT_DEBUG, SMELT_SANITIZE | 0 or 1 | 0 |
 | SMELT_ISA | avx512, avx2, scalar or native (the widest ISA compiled code may use) | native |
+| SMELT_POOL_SHARE | 0 or 1 (0: the barrier pool, no work sharing; read by the C runtime) | 1 |
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ def debug() -> bool:
 def sanitize() -> bool:
     """SMELT_SANITIZE=1: build generated C with AddressSanitizer and UBSan."""
     return _flag("SMELT_SANITIZE")
+
+
+def pool_share() -> bool:
+    """SMELT_POOL_SHARE: the pool shares a late worker's work among the others (1, the default);
+    0 runs the barrier pool (for comparisons). Read by the C runtime, validated here."""
+    return _raw("SMELT_POOL_SHARE") is None or _flag("SMELT_POOL_SHARE")
 
 
 def max_variants() -> int:
@@ -156,5 +163,5 @@ def isa() -> str | None:
 
 def check_all() -> None:
     """Validate every variable (a compile calls this before doing any work)."""
-    for getter in (debug, sanitize, max_variants, spin_us, cache_max_bytes, cache_dir, tuning_db, isa):
+    for getter in (debug, sanitize, max_variants, spin_us, pool_share, cache_max_bytes, cache_dir, tuning_db, isa):
         getter()

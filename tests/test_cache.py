@@ -363,6 +363,7 @@ def test_cache_cli_info_prune_clear(tmp_path, monkeypatch, capsys):
     ("SMELT_SPIN_US", "-5", "from 0 to"),
     ("SMELT_SPIN_US", "1e3", "from 0 to"),
     ("SMELT_SPIN_US", "99999999999", "from 0 to"),
+    ("SMELT_POOL_SHARE", "yes", "expected 0 or 1"),
     ("SMELT_CACHE_MAX_BYTES", "4x", "K, M, G or T"),
     ("SMELT_CACHE_MAX_BYTES", "-1", "K, M, G or T"),
     ("SMELT_CACHE_MAX_BYTES", "0", "K, M, G or T"),
