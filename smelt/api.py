@@ -483,13 +483,13 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     model is eligible and has symbolic input dimensions; see the module doc). ``max_dims``
     bounds those dimensions up front (e.g. ``{"T": 512, "B": 32}``); given for every symbolic
     dimension, the model compiles before the first call.
-    ``winograd``: 3x3 stride-1 convolutions on AVX-512 may run as Winograd F(2x2, 3x3) where it is
+    ``winograd``: 3x3 stride-1 convolutions on AVX-512 and AVX2 may run as Winograd F(2x2, 3x3) where it is
     faster (still fp32; its rounding differs from the direct sum's by about 1e-6 relative);
     False keeps every convolution on the direct kernels; "always" takes it wherever it is legal.
     ``schedule``: further schedule-stage switches, by ``smelt.options.CompileOptions`` field name
     (``winograd_order``, ``inplace``, ``concat_views``, ``gemm_for_half_width``,
-    ``gemm_read_b_in_place``); each is part of
-    the cache key.
+    ``gemm_read_b_in_place``, ``gemm_read_a_in_place``, ``gemm_prefetch_c``, ``conv_prefetch_input``,
+    ``conv_prefetch_weights``, ``conv_row_split``); each is part of the cache key.
     ``isa``: the widest vector ISA the compiled code may use, like oneDNN's ONEDNN_MAX_CPU_ISA:
     avx512, avx2, scalar (portable C built without AVX) or native (default: $SMELT_ISA,
     else the host's own). An ISA this host cannot run is a ValueError; part of the cache key.
