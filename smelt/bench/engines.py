@@ -76,8 +76,10 @@ def executed_flops(plan: ArtifactPlan | None) -> int | None:
     pass 100% (ResNet-18 was reported at 113%). The transforms' few adds are not counted."""
     if plan is None:
         return None
+    # a multi-step node (phased Winograd: transform, GEMM, transform) carries its FLOPs on every
+    # step (StepInfo): count them once, on its first part
     total = sum(step_executed_flops(step.flops, step.schedule) for block in plan.native_blocks
-                for step in block.step_info)
+                for step in block.step_info if step.part == 0)
     return total + sum(s.flops for s in plan.fallback_steps)
 
 

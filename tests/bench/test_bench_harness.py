@@ -376,6 +376,21 @@ def test_executed_flops_of_a_winograd_step():
     assert step_executed_flops(36_000, {}) == 36_000
 
 
+def test_executed_flops_count_a_multi_step_node_once():
+    """A phased Winograd conv is three steps each carrying the node's FLOPs (StepInfo): the model's
+    executed FLOPs count it once (they counted it three times: VGG-16 at "191% of peak")."""
+    from types import SimpleNamespace
+
+    from smelt.bench.engines import executed_flops
+    from smelt.runtime.artifact import StepInfo
+
+    wino = {"algorithm": "Winograd F(2x2,3x3), NCHW16c"}
+    steps = [StepInfo("c1", "Conv", k, 3, 36_000, (), wino) for k in range(3)]
+    steps.append(StepInfo("c2", "Conv", 0, 1, 1_000, (), {"algorithm": "direct"}))
+    plan = SimpleNamespace(native_blocks=[SimpleNamespace(step_info=steps)], fallback_steps=[])
+    assert executed_flops(plan) == 16_000 + 1_000
+
+
 def test_report_names_cpu_isas_and_caches(tiny, tmp_path, monkeypatch, capsys):
     """`smelt bench` output and JSON name the CPU, the caches and the ISA each engine ran."""
     from smelt import cli
