@@ -53,3 +53,12 @@ def test_a_missing_member_is_named(tmp_path):
         whl.writestr("toypkg/other.onnx", b"")
     with pytest.raises(SmeltError, match="has no toypkg/absent.onnx"):
         wild.fetch(entry, tmp_path)
+
+
+def test_text_page_input_is_a_page_not_noise():
+    page = wild.text_page((1, 3, 64, 96))
+    assert page.shape == (1, 3, 64, 96) and page.dtype == np.float32
+    assert page.max() == 1.0 and page.min() < -0.3  # white paper, dark lines, normalized to [-1, 1]
+    assert 0.05 < (page < 0).mean() < 0.8
+    entry = wild.BY_NAME["ppocr-v4-det"]
+    assert set(wild.fixed_values(entry)) == {"x"} and wild.fixed_values(entry)["x"].shape == entry.shapes["x"]
