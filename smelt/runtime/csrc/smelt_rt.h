@@ -92,6 +92,7 @@ typedef struct {
     atomic_ullong test_counts[3]; /* with the hook set: shares run, of them by another thread, steps run solo */
     long post_ns;  /* when the running job was posted */
     long grace_ns; /* how long the caller waits for a worker before running a synchronizing node alone */
+    long last_job_ns; /* how long the previous job took, post to join (0: none yet) */
     pthread_mutex_t run_lock;
     pthread_t threads[SMELT_MAX_THREADS];
     int cpus[SMELT_MAX_THREADS];
@@ -218,6 +219,11 @@ static inline unsigned smelt_work_wait(smelt_pool_t *pool, unsigned i) {
     }
     return s;
 }
+
+/* The caller's wait for a worker at a synchronizing node (smelt_work_solo): 20 us for a spinning
+ * worker; for a sleeping one a quarter of the previous job's time, between 20 and 300 us. */
+#define SMELT_GRACE_SPINNING_NS 20000L
+#define SMELT_GRACE_SLEEPING_NS 300000L
 
 /* Called by the caller (tid 0) where a node whose shares synchronize (all nt threads at once)
  * begins: if no worker has entered the job by the grace period after it was posted, the caller
@@ -391,11 +397,16 @@ static void smelt_pool_run(smelt_pool_t *pool, smelt_job_fn fn, void *ctx) {
     atomic_store_explicit(&pool->gate, ((unsigned long long)g << 32) | SMELT_GATE_OPEN, memory_order_release);
     atomic_store(&pool->generation, g); /* seq_cst: pairs with the sleepers' check */
     pool->post_ns = smelt_now_ns();
-    /* a spinning worker enters within a microsecond; a sleeping one needs the futex wake-up */
-    pool->grace_ns = 20000;
+    /* a spinning worker enters within a microsecond; a sleeping one needs the futex wake-up
+     * (tens of microseconds, more on a busy core). Waiting for it only pays when the job is long:
+     * a model called every few tens of milliseconds (a voice-activity detector on audio chunks)
+     * finds its worker asleep at every call, and a 60 us job must not wait 300 us for it */
+    pool->grace_ns = SMELT_GRACE_SPINNING_NS;
     if (atomic_load(&pool->n_sleeping) > 0) {
         smelt_futex_wake_all(&pool->generation);
-        pool->grace_ns = 300000;
+        const long quarter = pool->last_job_ns / 4;
+        pool->grace_ns = quarter < SMELT_GRACE_SPINNING_NS ? SMELT_GRACE_SPINNING_NS
+                       : quarter > SMELT_GRACE_SLEEPING_NS ? SMELT_GRACE_SLEEPING_NS : quarter;
     }
     fn(ctx, 0, pool->n_threads);
     int entered;
@@ -410,6 +421,7 @@ static void smelt_pool_run(smelt_pool_t *pool, smelt_job_fn fn, void *ctx) {
         if (++spins > 20000u) { sched_yield(); spins = 0; }
     }
     if (!pool->share) atomic_fetch_and(&pool->gate, ~SMELT_GATE_OPEN);
+    pool->last_job_ns = smelt_now_ns() - pool->post_ns;
     pthread_mutex_unlock(&pool->run_lock);
 }
 
