@@ -46,11 +46,51 @@ def _assert_clean(proc: subprocess.CompletedProcess) -> None:
     assert proc.returncode == 0, report[-4000:]
 
 
+def _isa_or_skip(isa: str) -> None:
+    """The forced-AVX2 case runs only where AVX2 is not already the native ISA."""
+    from smelt.target import detect
+
+    if isa == "avx2" and (detect().isa == "avx2" or "avx2" not in detect().isa_caps()):
+        pytest.skip("avx2 is the native ISA here (or not runnable)")
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
 @pytest.mark.parametrize("name", ["squeezenet1_1", "resnet18", "lstm-E32-H48-B3-T7-bi"])
-def test_zoo_model_clean_under_sanitizers(name, tmp_path):
+def test_zoo_model_clean_under_sanitizers(name, isa, tmp_path):
     from smelt.frontend import zoo
 
-    model = zoo.get_model(name)
+    _isa_or_skip(isa)
+    _check_clean(zoo.get_model(name), isa, tmp_path)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_wild_model_templates_clean_under_sanitizers(isa, tmp_path):
+    """The templates real models brought in (Resize nearest/linear on plain and blocked layouts,
+    ConvTranspose, GatherElements), an FPN-like neck, under the sanitizers."""
+    from helpers import const, make_model, tensor
+    from onnx import helper
+
+    _isa_or_skip(isa)
+    rng = np.random.default_rng(1)
+    w = lambda *s: (rng.standard_normal(s) * 0.2).astype(np.float32)  # noqa: E731
+    empty, two = np.zeros(0, np.float32), np.array([1, 1, 2, 2], np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Resize", ["c1", "roi", "two"], ["up"], mode="nearest",
+                              coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+             helper.make_node("ConvTranspose", ["c1", "wt"], ["ct"], strides=[2, 2]),
+             helper.make_node("Add", ["up", "ct"], ["s"]),
+             helper.make_node("Resize", ["s", "roi", "two"], ["y"], mode="linear"),
+             helper.make_node("GatherElements", ["g", "gi"], ["z"], axis=1)]
+    inits = [const("w1", w(16, 3, 3, 3)), const("wt", w(16, 16, 2, 2)), const("roi", empty), const("two", two),
+             const("gi", rng.integers(-7, 7, (2, 5)).astype(np.int64))]
+    model = make_model(nodes, [tensor("x", [1, 3, 11, 13]), tensor("g", [2, 7])], [tensor("y", None), tensor("z", None)],
+                       inits)
+    _check_clean(model, isa, tmp_path)
+
+
+def _check_clean(model, isa: str, tmp_path) -> None:
+    """Compile ``model`` at ``isa`` under the sanitizers at 1 and 2 threads, fully native, and
+    compare with onnxruntime."""
     path = tmp_path / "model.onnx"
     path.write_bytes(model.SerializeToString())
     rng = np.random.default_rng(0)
@@ -65,7 +105,7 @@ def test_zoo_model_clean_under_sanitizers(name, tmp_path):
         feeds = dict(np.load({str(tmp_path / 'feeds.npz')!r}))
         ref = np.load({str(tmp_path / 'ref.npz')!r})
         for threads in (1, 2):
-            cm = smelt.compile({str(path)!r}, threads=threads)
+            cm = smelt.compile({str(path)!r}, threads=threads, isa={isa!r})
             assert cm.fallback_nodes == [], cm.fallback_nodes
             outs = cm.run(feeds)
             for i, out in enumerate(outs):
