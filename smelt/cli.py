@@ -107,7 +107,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from smelt.target import detect
 
     threads = args.threads or detect().physical_cores
-    print(f"smelt demo: {threads} threads, target {detect().describe()}")
+    print(f"smelt demo: {threads} threads, {detect().cpu}: {detect().describe()}")
     status = 0
     for spec in args.models or ["resnet50", "lstm"]:
         bench_model = resolve_model(spec)
