@@ -217,6 +217,21 @@ def test_non_float_falls_back(monkeypatch, cache):
     np.testing.assert_array_equal(compiled(a, b), a @ b)
 
 
+def test_empty_operands_fall_back_and_answer(monkeypatch, cache):
+    """A MatMul whose constant B has N = 0, and a Gemm with M = 0: no template renders them (the
+    MatMul template reshaped the empty B and raised a ValueError: fuzz seed 0, iteration 3074);
+    the fallback returns the empty result."""
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"], name="mm"),
+                        helper.make_node("Gemm", ["e", "c"], ["z"], name="gemm")],
+                       [tensor("a", [3, 5]), tensor("e", [0, 4])], [tensor("y", None), tensor("z", None)],
+                       [const("b", np.zeros((5, 0), np.float32)), const("c", np.ones((4, 2), np.float32))])
+    compiled = smelt.compile(model, threads=1)
+    assert sorted(compiled.fallback_nodes) == ["gemm", "mm"]
+    y, z = compiled(np.ones((3, 5), np.float32), np.ones((0, 4), np.float32))
+    assert y.shape == (3, 0) and z.shape == (0, 2)
+
+
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_vector_exp_epilogues_accuracy(isa, monkeypatch, cache):
     """Sigmoid / Tanh / SiLU epilogues use a vector expf: check them over a wide range."""

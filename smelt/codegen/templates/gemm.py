@@ -82,6 +82,8 @@ def _check_gemm(node: Node, g: Graph) -> str | None:
         return f"Gemm inner dimensions differ ({k} vs {k2})"
     if k == 0:
         return "Gemm with K == 0"
+    if m == 0 or n == 0:
+        return "Gemm of an empty tensor"
     if len(node.inputs) > 2 and node.inputs[2] and float(node.attr("beta", 1.0)) != 0.0:
         if _gemm_c_kind(_shape(g, node.inputs[2]), m, n) is None:
             return f"Gemm C of shape {_shape(g, node.inputs[2])} does not broadcast to ({m}, {n})"
@@ -153,6 +155,8 @@ def _check_matmul(node: Node, g: Graph) -> str | None:
         return f"MatMul inner dimensions differ ({ka} vs {kb})"
     if ka == 0:
         return "MatMul with K == 0"
+    if 0 in sa or 0 in sb or 0 in _shape(g, y):  # nothing to compute; the fallback returns the empty result
+        return "MatMul of an empty tensor"
     try:
         np.broadcast_shapes(sa[:-2], sb[:-2])
     except ValueError:
