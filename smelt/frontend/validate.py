@@ -276,6 +276,12 @@ def _check_arity(n: onnx.NodeProto, label: str, kind: str, names: list[str],
 
 # -- stage 2: the IR with inferred shapes -------------------------------------------------------
 
+# one tensor of 2^32 elements is 16 GiB of fp32: no model an inference engine serves on a CPU
+# has one; a shape like that comes from an attribute out of proportion (a pad of 2^31 - 1), and
+# planning it would loop over every output index at compile time
+MAX_VALUE_ELEMENTS = 1 << 32
+
+
 class DeclaredShapeWarning(UserWarning):
     """A value's declared shape contradicts shape inference (the inferred one is used)."""
 
@@ -298,6 +304,12 @@ def check_graph(g: Graph) -> Graph:
             if v is not None and v.shape is not None and any(isinstance(d, int) and d < 0 for d in v.shape):
                 raise InvalidModelError(f"its output {o!r} would have shape {list(v.shape)}, with a "
                                         "negative dimension", node=node.name, op=node.op)
+            if v is not None and v.shape is not None and all(isinstance(d, int) for d in v.shape):
+                elements = math.prod(v.shape)
+                if elements > MAX_VALUE_ELEMENTS:
+                    raise InvalidModelError(f"its output {o!r} would have shape {list(v.shape)}: {elements:,} "
+                                            f"elements, more than any value smelt plans ({MAX_VALUE_ELEMENTS:,}; "
+                                            "a pad or scale attribute out of proportion?)", node=node.name, op=node.op)
     return g
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 from smelt.ir.graph import Graph, Node
 
+MAX_POOL_OUTPUT = 1 << 20  # per-dim tables of this many entries at most
+
 
 @dataclass
 class Geometry:
@@ -85,6 +87,8 @@ def geometry(node: Node, g: Graph) -> tuple[Geometry | None, str]:
     ys = [int(d) for d in g.values[node.outputs[0]].shape]
     if ys != xs[:2] + outs:
         return None, f"inferred output shape {ys} differs from the pooling arithmetic's {xs[:2] + outs}"
+    if any(o > MAX_POOL_OUTPUT for o in outs):
+        return None, f"a pooling output dimension above {MAX_POOL_OUTPUT} (its compile-time tables would be too large)"
     for d in range(k):
         for o in range(outs[d]):
             lo, hi = geo.valid_range(d, o)
