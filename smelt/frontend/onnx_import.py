@@ -239,10 +239,9 @@ def _type_of(tp: onnx.TypeProto) -> tuple[np.dtype | None, Shape | None]:
         return dtype, None
     dims: list[int | str] = []
     for i, d in enumerate(tt.shape.dim):
-        # exporters spell an unknown dimension -1 (a negative dim_value) or "?" (paddle2onnx writes
-        # "?" for every one of them, not as one shared symbol): both accept any size, as in
-        # onnxruntime, and are not tied to each other
-        if d.HasField("dim_value") and d.dim_value >= 0:
+        # "?" is how paddle2onnx writes every unknown dimension, not one shared symbol: each
+        # accepts any size, as in onnxruntime (a -1 dim_value was cleared at load)
+        if d.HasField("dim_value"):
             dims.append(int(d.dim_value))
         elif d.HasField("dim_param") and d.dim_param and d.dim_param != ANONYMOUS_DIM:
             dims.append(d.dim_param)

@@ -126,9 +126,9 @@ class Graph:
         self.inputs: list[str] = []
         self.outputs: list[str] = []
         self.opset: dict[str, int] = dict(opset or {"": 17})
-        # values that came out of an If branch (passes/inline_if.py); when there are any, shape
-        # inference is as lenient with the graph as it was while the branch was a subgraph
-        self.inlined: set[str] = set()
+        # an If branch was inlined (passes/inline_if.py): shape inference is as lenient with the
+        # graph as it was while the branch was a subgraph
+        self.inlined_branches = False
         # (dtype, shape) the model *declares* for values it does not feed (graph outputs,
         # value_info): checked against inference (smelt.frontend.validate), never used to size
         # a buffer, since a model's declaration can be wrong

@@ -63,9 +63,8 @@ def inline_constant_ifs(g: Graph) -> Graph:
         if not tensor_outputs(branch):  # sequences and optionals stay with the fallback
             out.append(node)
             continue
-        new = _inline(g, node, branch)
-        g.inlined.update(o for n in new for o in n.outputs if o)
-        out += new
+        out += _inline(g, node, branch)
+        g.inlined_branches = True
     g.nodes = out
     g.prune_values()
     return g

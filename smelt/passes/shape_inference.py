@@ -41,19 +41,19 @@ def _better(old, new):
 _SUBGRAPH_OPS = ops_where(lambda t: t.subgraphs)
 
 
-def _lenient(message: str, inlined: frozenset[str] = frozenset()) -> bool:
+def _lenient(message: str, after_inlining: bool = False) -> bool:
     """Strict-mode failures that say nothing about the model: smelt's IR keeps no type for
     sequence and optional values (their readers see "null" or a type-case mismatch), and errors
     raised inside a function body or subgraph (onnx's inference of those is incomplete; the
-    fallback runs them) — and, in a graph where an If was inlined, the nodes named in
-    ``inlined``: onnx never checked the branch's values strictly while they were a subgraph, and
-    onnxruntime's kernels accept what its strict inference refuses (a Range of one-element
-    tensors in AffineGrid's expansion)."""
+    fallback runs them) — and any node error in a graph where an If was inlined
+    (``after_inlining``): onnx never checked the branch's values, nor what replaced them (AffineGrid's
+    expansion passes a [1] constant on as the "scalar" a Range reads), strictly while they were
+    a subgraph's, and onnxruntime runs what its strict inference refuses."""
     m = _NODE_ERROR.search(message)
     first = m.group(3) if m is not None else message
     return ("null" in first or "type info" in first or "type case mismatch" in first
             or "Inference error(s)" in first
-            or (m is not None and (m.group(1) in _SUBGRAPH_OPS or m.group(2) in inlined)))
+            or (m is not None and (m.group(1) in _SUBGRAPH_OPS or after_inlining)))
 
 
 def _guard_slices(model: onnx.ModelProto) -> None:
@@ -146,14 +146,14 @@ def _patch_ceil_pools(model: onnx.ModelProto, shapes: dict[str, list]) -> bool:
     return changed
 
 
-def _infer(model: onnx.ModelProto, inlined: frozenset[str] = frozenset()) -> onnx.ModelProto | None:
+def _infer(model: onnx.ModelProto, after_inlining: bool = False) -> onnx.ModelProto | None:
     """onnx's inference in strict mode (errors about the model raise ``InvalidModelError``),
     else best effort; None when even that fails."""
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
     except onnx.shape_inference.InferenceError as exc:
         message = str(exc)
-        if not _lenient(message, inlined):
+        if not _lenient(message, after_inlining):
             m = _NODE_ERROR.search(message)
             if m is None:
                 raise InvalidModelError(f"shape inference: {message.strip()}") from None
@@ -174,15 +174,11 @@ def infer_shapes(g: Graph) -> Graph:
     # found, which onnx's own pool inference would contradict), then each round fixes at least
     # the first ceil_mode pool onnx sized differently from onnxruntime
     _patch_ceil_pools(model, {k: list(v.shape) for k, v in g.values.items() if v.shape is not None})
-    # once an If branch is inlined, its values (and whatever replaced them: AffineGrid's expansion
-    # passes a [1] constant on as the "scalar" a Range reads) reach nodes onnx never inferred
-    # strictly, as they read the If's shapeless outputs before: every node is inferred as it was
-    inlined = frozenset(n.name for n in g.nodes) if g.inlined else frozenset()
-    inferred = _infer(model, inlined)
+    inferred = _infer(model, g.inlined_branches)
     for _ in range(sum(n.op_type in _CEIL_POOLS for n in model.graph.node)):
         if inferred is None or not _patch_ceil_pools(model, _inferred_shapes(inferred)):
             break
-        inferred = _infer(model, inlined)
+        inferred = _infer(model, g.inlined_branches)
     if inferred is None:
         return g
     infos = list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
