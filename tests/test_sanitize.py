@@ -88,6 +88,29 @@ def test_wild_model_templates_clean_under_sanitizers(isa, tmp_path):
     _check_clean(model, isa, tmp_path)
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
+    """QuantizeLinear per axis and per tensor (float-to-int saturation is where C has undefined
+    behaviour), DequantizeLinear, DynamicQuantizeLinear, under the sanitizers."""
+    from helpers import const, make_model, tensor
+    from onnx import helper
+
+    _isa_or_skip(isa)
+    rng = np.random.default_rng(2)
+    nodes = [helper.make_node("Mul", ["x", "big"], ["xb"]),  # values far outside int8's range
+             helper.make_node("QuantizeLinear", ["xb", "s", "z"], ["q"], axis=1),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], axis=1),
+             helper.make_node("QuantizeLinear", ["x", "s0"], ["q0"]),
+             helper.make_node("DequantizeLinear", ["q0", "s0"], ["d0"]),
+             helper.make_node("DynamicQuantizeLinear", ["x"], ["dq", "ds", "dz"]),
+             helper.make_node("DequantizeLinear", ["dq", "ds", "dz"], ["y"])]
+    inits = [const("big", np.float32(300)), const("s", rng.uniform(0.5, 2, 5).astype(np.float32)),
+             const("z", rng.integers(-100, 100, 5).astype(np.int8)), const("s0", np.float32(0.01))]
+    model = make_model(nodes, [tensor("x", [3, 5, 7])], [tensor(n, None) for n in ("d", "d0", "y")], inits,
+                       opset=21)
+    _check_clean(model, isa, tmp_path)
+
+
 def _check_clean(model, isa: str, tmp_path) -> None:
     """Compile ``model`` at ``isa`` under the sanitizers at 1 and 2 threads, fully native, and
     compare with onnxruntime."""

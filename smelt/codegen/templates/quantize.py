@@ -1,0 +1,198 @@
+"""Quantize and dequantize templates: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear.
+
+Template ``quantize_linear`` / ``dequantize_linear``: one broadcast loop nest
+(``codegen.broadcast``) per node, per-tensor or per-axis scale and zero point (the 1-D operands are
+indexed as if shaped ``[1, .., C, .., 1]`` along ``axis``). Integer types int8, uint8, int16,
+uint16 (and int32 into DequantizeLinear); fp32 scales and fp32 data. Other element types (int4,
+float8, float16 scales) and blocked quantization (``block_size`` > 0) fall back with the reason.
+
+Arithmetic is onnxruntime's, bit for bit (checked against it in tests/kernels/test_quantize.py):
+- QuantizeLinear divides (``x / scale``, not a multiply by 1/scale: they differ by one unit at
+  about 4% of ties), rounds half to even (``nearbyintf`` in the default rounding mode), adds the
+  zero point, saturates to the type's range; NaN saturates to the range's low end as onnxruntime's
+  does (a float-to-int conversion of NaN would be undefined behaviour in C).
+- DequantizeLinear subtracts the zero point in int32, converts, then multiplies by the scale.
+
+Template ``dynamic_quantize_linear``: DynamicQuantizeLinear (uint8 out) in three steps: each share
+finds the minimum and maximum of its part; one share combines them into scale and zero point as
+ONNX defines them (range widened to include 0; zero point rounded half to even and saturated);
+then every share quantizes its part with that scale. NaN is left out of the range (onnxruntime's
+range over NaN depends on the vector lane it falls in) and quantizes to 0. Steps, not a barrier inside one, so shares
+can still be taken over by another thread.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.broadcast import elementwise_loop
+from smelt.codegen.kernels.loops import dtype_name
+from smelt.codegen.registry import register
+from smelt.ir.graph import PLAIN, Graph, Node
+from smelt.ir.types import c_type
+
+QUANT_TYPES = ("int8", "uint8", "int16", "uint16")
+DEQUANT_TYPES = QUANT_TYPES + ("int32",)
+
+
+def _range(dtype: str) -> tuple[int, int]:
+    info = np.iinfo(np.dtype(dtype))
+    return int(info.min), int(info.max)
+
+
+def _operand_shape(node: Node, g: Graph, name: str, data_rank: int) -> list[int] | str:
+    """The shape a scale or zero point broadcasts as, or why it cannot: a scalar (or one
+    element) is per tensor; a 1-D operand is per axis, along the node's ``axis``."""
+    shape = list(g.values[name].shape)
+    if int(np.prod(shape, dtype=np.int64)) == 1 and len(shape) <= 1:
+        return [1] * len(shape) if shape else []
+    if len(shape) != 1:
+        return f"{name!r} of rank {len(shape)}: only per-tensor and per-axis quantization are native"
+    axis = int(node.attr("axis", 1))
+    axis = axis + data_rank if axis < 0 else axis
+    if not 0 <= axis < data_rank:
+        return f"axis {node.attr('axis', 1)} out of range for rank {data_rank}"
+    return [1] * axis + shape + [1] * (data_rank - axis - 1)
+
+
+def _common_reason(node: Node, g: Graph, data: str, out: str) -> str | None:
+    names = [n for n in node.inputs + node.outputs if n]
+    if any(g.values[n].layout != PLAIN for n in names):
+        return f"{node.op} reads plain layouts only"
+    if int(node.attr("block_size", 0)) != 0:
+        return "blocked quantization (block_size > 0) is not native"
+    scale = node.inputs[1]
+    if dtype_name(g, scale) != "float32":
+        return f"scale of dtype {dtype_name(g, scale)}: native {node.op} takes float32 scales"
+    rank = len(g.values[data].shape)
+    for name in node.inputs[1:]:
+        if name:
+            shape = _operand_shape(node, g, name, rank)
+            if isinstance(shape, str):
+                return shape
+    if len(node.inputs) > 2 and node.inputs[2] and (
+            _operand_shape(node, g, node.inputs[2], rank) != _operand_shape(node, g, scale, rank)):
+        return "zero point and scale have different shapes"
+    del out
+    return None
+
+
+def _check_quantize(node: Node, g: Graph) -> str | None:
+    x, y = node.inputs[0], node.outputs[0]
+    if dtype_name(g, x) != "float32":
+        return f"input of dtype {dtype_name(g, x)}: native QuantizeLinear takes float32"
+    if dtype_name(g, y) not in QUANT_TYPES:
+        return f"output dtype {dtype_name(g, y)} is not native (native: {', '.join(QUANT_TYPES)})"
+    if int(node.attr("precision", 0)) not in (0, 1):  # 1 = FLOAT: the computation is fp32 anyway
+        return "a precision other than float32 is not native"
+    return _common_reason(node, g, x, y)
+
+
+def _check_dequantize(node: Node, g: Graph) -> str | None:
+    x, y = node.inputs[0], node.outputs[0]
+    if dtype_name(g, x) not in DEQUANT_TYPES:
+        return f"input dtype {dtype_name(g, x)} is not native (native: {', '.join(DEQUANT_TYPES)})"
+    if dtype_name(g, y) != "float32":
+        return f"output dtype {dtype_name(g, y)}: native DequantizeLinear writes float32"
+    return _common_reason(node, g, x, y)
+
+
+def _operands(node: Node, g: Graph) -> tuple[list[list[int]], str, str]:
+    """Broadcast shapes of (x, scale[, zero point]) and the C reads of scale and zero point."""
+    x = node.inputs[0]
+    rank = len(g.values[x].shape)
+    shapes = [list(g.values[x].shape), _operand_shape(node, g, node.inputs[1], rank)]
+    has_zp = len(node.inputs) > 2 and bool(node.inputs[2])
+    if has_zp:
+        shapes.append(_operand_shape(node, g, node.inputs[2], rank))
+    return shapes, "S[{1}]", "(int32_t)Z[{2}]" if has_zp else "0"  # type: ignore[return-value]
+
+
+@register("QuantizeLinear", check=_check_quantize, name="quantize_linear")
+def emit_quantize(node: Node, g: Graph, em: BlockEmitter) -> None:
+    x, s, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    lo, hi = _range(dtype_name(g, y))
+    shapes, scale, zp = _operands(node, g)
+
+    def body(idx: list[str], o: str) -> str:
+        z = zp.format(*idx)
+        return (f"{{ float v = nearbyintf(X[{idx[0]}] / {scale.format(*idx)}) + (float){z};\n"
+                f"          if (!(v >= {lo}.0f)) v = {lo}.0f;  /* NaN saturates low, as in onnxruntime */\n"
+                f"          if (v > {hi}.0f) v = {hi}.0f;\n"
+                f"          Y[{o}] = ({c_type(dtype_name(g, y))})v; }}")
+
+    decl = f"const float *restrict X = {em.ptr(x)};\nconst float *restrict S = {em.ptr(s)};\n"
+    if len(node.inputs) > 2 and node.inputs[2]:
+        decl += f"const {c_type(dtype_name(g, node.inputs[2]))} *restrict Z = {em.ptr(node.inputs[2])};\n"
+    loop = elementwise_loop(g.values[y].shape, shapes, body)
+    em.step(f"{decl}{c_type(dtype_name(g, y))} *restrict Y = (void *){em.ptr(y)};\n{loop}")
+
+
+@register("DequantizeLinear", check=_check_dequantize, name="dequantize_linear")
+def emit_dequantize(node: Node, g: Graph, em: BlockEmitter) -> None:
+    x, s, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    shapes, scale, zp = _operands(node, g)
+    xt = c_type(dtype_name(g, x))
+
+    def body(idx: list[str], o: str) -> str:
+        # int32 input: x - zp as onnxruntime computes it (in int32; its zero point must be 0)
+        diff = f"((int32_t)X[{idx[0]}] - {zp.format(*idx)})" if zp != "0" else f"(int32_t)X[{idx[0]}]"
+        return f"Y[{o}] = (float){diff} * {scale.format(*idx)};"
+
+    decl = f"const {xt} *restrict X = {em.ptr(x)};\nconst float *restrict S = {em.ptr(s)};\n"
+    if len(node.inputs) > 2 and node.inputs[2]:
+        decl += f"const {xt} *restrict Z = {em.ptr(node.inputs[2])};\n"
+    loop = elementwise_loop(g.values[y].shape, shapes, body)
+    em.step(f"{decl}float *restrict Y = (void *){em.ptr(y)};\n{loop}")
+
+
+def _check_dynamic(node: Node, g: Graph) -> str | None:
+    names = [n for n in node.inputs + node.outputs if n]
+    if any(g.values[n].layout != PLAIN for n in names):
+        return "DynamicQuantizeLinear reads plain layouts only"
+    if dtype_name(g, node.inputs[0]) != "float32":
+        return "DynamicQuantizeLinear takes float32"
+    return None
+
+
+@register("DynamicQuantizeLinear", check=_check_dynamic, name="dynamic_quantize_linear")
+def emit_dynamic_quantize(node: Node, g: Graph, em: BlockEmitter) -> None:
+    x = node.inputs[0]
+    y, ys, yz = (node.outputs + ["", "", ""])[:3]
+    n = int(np.prod(g.values[x].shape, dtype=np.int64))
+    part = em.scratch(2 * 4 * max(1, em.n_threads))  # per share: its minimum and maximum
+    sc = em.scratch(2 * 4)  # scale and zero point, as floats
+    # ONNX: the range is widened to include 0, scale = (max - min) / 255, zero point =
+    # saturate(round(0 - min / scale)); an all-zero input gets scale 1 and zero point 0, as in
+    # onnxruntime (ONNX leaves it undefined: 0 / 0)
+    em.step(f"const float *restrict X = {em.ptr(x)};\nfloat *P = {part};\n"
+            f"long b, e; smelt_range({n}, tid, nt, &b, &e);\n"
+            "float lo = 0.0f, hi = 0.0f;\n"
+            "for (long i = b; i < e; ++i) { float v = X[i]; lo = v < lo ? v : lo; hi = v > hi ? v : hi; }\n"
+            "P[2 * tid] = lo; P[2 * tid + 1] = hi;", name="dynamic_quantize_linear_range")
+    em.step(f"const float *P = {part};\nfloat *SC = {sc};\n"
+            "if (tid == 0) {\n"
+            "    float lo = P[0], hi = P[1];\n"
+            "    for (int t = 1; t < nt; ++t) { lo = P[2 * t] < lo ? P[2 * t] : lo; hi = P[2 * t + 1] > hi ? P[2 * t + 1] : hi; }\n"
+            "    float scale = (hi - lo) / 255.0f;\n"
+            "    if (scale == 0.0f) scale = 1.0f;  /* an all-zero input: onnxruntime's scale */\n"
+            "    float zp = nearbyintf(0.0f - lo / scale);\n"
+            "    zp = zp < 0.0f ? 0.0f : (zp > 255.0f ? 255.0f : zp);\n"
+            "    SC[0] = scale; SC[1] = zp;\n"
+            "}", name="dynamic_quantize_linear_scale")
+    out_y = (f"uint8_t *restrict Y = (void *){em.ptr(y)};\n" if y else "")
+    body = ("for (long i = b; i < e; ++i) {\n"
+            "    float v = nearbyintf(X[i] / SC[0]) + SC[1];\n"
+            "    if (!(v >= 0.0f)) v = 0.0f;\n"
+            "    if (v > 255.0f) v = 255.0f;\n"
+            "    Y[i] = (uint8_t)v;\n"
+            "}\n") if y else ""
+    tail = ""
+    if ys:
+        tail += f"if (tid == 0) {em.ptr(ys)}[0] = SC[0];\n"
+    if yz:
+        tail += f"if (tid == 0) {em.ptr(yz)}[0] = (uint8_t)SC[1];\n"
+    em.step(f"const float *restrict X = {em.ptr(x)};\nconst float *SC = {sc};\n{out_y}"
+            f"long b, e; smelt_range({n}, tid, nt, &b, &e);\n{body}{tail}",
+            name="dynamic_quantize_linear_apply")

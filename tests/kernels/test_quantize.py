@@ -1,0 +1,105 @@
+"""Native QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear against onnxruntime.
+
+Integer outputs must be equal, not close: onnxruntime's rounding (x / scale, half to even), its
+saturation and its NaN handling are part of the contract. Every ISA the host runs, 1 and 2
+threads, per-tensor and per-axis (every axis, negative axis), ragged sizes, zero points absent
+and at the ends of the range, NaN and infinities.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_models import force_isa
+from node_cases import Cases, build_model, check, oracle
+
+import smelt
+
+pytest.importorskip("onnxruntime")
+
+RNG = np.random.default_rng(20261125)
+ISAS = ["native", "avx2", "scalar"]
+QTYPES = [np.int8, np.uint8, np.int16, np.uint16]
+
+
+def _specials(n: int) -> np.ndarray:
+    """``n`` values around quantization ties, far outside every range, NaN and infinities."""
+    x = (RNG.integers(-4000, 4000, n) * 0.05).astype(np.float32)
+    x[::17] = np.nan
+    x[1::19] = np.inf
+    x[2::23] = -np.inf
+    x[3::29] = 1e30
+    return x
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_quantize_linear(isa: str, monkeypatch, cache) -> None:
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    for dt in QTYPES:
+        info = np.iinfo(dt)
+        for zp in (0, int(info.min), int(info.max), int(info.min) // 2 + int(info.max) // 2):
+            cases.add("QuantizeLinear", ["t"], consts=(np.float32(0.1), dt(zp)))
+        # per axis over every axis of a 4-D input, ragged channel counts
+        for axis in (0, 1, 2, 3, -1):
+            c = (3, 5, 7, 9)[axis]
+            scale = RNG.uniform(0.01, 0.5, c).astype(np.float32)
+            zps = RNG.integers(info.min, int(info.max) + 1, c).astype(dt)
+            cases.add("QuantizeLinear", ["f"], consts=(scale, zps), axis=axis)
+    cases.add("QuantizeLinear", ["t"], consts=(np.float32(0.02),))  # no zero point: uint8
+    cases.add("QuantizeLinear", ["s"], consts=(np.float32(0.3), np.int8(-3)))  # a 0-d input
+    feeds = {"t": _specials(1001), "f": (RNG.standard_normal((3, 5, 7, 9)) * 20).astype(np.float32),
+             "s": np.array(2.75, np.float32)}
+    check(cases, feeds, opset=21)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_dequantize_linear(isa: str, monkeypatch, cache) -> None:
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    feeds = {}
+    for dt in QTYPES + [np.int32]:
+        info = np.iinfo(dt)
+        lo, hi = (int(info.min), int(info.max)) if dt != np.int32 else (-(1 << 24), 1 << 24)
+        name = f"q_{np.dtype(dt).name}"
+        feeds[name] = RNG.integers(lo, hi, (2, 6, 5, 3), endpoint=True).astype(dt)
+        zp = dt(0) if dt == np.int32 else dt((lo + hi) // 2)
+        cases.add("DequantizeLinear", [name], consts=(np.float32(0.037), zp))
+        cases.add("DequantizeLinear", [name], consts=(np.float32(1.5),))
+        if dt != np.int32:
+            for axis in (0, 1, -2, 3):
+                c = (2, 6, 5, 3)[axis]
+                zps = RNG.integers(lo, hi, c, endpoint=True).astype(dt)
+                cases.add("DequantizeLinear", [name], consts=(RNG.uniform(0.001, 2, c).astype(np.float32), zps),
+                          axis=axis)
+    check(cases, feeds, opset=21)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", ["mixed", "positive", "negative", "zeros", "ragged", "inf"])
+def test_dynamic_quantize_linear(isa: str, kind: str, monkeypatch, cache) -> None:
+    """Scale and zero point from the data's range (widened to 0), at sizes below and above the
+    parallel split; all outputs equal onnxruntime's."""
+    force_isa(isa, monkeypatch, cache)
+    x = {"mixed": RNG.standard_normal((64, 33)) * 3, "positive": RNG.uniform(0.5, 9, (7, 300)),
+         "negative": -RNG.uniform(0.5, 9, (300,)), "zeros": np.zeros((5, 5)),
+         "ragged": RNG.standard_normal((3, 1, 4097)),
+         # (NaN is not compared: onnxruntime's range over NaN depends on which vector lane the NaN
+         # falls in, from maxps/minps operand order; smelt leaves NaN out of the range)
+         "inf": np.array([np.inf, 1.0, -1.0, 0.5])}[kind].astype(np.float32)
+    cases = Cases()
+    cases.add("DynamicQuantizeLinear", ["x"], n_out=3)
+    check(cases, {"x": x}, opset=11)
+
+
+def test_fallback_reasons_name_the_limit() -> None:
+    """What stays on the fallback says why: blocked quantization, a 2-D scale, int4."""
+    cases = Cases()
+    cases.add("QuantizeLinear", ["x"], consts=(np.full((4, 2), 0.1, np.float32), np.zeros((4, 2), np.int8)),
+              axis=1, block_size=4)
+    feeds = {"x": RNG.standard_normal((4, 8)).astype(np.float32)}
+    model = build_model(cases, feeds, opset=21)
+    compiled = smelt.compile(model, threads=1)
+    [report] = compiled.fallback_report
+    assert "block_size" in report["reason"], report
+    np.testing.assert_array_equal(compiled.run(feeds)[0], oracle(model, feeds)[0])
