@@ -278,7 +278,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     db = open_default()
     if db is None:
         raise SmeltError("the tuning database is disabled (SMELT_TUNING_DB=off); point it at a file to tune")
-    target = detect()
+    # held to --isa / $SMELT_ISA like a compile: records are stored under the capped target's key,
+    # which is the key a capped compile looks them up by
+    from smelt import settings
+
+    target = detect().narrowed(args.isa if args.isa is not None else settings.isa())
     threads = args.threads or target.physical_cores
     lowered = []
     for spec in track(specs, "lowering models"):
@@ -440,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", choices=["cnn"], help="also tune the zoo CNNs")
     p.add_argument("--budget", default="10m", help="total time: 30s, 10m, 1h (default 10m)")
     p.add_argument("--threads", type=int, default=None, help="threads to tune for (default: physical cores)")
+    _isa_arg(p, "tune the code of ISA (its records serve compiles held to the same ISA)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("cache", help="show, prune or clear the compiled-model cache",

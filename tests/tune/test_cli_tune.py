@@ -35,3 +35,18 @@ def test_tune_tiny_model(tune_env, tmp_path, capsys):
     assert "distinct conv workloads" in out and "speedup" in out
     assert f"tuning database: {tune_env}" in out
     assert len(TuningDB(tune_env)) > 0
+
+
+@pytest.mark.skipif("avx2" not in detect().isa_caps() or detect().isa == "avx2",
+                    reason="needs a host above AVX2 to hold to it")
+def test_tune_held_to_an_isa_stores_under_that_isa(tune_env, tmp_path, capsys):
+    """`smelt tune --isa avx2` measures the AVX2 code and stores its records under the AVX2
+    target's key, which is where a compile held to AVX2 looks them up."""
+    model, _ = chain_model(c=8, hw=(6, 7))
+    path = tmp_path / "tiny.onnx"
+    onnx.save(model, str(path))
+    assert main(["tune", str(path), "--budget", "10s", "--threads", "1", "--isa", "avx2"]) == 0
+    assert "target avx2" in capsys.readouterr().out
+    db = TuningDB(tune_env)
+    keys = {r.target for r in db.records()}
+    assert keys == {detect().narrowed("avx2").key()}, keys
