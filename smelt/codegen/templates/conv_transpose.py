@@ -85,13 +85,10 @@ def _check(node: Node, g: Graph) -> str | None:
 
 
 def _tap_range(i_len: int, o_len: int, s: int, off: int) -> tuple[int, int]:
-    """Input indices i with 0 <= i*s + off < o_len."""
-    lo = max(0, -(off // s) if off < 0 else 0)
-    while lo * s + off < 0:
-        lo += 1
-    hi = i_len
-    while hi > lo and (hi - 1) * s + off >= o_len:
-        hi -= 1
+    """Input indices i with 0 <= i*s + off < o_len: [ceil(-off / s), ceil((o_len - off) / s))
+    clipped to [0, i_len) (an empty range has hi == lo)."""
+    lo = max(0, -(off // s))
+    hi = max(lo, min(i_len, -((off - o_len) // s)))
     return lo, hi
 
 
