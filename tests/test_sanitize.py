@@ -91,7 +91,8 @@ def test_wild_model_templates_clean_under_sanitizers(isa, tmp_path):
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
     """QuantizeLinear per axis and per tensor (float-to-int saturation is where C has undefined
-    behaviour), DequantizeLinear, DynamicQuantizeLinear, under the sanitizers."""
+    behaviour), DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, under the
+    sanitizers."""
     from helpers import const, make_model, tensor
     from onnx import helper
 
@@ -103,11 +104,19 @@ def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
              helper.make_node("QuantizeLinear", ["x", "s0"], ["q0"]),
              helper.make_node("DequantizeLinear", ["q0", "s0"], ["d0"]),
              helper.make_node("DynamicQuantizeLinear", ["x"], ["dq", "ds", "dz"]),
-             helper.make_node("DequantizeLinear", ["dq", "ds", "dz"], ["y"])]
+             helper.make_node("DequantizeLinear", ["dq", "ds", "dz"], ["y"]),
+             # integer products: a constant (packed) and a run-time B, requantized
+             helper.make_node("MatMulInteger", ["dq", "wq", "dz", "wz"], ["mi"]),
+             helper.make_node("Cast", ["mi"], ["mf"], to=1),
+             helper.make_node("Transpose", ["dq"], ["dq7"], perm=[0, 2, 1]),
+             helper.make_node("QLinearMatMul", ["dq", "ds", "dz", "dq7", "s0", "z0", "s1", "z1"], ["ql"]),
+             helper.make_node("DequantizeLinear", ["ql", "s1", "z1"], ["qf"])]
     inits = [const("big", np.float32(300)), const("s", rng.uniform(0.5, 2, 5).astype(np.float32)),
-             const("z", rng.integers(-100, 100, 5).astype(np.int8)), const("s0", np.float32(0.01))]
-    model = make_model(nodes, [tensor("x", [3, 5, 7])], [tensor(n, None) for n in ("d", "d0", "y")], inits,
-                       opset=21)
+             const("z", rng.integers(-100, 100, 5).astype(np.int8)), const("s0", np.float32(0.01)),
+             const("wq", rng.integers(-128, 128, (7, 11)).astype(np.int8)), const("wz", np.int8(-3)),
+             const("z0", np.uint8(9)), const("s1", np.float32(0.2)), const("z1", np.uint8(100))]
+    model = make_model(nodes, [tensor("x", [3, 5, 7])], [tensor(n, None) for n in ("d", "d0", "y", "mf", "qf")],
+                       inits, opset=21)
     _check_clean(model, isa, tmp_path)
 
 

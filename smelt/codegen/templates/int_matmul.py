@@ -1,0 +1,177 @@
+"""Integer matrix products: MatMulInteger (int32 out) and QLinearMatMul (requantized int8/uint8 out).
+
+Template ``int_matmul``: per output row, an int32 accumulator row over K, each step adding
+``(a - a_zero) * (b - b_zero)`` for one row of B. A constant B is stored once as int16 with its
+zero point already subtracted (exact: the difference of two 8-bit values fits 9 bits), so the
+inner loop is one widening multiply-add per element, which gcc vectorizes at the target's width;
+a B fed at run time subtracts its zero point in the loop. The int32 sum is exact (K * 2^16 < 2^31
+for K up to 32768; longer K falls back), so MatMulInteger equals onnxruntime's bit for bit.
+
+QLinearMatMul requantizes each sum as onnxruntime does: ``nearbyintf((float)acc * m) + y_zero``
+saturated, with the float multiplier ``m = a_scale * b_scale / y_scale`` (per row of A and per
+column of B when those scales are 1-D), NaN and infinite results saturating as in QuantizeLinear.
+
+Work is split over (batch, row) pairs, or over column chunks when there are fewer rows than
+threads (a matrix-vector product). A batch of B is either absent (one 2-D B for every batch of
+A) or equal to A's; other broadcasts fall back. These are portable kernels: the VNNI/AMX
+micro-kernels of the quantization issue replace the inner loop, not this template's contract.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.loops import dtype_name
+from smelt.codegen.registry import register
+from smelt.ir.graph import PLAIN, Graph, Node
+from smelt.ir.types import c_type
+from smelt.schedule.gemm import PARALLEL_MIN_MACS
+
+EIGHT_BIT = ("int8", "uint8")
+MAX_K = 1 << 15  # K * (2^8 * 2^8 / 2) stays below 2^31: the int32 sum cannot overflow
+
+
+def _per_vector(g: Graph, name: str, length: int) -> str | None:
+    """'scalar', 'vector' (1-D of ``length``) or None when the shape is neither."""
+    shape = tuple(g.values[name].shape)
+    if int(np.prod(shape, dtype=np.int64)) == 1 and len(shape) <= 1:
+        return "scalar"
+    if shape == (length,):
+        return "vector"
+    return None
+
+
+def _io(node: Node) -> dict[str, str]:
+    """The node's operands by role (absent optional zero points as "")."""
+    ins = list(node.inputs) + [""] * 8
+    if node.op == "MatMulInteger":
+        return {"a": ins[0], "b": ins[1], "az": ins[2], "bz": ins[3]}
+    return {"a": ins[0], "as": ins[1], "az": ins[2], "b": ins[3], "bs": ins[4], "bz": ins[5],
+            "ys": ins[6], "yz": ins[7]}
+
+
+def _dims(g: Graph, io: dict[str, str]) -> tuple[int, int, int, int, bool] | str:
+    """(batch, M, K, N, B has the batch) or why not native."""
+    a, b = g.values[io["a"]].shape, g.values[io["b"]].shape
+    if len(a) < 2 or len(b) < 2:
+        return "native integer MatMul needs 2-D or batched operands (no 1-D promotion)"
+    if len(b) > 2 and tuple(b[:-2]) != tuple(a[:-2]):
+        return f"B's batch dims {list(b[:-2])} are not A's {list(a[:-2])} (only a shared 2-D B or equal batches)"
+    if a[-1] != b[-2]:
+        return f"inner dims differ: A {list(a)}, B {list(b)}"
+    if a[-1] > MAX_K:
+        return f"K = {a[-1]} > {MAX_K}: the int32 sum could overflow"
+    batch = int(np.prod(a[:-2], dtype=np.int64))
+    return batch, int(a[-2]), int(a[-1]), int(b[-1]), len(b) > 2
+
+
+def _check(node: Node, g: Graph) -> str | None:
+    io = _io(node)
+    names = [n for n in node.inputs + node.outputs if n]
+    if any(g.values[n].layout != PLAIN for n in names):
+        return f"{node.op} reads plain layouts only"
+    for role in ("a", "b"):
+        if dtype_name(g, io[role]) not in EIGHT_BIT:
+            return f"{role.upper()} of dtype {dtype_name(g, io[role])}: native {node.op} takes int8/uint8"
+    for role, zp in (("a", "az"), ("b", "bz")):
+        if io[zp] and dtype_name(g, io[zp]) != dtype_name(g, io[role]):
+            return f"zero point {io[zp]!r} is not of its operand's dtype"
+    dims = _dims(g, io)
+    if isinstance(dims, str):
+        return dims
+    _, m, _, n, _ = dims
+    for key, length in (("az", m), ("as", m), ("bz", n), ("bs", n), ("ys", 1), ("yz", 1)):
+        if io.get(key) and _per_vector(g, io[key], length) is None:
+            return (f"{io[key]!r} of shape {list(g.values[io[key]].shape)}: native {node.op} takes a scalar "
+                    f"or a 1-D per-{'row' if key[0] == 'a' else 'column'} value")
+    if node.op == "QLinearMatMul":
+        for key in ("as", "bs", "ys"):
+            if dtype_name(g, io[key]) != "float32":
+                return f"scale {io[key]!r} is {dtype_name(g, io[key])}: native QLinearMatMul takes float32"
+        if dtype_name(g, node.outputs[0]) not in EIGHT_BIT:
+            return "QLinearMatMul output must be int8/uint8"
+    elif dtype_name(g, node.outputs[0]) != "int32":
+        return "MatMulInteger output must be int32"
+    return None
+
+
+@register(("MatMulInteger", "QLinearMatMul"), check=_check, name="int_matmul")
+def emit_int_matmul(node: Node, g: Graph, em: BlockEmitter) -> None:
+    io = _io(node)
+    batch, m, k, n, b_batched = _dims(g, io)  # type: ignore[misc]
+    at, bt = c_type(dtype_name(g, io["a"])), c_type(dtype_name(g, io["b"]))
+    bval = g.values[io["b"]]
+    b_const = bval.const is not None and (not io["bz"] or g.values[io["bz"]].const is not None)
+
+    def zp_read(key: str, index: str) -> str:
+        if not io[key]:
+            return "0"
+        kind = _per_vector(g, io[key], m if key == "az" else n)
+        return f"(int32_t){key.upper()}[{index if kind == 'vector' else '0'}]"
+
+    decl = [f"const {at} *restrict A = {em.ptr(io['a'])};"]
+    for key in ("az", "bz") if not b_const else ("az",):
+        if io[key]:
+            decl.append(f"const {c_type(dtype_name(g, io[key]))} *restrict {key.upper()} = {em.ptr(io[key])};")
+    if b_const:  # B - b_zero once, as int16, at compile time
+        b = np.asarray(bval.const).astype(np.int16)
+        if io["bz"]:
+            b = b - np.asarray(g.values[io["bz"]].const).astype(np.int16)  # scalar or per column
+        decl.append(f"const int16_t *restrict Bq = {em.weight(b.astype(np.int16))};")
+        b_elem = "(int32_t)Bq[boff + j]"
+    else:
+        decl.append(f"const {bt} *restrict B = {em.ptr(io['b'])};")
+        b_elem = f"((int32_t)B[boff + j] - {zp_read('bz', 'j')})"
+    qlinear = node.op == "QLinearMatMul"
+    yt = c_type(dtype_name(g, node.outputs[0]))
+    decl.append(f"{yt} *restrict Y = (void *){em.ptr(node.outputs[0])};")
+    if qlinear:
+        lo, hi = (int(v) for v in (np.iinfo(np.dtype(dtype_name(g, node.outputs[0]))).min,
+                                   np.iinfo(np.dtype(dtype_name(g, node.outputs[0]))).max))
+        for key in ("as", "bs", "ys"):
+            decl.append(f"const float *restrict {key.upper()} = {em.ptr(io[key])};")
+        if io["yz"]:
+            decl.append(f"const {yt} *restrict YZ = {em.ptr(io['yz'])};")
+        a_scale = "AS[i]" if _per_vector(g, io["as"], m) == "vector" else "AS[0]"
+        b_scale = "BS[j]" if _per_vector(g, io["bs"], n) == "vector" else "BS[0]"
+        y_zero = "(float)YZ[0]" if io["yz"] else "0.0f"
+        store = (f"float v = nearbyintf((float)acc[j - jb] * (({a_scale} * {b_scale}) / YS[0])) + {y_zero};\n"
+                 f"            if (!(v >= {lo}.0f)) v = {lo}.0f;\n"
+                 f"            if (v > {hi}.0f) v = {hi}.0f;\n"
+                 f"            Y[yoff + j] = ({yt})v;")
+    else:
+        store = "Y[yoff + j] = acc[j - jb];"
+    # split rows when there are enough of them, else columns (a matrix-vector product)
+    rows = batch * m
+    col_chunks = 1 if rows >= 2 * em.n_threads else max(1, min(-(-n // 64), 2 * em.n_threads))
+    chunk = -(-n // col_chunks)
+    parallel = rows * k * n >= PARALLEL_MIN_MACS
+    acc = em.scratch(4 * chunk * max(1, em.n_threads), "int32")
+    items = rows * col_chunks
+    split = (f"long wb, we; smelt_range({items}, tid, nt, &wb, &we);" if parallel
+             else f"long wb = 0, we = tid == 0 ? {items} : 0;")
+    body = "\n".join(decl + [
+        f"int32_t *restrict acc = {acc} + (long)tid * {chunk};",
+        split,
+        "for (long p = wb; p < we; ++p) {",
+        f"    const long r = p / {col_chunks}, i = r % {m}, bi = r / {m};",
+        f"    const long jb = (p % {col_chunks}) * {chunk}, je = SMELT_MIN(jb + {chunk}, {n});",
+        f"    const long aoff = r * {k}, yoff = r * {n};",
+        f"    const long bbase = {f'bi * {k * n}' if b_batched else '0'};",
+        "    (void)bi;",
+        "    for (long j = jb; j < je; ++j) acc[j - jb] = 0;",
+        f"    for (long kk = 0; kk < {k}; ++kk) {{",
+        f"        const int32_t av = (int32_t)A[aoff + kk] - {zp_read('az', 'i')};",
+        f"        const long boff = bbase + kk * {n};",
+        f"        for (long j = jb; j < je; ++j) acc[j - jb] += av * {b_elem};",
+        "    }",
+        "    for (long j = jb; j < je; ++j) {",
+        f"        {{ {store} }}",
+        "    }",
+        "}"])
+    em.schedule(algorithm="int32 row accumulation, B - zero point packed as int16 when constant",
+                kernel="int_matmul", layout="NCHW")
+    em.step(body, name="int_matmul",
+            doc=f"M={m} K={k} N={n} batch={batch}, {'QLinearMatMul' if qlinear else 'MatMulInteger'}, "
+                f"{'packed' if b_const else 'run-time'} B")

@@ -1,0 +1,88 @@
+"""Native MatMulInteger and QLinearMatMul against onnxruntime: equal, not close.
+
+Every ISA the host runs, 1 and 2 threads; uint8 and int8 on both sides, zero points absent,
+scalar and per column of B (onnxruntime refuses a per-row zero point of A), at the ends of the range; constant and run-time B; shared and
+batched B; M = 1 (the column split), ragged K and N; requantization saturating both ways.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_models import force_isa
+from node_cases import Cases, build_model, check, oracle
+
+import smelt
+
+pytest.importorskip("onnxruntime")
+
+RNG = np.random.default_rng(20261126)
+ISAS = ["native", "avx2", "scalar"]
+
+
+def _q(dtype, *shape) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return RNG.integers(info.min, int(info.max) + 1, shape).astype(dtype)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_matmul_integer(isa: str, monkeypatch, cache) -> None:
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    feeds = {}
+    for at, bt in ((np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8), (np.int8, np.uint8)):
+        for m, k, n in ((1, 300, 70), (5, 33, 19), (64, 8, 129), (3, 1, 1)):
+            a = f"a_{np.dtype(at).name}_{m}_{k}"
+            feeds.setdefault(a, _q(at, m, k))
+            bconst = _q(bt, k, n)
+            cases.add("MatMulInteger", [a], consts=(bconst,))  # no zero points
+            cases.add("MatMulInteger", [a], consts=(bconst, at(np.iinfo(at).max), bt(np.iinfo(bt).min)))
+            cases.add("MatMulInteger", [a], consts=(bconst, _q(at), _q(bt, n)))  # per column of B
+            b = f"b_{np.dtype(bt).name}_{k}_{n}"  # B at run time
+            feeds.setdefault(b, _q(bt, k, n))
+            cases.add("MatMulInteger", [a, b])
+            cases.add("MatMulInteger", [a, b], consts=(_q(at), bt(3)))
+    # batched A with a shared B, batched A and B
+    feeds["a3"] = _q(np.uint8, 2, 3, 5, 17)
+    feeds["b3"] = _q(np.int8, 2, 3, 17, 9)
+    cases.add("MatMulInteger", ["a3"], consts=(_q(np.int8, 17, 9), np.uint8(128), np.int8(-2)))
+    cases.add("MatMulInteger", ["a3", "b3"], consts=(np.uint8(7), np.int8(1)))
+    check(cases, feeds, opset=21)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_qlinear_matmul(isa: str, monkeypatch, cache) -> None:
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    feeds = {"a": _q(np.uint8, 9, 40), "s": _q(np.int8, 9, 40), "v": _q(np.uint8, 1, 257), "bt": _q(np.int8, 40, 23)}
+    f32 = np.float32
+    # onnxruntime implements y of A's type (u8 A -> u8 y, s8 A -> s8 y)
+    for y_scale in (f32(0.05), f32(3.0), f32(1e-4)):  # the last saturates nearly everything
+        cases.add("QLinearMatMul", ["a"], consts=(f32(0.02), np.uint8(120), _q(np.int8, 40, 23), f32(0.01),
+                                                  np.int8(0), y_scale, np.uint8(5)))
+        cases.add("QLinearMatMul", ["s"], consts=(f32(0.02), np.int8(-7), _q(np.int8, 40, 23), f32(0.01),
+                                                  np.int8(0), y_scale, np.int8(5)))
+    cases.add("QLinearMatMul", ["s"], consts=(f32(0.03), np.int8(3), _q(np.int8, 40, 23),
+                                              RNG.uniform(0.01, 0.05, 23).astype(f32), _q(np.int8, 23), f32(0.3),
+                                              np.int8(0)))
+    # B at run time, in the middle of the operand list
+    names = []
+    for v in (f32(0.03), np.int8(-4), None, f32(0.02), np.int8(2), f32(0.5), np.int8(-1)):
+        if v is None:
+            names.append("bt")
+            continue
+        names.append(f"r{len(cases.inits)}")
+        cases.inits[names[-1]] = np.asarray(v)
+    cases.add("QLinearMatMul", ["s"] + names)
+    check(cases, feeds, opset=21)
+
+
+def test_unsupported_shapes_fall_back_with_a_reason() -> None:
+    cases = Cases()
+    cases.add("MatMulInteger", ["a"], consts=(_q(np.int8, 1, 3, 6),))  # B batch 1 broadcast to A's 2
+    feeds = {"a": _q(np.uint8, 2, 5, 3)}
+    model = build_model(cases, feeds, opset=21)
+    compiled = smelt.compile(model, threads=1)
+    [report] = compiled.fallback_report
+    assert "batch" in report["reason"], report
+    np.testing.assert_array_equal(compiled.run(feeds)[0], oracle(model, feeds)[0])
