@@ -54,3 +54,11 @@ def decide_gemm_graph(g: Graph, options: CompileOptions) -> None:
     for node in g.nodes:
         if node.op in GEMM_OPS and node.domain in ("", "ai.onnx"):
             node.schedule = gemm_schedule(options)
+
+
+def int_dot_tile(registers: int) -> tuple[int, int]:
+    """The integer GEMM's register tile (rows MR, int32 vectors NV per row) for a vector ISA with
+    ``registers`` registers: MR * NV accumulators, NV B vectors and one A broadcast must fit
+    (32 registers: 6 x 4, 29 live; 16: 6 x 2, 15 live)."""
+    nv = 4 if registers >= 32 else 2
+    return min(6, (registers - nv - 1) // nv), nv

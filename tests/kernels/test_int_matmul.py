@@ -86,3 +86,27 @@ def test_unsupported_shapes_fall_back_with_a_reason() -> None:
     [report] = compiled.fallback_report
     assert "batch" in report["reason"], report
     np.testing.assert_array_equal(compiled.run(feeds)[0], oracle(model, feeds)[0])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_matmul_integer_per_row_a_zero_point(isa: str, monkeypatch, cache) -> None:
+    """ONNX allows a per-row zero point of A (a 1-D [M]); onnxruntime refuses it and
+    onnx.reference fails to broadcast it, so the oracle is the definition in int64 numpy.
+    Packed and run-time B, M below and above the register tile's rows."""
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    feeds, want = {}, []
+    b_run = _q(np.int8, 21, 37)
+    feeds["b"] = b_run
+    for m in (1, 6, 13):
+        a, az, bc, bz = _q(np.uint8, m, 21), _q(np.uint8, m), _q(np.int8, 21, 37), _q(np.int8, 37)
+        feeds[f"a{m}"] = a
+        cases.add("MatMulInteger", [f"a{m}"], consts=(bc, az, bz))
+        want.append((a.astype(np.int64) - az[:, None].astype(np.int64)) @ (bc.astype(np.int64) - bz.astype(np.int64)))
+        cases.add("MatMulInteger", [f"a{m}", "b"], consts=(az, np.int8(5)))
+        want.append((a.astype(np.int64) - az[:, None].astype(np.int64)) @ (b_run.astype(np.int64) - 5))
+    model = build_model(cases, feeds, opset=21)
+    for threads in (1, 2):
+        got = smelt.compile(model, threads=threads).run(feeds)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w.astype(np.int32))

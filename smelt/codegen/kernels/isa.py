@@ -212,7 +212,10 @@ AVX512 = VectorIsa(
            ("mask3_fmadd", "_mm512_mask3_fmadd_ps({a}, {b}, {c}, {m})"),  # {a}*{b}+{c} in lanes {m}, else {c}
            ("permute2", "_mm512_permutex2var_ps({a}, {i}, {b})"),  # lanes of {a}:{b} by index {i}
            ("maskz_permute2", "_mm512_maskz_permutex2var_ps({m}, {a}, {i}, {b})"),
-           ("gather", "_mm512_mask_i32gather_ps({a}, {m}, {i}, {p}, 4)")))  # {p}[{i}] in lanes {m}, else {a}
+           ("gather", "_mm512_mask_i32gather_ps({a}, {m}, {i}, {p}, 4)"),  # {p}[{i}] in lanes {m}, else {a}
+           # {c} + per int32 lane the two int16 products of {a} and {b} summed (exact: no
+           # saturation); VNNI hosts fuse it (``with_int_dot``)
+           ("i16_dot_acc", "_mm512_add_epi32({c}, _mm512_madd_epi16({a}, {b}))")))
 
 AVX2 = VectorIsa(
     rnn_header="rnn_vec_avx2.h",
@@ -225,7 +228,12 @@ AVX2 = VectorIsa(
     hsum_fn="smelt_hsum256", hmax_fn="smelt_hmax256",
     exp_fn="smelt_vexp256", sigmoid_fn="smelt_vsigmoid256", tanh_fn="smelt_vtanh256",
     broadcast_fmt="_mm256_broadcast_ss({p})",
-    cflags=("-mavx2", "-mfma"), features=("avx2", "fma"), gemm_kernel=(6, 16))
+    cflags=("-mavx2", "-mfma"), features=("avx2", "fma"), gemm_kernel=(6, 16),
+    extra=(("itype", "__m256i"),
+           ("i32_set1", "_mm256_set1_epi32({a})"),
+           ("i32_loadu", "_mm256_loadu_si256((const __m256i *)({p}))"),
+           ("i32_storeu", "_mm256_storeu_si256((__m256i *)({p}), {a});"),
+           ("i16_dot_acc", "_mm256_add_epi32({c}, _mm256_madd_epi16({a}, {b}))")))
 
 # AVX-512 hosts running 8-channel (ymm) blocks: the AVX2 spelling (vector masks, blendv: the code
 # those blocks always had) with AVX-512's 32 registers and embedded broadcast
@@ -253,6 +261,18 @@ def vector_isa(target: Target, lanes: int | None = None) -> VectorIsa:
     else:
         found = None
     return found or PORTABLE
+
+
+# AVX512-VNNI's vpdpwssd: the int16 pair dot product and the accumulation in one instruction
+_VNNI_DOT = ("i16_dot_acc", "_mm512_dpwssd_epi32({c}, {a}, {b})")
+
+
+def with_int_dot(d: VectorIsa, target: Target) -> VectorIsa:
+    """``d`` with the host's best spelling of ``i16_dot_acc`` (the integer kernels' inner
+    product): AVX512-VNNI's fused form where the target has it and ``d`` is 512 bits wide."""
+    if d.lanes == 16 and d.has("i16_dot_acc") and "avx512_vnni" in target.flags:
+        return dataclasses.replace(d, extra=tuple(e for e in d.extra if e[0] != "i16_dot_acc") + (_VNNI_DOT,))
+    return d
 
 
 def with_lanes(lanes: int) -> VectorIsa:

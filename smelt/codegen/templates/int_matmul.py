@@ -22,11 +22,12 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.isa import VectorIsa, vector_isa, with_int_dot
 from smelt.codegen.kernels.loops import dtype_name
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node
 from smelt.ir.types import c_type
-from smelt.schedule.gemm import PARALLEL_MIN_MACS
+from smelt.schedule.gemm import PARALLEL_MIN_MACS, int_dot_tile
 
 EIGHT_BIT = ("int8", "uint8")
 MAX_K = 1 << 15  # K * (2^8 * 2^8 / 2) stays below 2^31: the int32 sum cannot overflow
@@ -96,52 +97,150 @@ def _check(node: Node, g: Graph) -> str | None:
     return None
 
 
+def _requant(node: Node, g: Graph, io: dict[str, str], em: BlockEmitter) -> tuple[list[str], str]:
+    """Declarations and the statement storing int32 ``ACC`` at row ``i``, column ``j`` into
+    ``Y[yoff + j]``: as is (MatMulInteger) or requantized (QLinearMatMul)."""
+    yt = c_type(dtype_name(g, node.outputs[0]))
+    decl = [f"{yt} *restrict Y = (void *){em.ptr(node.outputs[0])};"]
+    if node.op != "QLinearMatMul":
+        return decl, "Y[yoff + j] = ACC;"
+    info = np.iinfo(np.dtype(dtype_name(g, node.outputs[0])))
+    lo, hi = int(info.min), int(info.max)
+    for key in ("as", "bs", "ys"):
+        decl.append(f"const float *restrict {key.upper()} = {em.ptr(io[key])};")
+    if io["yz"]:
+        decl.append(f"const {yt} *restrict YZ = {em.ptr(io['yz'])};")
+    _, m, _, n, _ = _dims(g, io)  # type: ignore[misc]
+    a_scale = "AS[i]" if _per_vector(g, io["as"], m) == "vector" else "AS[0]"
+    b_scale = "BS[j]" if _per_vector(g, io["bs"], n) == "vector" else "BS[0]"
+    y_zero = "(float)YZ[0]" if io["yz"] else "0.0f"
+    return decl, (f"{{ float v = nearbyintf((float)ACC * (({a_scale} * {b_scale}) / YS[0])) + {y_zero};\n"
+                  f"  if (!(v >= {lo}.0f)) v = {lo}.0f;  /* NaN saturates low, as in onnxruntime */\n"
+                  f"  if (v > {hi}.0f) v = {hi}.0f;\n"
+                  f"  Y[yoff + j] = ({yt})v; }}")
+
+
+def _zp_read(g: Graph, io: dict[str, str], key: str, index: str, length: int) -> str:
+    if not io[key]:
+        return "0"
+    kind = _per_vector(g, io[key], length)
+    return f"(int32_t){key.upper()}[{index if kind == 'vector' else '0'}]"
+
+
+def _b_minus_zero(g: Graph, io: dict[str, str]) -> np.ndarray:
+    """Constant B with its zero point (scalar or per column) subtracted, as int16 (exact)."""
+    b = np.asarray(g.values[io["b"]].const).astype(np.int16)
+    if io["bz"]:
+        b = b - np.asarray(g.values[io["bz"]].const).astype(np.int16)
+    return b
+
+
 @register(("MatMulInteger", "QLinearMatMul"), check=_check, name="int_matmul")
 def emit_int_matmul(node: Node, g: Graph, em: BlockEmitter) -> None:
     io = _io(node)
+    b_const = g.values[io["b"]].const is not None and (not io["bz"] or g.values[io["bz"]].const is not None)
+    v = with_int_dot(vector_isa(em.target), em.target)
+    if b_const and v.has("i16_dot_acc"):
+        _emit_register_tiled(node, g, em, io, v)
+    else:
+        _emit_rows(node, g, em, io, b_const)
+
+
+def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], v: VectorIsa) -> None:
+    """A constant B: int16 pairs (k, k+1) of B - b_zero packed per NR-column panel, A - a_zero
+    packed per call as int16 pairs in int32 words; an MR x NR register tile accumulates one
+    pair dot product per int32 lane (``i16_dot_acc``: vpmaddwd + vpaddd, or VNNI's vpdpwssd)."""
+    batch, m, k, n, b_batched = _dims(g, io)  # type: ignore[misc]
+    mr, nv = int_dot_tile(v.registers)
+    lanes = v.lanes
+    nr = nv * lanes
+    k2 = -(-k // 2)
+    nb = -(-n // nr)
+    b = _b_minus_zero(g, io).reshape(-1, k, n)  # [B batches (1 when shared), K, N]
+    packed = np.zeros((b.shape[0], nb, k2, nr, 2), np.int16)
+    padded = np.zeros((b.shape[0], 2 * k2, nb * nr), np.int16)
+    padded[:, :k, :n] = b
+    packed[:] = padded.reshape(b.shape[0], k2, 2, nb, nr).transpose(0, 3, 1, 4, 2)
+    at = c_type(dtype_name(g, io["a"]))
+    rows = batch * m
+    ap = em.scratch(4 * rows * k2, "int32")
+    a_zero = _zp_read(g, io, "az", f"(r % {m})", m)
+    decl_a = [f"const {at} *restrict A = {em.ptr(io['a'])};", f"int32_t *restrict Ap = {ap};"]
+    if io["az"]:
+        decl_a.append(f"const {at} *restrict AZ = {em.ptr(io['az'])};")
+    parallel = rows * k * n >= PARALLEL_MIN_MACS
+    split = "smelt_range({total}, tid, nt, &wb, &we);" if parallel else "wb = 0; we = tid == 0 ? {total} : 0;"
+    # A - a_zero as int16 pairs: one 32-bit word per (row, k pair), odd K padded with 0
+    em.step("\n".join(decl_a + [
+        "long wb, we; " + split.format(total=rows),
+        "for (long r = wb; r < we; ++r) {",
+        f"    const int32_t za = {a_zero};",
+        f"    const {at} *restrict ar = A + r * {k};",
+        f"    for (long q = 0; q < {k2}; ++q) {{",
+        f"        const int32_t lo = (int32_t)ar[2 * q] - za, hi = 2 * q + 1 < {k} ? (int32_t)ar[2 * q + 1] - za : 0;",
+        f"        Ap[r * {k2} + q] = (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16));",
+        "    }",
+        "}"]), name="int_matmul_pack_a", doc=f"A - zero point as int16 pairs, K={k}")
+    tile = em.scratch(4 * mr * nr * max(1, em.n_threads), "int32")
+    it = v.x("itype")
+    decl, store = _requant(node, g, io, em)
+    blocks_m = -(-m // mr)
+    items = batch * blocks_m * nb
+    lines = decl + [
+        f"const int16_t *restrict Bp = {em.weight(packed)};",
+        f"const int32_t *restrict Ap = {ap};",
+        f"int32_t *restrict T = {tile} + (long)tid * {mr * nr};",
+        "long wb, we; " + split.format(total=items),
+        "for (long p = wb; p < we; ++p) {",
+        f"    const long cb = p % {nb}, mb = (p / {nb}) % {blocks_m}, bi = p / {nb * blocks_m};",
+        f"    const long i0 = mb * {mr}, mr = SMELT_MIN({mr}, {m} - i0);",
+        f"    const int16_t *restrict bp = Bp + ({'bi * ' + str(nb) + ' + ' if b_batched else ''}cb) * {k2 * nr * 2}L;",
+        # rows past the end read the last row again: same code for every tile, results dropped
+        *[f"    const int32_t *restrict a{r} = Ap + (bi * {m} + i0 + SMELT_MIN({r}, mr - 1)) * {k2}L;"
+          for r in range(mr)],
+        "    " + " ".join(f"{it} c{r}_{c} = {v.x('i32_set1', a='0')};" for r in range(mr) for c in range(nv)),
+        f"    for (long q = 0; q < {k2}; ++q) {{",
+        *[f"        const {it} b{c} = {v.x('i32_loadu', p=f'bp + q * {nr * 2} + {c * lanes * 2}')};" for c in range(nv)],
+    ]
+    for r in range(mr):
+        lines.append(f"        {{ const {it} av = {v.x('i32_set1', a=f'a{r}[q]')};")
+        lines += [f"          c{r}_{c} = {v.x('i16_dot_acc', a='av', b=f'b{c}', c=f'c{r}_{c}')};" for c in range(nv)]
+        lines.append("        }")
+    lines.append("    }")
+    lines += ["    " + v.x("i32_storeu", p=f"T + {r * nr + c * lanes}", a=f"c{r}_{c}")
+              for r in range(mr) for c in range(nv)]
+    lines += [f"    const long jn = SMELT_MIN({nr}, {n} - cb * {nr});",
+              "    for (long r = 0; r < mr; ++r) {",
+              f"        const long i = i0 + r, yoff = (bi * {m} + i) * {n} + cb * {nr};",
+              "        for (long jj = 0; jj < jn; ++jj) {",
+              f"            const long j = cb * {nr} + jj; (void)j; (void)i;",
+              f"            const int32_t ACC = T[r * {nr} + jj];",
+              "            " + store.replace("Y[yoff + j]", "Y[yoff + jj]").replace("\n", "\n            "),
+              "        }",
+              "    }",
+              "}"]
+    em.schedule(algorithm="int16 pair dot products into int32, B - zero point packed per panel, A packed per call",
+                kernel="int_matmul", micro_kernel=f"{mr}x{nr} {v.name} {v.x('i16_dot_acc', a='a', b='b', c='c')}",
+                layout="NCHW")
+    em.step("\n".join(lines), name=f"int_matmul_{mr}x{nr}_{v.name}",
+            doc=f"M={m} K={k} N={n} batch={batch}, {node.op}, packed B, {mr}x{nr} register tile")
+
+
+def _emit_rows(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], b_const: bool) -> None:
+    """Portable C (or a run-time B): per output row, an int32 accumulator row over K."""
     batch, m, k, n, b_batched = _dims(g, io)  # type: ignore[misc]
     at, bt = c_type(dtype_name(g, io["a"])), c_type(dtype_name(g, io["b"]))
-    bval = g.values[io["b"]]
-    b_const = bval.const is not None and (not io["bz"] or g.values[io["bz"]].const is not None)
-
-    def zp_read(key: str, index: str) -> str:
-        if not io[key]:
-            return "0"
-        kind = _per_vector(g, io[key], m if key == "az" else n)
-        return f"(int32_t){key.upper()}[{index if kind == 'vector' else '0'}]"
-
     decl = [f"const {at} *restrict A = {em.ptr(io['a'])};"]
     for key in ("az", "bz") if not b_const else ("az",):
         if io[key]:
             decl.append(f"const {c_type(dtype_name(g, io[key]))} *restrict {key.upper()} = {em.ptr(io[key])};")
     if b_const:  # B - b_zero once, as int16, at compile time
-        b = np.asarray(bval.const).astype(np.int16)
-        if io["bz"]:
-            b = b - np.asarray(g.values[io["bz"]].const).astype(np.int16)  # scalar or per column
-        decl.append(f"const int16_t *restrict Bq = {em.weight(b.astype(np.int16))};")
+        decl.append(f"const int16_t *restrict Bq = {em.weight(_b_minus_zero(g, io))};")
         b_elem = "(int32_t)Bq[boff + j]"
     else:
         decl.append(f"const {bt} *restrict B = {em.ptr(io['b'])};")
-        b_elem = f"((int32_t)B[boff + j] - {zp_read('bz', 'j')})"
-    qlinear = node.op == "QLinearMatMul"
-    yt = c_type(dtype_name(g, node.outputs[0]))
-    decl.append(f"{yt} *restrict Y = (void *){em.ptr(node.outputs[0])};")
-    if qlinear:
-        lo, hi = (int(v) for v in (np.iinfo(np.dtype(dtype_name(g, node.outputs[0]))).min,
-                                   np.iinfo(np.dtype(dtype_name(g, node.outputs[0]))).max))
-        for key in ("as", "bs", "ys"):
-            decl.append(f"const float *restrict {key.upper()} = {em.ptr(io[key])};")
-        if io["yz"]:
-            decl.append(f"const {yt} *restrict YZ = {em.ptr(io['yz'])};")
-        a_scale = "AS[i]" if _per_vector(g, io["as"], m) == "vector" else "AS[0]"
-        b_scale = "BS[j]" if _per_vector(g, io["bs"], n) == "vector" else "BS[0]"
-        y_zero = "(float)YZ[0]" if io["yz"] else "0.0f"
-        store = (f"float v = nearbyintf((float)acc[j - jb] * (({a_scale} * {b_scale}) / YS[0])) + {y_zero};\n"
-                 f"            if (!(v >= {lo}.0f)) v = {lo}.0f;\n"
-                 f"            if (v > {hi}.0f) v = {hi}.0f;\n"
-                 f"            Y[yoff + j] = ({yt})v;")
-    else:
-        store = "Y[yoff + j] = acc[j - jb];"
+        b_elem = f"((int32_t)B[boff + j] - {_zp_read(g, io, 'bz', 'j', n)})"
+    ydecl, store = _requant(node, g, io, em)
     # split rows when there are enough of them, else columns (a matrix-vector product)
     rows = batch * m
     col_chunks = 1 if rows >= 2 * em.n_threads else max(1, min(-(-n // 64), 2 * em.n_threads))
@@ -151,7 +250,7 @@ def emit_int_matmul(node: Node, g: Graph, em: BlockEmitter) -> None:
     items = rows * col_chunks
     split = (f"long wb, we; smelt_range({items}, tid, nt, &wb, &we);" if parallel
              else f"long wb = 0, we = tid == 0 ? {items} : 0;")
-    body = "\n".join(decl + [
+    body = "\n".join(decl + ydecl + [
         f"int32_t *restrict acc = {acc} + (long)tid * {chunk};",
         split,
         "for (long p = wb; p < we; ++p) {",
@@ -162,16 +261,16 @@ def emit_int_matmul(node: Node, g: Graph, em: BlockEmitter) -> None:
         "    (void)bi;",
         "    for (long j = jb; j < je; ++j) acc[j - jb] = 0;",
         f"    for (long kk = 0; kk < {k}; ++kk) {{",
-        f"        const int32_t av = (int32_t)A[aoff + kk] - {zp_read('az', 'i')};",
+        f"        const int32_t av = (int32_t)A[aoff + kk] - {_zp_read(g, io, 'az', 'i', m)};",
         f"        const long boff = bbase + kk * {n};",
         f"        for (long j = jb; j < je; ++j) acc[j - jb] += av * {b_elem};",
         "    }",
         "    for (long j = jb; j < je; ++j) {",
-        f"        {{ {store} }}",
+        "        const int32_t ACC = acc[j - jb];",
+        "        " + store.replace("\n", "\n        "),
         "    }",
         "}"])
     em.schedule(algorithm="int32 row accumulation, B - zero point packed as int16 when constant",
                 kernel="int_matmul", layout="NCHW")
-    em.step(body, name="int_matmul",
-            doc=f"M={m} K={k} N={n} batch={batch}, {'QLinearMatMul' if qlinear else 'MatMulInteger'}, "
-                f"{'packed' if b_const else 'run-time'} B")
+    em.step(body, name="int_matmul_rows",
+            doc=f"M={m} K={k} N={n} batch={batch}, {node.op}, {'packed' if b_const else 'run-time'} B")
