@@ -120,6 +120,32 @@ def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
     _check_clean(model, isa, tmp_path)
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_quantized_lstm_clean_under_sanitizers(isa, tmp_path):
+    """com.microsoft:DynamicQuantizeLSTM, bidirectional, batch 1 (per-row quantization is then
+    onnxruntime's at any thread count), under the sanitizers."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    _isa_or_skip(isa)
+    rng = np.random.default_rng(3)
+    h, i = 5, 6
+    inits = [numpy_helper.from_array(rng.integers(-128, 128, (2, i, 4 * h)).astype(np.int8), "W"),
+             numpy_helper.from_array(rng.integers(-128, 128, (2, h, 4 * h)).astype(np.int8), "R"),
+             numpy_helper.from_array((rng.standard_normal((2, 8 * h)) * 0.1).astype(np.float32), "B"),
+             numpy_helper.from_array(np.array([0.004, 0.003], np.float32), "ws"),
+             numpy_helper.from_array(np.zeros(2, np.int8), "wz"),
+             numpy_helper.from_array(np.array([0.005, 0.002], np.float32), "rs"),
+             numpy_helper.from_array(np.array([1, -1], np.int8), "rz")]
+    node = helper.make_node("DynamicQuantizeLSTM", ["x", "W", "R", "B", "", "", "", "", "ws", "wz", "rs", "rz"],
+                            ["y", "yh", "yc"], domain="com.microsoft", hidden_size=h, direction="bidirectional")
+    graph = helper.make_graph([node], "dql", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1, i])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "yh", "yc")],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    _check_clean(model, isa, tmp_path)
+
+
 def _check_clean(model, isa: str, tmp_path) -> None:
     """Compile ``model`` at ``isa`` under the sanitizers at 1 and 2 threads, fully native, and
     compare with onnxruntime."""

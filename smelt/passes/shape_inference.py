@@ -24,6 +24,7 @@ from smelt.errors import InvalidModelError
 from smelt.frontend.onnx_import import _type_of, to_onnx
 from smelt.ir.graph import Graph
 from smelt.ir.ops import ops_where
+from smelt.passes.contrib_shapes import apply_contrib_shapes
 
 # one node's error in onnx's report; the first is the cause (the nodes after it see no type)
 _NODE_ERROR = re.compile(r"\(op_type:([^,]+), node name: ([^)]*)\): (.*?)(?=\n\(op_type:|\Z)", re.S)
@@ -168,6 +169,13 @@ def _infer(model: onnx.ModelProto, after_inlining: bool = False) -> onnx.ModelPr
 
 
 def infer_shapes(g: Graph) -> Graph:
+    _infer_onnx(g)
+    if apply_contrib_shapes(g):  # onnxruntime's contrib ops: then what follows them
+        _infer_onnx(g)
+    return g
+
+
+def _infer_onnx(g: Graph) -> None:
     model = to_onnx(g, small_consts_only=True)
     _guard_slices(model)
     # pools whose input shape is known already (a second inference exports the sizes the first
@@ -180,7 +188,7 @@ def infer_shapes(g: Graph) -> Graph:
             break
         inferred = _infer(model, g.inlined_branches)
     if inferred is None:
-        return g
+        return
     infos = list(inferred.graph.value_info) + list(inferred.graph.output) + list(inferred.graph.input)
     for vi in infos:
         v = g.values.get(vi.name)
@@ -190,4 +198,3 @@ def infer_shapes(g: Graph) -> Graph:
         if v.dtype is None and dtype is not None:
             v.dtype = dtype
         v.shape = _better(v.shape, shape)
-    return g
