@@ -50,6 +50,7 @@ import onnx
 
 from smelt.errors import SmeltError
 from smelt.frontend.onnx_import import model_input_specs
+from smelt.ir.ops import ops_where
 from smelt.progress import stage
 
 if TYPE_CHECKING:
@@ -58,7 +59,9 @@ if TYPE_CHECKING:
 REFERENCES = ("auto", "onnxruntime", "onnx")
 DEFAULT_RTOL = 1e-4  # the bench harness's mismatch threshold: fp32 models agree to ~1e-6
 DEFAULT_ATOL = 1e-6  # the floor for values that are (nearly) all zero, where rtol * max|ref| is 0
-OBSERVE_BYTES = 256 << 20  # above this, observing every value at once costs too much memory: bisect
+OBSERVE_BYTES = 256 << 20
+# ops whose value no input decides (never constant, though they may read none)
+_NONDETERMINISTIC = ops_where(lambda t: not t.deterministic)  # above this, observing every value at once costs too much memory: bisect
 
 
 class CheckError(SmeltError):
@@ -207,6 +210,7 @@ class CheckReport:
     culprit: Culprit | None = None
     strategy: str = ""
     compiles: int = 0  # probe compiles made to localize
+    compile_seconds: float = 0.0  # the checked model's own build (0 when loaded from the cache)
     seconds: float = 0.0
     fallback: list[dict] = field(default_factory=list)  # the model's fallback nodes and reasons
     notes: list[str] = field(default_factory=list)
@@ -236,7 +240,8 @@ class CheckReport:
                               "criterion": self.tolerance.describe()},
                 "outputs": [c.to_dict() for c in self.outputs],
                 "culprit": self.culprit.to_dict() if self.culprit else None, "strategy": self.strategy,
-                "compiles": self.compiles, "seconds": round(self.seconds, 3), "fallback": self.fallback,
+                "compiles": self.compiles, "seconds": round(self.seconds, 3),
+                "compile_seconds": round(self.compile_seconds, 3), "fallback": self.fallback,
                 "notes": self.notes}
 
     def to_json(self) -> str:
@@ -255,7 +260,8 @@ class CheckReport:
             lines.append(f"  {len(self.fallback)} node(s) ran through the onnx.reference fallback: "
                          + ", ".join(f"{f['node']} ({f['op']})" for f in self.fallback))
         if self.ok:
-            lines.append(f"OK: all {len(self.outputs)} outputs agree ({self.seconds:.1f} s)")
+            lines.append(f"OK: all {len(self.outputs)} outputs agree (check {self.seconds:.1f} s; "
+                         f"compile {self.compile_seconds:.1f} s)")
         else:
             lines.append(f"MISMATCH: {sum(not c.ok for c in self.outputs)} of {len(self.outputs)} outputs disagree")
         c = self.culprit
@@ -273,7 +279,8 @@ class CheckReport:
         for note in self.notes:
             lines.append(f"  note: {note}")
         if not self.ok:
-            lines.append(f"localized with {self.compiles} probe compile(s) ({self.strategy}); {self.seconds:.1f} s")
+            lines.append(f"localized with {self.compiles} probe compile(s) ({self.strategy}); check "
+                         f"{self.seconds:.1f} s; compile {self.compile_seconds:.1f} s")
         return "\n".join(lines)
 
 
@@ -441,7 +448,12 @@ def check_compiled(model: CompiledModel, inputs: Mapping[str, np.ndarray] | None
         want = ref.run(feeds)
     out_names = [o.name for o in model.get_outputs()]
     comps = [compare(n, want[n], g, tol) for n, g in zip(out_names, got, strict=True)]
-    report = CheckReport(label, ref.name, source, tol, comps, fallback=model.fallback_report)
+    report = CheckReport(label, ref.name, source, tol, comps, fallback=model.fallback_report,
+                         compile_seconds=model.compile_seconds)
+    random_ops = sorted({n.op_type for n in model.proto.graph.node if n.op_type in _NONDETERMINISTIC})
+    if random_ops:
+        report.notes.append(f"the model draws random numbers ({', '.join(random_ops)}): smelt and the reference "
+                            "cannot be expected to agree where they flow")
     if not report.ok and localize:
         try:
             _Localizer(model, feeds, ref, tol, dict(zip(out_names, got, strict=True)), report, observe_bytes,
@@ -477,11 +489,22 @@ class _Localizer:
         plan = model.plan
         self.templates = {s.node: s.schedule.get("template", "") for s in plan.step_infos()} if plan else {}
         self.fallback = {f["node"]: f["reason"] for f in model.fallback_report}
+        # values no graph input reaches (Constant nodes and what they compute) are folded at compile
+        # time and may be gone from the lowered graph: constants, not blind spots of the cuts
+        varying = {i.name for i in self.proto.graph.input} - {t.name for t in self.proto.graph.initializer}
+        for n in self.nodes:
+            reads = set(n.input)
+            for attr in n.attribute:
+                for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                    reads |= _outer_reads(sub)
+            if n.op_type in _NONDETERMINISTIC or reads & varying:
+                varying.update(o for o in n.output if o)
+        self.varying = varying
 
     # which values can be observed, and which are constants in smelt's graph
     def _const(self, name: str) -> bool:
         v = self.g.values.get(name)
-        return v is not None and v.is_const
+        return (v is not None and v.is_const) or name not in self.varying
 
     def _observable(self, name: str) -> bool:
         v = self.g.values.get(name)
