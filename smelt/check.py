@@ -175,7 +175,7 @@ class Culprit:
     compiled_op: str
     epilogue: list[str]  # ops fused into the compiled node
     covers: list[str]  # ONNX nodes computed inside the compiled node's fused group (besides ``node``)
-    reproduced: bool  # the probe that found it also disagreed at the graph outputs
+    reproduced: bool  # one probe run showed its inputs agreeing, its output diverging, the graph outputs disagreeing
 
     def describe_execution(self) -> str:
         if self.execution == "fallback":
@@ -274,8 +274,8 @@ class CheckReport:
                     head = f"  {label + ':' if i == 0 else '':<9}"
                     lines.append(f"{head}{v.name} {v.shape if v.shape is not None else '?'}: {_value_text(v)}")
             if not c.reproduced:
-                lines.append("  (the probe that found it did not disagree at the graph outputs: observing "
-                             "values changed the result; treat the location as a lead)")
+                lines.append("  (not reproduced in one run with its inputs and outputs observed: observing "
+                             "values changed the result; treat the location as a lead, see the note)")
         for note in self.notes:
             lines.append(f"  note: {note}")
         if not self.ok:
@@ -614,15 +614,30 @@ class _Localizer:
                 lo = mid
         lo_pos = cuts[lo][0] if lo >= 0 else -1
         hi_pos, hi_live = (cuts[hi][0], cuts[hi][1]) if hi < len(cuts) else (n - 1, self.graph_outputs)
-        seen.update(hi_values)
-        reproduced = self._outputs_disagree(hi_values, self.want) if hi < len(cuts) else True
         bad = [v for v in hi_live if v in hi_values and v in self.want and self.producer.get(v, -1) > lo_pos
                and not compare(v, self.want[v], hi_values[v], self.tol).ok]
         if not bad:
             self.report.notes.append(f"no single node found: the values between nodes {lo_pos + 2} and "
                                      f"{hi_pos + 1} could not be observed apart")
             return
-        self._blame(bad[0], seen, reproduced, lo_pos)
+        # the culprit's inputs were seen agreeing in one probe, its output diverging in another:
+        # confirm both in one run (one more compile), or say that observing changes the answer
+        node = self.nodes[self.producer[bad[0]]]
+        names = [v for v in [*node.input, *node.output] if v and self._observable(v) and v in self.want]
+        with stage(f"check: confirming node {node.name or node.op_type!r} in one probe", self.progress):
+            got = self.probe(names)
+        seen.update(hi_values)  # what bisection established: inputs agreeing (lo), output diverging (hi)
+        ins_ok = all(compare(v, self.want[v], got[v], self.tol).ok for v in node.input if v in names)
+        out_bad = any(not compare(v, self.want[v], got[v], self.tol).ok for v in node.output if v in names)
+        confirmed = ins_ok and out_bad and self._outputs_disagree(got, self.want)
+        if not confirmed:
+            readers = [v for v in node.input if v in names]
+            self.report.notes.append(
+                f"not confirmed: observing {', '.join(repr(v) for v in readers + [bad[0]])} together "
+                f"{'makes the outputs agree' if not out_bad else 'shows an input diverging too'}; the fault "
+                "depends on which values are observed (how they are stored or fused): suspect the producers of "
+                f"{', '.join(repr(v) for v in readers) or 'its inputs'} and the memory plan around them")
+        self._blame(bad[0], seen if not confirmed else got, confirmed, lo_pos)
 
     def _blame(self, value: str, got: Mapping[str, np.ndarray], reproduced: bool, after: int = -1) -> None:
         """Report the ONNX node writing ``value`` (the first diverging value) as the culprit."""

@@ -49,10 +49,18 @@ def conv_model(batch: int | str = 1, planted: str = "target") -> onnx.ModelProto
                       [const("w", w), const("b", b), const("k", np.float32(1.5))])
 
 
-def plant_broken(monkeypatch, op: str, node_name: str, add: float = 0.5) -> None:
+def plant_broken(monkeypatch, op: str, node_name: str, add: float = 0.5, unless_observed: bool = False) -> None:
     """Make smelt compute ``op`` wrong (``+ add``) at node ``node_name`` only: a template ahead of
-    the real ones whose check takes that node alone."""
+    the real ones whose check takes that node alone (``unless_observed``: only while its output
+    is not a graph output, like a fault in how an unobserved value is stored)."""
     registry._load_all()
+
+    def check(n, g):
+        if n.name != node_name:
+            return "not the planted node"
+        out = n.outputs[0]  # observed: a graph output, or read by the transform to one as well
+        observed = out in g.outputs or len(g.consumers().get(out, [])) > 1
+        return "observed" if unless_observed and observed else None
 
     def emit(node, g, em):
         x, y = node.inputs[0], node.outputs[0]
@@ -61,7 +69,7 @@ def plant_broken(monkeypatch, op: str, node_name: str, add: float = 0.5) -> None
                 f"if (tid == 0) for (long i = 0; i < {n}; i++) Y[i] = sinf(X[i]) + {add}f;")
 
     broken = registry.Template("broken_sin", (op,), None,
-                               lambda n, g: None if n.name == node_name else "not the planted node", emit,
+                               check, emit,
                                blocked=True)  # flat indexing is right in any layout: one input, same shape
     monkeypatch.setitem(registry._REGISTRY, op, [broken, *registry._REGISTRY.get(op, [])])
 
@@ -111,8 +119,22 @@ def test_bisection_finds_the_same_node(monkeypatch):
     plant_broken(monkeypatch, "Sin", "target")
     report = check_compiled(smelt.compile(conv_model()), observe_bytes=0)
     assert report.culprit is not None and report.culprit.node == "target"
-    assert report.strategy.startswith("bisection")
-    assert 1 <= report.compiles <= 3  # log2 of the clean cuts (the graph has 7 nodes)
+    assert report.strategy.startswith("bisection") and report.culprit.reproduced
+    assert 2 <= report.compiles <= 4  # log2 of the 5 clean cuts (7 nodes), then one confirming probe
+
+
+def test_a_fault_that_observing_hides_is_not_blamed_silently(monkeypatch):
+    """The planted node answers wrong only while its output is not observed: the all-at-once probe
+    agrees, bisection brackets the node after it, and the confirming probe (which observes the
+    planted node's output, as that node's input) agrees: the report says so and names the
+    suspect value instead of claiming a confirmed culprit."""
+    plant_broken(monkeypatch, "Sin", "target", unless_observed=True)
+    report = check_compiled(smelt.compile(conv_model()))
+    assert not report.ok
+    assert any("observing every value at once made the outputs agree" in n for n in report.notes)
+    c = report.culprit
+    assert c is not None and not c.reproduced
+    assert any("not confirmed" in n and "'s'" in n for n in report.notes)
 
 
 def test_fused_group_is_named_with_what_it_covers(monkeypatch):
