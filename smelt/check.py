@@ -338,8 +338,8 @@ def random_feeds(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | N
             dims = list(shape)
         else:
             raise SmeltError(f"input {name!r} has symbolic or unknown dimensions {list(shape or [])}: "
-                             f"give its shape (--shape {name}=d0,d1,... or shapes={{{name!r}: [...]}}) "
-                             "or an array for it")
+                             f"give its shape (smelt check --shape {name}=d0,d1,...; smelt.check(shapes=...); "
+                             "compile(input_shapes=..., check=True)) or an array for it")
         dt = np.dtype(dtype or np.float32)
         if dt.kind in "fc":
             feeds[name] = rng.standard_normal(dims).astype(dt)
@@ -444,12 +444,22 @@ def check_compiled(model: CompiledModel, inputs: Mapping[str, np.ndarray] | None
     label = name or model.proto.graph.name or "model"
     with stage("check: running smelt", enabled=progress):
         got = model.run(feeds)
-    with stage(f"check: running {ref.name}", enabled=progress):
-        want = ref.run(feeds)
+    notes = []
+    try:
+        with stage(f"check: running {ref.name}", enabled=progress):
+            want = ref.run(feeds)
+    except Exception as exc:  # noqa: BLE001 - the reference refusing the model is a finding, not a crash
+        if reference != "auto" or ref.kind == "onnx":
+            raise SmeltError(f"the reference {ref.name} cannot run the model: {type(exc).__name__}: {exc}") from exc
+        notes.append(f"{ref.name} cannot run the model ({type(exc).__name__}: {str(exc)[:200]}); "
+                     "checked against onnx.reference instead")
+        ref = Reference(model.proto, "onnx", model.threads)
+        with stage(f"check: running {ref.name}", enabled=progress):
+            want = ref.run(feeds)
     out_names = [o.name for o in model.get_outputs()]
     comps = [compare(n, want[n], g, tol) for n, g in zip(out_names, got, strict=True)]
     report = CheckReport(label, ref.name, source, tol, comps, fallback=model.fallback_report,
-                         compile_seconds=model.compile_seconds)
+                         compile_seconds=model.compile_seconds, notes=notes)
     random_ops = sorted({n.op_type for n in model.proto.graph.node if n.op_type in _NONDETERMINISTIC})
     if random_ops:
         report.notes.append(f"the model draws random numbers ({', '.join(random_ops)}): smelt and the reference "
@@ -542,8 +552,17 @@ class _Localizer:
 
     def run(self) -> None:
         observable = [o for n in self.nodes for o in n.output if o and self._observable(o)]
-        with stage(f"check: running {self.ref.name} with {len(observable)} intermediate values", self.progress):
-            self.want = self.ref.run(self.feeds, observable)
+        try:
+            with stage(f"check: running {self.ref.name} with {len(observable)} intermediate values", self.progress):
+                self.want = self.ref.run(self.feeds, observable)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime may refuse a value as an output
+            if self.ref.kind == "onnx":
+                raise
+            self.report.notes.append(f"{self.ref.name} cannot output the intermediate values ({type(exc).__name__}); "
+                                     "took them from onnx.reference")
+            self.ref = Reference(self.proto, "onnx", self.model.threads)
+            with stage(f"check: running {self.ref.name} with intermediate values", self.progress):
+                self.want = self.ref.run(self.feeds, observable)
         observable = [o for o in observable if o in self.want]
         total = sum(self._nbytes(o) for o in observable)
         if total <= self.observe_bytes:

@@ -194,6 +194,11 @@ def test_symbolic_dims_need_a_shape(tmp_path, capsys):
     assert "--shape x=" in capsys.readouterr().err
     with pytest.raises(smelt.SmeltError, match="symbolic"):
         smelt.check(conv_model(batch="N"))
+    with pytest.raises(smelt.SmeltError, match="input_shapes"):
+        smelt.compile(conv_model(batch="N"), check=True)
+    report = smelt.check(conv_model(batch="N"), shapes={"x": [3, 4, 6, 6]})
+    assert report.ok and report.outputs[0].shape == [3, 8, 6, 6]
+    assert smelt.compile(conv_model(batch="N"), input_shapes={"x": [2, 4, 6, 6]}, check=True) is not None
 
 
 def test_cli_inputs_json_and_exit_status(tmp_path, capsys, monkeypatch):
