@@ -210,7 +210,8 @@ class CheckReport:
     culprit: Culprit | None = None
     strategy: str = ""
     compiles: int = 0  # probe compiles made to localize
-    compile_seconds: float = 0.0  # the checked model's own build (0 when loaded from the cache)
+    compile_seconds: float = 0.0  # the checked model's own build
+    from_cache: bool = False  # that build was loaded from the cache
     seconds: float = 0.0
     fallback: list[dict] = field(default_factory=list)  # the model's fallback nodes and reasons
     notes: list[str] = field(default_factory=list)
@@ -241,7 +242,7 @@ class CheckReport:
                 "outputs": [c.to_dict() for c in self.outputs],
                 "culprit": self.culprit.to_dict() if self.culprit else None, "strategy": self.strategy,
                 "compiles": self.compiles, "seconds": round(self.seconds, 3),
-                "compile_seconds": round(self.compile_seconds, 3), "fallback": self.fallback,
+                "compile_seconds": round(self.compile_seconds, 3), "from_cache": self.from_cache, "fallback": self.fallback,
                 "notes": self.notes}
 
     def to_json(self) -> str:
@@ -261,7 +262,7 @@ class CheckReport:
                          + ", ".join(f"{f['node']} ({f['op']})" for f in self.fallback))
         if self.ok:
             lines.append(f"OK: all {len(self.outputs)} outputs agree (check {self.seconds:.1f} s; "
-                         f"compile {self.compile_seconds:.1f} s)")
+                         f"compile {self._compile_text()})")
         else:
             lines.append(f"MISMATCH: {sum(not c.ok for c in self.outputs)} of {len(self.outputs)} outputs disagree")
         c = self.culprit
@@ -279,9 +280,13 @@ class CheckReport:
         for note in self.notes:
             lines.append(f"  note: {note}")
         if not self.ok:
-            lines.append(f"localized with {self.compiles} probe compile(s) ({self.strategy}); check "
-                         f"{self.seconds:.1f} s; compile {self.compile_seconds:.1f} s")
+            how = (f"localized with {self.compiles} probe compile(s) ({self.strategy})" if self.strategy
+                   else "not localized")
+            lines.append(f"{how}; check {self.seconds:.1f} s; compile {self._compile_text()}")
         return "\n".join(lines)
+
+    def _compile_text(self) -> str:
+        return f"{self.compile_seconds:.1f} s{' (from cache)' if self.from_cache else ''}"
 
 
 def _json_default(obj: Any) -> Any:
@@ -459,7 +464,7 @@ def check_compiled(model: CompiledModel, inputs: Mapping[str, np.ndarray] | None
     out_names = [o.name for o in model.get_outputs()]
     comps = [compare(n, want[n], g, tol) for n, g in zip(out_names, got, strict=True)]
     report = CheckReport(label, ref.name, source, tol, comps, fallback=model.fallback_report,
-                         compile_seconds=model.compile_seconds, notes=notes)
+                         compile_seconds=model.compile_seconds, from_cache=model.from_cache, notes=notes)
     random_ops = sorted({n.op_type for n in model.proto.graph.node if n.op_type in _NONDETERMINISTIC})
     if random_ops:
         report.notes.append(f"the model draws random numbers ({', '.join(random_ops)}): smelt and the reference "
