@@ -43,6 +43,7 @@ from smelt import settings
 from smelt.check import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
+    OBSERVE_BYTES,
     CheckError,
     CheckReport,
     CheckWarning,
@@ -527,7 +528,8 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
 def check(model: ModelLike | CompiledModel, inputs: Mapping[str, np.ndarray] | None = None, *,
           shapes: Mapping[str, Sequence[int]] | None = None, rtol: float = DEFAULT_RTOL,
           atol: float = DEFAULT_ATOL, reference: str = "auto", seed: int = 0, localize: bool = True,
-          progress: bool = False, name: str | None = None, **compile_options: Any) -> CheckReport:
+          progress: bool = False, name: str | None = None, observe_bytes: int = OBSERVE_BYTES,
+          **compile_options: Any) -> CheckReport:
     """Run ``model`` once in smelt and in the reference and compare; name the first diverging
     node when they disagree (``smelt.check`` module doc). Returns a ``CheckReport`` (``ok``,
     per-output errors, ``culprit``, ``format_text()``, ``to_json()``); never raises for a
@@ -540,6 +542,8 @@ def check(model: ModelLike | CompiledModel, inputs: Mapping[str, np.ndarray] | N
     ``reference``: "auto" (onnxruntime if installed, else onnx.reference), "onnxruntime", "onnx".
     ``localize``: find the first diverging node (probe compiles; False: compare outputs only).
     ``name``: the model's name in the report (default: the graph's name).
+    ``observe_bytes``: observe every intermediate value in one probe when they fit (default
+    256 MiB), else bisect; 0 always bisects (the probes that disturb memory placement least).
     """
     if not isinstance(model, CompiledModel):
         model = CompiledModel(model, input_shapes=shapes, progress=progress, **compile_options)
@@ -547,7 +551,7 @@ def check(model: ModelLike | CompiledModel, inputs: Mapping[str, np.ndarray] | N
         raise ValueError(f"compile options ({', '.join(sorted(compile_options))}) apply to a model path or "
                          "proto, not to an already compiled model")
     return check_compiled(model, inputs, shapes=shapes, rtol=rtol, atol=atol, reference=reference, seed=seed,
-                          localize=localize, progress=progress, name=name)
+                          localize=localize, progress=progress, name=name, observe_bytes=observe_bytes)
 
 
 def _resolve_isa(isa: str | None) -> str | None:

@@ -115,7 +115,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         shapes.setdefault(k, list(v.shape))
     report = smelt.check(proto, feeds, shapes=shapes, rtol=args.rtol, atol=args.atol, reference=args.reference,
                          seed=args.seed, localize=not args.no_localize, progress=not args.quiet, name=name,
-                         threads=args.threads, isa=args.isa)
+                         threads=args.threads, isa=args.isa, **({"observe_bytes": 0} if args.bisect else {}))
     if args.json == "-":
         print(report.to_json())
     else:
@@ -408,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: onnxruntime if installed, else onnx.reference")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--no-localize", action="store_true", help="compare the outputs only (no probe compiles)")
+    p.add_argument("--bisect", action="store_true",
+                   help="localize by bisection only (about log2(nodes) probes, each observing one cut of the graph) "
+                   "instead of first observing every value at once; for faults that depend on memory placement")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT ('-': print it instead of the table)")
     p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")

@@ -215,6 +215,8 @@ def test_cli_inputs_json_and_exit_status(tmp_path, capsys, monkeypatch):
     assert cli.main(["check", str(path), "-q", "--json", str(out)]) == 1
     assert "first diverging node: 'target' (Sin)" in capsys.readouterr().out
     assert json.loads(out.read_text())["culprit"]["template"] == "broken_sin"
+    assert cli.main(["check", str(path), "-q", "--bisect"]) == 1
+    assert "bisection over 5 clean cuts" in capsys.readouterr().out
     # a tolerance wide enough for the planted error turns it into agreement
     assert cli.main(["check", str(path), "-q", "--rtol", "1", "--atol", "1"]) == 0
 
