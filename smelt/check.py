@@ -474,8 +474,8 @@ def check_compiled(model: CompiledModel, inputs: Mapping[str, np.ndarray] | None
                             "cannot be expected to agree where they flow")
     if not report.ok and localize:
         try:
-            _Localizer(model, feeds, ref, tol, dict(zip(out_names, got, strict=True)), report, observe_bytes,
-                       progress).run()
+            _Localizer(model, feeds, ref, tol, dict(zip(out_names, got, strict=True)), want, report,
+                       observe_bytes, progress).run()
         except SmeltError as exc:  # a probe that does not compile must not hide the finding itself
             report.notes.append(f"localizing failed: {exc}")
     report.seconds = time.perf_counter() - start - built_here
@@ -486,13 +486,15 @@ class _Localizer:
     """Finds the first diverging node of a model whose outputs disagree (module doc)."""
 
     def __init__(self, model: CompiledModel, feeds: dict[str, np.ndarray], ref: Reference, tol: Tolerance,
-                 baseline: dict[str, np.ndarray], report: CheckReport, observe_bytes: int, progress: bool) -> None:
+                 baseline: dict[str, np.ndarray], want: dict[str, np.ndarray], report: CheckReport,
+                 observe_bytes: int, progress: bool) -> None:
         from smelt.compiler import lower
         from smelt.frontend.control_flow import specialize
         from smelt.frontend.onnx_import import specialize_inputs
 
         self.model, self.feeds, self.ref, self.tol = model, feeds, ref, tol
         self.baseline, self.report, self.observe_bytes, self.progress = baseline, report, observe_bytes, progress
+        self.want = dict(want)  # the reference's values by name: the graph outputs, then as fetched
         self.shapes = {k: list(v.shape) for k, v in feeds.items() if isinstance(v, np.ndarray)}
         guards = model._guards
         # the graph the compiled variant was built from: guarded Ifs decided for these inputs
@@ -558,22 +560,28 @@ class _Localizer:
     def _outputs_disagree(self, got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray]) -> bool:
         return any(not compare(n, want[n], got[n], self.tol).ok for n in self.graph_outputs if n in got)
 
+    def _want(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        """The reference's values of ``names`` (and the graph outputs), fetched once each: all at
+        once for the one-probe strategy, a cut at a time while bisecting (bounded memory)."""
+        missing = [v for v in names if v not in self.want]
+        if missing:
+            try:
+                self.want.update(self.ref.run(self.feeds, missing))
+            except Exception as exc:  # noqa: BLE001 - onnxruntime may refuse a value as an output
+                if self.ref.kind == "onnx":
+                    raise
+                self.report.notes.append(f"{self.ref.name} cannot output intermediate values "
+                                         f"({type(exc).__name__}); took them from onnx.reference")
+                self.ref = Reference(self.proto, "onnx", self.model.threads)
+                self.want = self.ref.run(self.feeds, [*self.want, *missing])  # one reference throughout
+        return self.want
+
     def run(self) -> None:
         observable = [o for n in self.nodes for o in n.output if o and self._observable(o)]
-        try:
-            with stage(f"check: running {self.ref.name} with {len(observable)} intermediate values", self.progress):
-                self.want = self.ref.run(self.feeds, observable)
-        except Exception as exc:  # noqa: BLE001 - onnxruntime may refuse a value as an output
-            if self.ref.kind == "onnx":
-                raise
-            self.report.notes.append(f"{self.ref.name} cannot output the intermediate values ({type(exc).__name__}); "
-                                     "took them from onnx.reference")
-            self.ref = Reference(self.proto, "onnx", self.model.threads)
-            with stage(f"check: running {self.ref.name} with intermediate values", self.progress):
-                self.want = self.ref.run(self.feeds, observable)
-        observable = [o for o in observable if o in self.want]
         total = sum(self._nbytes(o) for o in observable)
         if total <= self.observe_bytes:
+            with stage(f"check: {self.ref.name} with all {len(observable)} written values", self.progress):
+                self._want(observable)
             with stage(f"check: probe observing all {len(observable)} written values", self.progress):
                 got = self.probe(observable)
             reproduced = self._outputs_disagree(got, self.want)
@@ -612,7 +620,7 @@ class _Localizer:
             live |= {o for o in node.output if o and last.get(o, -1) > i}
             live = {v for v in live if last.get(v, -1) > i}
             values = sorted((v for v in live if not self._const(v)), key=lambda v: self.producer[v])
-            if i < n - 1 and all(self._observable(v) and v in self.want for v in values):
+            if i < n - 1 and all(self._observable(v) for v in values):
                 cuts.append((i, values))
         return cuts
 
@@ -634,6 +642,7 @@ class _Localizer:
             with stage(f"check: bisection probe {k}/~{steps} (cut after node {pos + 1} of {n}, "
                        f"{len(values)} values)", self.progress):
                 got = self.probe(values)
+                self._want(values)
             seen.update(got)
             if any(not compare(v, self.want[v], got[v], self.tol).ok for v in values):
                 hi, hi_values = mid, got
@@ -650,7 +659,8 @@ class _Localizer:
         # the culprit's inputs were seen agreeing in one probe, its output diverging in another:
         # confirm both in one run (one more compile), or say that observing changes the answer
         node = self.nodes[self.producer[bad[0]]]
-        names = [v for v in [*node.input, *node.output] if v and self._observable(v) and v in self.want]
+        names = [v for v in [*node.input, *node.output] if v and self._observable(v)]
+        self._want(names)
         with stage(f"check: confirming node {node.name or node.op_type!r} in one probe", self.progress):
             got = self.probe(names)
         seen.update(hi_values)  # what bisection established: inputs agreeing (lo), output diverging (hi)

@@ -250,3 +250,21 @@ def test_compile_check_raises_or_warns(monkeypatch, tmp_path):
 def test_public_names():
     assert callable(smelt.check) and smelt.CheckError is CheckError
     assert issubclass(CheckError, smelt.SmeltError)
+
+
+def test_onnxruntime_refusing_intermediate_outputs_falls_back_to_onnx_reference(monkeypatch):
+    from smelt.check import Reference
+
+    original = Reference.run
+
+    def refuse(self, feeds, extra=()):
+        if self.kind == "onnxruntime" and extra:
+            raise RuntimeError("refused")
+        return original(self, feeds, extra)
+
+    monkeypatch.setattr(Reference, "run", refuse)
+    plant_broken(monkeypatch, "Sin", "target")
+    report = smelt.check(conv_model())
+    assert report.reference.startswith("onnxruntime")  # the outputs were compared against it
+    assert report.culprit is not None and report.culprit.node == "target"
+    assert any("took them from onnx.reference" in n for n in report.notes)
