@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,15 @@ import numpy as np
 import onnx
 
 from smelt import settings
+from smelt.check import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    OBSERVE_BYTES,
+    CheckError,
+    CheckReport,
+    CheckWarning,
+    check_compiled,
+)
 from smelt.codegen.toolchain import sanitize_enabled, source_path_for
 from smelt.compiler import BuildResult, build
 from smelt.frontend.control_flow import Decisions, branch_guards, specialize
@@ -468,7 +478,8 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
             force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False,
             layout: str = "propagate", use_tuning_db: bool = True, dynamic: bool | None = None,
             max_dims: Mapping[str, int] | None = None, winograd: bool | str = True,
-            schedule: Mapping[str, object] | None = None, isa: str | None = None) -> CompiledModel:
+            schedule: Mapping[str, object] | None = None, isa: str | None = None,
+            check: bool | str = False) -> CompiledModel:
     """Compile an ONNX model (path, bytes or ModelProto) for this CPU.
 
     ``threads``: worker threads including the caller (default: physical cores).
@@ -493,11 +504,54 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     ``isa``: the widest vector ISA the compiled code may use, like oneDNN's ONEDNN_MAX_CPU_ISA:
     avx512, avx2, scalar (portable C built without AVX) or native (default: $SMELT_ISA,
     else the host's own). An ISA this host cannot run is a ValueError; part of the cache key.
+    ``check``: after compiling, run the model once in smelt and in the reference (onnxruntime,
+    else onnx.reference) on seeded random inputs (``input_shapes`` sizes symbolic dimensions) and
+    compare (``smelt.check``). True: a disagreement raises ``smelt.CheckError`` naming the first
+    diverging node; "warn": the same as a ``smelt.CheckWarning``; False (default): no check.
     """
-    return CompiledModel(model, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
-                         input_shapes=input_shapes, force_fallback=force_fallback, profile=profile,
-                         progress=progress, layout=layout, use_tuning_db=use_tuning_db, dynamic=dynamic,
-                         max_dims=max_dims, winograd=winograd, schedule=schedule, isa=isa)
+    if check not in (False, True, "warn"):
+        raise ValueError(f"check must be False, True or 'warn'; given {check!r}")
+    compiled = CompiledModel(model, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
+                             input_shapes=input_shapes, force_fallback=force_fallback, profile=profile,
+                             progress=progress, layout=layout, use_tuning_db=use_tuning_db, dynamic=dynamic,
+                             max_dims=max_dims, winograd=winograd, schedule=schedule, isa=isa)
+    if check:
+        report = check_compiled(compiled, shapes=input_shapes, progress=progress)
+        if not report.ok:
+            if check == "warn":
+                warnings.warn(CheckWarning(report.summary()), stacklevel=2)
+            else:
+                raise CheckError(report)
+    return compiled
+
+
+def check(model: ModelLike | CompiledModel, inputs: Mapping[str, np.ndarray] | None = None, *,
+          shapes: Mapping[str, Sequence[int]] | None = None, rtol: float = DEFAULT_RTOL,
+          atol: float = DEFAULT_ATOL, reference: str = "auto", seed: int = 0, localize: bool = True,
+          progress: bool = False, name: str | None = None, observe_bytes: int = OBSERVE_BYTES,
+          **compile_options: Any) -> CheckReport:
+    """Run ``model`` once in smelt and in the reference and compare; name the first diverging
+    node when they disagree (``smelt.check`` module doc). Returns a ``CheckReport`` (``ok``,
+    per-output errors, ``culprit``, ``format_text()``, ``to_json()``); never raises for a
+    disagreement.
+
+    ``model``: a path, bytes, ModelProto (compiled here with ``compile_options``, e.g.
+    ``threads``, ``isa``) or a ``CompiledModel``. ``inputs``: arrays by input name; the others
+    are seeded random (``seed``), symbolic dimensions sized by ``shapes``. Agreement:
+    ``max|smelt - ref| <= atol + rtol * max|ref|`` per value, NaN/Inf at the same positions.
+    ``reference``: "auto" (onnxruntime if installed, else onnx.reference), "onnxruntime", "onnx".
+    ``localize``: find the first diverging node (probe compiles; False: compare outputs only).
+    ``name``: the model's name in the report (default: the graph's name).
+    ``observe_bytes``: observe every intermediate value in one probe when they fit (default
+    256 MiB), else bisect; 0 always bisects (the probes that disturb memory placement least).
+    """
+    if not isinstance(model, CompiledModel):
+        model = CompiledModel(model, input_shapes=shapes, progress=progress, **compile_options)
+    elif compile_options:
+        raise ValueError(f"compile options ({', '.join(sorted(compile_options))}) apply to a model path or "
+                         "proto, not to an already compiled model")
+    return check_compiled(model, inputs, shapes=shapes, rtol=rtol, atol=atol, reference=reference, seed=seed,
+                          localize=localize, progress=progress, name=name, observe_bytes=observe_bytes)
 
 
 def _resolve_isa(isa: str | None) -> str | None:

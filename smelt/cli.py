@@ -1,4 +1,4 @@
-"""The `smelt` command: compile | run | demo | info | bench | profile | tune | cache."""
+"""The `smelt` command: compile | run | check | demo | info | bench | profile | tune | cache."""
 
 from __future__ import annotations
 
@@ -80,15 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     proto, name = load_model_arg(args.model)
     model = smelt.compile(proto, threads=args.threads, progress=True, isa=args.isa)
-    inputs = model.get_inputs()
-    feeds = {}
-    for i, item in enumerate(args.input or []):
-        key, sep, path = item.partition("=")
-        if not sep:
-            if i >= len(inputs):
-                raise SmeltError(f"more --input files than model inputs ({[x.name for x in inputs]})")
-            key, path = inputs[i].name, item
-        feeds[key] = np.load(path, allow_pickle=False)
+    feeds = _parse_inputs(args.input, [x.name for x in model.get_inputs()])
     outs = model.run(feeds)
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -97,6 +89,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         np.save(path, arr)
         print(f"{meta.name}: shape {list(arr.shape)} {arr.dtype} -> {path}")
     return 0
+
+
+def _parse_inputs(items: list[str] | None, names: list[str]) -> dict[str, np.ndarray]:
+    """``--input [NAME=]FILE.npy`` arrays by input name (positional ones in input order)."""
+    feeds = {}
+    for i, item in enumerate(items or []):
+        key, sep, path = item.partition("=")
+        if not sep:
+            if i >= len(names):
+                raise SmeltError(f"more --input files than model inputs ({names})")
+            key, path = names[i], item
+        feeds[key] = np.load(path, allow_pickle=False)
+    return feeds
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    import smelt
+
+    proto, name = load_model_arg(args.model)
+    shapes = _parse_shapes(args.shape)
+    names = [i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
+    feeds = _parse_inputs(args.input, names)
+    for k, v in feeds.items():  # a given array sizes its symbolic dimensions
+        shapes.setdefault(k, list(v.shape))
+    report = smelt.check(proto, feeds, shapes=shapes, rtol=args.rtol, atol=args.atol, reference=args.reference,
+                         seed=args.seed, localize=not args.no_localize, progress=not args.quiet, name=name,
+                         threads=args.threads, isa=args.isa, **({"observe_bytes": 0} if args.bisect else {}))
+    if args.json == "-":
+        print(report.to_json())
+    else:
+        print(report.format_text())
+        if args.json:
+            Path(args.json).write_text(report.to_json() + "\n")
+            print(f"wrote {args.json}")
+    return 0 if report.ok else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -365,6 +392,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     _isa_arg(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("check", help="run a model in smelt and in onnxruntime, compare, name the first diverging node",
+                       description="Run MODEL once in smelt and in the reference (onnxruntime, else onnx.reference) "
+                       "on random inputs (or --input arrays) and compare every output: max abs and relative error, "
+                       "NaN/Inf positions. When they disagree, compile probes that also output intermediate "
+                       "values and name the first node whose output diverges: its op, shapes, error, and "
+                       "whether it ran native (which template) or through the fallback (and why). Exit status "
+                       "0 when all outputs agree, 1 when not, 2 on an error.")
+    p.add_argument("model", help="path to an .onnx file, or zoo:NAME")
+    p.add_argument("--input", action="append", metavar="[NAME=]FILE.npy",
+                   help="an input tensor (others are seeded random: normal floats, zero integers, true booleans)")
+    p.add_argument("--shape", action="append", metavar="NAME=D0,D1,...",
+                   help="concrete shape for an input with symbolic dimensions")
+    p.add_argument("--rtol", type=float, default=1e-4,
+                   help="agree when max|smelt - ref| <= atol + rtol * max|ref| (default 1e-4)")
+    p.add_argument("--atol", type=float, default=1e-6, help="absolute floor of the tolerance (default 1e-6)")
+    p.add_argument("--reference", choices=["auto", "onnxruntime", "onnx"], default="auto",
+                   help="auto: onnxruntime if installed, else onnx.reference")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--no-localize", action="store_true", help="compare the outputs only (no probe compiles)")
+    p.add_argument("--bisect", action="store_true",
+                   help="localize by bisection only (about log2(nodes) probes, each observing one cut of the graph) "
+                   "instead of first observing every value at once; for faults that depend on memory placement")
+    p.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT ('-': print it instead of the table)")
+    p.add_argument("--threads", type=int, default=None, help="threads (default: physical cores)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    _isa_arg(p)
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("demo", help="compile built-in models, check them against onnxruntime, time them",
                        description="Compile zoo models (default: resnet50 and lstm), check the results "
