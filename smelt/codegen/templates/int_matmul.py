@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.int_gemm import MAX_K, pack_b_pairs, pair_word, tile_loop
 from smelt.codegen.kernels.isa import VectorIsa, vector_isa, with_int_dot
 from smelt.codegen.kernels.loops import dtype_name
 from smelt.codegen.registry import register
@@ -30,7 +31,6 @@ from smelt.ir.types import c_type
 from smelt.schedule.gemm import PARALLEL_MIN_MACS, int_dot_tile
 
 EIGHT_BIT = ("int8", "uint8")
-MAX_K = 1 << 15  # K * (2^8 * 2^8 / 2) stays below 2^31: the int32 sum cannot overflow
 
 
 def _per_vector(g: Graph, name: str, length: int) -> str | None:
@@ -147,78 +147,56 @@ def emit_int_matmul(node: Node, g: Graph, em: BlockEmitter) -> None:
 
 
 def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], v: VectorIsa) -> None:
-    """A constant B: int16 pairs (k, k+1) of B - b_zero packed per NR-column panel, A - a_zero
-    packed per call as int16 pairs in int32 words; an MR x NR register tile accumulates one
-    pair dot product per int32 lane (``i16_dot_acc``: vpmaddwd + vpaddd, or VNNI's vpdpwssd)."""
+    """A constant B: B - b_zero packed in int16 pairs per NR-column panel at compile time, A -
+    a_zero packed per call in int32 pair words, then the shared register tile
+    (``kernels/int_gemm.py``) per (batch, row block, column panel)."""
     batch, m, k, n, b_batched = _dims(g, io)  # type: ignore[misc]
     mr, nv = int_dot_tile(v.registers)
-    lanes = v.lanes
-    nr = nv * lanes
+    nr = nv * v.lanes
     k2 = -(-k // 2)
     nb = -(-n // nr)
-    b = _b_minus_zero(g, io).reshape(-1, k, n)  # [B batches (1 when shared), K, N]
-    packed = np.zeros((b.shape[0], nb, k2, nr, 2), np.int16)
-    padded = np.zeros((b.shape[0], 2 * k2, nb * nr), np.int16)
-    padded[:, :k, :n] = b
-    packed[:] = padded.reshape(b.shape[0], k2, 2, nb, nr).transpose(0, 3, 1, 4, 2)
+    packed = pack_b_pairs(_b_minus_zero(g, io).reshape(-1, k, n), nr)
     at = c_type(dtype_name(g, io["a"]))
     rows = batch * m
     ap = em.scratch(4 * rows * k2, "int32")
-    a_zero = _zp_read(g, io, "az", f"(r % {m})", m)
     decl_a = [f"const {at} *restrict A = {em.ptr(io['a'])};", f"int32_t *restrict Ap = {ap};"]
     if io["az"]:
         decl_a.append(f"const {at} *restrict AZ = {em.ptr(io['az'])};")
     parallel = rows * k * n >= PARALLEL_MIN_MACS
     split = "smelt_range({total}, tid, nt, &wb, &we);" if parallel else "wb = 0; we = tid == 0 ? {total} : 0;"
-    # A - a_zero as int16 pairs: one 32-bit word per (row, k pair), odd K padded with 0
+    hi = f"2 * q + 1 < {k} ? (int32_t)ar[2 * q + 1] - za : 0"
     em.step("\n".join(decl_a + [
         "long wb, we; " + split.format(total=rows),
         "for (long r = wb; r < we; ++r) {",
-        f"    const int32_t za = {a_zero};",
+        f"    const int32_t za = {_zp_read(g, io, 'az', f'(r % {m})', m)};",
         f"    const {at} *restrict ar = A + r * {k};",
-        f"    for (long q = 0; q < {k2}; ++q) {{",
-        f"        const int32_t lo = (int32_t)ar[2 * q] - za, hi = 2 * q + 1 < {k} ? (int32_t)ar[2 * q + 1] - za : 0;",
-        f"        Ap[r * {k2} + q] = (int32_t)((uint32_t)(uint16_t)lo | ((uint32_t)(uint16_t)hi << 16));",
-        "    }",
+        f"    for (long q = 0; q < {k2}; ++q) Ap[r * {k2} + q] = {pair_word('(int32_t)ar[2 * q] - za', hi)};",
         "}"]), name="int_matmul_pack_a", doc=f"A - zero point as int16 pairs, K={k}")
     tile = em.scratch(4 * mr * nr * max(1, em.n_threads), "int32")
-    it = v.x("itype")
     decl, store = _requant(node, g, io, em)
     blocks_m = -(-m // mr)
-    items = batch * blocks_m * nb
+    panel = f"Bp + ({'bi * ' + str(nb) + ' + ' if b_batched else ''}cb) * {k2 * nr * 2}L"
+    kernel = tile_loop(v, mr, nv, k2=k2, a_row=f"Ap + (bi * {m} + i0 + SMELT_MIN({{r}}, mr - 1)) * {k2}L",
+                       b_panel=panel, tile="T")
     lines = decl + [
         f"const int16_t *restrict Bp = {em.weight(packed)};",
         f"const int32_t *restrict Ap = {ap};",
         f"int32_t *restrict T = {tile} + (long)tid * {mr * nr};",
-        "long wb, we; " + split.format(total=items),
+        "long wb, we; " + split.format(total=batch * blocks_m * nb),
         "for (long p = wb; p < we; ++p) {",
         f"    const long cb = p % {nb}, mb = (p / {nb}) % {blocks_m}, bi = p / {nb * blocks_m};",
         f"    const long i0 = mb * {mr}, mr = SMELT_MIN({mr}, {m} - i0);",
-        f"    const int16_t *restrict bp = Bp + ({'bi * ' + str(nb) + ' + ' if b_batched else ''}cb) * {k2 * nr * 2}L;",
-        # rows past the end read the last row again: same code for every tile, results dropped
-        *[f"    const int32_t *restrict a{r} = Ap + (bi * {m} + i0 + SMELT_MIN({r}, mr - 1)) * {k2}L;"
-          for r in range(mr)],
-        "    " + " ".join(f"{it} c{r}_{c} = {v.x('i32_set1', a='0')};" for r in range(mr) for c in range(nv)),
-        f"    for (long q = 0; q < {k2}; ++q) {{",
-        *[f"        const {it} b{c} = {v.x('i32_loadu', p=f'bp + q * {nr * 2} + {c * lanes * 2}')};" for c in range(nv)],
-    ]
-    for r in range(mr):
-        lines.append(f"        {{ const {it} av = {v.x('i32_set1', a=f'a{r}[q]')};")
-        lines += [f"          c{r}_{c} = {v.x('i16_dot_acc', a='av', b=f'b{c}', c=f'c{r}_{c}')};" for c in range(nv)]
-        lines.append("        }")
-    lines.append("    }")
-    lines += ["    " + v.x("i32_storeu", p=f"T + {r * nr + c * lanes}", a=f"c{r}_{c}")
-              for r in range(mr) for c in range(nv)]
-    lines += [f"    const long jn = SMELT_MIN({nr}, {n} - cb * {nr});",
-              "    for (long r = 0; r < mr; ++r) {",
-              f"        const long i = i0 + r, yoff = (bi * {m} + i) * {n} + cb * {nr};",
-              "        for (long jj = 0; jj < jn; ++jj) {",
-              f"            const long j = cb * {nr} + jj; (void)j; (void)i;",
-              f"            const int32_t ACC = T[r * {nr} + jj];",
-              "            " + store.replace("Y[yoff + j]", "Y[yoff + jj]").replace("\n", "\n            "),
-              "        }",
-              "    }",
-              "}"]
+        *["    " + line for line in kernel],
+        f"    const long jn = SMELT_MIN({nr}, {n} - cb * {nr});",
+        "    for (long r = 0; r < mr; ++r) {",
+        f"        const long i = i0 + r, yoff = (bi * {m} + i) * {n} + cb * {nr};",
+        "        for (long jj = 0; jj < jn; ++jj) {",
+        f"            const long j = cb * {nr} + jj; (void)j; (void)i;",
+        f"            const int32_t ACC = T[r * {nr} + jj];",
+        "            " + store.replace("Y[yoff + j]", "Y[yoff + jj]").replace("\n", "\n            "),
+        "        }",
+        "    }",
+        "}"]
     em.schedule(algorithm="int16 pair dot products into int32, B - zero point packed per panel, A packed per call",
                 kernel="int_matmul", micro_kernel=f"{mr}x{nr} {v.name} {v.x('i16_dot_acc', a='a', b='b', c='c')}",
                 layout="NCHW")

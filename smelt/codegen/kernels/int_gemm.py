@@ -1,0 +1,61 @@
+"""The integer GEMM micro-kernel the quantized templates share (int_matmul, int_conv).
+
+C[i, j] = sum_k A[i, k] * B[k, j] in exact int32, where A and B are 8-bit values with their zero
+points already subtracted, held as int16. Both operands are packed in pairs along K: an int32
+word of A holds (A[i, 2q], A[i, 2q+1]); a B panel holds, for each pair q, NR columns of
+(B[2q, j], B[2q+1, j]) int16 pairs, one per int32 lane. The ISA's ``i16_dot_acc`` (vpmaddwd +
+vpaddd; AVX512-VNNI's vpdpwssd) multiplies both pairs and adds them to the lane: exact, since
+|a|, |b| <= 255 gives |a*b + a'*b'| < 2^17, and K <= 2^15 keeps the int32 sum below 2^31.
+
+An MR x NR tile (``schedule.gemm.int_dot_tile``: MR rows, NV vectors of lanes) stays in
+registers over all of K; rows past the end of a ragged block read the last row again (one code
+path for every tile; their results are never stored). The tile is stored to a small int32
+buffer and the caller's statement writes each valid element (as is, or requantized) wherever
+its layout wants it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from smelt.codegen.kernels.isa import VectorIsa
+
+MAX_K = 1 << 15  # K * 2^16 < 2^31: the int32 sum of int16 pair products cannot overflow
+
+
+def pack_b_pairs(b: np.ndarray, nr: int) -> np.ndarray:
+    """``b`` [groups, K, N] (int16, zero point subtracted) as [groups, N panels, K pairs, nr, 2]:
+    odd K and the last panel's missing columns padded with zeros (they add nothing)."""
+    groups, k, n = b.shape
+    k2, nb = -(-k // 2), -(-n // nr)
+    padded = np.zeros((groups, 2 * k2, nb * nr), np.int16)
+    padded[:, :k, :n] = b
+    return np.ascontiguousarray(padded.reshape(groups, k2, 2, nb, nr).transpose(0, 3, 1, 4, 2))
+
+
+def pair_word(lo: str, hi: str) -> str:
+    """C int32 holding int16 ``lo`` in its low half and ``hi`` in its high half (lane order of
+    vpmaddwd); through uint32, so no signed shift or overflow."""
+    return f"(int32_t)((uint32_t)(uint16_t)({lo}) | ((uint32_t)(uint16_t)({hi}) << 16))"
+
+
+def tile_loop(v: VectorIsa, mr: int, nv: int, *, k2: int, a_row: str, b_panel: str, tile: str) -> list[str]:
+    """C lines computing one MR x (nv * lanes) tile into int32 ``tile`` (row-major, nr wide).
+
+    ``a_row(r)`` is a format string with ``{r}``: a pointer to the packed A words of tile row r
+    (already clamped to a valid row); ``b_panel`` a pointer to the panel's packed pairs."""
+    it = v.x("itype")
+    lanes = v.lanes
+    nr = nv * lanes
+    lines = [f"const int32_t *restrict a{r} = {a_row.format(r=r)};" for r in range(mr)]
+    lines.append(f"const int16_t *restrict bp = {b_panel};")
+    lines.append(" ".join(f"{it} c{r}_{c} = {v.x('i32_set1', a='0')};" for r in range(mr) for c in range(nv)))
+    lines.append(f"for (long q = 0; q < {k2}; ++q) {{")
+    lines += [f"    const {it} b{c} = {v.x('i32_loadu', p=f'bp + q * {nr * 2} + {c * lanes * 2}')};" for c in range(nv)]
+    for r in range(mr):
+        lines.append(f"    {{ const {it} av = {v.x('i32_set1', a=f'a{r}[q]')};")
+        lines += [f"      c{r}_{c} = {v.x('i16_dot_acc', a='av', b=f'b{c}', c=f'c{r}_{c}')};" for c in range(nv)]
+        lines.append("    }")
+    lines.append("}")
+    lines += [v.x("i32_storeu", p=f"{tile} + {r * nr + c * lanes}", a=f"c{r}_{c}") for r in range(mr) for c in range(nv)]
+    return lines
