@@ -91,8 +91,8 @@ def test_wild_model_templates_clean_under_sanitizers(isa, tmp_path):
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
     """QuantizeLinear per axis and per tensor (float-to-int saturation is where C has undefined
-    behaviour), DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, under the
-    sanitizers."""
+    behaviour), DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, ConvInteger,
+    QLinearConv, under the sanitizers."""
     from helpers import const, make_model, tensor
     from onnx import helper
 
@@ -110,13 +110,24 @@ def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
              helper.make_node("Cast", ["mi"], ["mf"], to=1),
              helper.make_node("Transpose", ["dq"], ["dq7"], perm=[0, 2, 1]),
              helper.make_node("QLinearMatMul", ["dq", "ds", "dz", "dq7", "s0", "z0", "s1", "z1"], ["ql"]),
-             helper.make_node("DequantizeLinear", ["ql", "s1", "z1"], ["qf"])]
+             helper.make_node("DequantizeLinear", ["ql", "s1", "z1"], ["qf"]),
+             # integer convolutions (im2col pairs, padding, stride 2, groups) on a 4-D view
+             helper.make_node("Reshape", ["dq", "shape4"], ["dq4"]),
+             helper.make_node("ConvInteger", ["dq4", "cw", "dz"], ["ci"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Cast", ["ci"], ["cf"], to=1),
+             helper.make_node("QLinearConv", ["dq4", "ds", "dz", "cwg", "s0", "z8", "s1", "z1", "cb"], ["qc"],
+                              pads=[1, 1, 1, 1], group=3),
+             helper.make_node("DequantizeLinear", ["qc", "s1", "z1"], ["qcf"])]
     inits = [const("big", np.float32(300)), const("s", rng.uniform(0.5, 2, 5).astype(np.float32)),
              const("z", rng.integers(-100, 100, 5).astype(np.int8)), const("s0", np.float32(0.01)),
              const("wq", rng.integers(-128, 128, (7, 11)).astype(np.int8)), const("wz", np.int8(-3)),
-             const("z0", np.uint8(9)), const("s1", np.float32(0.2)), const("z1", np.uint8(100))]
-    model = make_model(nodes, [tensor("x", [3, 5, 7])], [tensor(n, None) for n in ("d", "d0", "y", "mf", "qf")],
-                       inits, opset=21)
+             const("z0", np.uint8(9)), const("s1", np.float32(0.2)), const("z1", np.uint8(100)),
+             const("shape4", np.array([1, 3, 5, 7], np.int64)),
+             const("cw", rng.integers(-128, 128, (4, 3, 3, 3)).astype(np.int8)),
+             const("cwg", rng.integers(-128, 128, (6, 1, 3, 3)).astype(np.int8)), const("z8", np.int8(0)),
+             const("cb", rng.integers(-1000, 1000, 6).astype(np.int32))]
+    model = make_model(nodes, [tensor("x", [3, 5, 7])],
+                       [tensor(n, None) for n in ("d", "d0", "y", "mf", "qf", "cf", "qcf")], inits, opset=21)
     _check_clean(model, isa, tmp_path)
 
 

@@ -1,0 +1,213 @@
+"""Integer 2-D convolutions: ConvInteger (int32 out) and QLinearConv (requantized int8/uint8 out).
+
+Template ``int_conv``: per (image, group), an im2col step writes each output pixel's receptive
+field, minus the input zero point, as int16 pair words (padding is the zero point, so it packs
+as 0); then the integer GEMM tile of ``kernels/int_gemm.py`` multiplies those rows by the
+weights, packed at compile time per group as int16 pairs of W - w_zero (scalar or per output
+channel), and writes int32 sums straight into NCHW. Exact, so ConvInteger equals onnxruntime.
+
+QLinearConv adds the int32 bias to the sum and requantizes like QLinearMatMul:
+``nearbyintf((float)(acc + bias) * (x_scale * w_scale[oc] / y_scale)) + y_zero``, saturated,
+NaN low. Portable C (the scalar ISA) runs the same im2col rows through plain int32 loops.
+
+2-D only (4-D tensors), explicit pads or VALID; other ranks and SAME_* fall back with the reason.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.int_gemm import MAX_K, pack_b_pairs, pair_word, tile_loop
+from smelt.codegen.kernels.isa import vector_isa, with_int_dot
+from smelt.codegen.kernels.loops import dtype_name
+from smelt.codegen.registry import register
+from smelt.ir.graph import PLAIN, Graph, Node
+from smelt.ir.types import c_type
+from smelt.schedule.gemm import PARALLEL_MIN_MACS, int_dot_tile
+
+EIGHT_BIT = ("int8", "uint8")
+
+
+def _io(node: Node) -> dict[str, str]:
+    ins = list(node.inputs) + [""] * 9
+    if node.op == "ConvInteger":
+        return {"x": ins[0], "w": ins[1], "xz": ins[2], "wz": ins[3]}
+    return {"x": ins[0], "xs": ins[1], "xz": ins[2], "w": ins[3], "ws": ins[4], "wz": ins[5], "ys": ins[6],
+            "yz": ins[7], "b": ins[8]}
+
+
+def _const(g: Graph, name: str) -> np.ndarray | None:
+    return None if not name or g.values[name].const is None else np.asarray(g.values[name].const)
+
+
+def _geometry(node: Node, g: Graph, io: dict[str, str]) -> dict | str:
+    x, w, y = g.values[io["x"]].shape, g.values[io["w"]].shape, g.values[node.outputs[0]].shape
+    if x is None or w is None or y is None or len(x) != 4 or len(w) != 4 or len(y) != 4:
+        return "native integer Conv is 2-D (4-D tensors of known shape)"
+    auto_pad = node.attr("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", "VALID"):
+        return f"auto_pad {auto_pad} is not native"
+    group = int(node.attr("group", 1))
+    pads = list(node.attr("pads", [0, 0, 0, 0])) if auto_pad == "NOTSET" else [0, 0, 0, 0]
+    geo = dict(n=x[0], c=x[1], h=x[2], w=x[3], oc=w[0], cg=w[1], kh=w[2], kw=w[3], oh=y[2], ow=y[3],
+               group=group, strides=list(node.attr("strides", [1, 1])), dil=list(node.attr("dilations", [1, 1])),
+               pads=pads)
+    if group < 1 or x[1] != w[1] * group or w[0] % group:
+        return f"channels {x[1]} / weights {list(w)} do not fit group {group}"
+    if w[1] * w[2] * w[3] > MAX_K:
+        return f"receptive field of {w[1] * w[2] * w[3]} > {MAX_K}: the int32 sum could overflow"
+    return geo
+
+
+def _check(node: Node, g: Graph) -> str | None:
+    io = _io(node)
+    names = [n for n in node.inputs + node.outputs if n]
+    if any(g.values[n].layout != PLAIN for n in names):
+        return f"{node.op} reads plain layouts only"
+    for role in ("x", "w"):
+        if dtype_name(g, io[role]) not in EIGHT_BIT:
+            return f"{role} of dtype {dtype_name(g, io[role])}: native {node.op} takes int8/uint8"
+    geo = _geometry(node, g, io)
+    if isinstance(geo, str):
+        return geo
+    if _const(g, io["w"]) is None or (io["wz"] and _const(g, io["wz"]) is None):
+        return "weights and their zero point must be constants (packed at compile time)"
+    if io["xz"] and int(np.prod(g.values[io["xz"]].shape, dtype=np.int64)) != 1:
+        return "the input zero point must be a scalar"
+    if io["wz"] and _const(g, io["wz"]).size not in (1, geo["oc"]):
+        return "the weight zero point must be a scalar or one per output channel"
+    if node.op == "QLinearConv":
+        for key in ("xs", "ws", "ys"):
+            if dtype_name(g, io[key]) != "float32":
+                return f"scale {io[key]!r} is {dtype_name(g, io[key])}: native QLinearConv takes float32"
+        if int(np.prod(g.values[io["ws"]].shape, dtype=np.int64)) not in (1, geo["oc"]):
+            return "the weight scale must be a scalar or one per output channel"
+        if io["b"] and (_const(g, io["b"]) is None or dtype_name(g, io["b"]) != "int32"):
+            return "the bias must be a constant int32"
+        if dtype_name(g, node.outputs[0]) not in EIGHT_BIT:
+            return "QLinearConv output must be int8/uint8"
+    elif dtype_name(g, node.outputs[0]) != "int32":
+        return "ConvInteger output must be int32"
+    return None
+
+
+def _store(node: Node, g: Graph, io: dict[str, str], em: BlockEmitter, oc: int) -> tuple[list[str], str]:
+    """Declarations and the statement writing int32 ``ACC`` of channel ``o`` to ``Y[yi]``."""
+    yt = c_type(dtype_name(g, node.outputs[0]))
+    decl = [f"{yt} *restrict Y = (void *){em.ptr(node.outputs[0])};"]
+    if node.op != "QLinearConv":
+        return decl, "Y[yi] = ACC;"
+    info = np.iinfo(np.dtype(dtype_name(g, node.outputs[0])))
+    lo, hi = int(info.min), int(info.max)
+    decl += [f"const float *restrict XS = {em.ptr(io['xs'])};", f"const float *restrict WS = {em.ptr(io['ws'])};",
+             f"const float *restrict YS = {em.ptr(io['ys'])};"]
+    if io["yz"]:
+        decl.append(f"const {yt} *restrict YZ = {em.ptr(io['yz'])};")
+    bias = "0"
+    if io["b"]:
+        decl.append(f"const int32_t *restrict BI = {em.ptr(io['b'])};")
+        bias = "BI[o]"
+    w_scale = "WS[o]" if int(np.prod(g.values[io["ws"]].shape, dtype=np.int64)) == oc and oc > 1 else "WS[0]"
+    y_zero = "(float)YZ[0]" if io["yz"] else "0.0f"
+    return decl, (f"{{ float v = nearbyintf((float)(ACC + {bias}) * ((XS[0] * {w_scale}) / YS[0])) + {y_zero};\n"
+                  f"  if (!(v >= {lo}.0f)) v = {lo}.0f;\n"
+                  f"  if (v > {hi}.0f) v = {hi}.0f;\n"
+                  f"  Y[yi] = ({yt})v; }}")
+
+
+@register(("ConvInteger", "QLinearConv"), check=_check, name="int_conv")
+def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
+    io = _io(node)
+    geo = _geometry(node, g, io)
+    n, c, h, w, oc, cg, kh, kw, oh, ow, group = (geo[k] for k in ("n", "c", "h", "w", "oc", "cg", "kh", "kw", "oh",
+                                                                  "ow", "group"))
+    (sh, sw), (dh, dw), (pt, pl) = geo["strides"], geo["dil"], geo["pads"][:2]
+    ocg, k, p_count = oc // group, cg * kh * kw, oh * ow
+    k2 = -(-k // 2)
+    xt = c_type(dtype_name(g, io["x"]))
+    wq = _const(g, io["w"]).astype(np.int16)
+    wz = _const(g, io["wz"]) if io["wz"] else np.zeros(1, np.int16)
+    wz = np.broadcast_to(wz.astype(np.int16).reshape(-1), (oc,)) if wz.size in (1, oc) else wz
+    wsub = (wq.reshape(oc, k) - wz[:, None]).astype(np.int16)  # [OC, CK], zero point subtracted
+    bmat = np.ascontiguousarray(wsub.reshape(group, ocg, k).transpose(0, 2, 1))  # [G, CK, OCg]
+    rows = n * group * p_count
+    ap = em.scratch(4 * rows * k2, "int32")
+    col = em.scratch(2 * (2 * k2) * max(1, em.n_threads), "int16")
+    macs = rows * k * ocg
+    split = ("smelt_range({total}, tid, nt, &wb, &we);" if macs >= PARALLEL_MIN_MACS
+             else "wb = 0; we = tid == 0 ? {total} : 0;")
+    xz = f"(int32_t){em.ptr(io['xz'])}[0]" if io["xz"] else "0"
+    # im2col: row (image, group, pixel) -> its receptive field minus the zero point, as pair words
+    em.step("\n".join([
+        f"const {xt} *restrict X = {em.ptr(io['x'])};", f"int32_t *restrict Ap = {ap};",
+        f"int16_t *restrict col = {col} + (long)tid * {2 * k2};",
+        f"const int32_t xz = {xz};",
+        "long wb, we; " + split.format(total=rows),
+        "for (long r = wb; r < we; ++r) {",
+        f"    const long pix = r % {p_count}, gi = (r / {p_count}) % {group}, ni = r / {p_count * group};",
+        f"    const long oy = pix / {ow}, ox = pix % {ow};",
+        "    long q = 0;",
+        f"    for (long ci = 0; ci < {cg}; ++ci) {{",
+        f"        const {xt} *restrict xc = X + (ni * {c} + gi * {cg} + ci) * {h * w}L;",
+        f"        for (long ky = 0; ky < {kh}; ++ky) {{",
+        f"            const long iy = oy * {sh} - {pt} + ky * {dh};",
+        f"            for (long kx = 0; kx < {kw}; ++kx) {{",
+        f"                const long ix = ox * {sw} - {pl} + kx * {dw};",
+        f"                col[q++] = (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) ? (int16_t)((int32_t)xc[iy * {w} + ix] - xz) : 0;",
+        "            }",
+        "        }",
+        "    }",
+        f"    if (q < {2 * k2}) col[q] = 0;",
+        f"    for (long j = 0; j < {k2}; ++j) Ap[r * {k2} + j] = {pair_word('col[2 * j]', 'col[2 * j + 1]')};",
+        "}"]), name="int_conv_im2col", doc=f"receptive field {cg}x{kh}x{kw} as int16 pairs")
+    decl, store = _store(node, g, io, em, oc)
+    v = with_int_dot(vector_isa(em.target), em.target)
+    if v.has("i16_dot_acc"):
+        mr, nv = int_dot_tile(v.registers)
+        nr = nv * v.lanes
+    else:  # portable: one row at a time against every output channel of the group
+        mr, nv, nr = 1, 0, ocg
+    nb = -(-ocg // nr)
+    blocks_m = -(-p_count // mr)
+    tile = em.scratch(4 * mr * nr * max(1, em.n_threads), "int32")
+    head = decl + [f"const int32_t *restrict Ap = {ap};", f"int32_t *restrict T = {tile} + (long)tid * {mr * nr};",
+                   "long wb, we; " + split.format(total=n * group * blocks_m * nb),
+                   "for (long p = wb; p < we; ++p) {",
+                   f"    const long cb = p % {nb}, mb = (p / {nb}) % {blocks_m}, bg = p / {nb * blocks_m};",
+                   f"    const long gi = bg % {group}, ni = bg / {group};",
+                   f"    const long i0 = mb * {mr}, mr = SMELT_MIN({mr}, {p_count} - i0);"]
+    if nv:
+        packed = pack_b_pairs(bmat, nr)
+        body = tile_loop(v, mr, nv, k2=k2, a_row=f"Ap + (bg * {p_count} + i0 + SMELT_MIN({{r}}, mr - 1)) * {k2}L",
+                         b_panel=f"Bp + (gi * {nb} + cb) * {k2 * nr * 2}L", tile="T")
+        head.insert(0, f"const int16_t *restrict Bp = {em.weight(packed)};")
+        kernel_name = f"int_conv_{mr}x{nr}_{v.name}"
+    else:
+        wpairs = np.zeros((group, 2 * k2, ocg), np.int16)
+        wpairs[:, :k, :] = bmat
+        head.insert(0, f"const int16_t *restrict Wt = {em.weight(wpairs)};")
+        body = [f"const int32_t *restrict a = Ap + (bg * {p_count} + i0) * {k2}L;",
+                f"const int16_t *restrict wg = Wt + gi * {2 * k2 * ocg}L;",
+                f"for (long j = 0; j < {ocg}; ++j) T[j] = 0;",
+                f"for (long q = 0; q < {k2}; ++q) {{",
+                "    const int32_t lo = (int16_t)(a[q] & 0xffff), hi = (int16_t)((uint32_t)a[q] >> 16);",
+                f"    const int16_t *restrict w0 = wg + 2 * q * {ocg}, *restrict w1 = w0 + {ocg};",
+                f"    for (long j = 0; j < {ocg}; ++j) T[j] += lo * (int32_t)w0[j] + hi * (int32_t)w1[j];",
+                "}"]
+        kernel_name = "int_conv_rows"
+    tail = [f"const long jn = SMELT_MIN({nr}, {ocg} - cb * {nr});",
+            "for (long r = 0; r < mr; ++r) {",
+            "    for (long jj = 0; jj < jn; ++jj) {",
+            f"        const long o = gi * {ocg} + cb * {nr} + jj, yi = (ni * {oc} + o) * {p_count}L + i0 + r;",
+            f"        const int32_t ACC = T[r * {nr} + jj]; (void)o;",
+            "        " + store.replace("\n", "\n        "),
+            "    }",
+            "}"]
+    lines = head + ["    " + line for line in body + tail] + ["}"]
+    em.schedule(algorithm="im2col as int16 pairs, W - zero point packed per group, int32 sums into NCHW",
+                kernel="int_conv", layout="NCHW",
+                micro_kernel=f"{mr}x{nr} {v.name}" + (f" {v.x('i16_dot_acc', a='a', b='b', c='c')}" if nv else ""))
+    em.step("\n".join(lines), name=kernel_name,
+            doc=f"{node.op} {cg * group}->{oc} {kh}x{kw} group {group}, {oh}x{ow} out")
