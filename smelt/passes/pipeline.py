@@ -20,6 +20,7 @@ from smelt.passes.eliminate_identity import eliminate_identity
 from smelt.passes.fold_batchnorm import fold_batchnorm
 from smelt.passes.fuse_epilogue import fuse_epilogues
 from smelt.passes.inline_if import inline_constant_ifs
+from smelt.passes.lower_qdq import lower_qdq
 from smelt.passes.shape_inference import infer_shapes
 
 Pass = Callable[[Graph], Graph]
@@ -54,6 +55,8 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("infer_shapes", infer_shapes, 0),
     ("validate", check_graph, 0),
     ("eliminate_identity", eliminate_identity, 1),
+    # before folding, which would turn the weights' DequantizeLinear into float constants
+    ("lower_qdq", lower_qdq, 1),
     ("fold_constants", fold_to_fixpoint, 1),
     ("eliminate_dead_nodes", eliminate_dead_nodes, 0),
     ("fold_batchnorm", fold_batchnorm, 1),
