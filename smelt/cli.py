@@ -1,4 +1,4 @@
-"""The `smelt` command: compile | run | check | demo | info | bench | profile | tune | cache."""
+"""The `smelt` command: compile | run | check | quantize | demo | info | bench | profile | tune | cache."""
 
 from __future__ import annotations
 
@@ -124,6 +124,20 @@ def cmd_check(args: argparse.Namespace) -> int:
             Path(args.json).write_text(report.to_json() + "\n")
             print(f"wrote {args.json}")
     return 0 if report.ok else 1
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    import onnx
+
+    from smelt.quantize import quantize
+
+    proto, _ = load_model_arg(args.model)
+    model, report = quantize(proto, args.calibration, method=args.method, percentile=args.percentile,
+                             per_channel=not args.per_tensor, threads=args.threads)
+    onnx.save(model, args.output)
+    print(report.format_text())
+    print(f"wrote {args.output} (QDQ: onnxruntime and other ONNX runtimes load it too)")
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -420,6 +434,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     _isa_arg(p)
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("quantize", help="write a statically quantized (int8 QDQ) model from calibration data",
+                       description="Calibrate MODEL's Conv and MatMul activations on --calibration inputs (a folder "
+                       "of .npz files with one array per input name, or .npy files for a single-input model), "
+                       "then write OUT.onnx in the QDQ format: uint8 asymmetric activations per tensor, int8 "
+                       "symmetric weights per output channel (or per tensor), int32 biases. smelt runs the "
+                       "quantized Conv/MatMul on its integer kernels; onnxruntime loads the same file.")
+    p.add_argument("model", help="path to an fp32 .onnx file, or zoo:NAME")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="where to write the quantized model")
+    p.add_argument("--calibration", required=True, metavar="DIR", help="folder of .npz/.npy calibration inputs")
+    p.add_argument("--method", choices=["minmax", "percentile"], default="minmax",
+                   help="activation range: the extremes seen, or --percentile of each side (default minmax)")
+    p.add_argument("--percentile", type=float, default=99.99, help="with --method percentile (default 99.99)")
+    p.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default: per channel)")
+    p.add_argument("--threads", type=int, default=None, help="threads for the calibration runs")
+    p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("demo", help="compile built-in models, check them against onnxruntime, time them",
                        description="Compile zoo models (default: resnet50 and lstm), check the results "
