@@ -74,6 +74,50 @@ def calibration_inputs(source: str | Path | Iterable[Mapping[str, np.ndarray]], 
     yield from ({k: np.asarray(v) for k, v in feed.items()} for feed in source)
 
 
+def fold_batchnorms(model: onnx.ModelProto) -> int:
+    """Fold each inference BatchNormalization that alone reads a Conv's output into that Conv's
+    weights and bias, in place (float64 arithmetic, stored as fp32); returns how many. Quantizing
+    first would put a Q/DQ pair between them and leave the BN in float (onnxruntime's quantizer
+    asks for the same pre-processing)."""
+    inits = {i.name: i for i in model.graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    outputs = {o.name for o in model.graph.output}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    dead, folded = [], 0
+    for bn in model.graph.node:
+        if bn.op_type != "BatchNormalization" or len([o for o in bn.output if o]) != 1:
+            continue
+        conv = producers.get(bn.input[0])
+        if conv is None or conv.op_type != "Conv" or len(readers.get(bn.input[0], [])) != 1 or bn.input[0] in outputs:
+            continue
+        if any(name not in inits for name in bn.input[1:5]) or conv.input[1] not in inits:
+            continue
+        if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits:
+            continue
+        scale, bias, mean, var = (numpy_helper.to_array(inits[i]).astype(np.float64) for i in bn.input[1:5])
+        eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
+        s = scale / np.sqrt(var + eps)
+        w = numpy_helper.to_array(inits[conv.input[1]]).astype(np.float64)
+        b = (numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64) if len(conv.input) > 2 and conv.input[2]
+             else np.zeros(w.shape[0]))
+        base = conv.name or conv.output[0]
+        wn, bn_name = f"{base}_W_bnfolded", f"{base}_B_bnfolded"
+        model.graph.initializer.extend([
+            numpy_helper.from_array((w * s.reshape(-1, 1, 1, 1)).astype(np.float32), wn),
+            numpy_helper.from_array(((b - mean) * s + bias).astype(np.float32), bn_name)])
+        del conv.input[1:]
+        conv.input.extend([wn, bn_name])
+        conv.output[0] = bn.output[0]
+        dead.append(bn)
+        folded += 1
+    for bn in dead:
+        model.graph.node.remove(bn)
+    return folded
+
+
 def _targets(model: onnx.ModelProto) -> tuple[list[onnx.NodeProto], list[tuple[str, str]]]:
     """The Conv/MatMul nodes to quantize (constant float weights of the usual rank), and why
     the others stay fp32."""
@@ -166,6 +210,10 @@ def quantize(model: onnx.ModelProto | str | Path, calibration: str | Path | Iter
     if not 50.0 < percentile <= 100.0:
         raise SmeltError(f"percentile must be in (50, 100]; given {percentile}")
     src = onnx.load(str(model)) if isinstance(model, (str, Path)) else model
+    out = onnx.ModelProto()
+    out.CopyFrom(src)
+    fold_batchnorms(out)
+    src = out  # calibrate what will be quantized: the folded model
     out = onnx.ModelProto()
     out.CopyFrom(src)
     opset = next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), 0)

@@ -27,7 +27,8 @@ RNG = np.random.default_rng(20261130)
 
 def _cnn() -> onnx.ModelProto:
     w = lambda *s: (RNG.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c0", "g", "be", "mu", "var"], ["c1"]),  # folded first
              helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
              helper.make_node("Relu", ["c2"], ["r2"]),
@@ -37,7 +38,8 @@ def _cnn() -> onnx.ModelProto:
              helper.make_node("MatMul", ["f", "wf"], ["y"])]
     inits = [numpy_helper.from_array(a, n) for n, a in (
         ("w1", w(8, 3, 3, 3)), ("b1", w(8)), ("w2", w(16, 8, 3, 3)), ("b2", w(16)), ("w3", w(4, 16, 1, 1)),
-        ("b3", w(4)), ("wf", w(4 * 6 * 5, 10)))]
+        ("b3", w(4)), ("wf", w(4 * 6 * 5, 10)), ("g", 1 + w(8)), ("be", w(8)), ("mu", w(8)),
+        ("var", np.abs(1 + w(8))))]
     graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 10])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -58,12 +60,12 @@ def test_quantized_model_runs_integer_and_matches_onnxruntime(method: str, per_c
     fp32 = _cnn()
     model, report = quantize(fp32, _feeds(16), method=method, per_channel=per_channel)
     # the classifier's inputs are quantized too; its output is the model's, which stays fp32
-    assert sorted(report.quantized_nodes) == ["c1", "c2", "c3", "y"]
+    assert sorted(report.quantized_nodes) == ["c1", "c2", "c3", "y"]  # c1: the BN-folded conv
     assert report.samples == 16
     onnx.checker.check_model(model)
     ops = [n.op for n in lower(model, CompileOptions(threads=1)).nodes]
     assert ops.count("QLinearConv") == 3, ops
-    assert "Conv" not in ops, ops
+    assert "Conv" not in ops and "BatchNormalization" not in ops, ops
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     ref32 = ort.InferenceSession(fp32.SerializeToString(), providers=["CPUExecutionProvider"])
     compiled = smelt.compile(model, threads=2)
