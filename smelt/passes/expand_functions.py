@@ -1,0 +1,282 @@
+"""Pass: a node no template runs becomes its schema's function body, when that body runs natively.
+
+Many ONNX operators are *defined* by a function in their schema: a static body
+(``OpSchema.function_body``: Shrink, MeanVarianceNormalization, the window functions, Swish) or
+one built per node from its attributes and input types (``get_context_dependent_function``:
+SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss, RMSNormalization, RotaryEmbedding,
+Attention, GroupNormalization, CenterCropPad). Such a node with no native template used to run
+whole through the onnx.reference fallback; its body is made of ops smelt renders (Softmax,
+Gather, ReduceSum, MatMul, Where, ...), so it is expanded into them instead.
+
+A node is expanded when (a) no registered template accepts it (``registry.find_template``), (b)
+its schema has a function for the node's opset (the newest function version not above it), and
+(c) the expansion runs natively: the body, in a scratch graph holding only the node's inputs
+(their dtypes, static shapes and constants), is folded and shape-inferred as the pipeline will
+do, nested function nodes are expanded in turn, and every node left must have a template. A
+body that would leave any node to the fallback is not used (no mixed native/fallback pieces of
+one operator), nor one whose ops mean something else at the model's opset than at the body's
+(an operator whose schema version differs between the two), nor one with subgraph attributes.
+
+Names: the body's values become ``<node>/<name>`` (made unique if taken), its nodes
+``<node>/<op>_<k>``; the node's inputs and outputs keep their names, so graph outputs do too.
+An absent optional input is "" in the body (functions test it, as onnx's inliner does); an
+absent optional output gets a body-local name. Attribute references (``ref_attr_name``) take the
+node's attribute or the schema's default; a reference to an attribute with neither is dropped
+(ONNX's rule: the body node then sees it absent).
+
+Needs: shapes inferred (a node is only considered once its inputs are static). Runs inside
+``pipeline.fold_to_fixpoint`` (opt level >= 1): expanded nodes are folded and inferred by the
+rounds after it. Guarantees: every node it leaves in place either has a template, has no
+function, or would not expand natively; the new values are typed (it re-runs shape inference).
+"""
+
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+
+import onnx
+from onnx import defs
+
+from smelt.codegen.registry import find_template
+from smelt.frontend.onnx_import import attribute_value, node_to_onnx
+from smelt.frontend.validate import check_graph
+from smelt.ir.graph import Graph, Node, Value
+from smelt.ir.types import onnx_from_np_dtype
+from smelt.passes.constant_folding import fold_constants
+from smelt.passes.eliminate_identity import eliminate_identity
+from smelt.passes.shape_inference import infer_shapes
+
+# nested function calls expanded inside one body (ops defined by functions of functions); a
+# body deeper than this is not expanded
+MAX_DEPTH = 4
+# rounds of fold + inference on a body's scratch graph (as pipeline.MAX_FOLD_ROUNDS, but a body
+# is small: Attention's shape arithmetic needs 3)
+SCRATCH_ROUNDS = 8
+
+
+def _schema(g: Graph, node: Node) -> defs.OpSchema | None:
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    return _defined_by_function(node.op, g.opset.get("", 1))
+
+
+@lru_cache(maxsize=None)
+def _defined_by_function(op: str, opset: int) -> defs.OpSchema | None:
+    """The schema of ``op`` at ``opset`` when it has a function (static or context-dependent)
+    of a version not above ``opset``; cached: the pass asks for every node of every round."""
+    try:
+        schema = defs.get_schema(op, opset, "")
+    except Exception:  # noqa: BLE001 - an op onnx does not know has no function either
+        return None
+    versions = list(schema.function_opset_versions) + list(schema.context_dependent_function_opset_versions)
+    return schema if any(v <= opset for v in versions) else None
+
+
+def _type_proto(g: Graph, name: str) -> onnx.TypeProto:
+    """The TypeProto of ``name`` as a context-dependent function builder reads it (empty for an
+    absent input)."""
+    tp = onnx.TypeProto()
+    if not name:
+        return tp
+    v = g.values[name]
+    tt = tp.tensor_type
+    tt.elem_type = onnx_from_np_dtype(v.dtype)
+    shape = tt.shape
+    for d in v.shape:
+        shape.dim.add().dim_value = int(d)
+    return tp
+
+
+def _with_defaults(node: Node, schema: defs.OpSchema) -> onnx.NodeProto:
+    """The node as ONNX, with every schema default it leaves out written in (a body's attribute
+    reference reads the default, as onnx's own expansion does)."""
+    proto = node_to_onnx(node)
+    given = {a.name for a in proto.attribute}
+    for name, attr in schema.attributes.items():
+        if name not in given and attr.default_value is not None and attr.default_value.name:
+            proto.attribute.append(attr.default_value)
+    return proto
+
+
+def function_proto(g: Graph, node: Node) -> onnx.FunctionProto | None:
+    """The schema's function for ``node`` at the model's opset, or None when there is none (or
+    the context-dependent builder refuses these attributes and input types)."""
+    schema = _schema(g, node)
+    if schema is None:
+        return None
+    opset = g.opset.get("", 1)
+    static = [v for v in schema.function_opset_versions if v <= opset]
+    context = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
+    if not static and not context:
+        return None
+    proto = _with_defaults(node, schema)
+    fn = onnx.FunctionProto()
+    try:
+        if static and (not context or max(static) >= max(context)):
+            fn.ParseFromString(schema.get_function_with_opset_version(max(static)))
+        else:
+            types = [_type_proto(g, i).SerializeToString() for i in node.inputs]
+            fn.ParseFromString(schema.get_context_dependent_function_with_opset_version(
+                max(context), proto.SerializeToString(), types))
+    except Exception:  # noqa: BLE001 - the builder rejects this node: leave it whole
+        return None
+    return fn if fn.node else None
+
+
+def _same_semantics(g: Graph, fn: onnx.FunctionProto) -> bool:
+    """Every body op means at the model's opset what it means at the body's: the graph keeps one
+    opset per domain, so a body written for opset 13 (ReduceSum's axes an input from 13, an
+    attribute before) is only spliced where each of its ops has the same schema version."""
+    body = {o.domain or "": o.version for o in fn.opset_import}
+    model = g.opset.get("", 1)
+    for n in fn.node:
+        if n.domain not in ("", "ai.onnx"):
+            return False
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
+            return False
+        try:
+            if (defs.get_schema(n.op_type, body.get("", model), "").since_version
+                    != defs.get_schema(n.op_type, model, "").since_version):
+                return False
+        except Exception:  # noqa: BLE001 - an op unknown at one of the two opsets
+            return False
+    return True
+
+
+def _unique(g: Graph, taken: set[str], hint: str) -> str:
+    name = hint
+    k = 0
+    while name in g.values or name in taken:
+        k += 1
+        name = f"{hint}__{k}"
+    taken.add(name)
+    return name
+
+
+def body_nodes(g: Graph, node: Node, fn: onnx.FunctionProto) -> list[Node]:
+    """The body of ``fn`` instantiated for ``node``: inputs and outputs bound to the node's,
+    attribute references resolved, body values renamed ``<node>/<name>`` (values not added to
+    ``g``)."""
+    schema = _schema(g, node)
+    attrs = {a.name: a for a in _with_defaults(node, schema).attribute} if schema else {}
+    names: dict[str, str] = {"": ""}
+    for k, formal in enumerate(fn.input):
+        names[formal] = node.inputs[k] if k < len(node.inputs) else ""
+    for k, formal in enumerate(fn.output):
+        if k < len(node.outputs) and node.outputs[k]:
+            names[formal] = node.outputs[k]
+    prefix = f"{node.name}/"
+    taken: set[str] = set()
+    node_names = {n.name for n in g.nodes}
+
+    def rename(name: str) -> str:
+        if name not in names:
+            names[name] = _unique(g, taken, prefix + name)
+        return names[name]
+
+    out: list[Node] = []
+    for k, n in enumerate(fn.node):
+        protos: list[onnx.AttributeProto] = []
+        for a in n.attribute:
+            if a.ref_attr_name:
+                if a.ref_attr_name not in attrs:
+                    continue  # referenced attribute absent: absent in the body node too
+                a2 = onnx.AttributeProto()
+                a2.CopyFrom(attrs[a.ref_attr_name])
+                a2.name = a.name
+                protos.append(a2)
+            else:
+                protos.append(a)
+        label = f"{prefix}{n.name or n.op_type}_{k}" if not n.name else f"{prefix}{n.name}"
+        while label in node_names:
+            label += "_"
+        node_names.add(label)
+        out.append(Node(op=n.op_type, name=label, inputs=[names.get(i, i) if i in names else rename(i) for i in n.input],
+                        outputs=[rename(o) if o else "" for o in n.output],
+                        attrs={a.name: attribute_value(a) for a in protos}, domain="", attr_protos=protos))
+    return out
+
+
+def _scratch(g: Graph, node: Node, nodes: list[Node]) -> Graph:
+    """A graph holding copies of ``nodes`` (the passes run on it rewrite nodes in place) and of
+    the node's inputs (typed, constants kept)."""
+    s = Graph(f"{g.name}:{node.name}", g.opset)
+    for i in dict.fromkeys(node.present_inputs()):
+        v = g.values[i]
+        s.add_value(Value(i, v.dtype, v.shape, const=v.const))
+        if v.const is None:
+            s.inputs.append(i)
+    for n in nodes:
+        for o in n.outputs:
+            if o:
+                s.add_value(Value(o))
+    s.nodes = copy.deepcopy(nodes)
+    s.outputs = [o for o in node.outputs if o]
+    s.inlined_branches = g.inlined_branches
+    return s
+
+
+def _runs_natively(g: Graph, node: Node, nodes: list[Node], depth: int) -> bool:
+    """Whether the expansion, folded and inferred as the pipeline will, leaves no node to the
+    fallback (nested function nodes expanded in turn, up to ``MAX_DEPTH``)."""
+    s = _scratch(g, node, nodes)
+    try:
+        s = infer_shapes(s)
+        for _ in range(SCRATCH_ROUNDS):
+            before = len(s.nodes)
+            s = _expand(infer_shapes(eliminate_identity(fold_constants(s))), depth + 1)
+            if len(s.nodes) == before:
+                break
+    except Exception:  # noqa: BLE001 - a body inference or fold refuses: leave the node whole
+        return False
+    return all(find_template(n, s)[0] is not None for n in s.nodes)
+
+
+def _candidate(g: Graph, node: Node) -> bool:
+    """Typed, statically shaped, and no template takes it."""
+    for name in node.present_inputs() + [o for o in node.outputs if o]:
+        v = g.values.get(name)
+        if v is None or v.dtype is None or not v.is_static:
+            return False
+    return find_template(node, g)[0] is None
+
+
+def _expand(g: Graph, depth: int = 0) -> Graph:
+    if depth > MAX_DEPTH:
+        raise RecursionError("function bodies nested too deep")
+    out: list[Node] = []
+    changed = False
+    for node in g.nodes:
+        fn = None
+        if _schema(g, node) is not None and _candidate(g, node):
+            fn = function_proto(g, node)
+        if fn is None or not _same_semantics(g, fn):
+            out.append(node)
+            continue
+        nodes = body_nodes(g, node, fn)
+        if not _runs_natively(g, node, nodes, depth):
+            out.append(node)
+            continue
+        for n in nodes:
+            for o in n.outputs:
+                if o and o not in g.values:
+                    g.add_value(Value(o))
+        out += nodes
+        changed = True
+    if changed:
+        g.nodes = out
+        g.prune_values()
+        g = infer_shapes(g)
+    return g
+
+
+def expand_functions(g: Graph) -> Graph:
+    """Expand every node that no template runs into its schema's function body, where the body
+    runs natively (module docstring)."""
+    for n in g.nodes:
+        if _schema(g, n) is not None:
+            break
+    else:
+        return g
+    return check_graph(_expand(g))
