@@ -33,7 +33,7 @@ function, or would not expand natively; the new values are typed (it re-runs sha
 from __future__ import annotations
 
 import copy
-from functools import lru_cache
+from functools import cache
 
 import onnx
 from onnx import defs
@@ -61,16 +61,16 @@ def _schema(g: Graph, node: Node) -> defs.OpSchema | None:
     return _defined_by_function(node.op, g.opset.get("", 1))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _defined_by_function(op: str, opset: int) -> defs.OpSchema | None:
-    """The schema of ``op`` at ``opset`` when it has a function (static or context-dependent)
-    of a version not above ``opset``; cached: the pass asks for every node of every round."""
+    """The schema of ``op`` at ``opset`` when it has a function (static or context-dependent,
+    of any version: ``_versions``); cached: the pass asks for every node of every round."""
     try:
         schema = defs.get_schema(op, opset, "")
     except Exception:  # noqa: BLE001 - an op onnx does not know has no function either
         return None
     versions = list(schema.function_opset_versions) + list(schema.context_dependent_function_opset_versions)
-    return schema if any(v <= opset for v in versions) else None
+    return schema if versions else None
 
 
 def _type_proto(g: Graph, name: str) -> onnx.TypeProto:
@@ -99,35 +99,72 @@ def _with_defaults(node: Node, schema: defs.OpSchema) -> onnx.NodeProto:
     return proto
 
 
+def _versions(schema: defs.OpSchema, opset: int) -> list[tuple[int, bool]]:
+    """(function version, context-dependent) in order of preference: the newest not above the
+    model's opset first (its body is written in the model's operators), then newer ones (Shrink's
+    only body is written for opset 18; it serves opset 9 to 17 when ``_same_semantics`` holds)."""
+    found = [(v, False) for v in schema.function_opset_versions]
+    found += [(v, True) for v in schema.context_dependent_function_opset_versions if v not in
+              schema.function_opset_versions]
+    below = sorted((f for f in found if f[0] <= opset), reverse=True)
+    above = sorted(f for f in found if f[0] > opset)
+    return below + above
+
+
 def function_proto(g: Graph, node: Node) -> onnx.FunctionProto | None:
-    """The schema's function for ``node`` at the model's opset, or None when there is none (or
-    the context-dependent builder refuses these attributes and input types)."""
+    """The schema's function for ``node``, of the preferred version (``_versions``) whose body
+    means at the model's opset what it means at its own, or None when there is none (or the
+    context-dependent builder refuses these attributes and input types)."""
     schema = _schema(g, node)
     if schema is None:
         return None
-    opset = g.opset.get("", 1)
-    static = [v for v in schema.function_opset_versions if v <= opset]
-    context = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
-    if not static and not context:
-        return None
     proto = _with_defaults(node, schema)
-    fn = onnx.FunctionProto()
-    try:
-        if static and (not context or max(static) >= max(context)):
-            fn.ParseFromString(schema.get_function_with_opset_version(max(static)))
-        else:
-            types = [_type_proto(g, i).SerializeToString() for i in node.inputs]
-            fn.ParseFromString(schema.get_context_dependent_function_with_opset_version(
-                max(context), proto.SerializeToString(), types))
-    except Exception:  # noqa: BLE001 - the builder rejects this node: leave it whole
-        return None
-    return fn if fn.node else None
+    types = [_type_proto(g, i).SerializeToString() for i in node.inputs]
+    for version, context in _versions(schema, g.opset.get("", 1)):
+        fn = onnx.FunctionProto()
+        try:
+            if context:
+                fn.ParseFromString(schema.get_context_dependent_function_with_opset_version(
+                    version, proto.SerializeToString(), types))
+            else:
+                fn.ParseFromString(schema.get_function_with_opset_version(version))
+        except Exception:  # noqa: BLE001 - the builder rejects this node: try another version
+            continue
+        if fn.node and _same_semantics(g, fn):
+            return fn
+    return None
+
+
+def _compatible(old: defs.OpSchema, new: defs.OpSchema) -> bool:
+    """Whether a node written for ``old`` means the same under ``new``: a version that only
+    adds types, optional trailing inputs/outputs or attributes whose default keeps the old
+    behaviour (Pow-15, Reshape-14's allowzero, Cast-19's saturate). Removed or retyped
+    attributes and changed defaults (ReduceMean-18's axes becoming an input, Softmax-13's axis
+    default) are not."""
+    if old.since_version == new.since_version:
+        return True
+    def formals(params):  # noqa: E306
+        return [(p.name, p.option) for p in params]
+    if formals(new.inputs)[:len(old.inputs)] != formals(old.inputs):
+        return False
+    if formals(new.outputs)[:len(old.outputs)] != formals(old.outputs):
+        return False
+    if any(p.option != defs.OpSchema.FormalParameterOption.Optional for p in new.inputs[len(old.inputs):]):
+        return False
+    for name, a in old.attributes.items():
+        b = new.attributes.get(name)
+        if b is None or b.type != a.type or b.required != a.required:
+            return False
+        if a.default_value.SerializeToString() != b.default_value.SerializeToString():
+            return False
+    return all(not b.required for name, b in new.attributes.items() if name not in old.attributes)
 
 
 def _same_semantics(g: Graph, fn: onnx.FunctionProto) -> bool:
     """Every body op means at the model's opset what it means at the body's: the graph keeps one
-    opset per domain, so a body written for opset 13 (ReduceSum's axes an input from 13, an
-    attribute before) is only spliced where each of its ops has the same schema version."""
+    opset per domain, so a body written for opset 13 (ReduceMean's axes an attribute until 18)
+    is only spliced where each of its ops is the same or a compatible version (``_compatible``).
+    Bodies with subgraph attributes are not used (no native template runs a subgraph)."""
     body = {o.domain or "": o.version for o in fn.opset_import}
     model = g.opset.get("", 1)
     for n in fn.node:
@@ -136,10 +173,11 @@ def _same_semantics(g: Graph, fn: onnx.FunctionProto) -> bool:
         if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute):
             return False
         try:
-            if (defs.get_schema(n.op_type, body.get("", model), "").since_version
-                    != defs.get_schema(n.op_type, model, "").since_version):
-                return False
+            old = defs.get_schema(n.op_type, body.get("", model), "")
+            new = defs.get_schema(n.op_type, model, "")
         except Exception:  # noqa: BLE001 - an op unknown at one of the two opsets
+            return False
+        if not (_compatible(old, new) if old.since_version <= new.since_version else _compatible(new, old)):
             return False
     return True
 
@@ -234,8 +272,9 @@ def _runs_natively(g: Graph, node: Node, nodes: list[Node], depth: int) -> bool:
 
 
 def _candidate(g: Graph, node: Node) -> bool:
-    """Typed, statically shaped, and no template takes it."""
-    for name in node.present_inputs() + [o for o in node.outputs if o]:
+    """Inputs typed and statically shaped, and no template takes it. (Outputs may be untyped:
+    onnx infers GroupNormalization-21 only through its function, which it does not run here.)"""
+    for name in node.present_inputs():
         v = g.values.get(name)
         if v is None or v.dtype is None or not v.is_static:
             return False
@@ -251,7 +290,7 @@ def _expand(g: Graph, depth: int = 0) -> Graph:
         fn = None
         if _schema(g, node) is not None and _candidate(g, node):
             fn = function_proto(g, node)
-        if fn is None or not _same_semantics(g, fn):
+        if fn is None:
             out.append(node)
             continue
         nodes = body_nodes(g, node, fn)
