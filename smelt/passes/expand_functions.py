@@ -255,9 +255,43 @@ def _scratch(g: Graph, node: Node, nodes: list[Node]) -> Graph:
     return s
 
 
+def _signature(g: Graph, node: Node) -> tuple:
+    """What decides whether a node's body runs natively: opset, op, attributes, and per input its
+    dtype, shape, whether it is a constant and, for small constants (axes, shapes, sizes), its
+    values. Large constants (weights) count by constness only."""
+    ins = []
+    for name in node.inputs:
+        v = g.values.get(name) if name else None
+        if v is None:
+            ins.append(None)
+            continue
+        data = v.const.tobytes() if v.const is not None and v.const.size <= SMALL_CONST else None
+        ins.append((str(v.dtype), v.shape, v.const is not None, data))
+    attrs = tuple(a.SerializeToString() for a in node.attr_protos)
+    return (tuple(sorted(g.opset.items())), node.op, attrs, tuple(ins), len(node.outputs),
+            tuple(bool(o) for o in node.outputs))
+
+
+# verdicts of _runs_natively by _signature: a model repeats its blocks (an LLM's RMSNormalization
+# per layer), and a node whose body cannot run natively is asked again every fold round
+_VERDICTS: dict[tuple, bool] = {}
+MAX_VERDICTS = 4096
+SMALL_CONST = 64
+
+
 def _runs_natively(g: Graph, node: Node, nodes: list[Node], depth: int) -> bool:
     """Whether the expansion, folded and inferred as the pipeline will, leaves no node to the
-    fallback (nested function nodes expanded in turn, up to ``MAX_DEPTH``)."""
+    fallback (nested function nodes expanded in turn, up to ``MAX_DEPTH``); remembered per
+    ``_signature``."""
+    key = _signature(g, node)
+    if key not in _VERDICTS:
+        if len(_VERDICTS) >= MAX_VERDICTS:
+            _VERDICTS.clear()
+        _VERDICTS[key] = _try_natively(g, node, nodes, depth)
+    return _VERDICTS[key]
+
+
+def _try_natively(g: Graph, node: Node, nodes: list[Node], depth: int) -> bool:
     s = _scratch(g, node, nodes)
     try:
         s = infer_shapes(s)
