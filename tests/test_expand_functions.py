@@ -82,6 +82,12 @@ def _group_norm(eps: float | None):
     return _model([node], [tensor("x", [2, 4, 3, 5])], ["y"], inits, opset=21), {"x": _x(2, 4, 3, 5)}
 
 
+def _with_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """Shrink's schema body needs CastLike (opset 15): below it smelt's own body serves."""
+    model.opset_import[0].version = opset
+    return model
+
+
 def _shrink(lambd: float | None, bias: float | None):
     attrs = {k: v for k, v in (("lambd", lambd), ("bias", bias)) if v is not None}
     return _model([helper.make_node("Shrink", ["x"], ["y"], **attrs)], [tensor("x", [4, 33])], ["y"]), \
@@ -116,6 +122,23 @@ def _attention(causal: int | None, mask: bool, scale: float | None):
     return _model([helper.make_node("Attention", ins, ["y"], **attrs)], inputs, ["y"], opset=23), feeds
 
 
+def _hardmax(axis: int | None, ties: bool):
+    x = _x(3, 4, 5)
+    if ties:  # equal maxima: the first one is hot, as in onnxruntime
+        x[:, 1, :] = x[:, 3, :] = 9.0
+    attrs = {"axis": axis} if axis is not None else {}
+    return _model([helper.make_node("Hardmax", ["x"], ["y"], **attrs)], [tensor("x", [3, 4, 5])], ["y"],
+                  opset=13), {"x": x}
+
+
+def _lp_norm(p: int | None, axis: int | None, opset: int):
+    x = _x(4, 6)
+    x[2] = 0.0  # a zero norm gives 0, not NaN
+    attrs = {k: v for k, v in (("p", p), ("axis", axis)) if v is not None}
+    return _model([helper.make_node("LpNormalization", ["x"], ["y"], **attrs)], [tensor("x", [4, 6])], ["y"],
+                  opset=opset), {"x": x}
+
+
 CASES = {
     "sce_mean": lambda: _sce(None, False, None, False),
     "sce_sum_weights_logprob": lambda: _sce("sum", True, None, True),
@@ -129,7 +152,12 @@ CASES = {
     "rms_axis1_eps": lambda: _rms(1, 1e-3, False),
     "group_norm": lambda: _group_norm(None),
     "group_norm_eps": lambda: _group_norm(1e-2),
+    "hardmax_default": lambda: _hardmax(None, False),
+    "hardmax_axis1_ties": lambda: _hardmax(1, True),
+    "lpnorm_default_opset17": lambda: _lp_norm(None, None, 17),
+    "lpnorm_p1_axis0_opset18": lambda: _lp_norm(1, 0, 18),
     "shrink_default": lambda: _shrink(None, None),
+    "shrink_opset11": lambda: (lambda m, f: (_with_opset(m, 11), f))(*_shrink(0.3, 0.1)),
     "shrink_set": lambda: _shrink(0.7, 0.2),
     "mvn_default": lambda: _mvn(None),
     "mvn_axes": lambda: _mvn([1, 3]),

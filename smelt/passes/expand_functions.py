@@ -33,13 +33,15 @@ function, or would not expand natively; the new values are typed (it re-runs sha
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from functools import cache
 
+import numpy as np
 import onnx
-from onnx import defs
+from onnx import defs, helper, numpy_helper
 
 from smelt.codegen.registry import find_template
-from smelt.frontend.onnx_import import attribute_value, node_to_onnx
+from smelt.frontend.onnx_import import attribute_value, node_to_onnx, op_version
 from smelt.frontend.validate import check_graph
 from smelt.ir.graph import Graph, Node, Value
 from smelt.ir.types import onnx_from_np_dtype
@@ -71,6 +73,83 @@ def _defined_by_function(op: str, opset: int) -> defs.OpSchema | None:
         return None
     versions = list(schema.function_opset_versions) + list(schema.context_dependent_function_opset_versions)
     return schema if versions else None
+
+
+def _hardmax(g: Graph, node: Node, opset: int) -> onnx.FunctionProto | None:
+    """Hardmax-13 (one axis) as ArgMax (first maximum, as onnxruntime) compared with the axis'
+    indices: Y = Cast(Equal(iota, ArgMax(X, axis, keepdims=1)))."""
+    x = g.values[node.inputs[0]]
+    rank = len(x.shape)
+    axis = int(node.attr("axis", -1)) % rank
+    iota = np.arange(x.shape[axis], dtype=np.int64).reshape([-1 if d == axis else 1 for d in range(rank)])
+    nodes = [
+        helper.make_node("ArgMax", ["X"], ["index"], axis=axis, keepdims=1, select_last_index=0),
+        helper.make_node("Constant", [], ["iota"], value=numpy_helper.from_array(iota)),
+        helper.make_node("Equal", ["iota", "index"], ["hot"]),
+        helper.make_node("Cast", ["hot"], ["Y"], to=onnx_from_np_dtype(x.dtype)),
+    ]
+    return helper.make_function("", "Hardmax", ["X"], ["Y"], nodes, [helper.make_opsetid("", opset)])
+
+
+def _lp_normalization(g: Graph, node: Node, opset: int) -> onnx.FunctionProto | None:
+    """LpNormalization as X / ReduceL<p>(X, axis, keepdims=1), a zero norm divided as 1 so the
+    row stays 0 (onnxruntime's kernel gives 0 there, not 0/0's NaN)."""
+    x = g.values[node.inputs[0]]
+    p = int(node.attr("p", 2))
+    if p not in (1, 2):
+        return None
+    axis = int(node.attr("axis", -1)) % len(x.shape)
+    reduce = "ReduceL1" if p == 1 else "ReduceL2"
+    nodes = [helper.make_node("Constant", [], ["zero"], value=numpy_helper.from_array(np.zeros((), x.dtype))),
+             helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(np.ones((), x.dtype)))]
+    if opset >= 18:  # the reductions' axes became an input at 18
+        nodes += [helper.make_node("Constant", [], ["axes"], value=numpy_helper.from_array(np.array([axis], np.int64))),
+                  helper.make_node(reduce, ["input", "axes"], ["norm"], keepdims=1)]
+    else:
+        nodes.append(helper.make_node(reduce, ["input"], ["norm"], axes=[axis], keepdims=1))
+    nodes += [helper.make_node("Equal", ["norm", "zero"], ["is_zero"]),
+              helper.make_node("Where", ["is_zero", "one", "norm"], ["divisor"]),
+              helper.make_node("Div", ["input", "divisor"], ["output"])]
+    return helper.make_function("", "LpNormalization", ["input"], ["output"], nodes, [helper.make_opsetid("", opset)])
+
+
+def _shrink(g: Graph, node: Node, opset: int) -> onnx.FunctionProto | None:
+    """Shrink without CastLike (its schema body is written for opset 18; models below 15 have no
+    CastLike): Where(x < -lambd, x + bias, Where(x > lambd, x - bias, 0)), as onnxruntime."""
+    dtype = g.values[node.inputs[0]].dtype
+    lambd, bias = float(node.attr("lambd", 0.5)), float(node.attr("bias", 0.0))
+
+    def scalar(name: str, v: float) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(v, dtype)))
+    nodes = [scalar("lo", -lambd), scalar("hi", lambd), scalar("bias", bias), scalar("zero", 0.0),
+             helper.make_node("Less", ["input", "lo"], ["below"]),
+             helper.make_node("Greater", ["input", "hi"], ["above"]),
+             helper.make_node("Add", ["input", "bias"], ["raised"]),
+             helper.make_node("Sub", ["input", "bias"], ["lowered"]),
+             helper.make_node("Where", ["above", "lowered", "zero"], ["upper"]),
+             helper.make_node("Where", ["below", "raised", "upper"], ["output"])]
+    return helper.make_function("", "Shrink", ["input"], ["output"], nodes, [helper.make_opsetid("", opset)])
+
+
+# smelt's own bodies for ops whose schema has no function (by op and schema since-version), in
+# ONNX ops so they go through the same checks: ops common enough in the node suite and models
+DECOMPOSITIONS: dict[tuple[str, int], Callable[[Graph, Node, int], onnx.FunctionProto | None]] = {
+    ("Hardmax", 13): _hardmax,
+    ("LpNormalization", 1): _lp_normalization,
+    ("LpNormalization", 22): _lp_normalization,
+    ("Shrink", 9): _shrink,
+}
+
+
+def _decomposition(g: Graph, node: Node) -> onnx.FunctionProto | None:
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    make = DECOMPOSITIONS.get((node.op, op_version(g, node)))
+    return make(g, node, g.opset.get("", 1)) if make else None
+
+
+def _has_body(g: Graph, node: Node) -> bool:
+    return _schema(g, node) is not None or (node.op, op_version(g, node)) in DECOMPOSITIONS
 
 
 def _type_proto(g: Graph, name: str) -> onnx.TypeProto:
@@ -117,7 +196,7 @@ def function_proto(g: Graph, node: Node) -> onnx.FunctionProto | None:
     context-dependent builder refuses these attributes and input types)."""
     schema = _schema(g, node)
     if schema is None:
-        return None
+        return _own_body(g, node)
     proto = _with_defaults(node, schema)
     types = [_type_proto(g, i).SerializeToString() for i in node.inputs]
     for version, context in _versions(schema, g.opset.get("", 1)):
@@ -132,7 +211,13 @@ def function_proto(g: Graph, node: Node) -> onnx.FunctionProto | None:
             continue
         if fn.node and _same_semantics(g, fn):
             return fn
-    return None
+    return _own_body(g, node)
+
+
+def _own_body(g: Graph, node: Node) -> onnx.FunctionProto | None:
+    """smelt's decomposition (``DECOMPOSITIONS``), where the schema has no usable function."""
+    fn = _decomposition(g, node)
+    return fn if fn is not None and _same_semantics(g, fn) else None
 
 
 def _compatible(old: defs.OpSchema, new: defs.OpSchema) -> bool:
@@ -322,7 +407,7 @@ def _expand(g: Graph, depth: int = 0) -> Graph:
     changed = False
     for node in g.nodes:
         fn = None
-        if _schema(g, node) is not None and _candidate(g, node):
+        if _has_body(g, node) and _candidate(g, node):
             fn = function_proto(g, node)
         if fn is None:
             out.append(node)
@@ -348,7 +433,7 @@ def expand_functions(g: Graph) -> Graph:
     """Expand every node that no template runs into its schema's function body, where the body
     runs natively (module docstring)."""
     for n in g.nodes:
-        if _schema(g, n) is not None:
+        if _has_body(g, n):
             break
     else:
         return g
