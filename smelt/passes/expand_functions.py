@@ -311,11 +311,11 @@ def body_nodes(g: Graph, node: Node, fn: onnx.FunctionProto) -> list[Node]:
                 protos.append(a2)
             else:
                 protos.append(a)
-        label = f"{prefix}{n.name or n.op_type}_{k}" if not n.name else f"{prefix}{n.name}"
+        label = prefix + (n.name or f"{n.op_type}_{k}")
         while label in node_names:
             label += "_"
         node_names.add(label)
-        out.append(Node(op=n.op_type, name=label, inputs=[names.get(i, i) if i in names else rename(i) for i in n.input],
+        out.append(Node(op=n.op_type, name=label, inputs=[rename(i) for i in n.input],
                         outputs=[rename(o) if o else "" for o in n.output],
                         attrs={a.name: attribute_value(a) for a in protos}, domain="", attr_protos=protos))
     return out
@@ -425,7 +425,7 @@ def _expand(g: Graph, depth: int = 0) -> Graph:
     if changed:
         g.nodes = out
         g.prune_values()
-        g = infer_shapes(g)
+        g = check_graph(infer_shapes(g)) if depth == 0 else infer_shapes(g)
     return g
 
 
@@ -437,4 +437,4 @@ def expand_functions(g: Graph) -> Graph:
             break
     else:
         return g
-    return check_graph(_expand(g))
+    return _expand(g)
