@@ -9,13 +9,21 @@ whole through the onnx.reference fallback; its body is made of ops smelt renders
 Gather, ReduceSum, MatMul, Where, ...), so it is expanded into them instead.
 
 A node is expanded when (a) no registered template accepts it (``registry.find_template``), (b)
-its schema has a function for the node's opset (the newest function version not above it), and
+its schema has a function usable at the node's opset (the newest version not above it first,
+then newer ones whose ops are compatible: ``_versions``, ``_compatible``), and
 (c) the expansion runs natively: the body, in a scratch graph holding only the node's inputs
 (their dtypes, static shapes and constants), is folded and shape-inferred as the pipeline will
 do, nested function nodes are expanded in turn, and every node left must have a template. A
 body that would leave any node to the fallback is not used (no mixed native/fallback pieces of
 one operator), nor one whose ops mean something else at the model's opset than at the body's
-(an operator whose schema version differs between the two), nor one with subgraph attributes.
+(``_compatible``: a newer version may only add types, optional inputs, or attributes whose
+default keeps the old behaviour), nor one with subgraph attributes. Verdicts are remembered
+per signature (op, attributes, input types, shapes and small constants): blocks repeat.
+
+Ops whose schema has no function (or only one the model's opset cannot use) may have smelt's
+own body in ``DECOMPOSITIONS``, written in ONNX ops and checked the same way: Hardmax-13
+(ArgMax compared with the axis' indices), LpNormalization (X / ReduceL<p>, a zero norm giving 0
+as onnxruntime does) and Shrink below opset 15 (its schema body needs CastLike).
 
 Names: the body's values become ``<node>/<name>`` (made unique if taken), its nodes
 ``<node>/<op>_<k>``; the node's inputs and outputs keep their names, so graph outputs do too.
