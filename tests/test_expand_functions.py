@@ -139,6 +139,13 @@ def _lp_norm(p: int | None, axis: int | None, opset: int):
                   opset=opset), {"x": x}
 
 
+def _variadic(op: str, shapes: list[list[int]], opset: int = 13):
+    """Sum / Mean over inputs that broadcast (Sum-8 and later)."""
+    names = [f"x{i}" for i in range(len(shapes))]
+    return _model([helper.make_node(op, names, ["y"])], [tensor(n, s) for n, s in zip(names, shapes, strict=True)],
+                  ["y"], opset=opset), {n: _x(*s) for n, s in zip(names, shapes, strict=True)}
+
+
 CASES = {
     "sce_mean": lambda: _sce(None, False, None, False),
     "sce_sum_weights_logprob": lambda: _sce("sum", True, None, True),
@@ -156,6 +163,10 @@ CASES = {
     "hardmax_axis1_ties": lambda: _hardmax(1, True),
     "lpnorm_default_opset17": lambda: _lp_norm(None, None, 17),
     "lpnorm_p1_axis0_opset18": lambda: _lp_norm(1, 0, 18),
+    "sum_one": lambda: _variadic("Sum", [[3, 4]]),
+    "sum_three_broadcast": lambda: _variadic("Sum", [[2, 3, 4], [4], [3, 1]]),
+    "mean_two": lambda: _variadic("Mean", [[5, 7], [5, 7]], opset=11),
+    "mean_three_broadcast": lambda: _variadic("Mean", [[2, 1, 4], [3, 4], [1]]),
     "shrink_default": lambda: _shrink(None, None),
     "shrink_opset11": lambda: (lambda m, f: (_with_opset(m, 11), f))(*_shrink(0.3, 0.1)),
     "shrink_set": lambda: _shrink(0.7, 0.2),

@@ -23,7 +23,8 @@ per signature (op, attributes, input types, shapes and small constants): blocks 
 Ops whose schema has no function (or only one the model's opset cannot use) may have smelt's
 own body in ``DECOMPOSITIONS``, written in ONNX ops and checked the same way: Hardmax-13
 (ArgMax compared with the axis' indices), LpNormalization (X / ReduceL<p>, a zero norm giving 0
-as onnxruntime does) and Shrink below opset 15 (its schema body needs CastLike).
+as onnxruntime does), Shrink below opset 15 (its schema body needs CastLike), and Sum / Mean
+(Adds left to right, Mean then divided by the count).
 
 Names: the body's values become ``<node>/<name>`` (made unique if taken), its nodes
 ``<node>/<op>_<k>``; the node's inputs and outputs keep their names, so graph outputs do too.
@@ -139,6 +140,29 @@ def _shrink(g: Graph, node: Node, opset: int) -> onnx.FunctionProto | None:
     return helper.make_function("", "Shrink", ["input"], ["output"], nodes, [helper.make_opsetid("", opset)])
 
 
+def _sum_or_mean(g: Graph, node: Node, opset: int) -> onnx.FunctionProto | None:
+    """Sum as a left-to-right chain of Adds (onnxruntime's order: ((a + b) + c)), Mean as that
+    sum divided by the input count; Add broadcasts as Sum-8/13 do (Sum-6's inputs have one
+    shape). One input: an Identity."""
+    k = len(node.inputs)
+    if k == 0 or not all(node.inputs):
+        return None
+    ins = [f"data_{i}" for i in range(k)]
+    last = "total" if node.op == "Mean" else "output"
+    nodes, cur = [], ins[0]
+    for i in range(1, k):
+        out = last if i == k - 1 else f"partial_{i}"
+        nodes.append(helper.make_node("Add", [cur, ins[i]], [out]))
+        cur = out
+    if k == 1:
+        nodes.append(helper.make_node("Identity", [cur], [last]))
+    if node.op == "Mean":
+        count = np.array(k, g.values[node.inputs[0]].dtype)
+        nodes += [helper.make_node("Constant", [], ["count"], value=numpy_helper.from_array(count)),
+                  helper.make_node("Div", ["total", "count"], ["output"])]
+    return helper.make_function("", node.op, ins, ["output"], nodes, [helper.make_opsetid("", opset)])
+
+
 # smelt's own bodies for ops whose schema has no function (by op and schema since-version), in
 # ONNX ops so they go through the same checks: ops common enough in the node suite and models
 DECOMPOSITIONS: dict[tuple[str, int], Callable[[Graph, Node, int], onnx.FunctionProto | None]] = {
@@ -146,6 +170,7 @@ DECOMPOSITIONS: dict[tuple[str, int], Callable[[Graph, Node, int], onnx.Function
     ("LpNormalization", 1): _lp_normalization,
     ("LpNormalization", 22): _lp_normalization,
     ("Shrink", 9): _shrink,
+    **{(op, v): _sum_or_mean for op in ("Sum", "Mean") for v in (6, 8, 13)},
 }
 
 
