@@ -446,7 +446,9 @@ def _expand(g: Graph, depth: int = 0) -> Graph:
             out.append(node)
             continue
         nodes = body_nodes(g, node, fn)
-        if not _runs_natively(g, node, nodes, depth):
+        made = {o for n in nodes for o in n.outputs if o}
+        # a body that passes an input straight through as an output has no node writing it
+        if not all(o in made for o in node.outputs if o) or not _runs_natively(g, node, nodes, depth):
             out.append(node)
             continue
         for n in nodes:
