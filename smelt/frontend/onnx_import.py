@@ -17,6 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from smelt.errors import ModelLoadError
+from smelt.frontend.local_functions import inline_local_functions
 from smelt.ir.graph import Graph, Node, Shape, Value
 from smelt.ir.types import np_dtype_from_onnx, onnx_from_np_dtype
 
@@ -51,7 +52,8 @@ def load_model(model: ModelLike) -> onnx.ModelProto:
         raise TypeError(f"model must be a path, bytes or onnx.ModelProto, not {type(model).__name__}")
     if not proto.graph.node and not proto.graph.output:
         raise ModelLoadError("the model has an empty graph (is it really an ONNX model?)")
-    return _upgrade_opset(_unknown_negative_dims(proto))
+    # local functions first: the version converter and everything after see plain graph nodes
+    return _upgrade_opset(_unknown_negative_dims(inline_local_functions(proto)))
 
 
 def _unknown_negative_dims(proto: onnx.ModelProto) -> onnx.ModelProto:

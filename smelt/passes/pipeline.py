@@ -17,6 +17,7 @@ from smelt.ir.verify import verify
 from smelt.passes.constant_folding import fold_constants
 from smelt.passes.dead_nodes import eliminate_dead_nodes
 from smelt.passes.eliminate_identity import eliminate_identity
+from smelt.passes.expand_functions import expand_functions
 from smelt.passes.fold_batchnorm import fold_batchnorm
 from smelt.passes.fuse_epilogue import fuse_epilogues
 from smelt.passes.inline_if import inline_constant_ifs
@@ -35,10 +36,13 @@ def fold_to_fixpoint(g: Graph) -> Graph:
     a Shape can only fold once inference has sized its input, which needed the previous round's
     folds (exported attention blocks compute every Reshape target from Shape ops), and an If's
     condition is often such a Shape test whose taken branch then needs inference in turn.
-    Validation follows each inference, before the next fold evaluates a node."""
+    Validation follows each inference, before the next fold evaluates a node. A node no template
+    runs is then expanded into its schema's function body where that runs natively (its shapes
+    are known only now; the body is folded and inferred by the next round)."""
     for _ in range(MAX_FOLD_ROUNDS):
         before = _fold_signature(g)
         g = check_graph(infer_shapes(eliminate_identity(inline_constant_ifs(fold_constants(g)))))
+        g = expand_functions(g)
         if _fold_signature(g) == before:
             break
     return g

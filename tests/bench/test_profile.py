@@ -26,7 +26,7 @@ RNG = np.random.default_rng(7)
 
 
 def _tiny() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """3x3 conv (bias + fused Relu), 1x1 conv, Hardmax (no native template: a fallback node),
+    """3x3 conv (bias + fused Relu), 1x1 conv, Cosh (no native template: a fallback node),
     then Flatten and Gemm (a second native block)."""
 
     def w(*shape):
@@ -36,7 +36,7 @@ def _tiny() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv3x3"),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
         helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv1x1"),
-        helper.make_node("Hardmax", ["c2"], ["h"], axis=-1, name="hardmax"),
+        helper.make_node("Cosh", ["c2"], ["h"], name="cosh"),
         helper.make_node("Flatten", ["h"], ["f"], name="flatten"),
         helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], transB=1, name="fc"),
     ]
@@ -47,8 +47,8 @@ def _tiny() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 
 
 EXPECTED = [("conv3x3", "Conv"), ("conv1x1", "Conv"), ("LayoutTransform", "LayoutTransform"),
-            ("hardmax", "Hardmax"), ("flatten", "Flatten"), ("fc", "Gemm")]
-# the Relu is fused into conv3x3; the convs write NCHW16c and the fallback Hardmax reads plain NCHW,
+            ("cosh", "Cosh"), ("flatten", "Flatten"), ("fc", "Gemm")]
+# the Relu is fused into conv3x3; the convs write NCHW16c and the fallback Cosh reads plain NCHW,
 # so the layout pass puts one transform between them (its name is generated: compared by op)
 
 
@@ -87,14 +87,14 @@ def test_report_rows_match_the_plan(cache, threads):
         assert n.ms > 0 and n.median_ms > 0, n
         assert len(n.busy_ms) == threads
     by = {n.name: n for n in report.nodes}
-    assert by["hardmax"].fallback and not by["conv3x3"].fallback
-    assert by["hardmax"].block is None and by["fc"].block == 1
+    assert by["cosh"].fallback and not by["conv3x3"].fallback
+    assert by["cosh"].block is None and by["fc"].block == 1
     # FLOPs from smelt.ir.ops: 2 * outputs * (C/group * kernel volume)
     assert by["conv3x3"].flops == 2 * 16 * 12 * 12 * 3 * 9
     assert by["conv1x1"].flops == 2 * 8 * 12 * 12 * 16
     assert by["fc"].flops == 2 * 10 * 8 * 12 * 12
     assert by["conv3x3"].gflops and by["conv3x3"].gflops > 0
-    assert by["hardmax"].gflops is None
+    assert by["cosh"].gflops is None
     # the template's own description of the schedule, not parsed from C
     assert "NCHW[x]c" in by["conv3x3"].schedule and "reg_n=" in by["conv3x3"].detail.get("blocking", "")
     assert "1x1 on flat rows" in by["conv1x1"].schedule
