@@ -403,6 +403,19 @@ class CompiledModel:
         return [] if art is None else [{"node": f.node, "op": f.op, "reason": f.reason}
                                        for f in art.plan.fallback_steps]
 
+    def saturation_counts(self) -> dict[str, tuple[int, int]]:
+        """Per value an integer kernel writes (QuantizeLinear, QLinearConv, QLinearMatMul
+        outputs), the elements it clamped at the low and the high end of its type's range since
+        the current variant was loaded: counted inside the kernels
+        (``smelt.quantize.debug_report`` ranks layers by it)."""
+        art = self._current()
+        return {} if art is None else art.saturation_counts()
+
+    def reset_saturation_counts(self) -> None:
+        art = self._current()
+        if art is not None:
+            art.reset_saturation_counts()
+
     @property
     def native_nodes(self) -> list[tuple[str, str]]:
         art = self._current()

@@ -253,6 +253,7 @@ def _artifact_plan(g: Graph, plan: ExecutionPlan, module, lib_path: Path | None,
                 step_nodes=tuple((node, op) for node, op in module.step_nodes[step.index]),
                 step_info=tuple(module.step_info[step.index]),
                 dynamic=tuple(module.dynamic.get(step.index, ())),
+                counters=tuple(module.counters.get(step.index, ())),
             ))
         else:
             outs = tuple(_spec(g.values[o]) if g.values[o].is_static else None for o in step.node.outputs if o)

@@ -314,3 +314,168 @@ def quantize(model: onnx.ModelProto | str | Path, calibration: str | Path | Iter
     out.graph.initializer.extend(kept + new_inits)
     onnx.checker.check_model(out)
     return out, QuantizeReport(quantized, skipped, ranges, samples)
+
+
+# -- numeric debug ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TensorError:
+    """One quantized tensor against its float counterpart, over the debug inputs."""
+
+    name: str  # the float tensor that is quantized (its name in both models)
+    max_abs: float
+    mean_abs: float
+    sqnr_db: float  # 10 log10(sum ref^2 / sum err^2); inf when equal
+    saturated: int  # elements the integer kernel clamped, counted inside it
+    elements: int
+
+
+@dataclasses.dataclass
+class DebugReport:
+    """Per quantized tensor, worst SQNR first (``tensors``), and the model outputs' errors."""
+
+    tensors: list[TensorError]
+    outputs: list[TensorError]
+    samples: int
+
+    def format_text(self, top: int | None = None) -> str:
+        rows = [("tensor", "SQNR dB", "max abs", "mean abs", "saturated", "of")]
+        for t in (self.tensors[:top] if top else self.tensors):
+            rows.append((t.name, f"{t.sqnr_db:.1f}", f"{t.max_abs:.3g}", f"{t.mean_abs:.3g}", str(t.saturated),
+                         str(t.elements)))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = [f"numeric debug over {self.samples} input(s): quantized tensors, worst SQNR first "
+                 "(saturated: elements the integer kernel clamped, counted inside it)"]
+        lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        lines += [f"  model output {t.name}: SQNR {t.sqnr_db:.1f} dB, max abs {t.max_abs:.3g}" for t in self.outputs]
+        return "\n".join(lines)
+
+    def save_chart(self, path: str | Path, top: int = 30) -> None:
+        """A bar chart of SQNR per tensor (worst first), saturation marked; needs matplotlib."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        shown = self.tensors[:top]
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * len(shown) + 2), 4))
+        colors = ["tab:red" if t.saturated else "tab:blue" for t in shown]
+        ax.bar(range(len(shown)), [min(t.sqnr_db, 99.0) for t in shown], color=colors)
+        ax.set_xticks(range(len(shown)), [t.name for t in shown], rotation=75, ha="right", fontsize=7)
+        ax.set_ylabel("SQNR vs float (dB)")
+        ax.set_title("quantized tensors, worst first (red: saturated inside the kernel)")
+        fig.tight_layout()
+        fig.savefig(str(path), dpi=120)
+        plt.close(fig)
+
+
+def strip_activation_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with each activation's QuantizeLinear -> DequantizeLinear pair removed (its
+    readers read the float tensor again); weights stay dequantized. The float reference of a QDQ
+    model when the original fp32 model is not at hand: what differs is then exactly the
+    activation quantization and the integer arithmetic."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inits = {i.name for i in out.graph.initializer}
+    q_in = {n.output[0]: n.input[0] for n in out.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in inits}
+    dq_to_float = {n.output[0]: q_in[n.input[0]] for n in out.graph.node
+                   if n.op_type == "DequantizeLinear" and n.input[0] in q_in}
+    kept = [n for n in out.graph.node
+            if not (n.op_type == "QuantizeLinear" and n.output[0] in q_in)
+            and not (n.op_type == "DequantizeLinear" and n.output[0] in dq_to_float)]
+    for n in kept:
+        n.input[:] = [dq_to_float.get(i, i) for i in n.input]
+    for o in out.graph.output:
+        o.name = dq_to_float.get(o.name, o.name)
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    return out
+
+
+def _pairs(model: onnx.ModelProto) -> list[tuple[str, str, str]]:
+    """(float tensor, quantized tensor, dequantized tensor) of every activation Q -> DQ pair."""
+    inits = {i.name for i in model.graph.initializer}
+    dq_of = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    return [(n.input[0], n.output[0], dq_of[n.output[0]]) for n in model.graph.node
+            if n.op_type == "QuantizeLinear" and n.input[0] not in inits and n.output[0] in dq_of]
+
+
+def debug_report(quantized: onnx.ModelProto, inputs: Iterable[Mapping[str, np.ndarray]],
+                 float_model: onnx.ModelProto | None = None, *, threads: int | None = None) -> DebugReport:
+    """Run the quantized model on smelt's integer kernels beside its float counterpart
+    (``float_model``, else ``strip_activation_qdq(quantized)``) on ``inputs``; per quantized
+    tensor the max and mean error of its dequantized value, its SQNR, and how many elements the
+    kernel producing it saturated (counted inside the kernel: what a float-side comparison
+    cannot see). Worst SQNR first."""
+    from smelt.api import compile as smelt_compile
+
+    reference = float_model if float_model is not None else strip_activation_qdq(quantized)
+    pairs = _pairs(quantized)
+    if not pairs:
+        raise SmeltError("the model has no activation QuantizeLinear -> DequantizeLinear pairs to debug")
+    q_probe, f_probe = onnx.ModelProto(), onnx.ModelProto()
+    q_probe.CopyFrom(quantized)
+    f_probe.CopyFrom(reference)
+    model_outputs = [o.name for o in reference.graph.output]
+    have_q = {o.name for o in q_probe.graph.output}
+    have_f = {o.name for o in f_probe.graph.output}
+    for f, _, dq in pairs:
+        if dq not in have_q:
+            q_probe.graph.output.append(helper.make_empty_tensor_value_info(dq))
+        if f not in have_f:
+            f_probe.graph.output.append(helper.make_empty_tensor_value_info(f))
+    q_names = [o.name for o in q_probe.graph.output]
+    f_names = [o.name for o in f_probe.graph.output]
+    acc: dict[str, list[float]] = {}  # name -> [sum ref^2, sum err^2, max abs, sum abs, count]
+    compiled_q = compiled_f = None
+    samples = 0
+    try:
+        for feed in inputs:
+            shapes = {k: list(np.shape(v)) for k, v in feed.items()}
+            if compiled_q is None:
+                compiled_q = smelt_compile(q_probe, threads=threads, input_shapes=shapes)
+                compiled_f = smelt_compile(f_probe, threads=threads, input_shapes=shapes)
+                compiled_q.run(feed)  # the variant exists: start its counters from zero
+                compiled_q.reset_saturation_counts()
+            assert compiled_f is not None
+            got = dict(zip(q_names, compiled_q.run(feed), strict=True))
+            ref = dict(zip(f_names, compiled_f.run(feed), strict=True))
+            items = [(f, got[dq], ref[f]) for f, _, dq in pairs]
+            items += [(o, got[o], ref[o]) for o in model_outputs if o in got and o in ref]
+            for name, g_val, r_val in items:
+                g64, r64 = np.asarray(g_val, np.float64), np.asarray(r_val, np.float64)
+                err = np.abs(g64 - r64)
+                a = acc.setdefault(name, [0.0, 0.0, 0.0, 0.0, 0.0])
+                a[0] += float(np.sum(r64 * r64))
+                a[1] += float(np.sum(err * err))
+                a[2] = max(a[2], float(err.max()) if err.size else 0.0)
+                a[3] += float(err.sum())
+                a[4] += err.size
+            samples += 1
+        counts = compiled_q.saturation_counts() if compiled_q is not None else {}
+    finally:
+        for c in (compiled_q, compiled_f):
+            if c is not None:
+                c.close()
+    if samples == 0:
+        raise SmeltError("numeric debug needs at least one input")
+    # counters are keyed by the value the kernel wrote: the Q's output, or (a Relu folded in)
+    # a fresh "<q output>__k" the Max then reads; below a folded Relu the low-end clamps are the
+    # Relu itself, not a loss, so a Relu's output counts its high-end clamps only
+    relu_out = {n.output[0] for n in quantized.graph.node if n.op_type == "Relu"}
+    relu_q = {q for f, q, _ in pairs if f in relu_out}
+    saturated: dict[str, int] = {}
+    for key, (low, high) in counts.items():
+        head, _, tail = key.rpartition("__")
+        base = head if head and tail.isdigit() and head in {q for _, q, _ in pairs} else key
+        saturated[base] = saturated.get(base, 0) + high + (0 if base in relu_q else low)
+
+    def entry(name: str, q_out: str | None) -> TensorError:
+        s_ref, s_err, mx, s_abs, count = acc[name]
+        sqnr = float("inf") if s_err == 0 else 10 * np.log10(max(s_ref, 1e-300) / s_err)
+        return TensorError(name, mx, s_abs / max(count, 1), float(sqnr), saturated.get(q_out, 0) if q_out else 0,
+                           int(count))
+
+    tensors = sorted((entry(f, q) for f, q, _ in pairs), key=lambda t: (t.sqnr_db, -t.saturated))
+    outputs = [entry(o, None) for o in model_outputs if o in acc]
+    return DebugReport(tensors, outputs, samples)

@@ -92,3 +92,37 @@ def test_bad_calibration_is_a_clear_error(tmp_path) -> None:
         quantize(_cnn(), tmp_path)
     with pytest.raises(SmeltError, match="calibration method"):
         quantize(_cnn(), _feeds(1), method="entropy-ish")
+
+
+def test_numeric_debug_names_a_planted_saturating_layer() -> None:
+    """Shrink one layer's output scale 50x after quantizing: that tensor saturates. The debug
+    report ranks it worst, with a saturation count taken inside the integer kernel, while the
+    other tensors saturate little or not at all."""
+    from smelt.quantize import debug_report
+
+    fp32 = _cnn()
+    model, _ = quantize(fp32, _feeds(16))
+    planted = "r2"  # the second conv's output after its Relu
+    scale = next(i for i in model.graph.initializer if i.name == f"{planted}_scale")
+    value = numpy_helper.to_array(scale) / 50
+    scale.CopyFrom(numpy_helper.from_array(value.astype(np.float32), scale.name))
+    report = debug_report(model, _feeds(4), float_model=fp32)
+    worst = report.tensors[0]
+    assert worst.name == planted, report.format_text()
+    assert worst.saturated > 0.2 * worst.elements, report.format_text()
+    others = [t for t in report.tensors if t.name != planted]
+    assert all(t.saturated < 0.01 * t.elements for t in others), report.format_text()
+    assert planted in report.format_text()
+    # without the plant, the same model's worst tensor is far better
+    clean, _ = quantize(fp32, _feeds(16))
+    assert debug_report(clean, _feeds(4), float_model=fp32).tensors[0].sqnr_db > worst.sqnr_db + 10
+
+
+def test_numeric_debug_without_the_float_model() -> None:
+    """The float reference of a QDQ model is the model with its activation Q/DQ pairs removed."""
+    from smelt.quantize import debug_report
+
+    model, _ = quantize(_cnn(), _feeds(8))
+    report = debug_report(model, _feeds(2))
+    assert {t.name for t in report.tensors} >= {"r1", "r2"}
+    assert all(np.isfinite(t.sqnr_db) and t.sqnr_db > 15 for t in report.tensors), report.format_text()

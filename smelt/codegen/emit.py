@@ -44,7 +44,7 @@ from smelt.codegen.plan import ExecutionPlan
 from smelt.codegen.registry import find_template
 from smelt.ir.graph import Graph, Node
 from smelt.ir.ops import flops
-from smelt.runtime.artifact import DynamicDims, StepInfo
+from smelt.runtime.artifact import DynamicDims, SaturationCounter, StepInfo
 from smelt.target import Target
 
 PRELUDE = """\
@@ -256,6 +256,7 @@ class GeneratedModule:
     step_nodes: dict[int, list[list[str]]]  # block index -> [node name, op] per step
     step_info: dict[int, list[StepInfo]] = field(default_factory=dict)  # block index -> per step
     dynamic: dict[int, list[DynamicDims]] = field(default_factory=dict)  # block index -> BlockEmitter.dynamic_dims
+    counters: dict[int, list[SaturationCounter]] = field(default_factory=dict)  # block index -> saturation counters
 
 
 def epilogue_ops(node: Node) -> list[str]:
@@ -323,4 +324,5 @@ def generate(g: Graph, plan: ExecutionPlan, target: Target, n_threads: int,
     step_nodes = {b.index: [[st.node.name, st.node.op] for st in b.steps] for b in blocks}
     infos = {b.index: step_info(g, b) for b in blocks}
     dynamic = {b.index: list(b.dynamic) for b in blocks}
-    return GeneratedModule("\n".join(parts), weights.to_bytes(), scratch, step_nodes, infos, dynamic)
+    counters = {b.index: list(b.counters) for b in blocks}
+    return GeneratedModule("\n".join(parts), weights.to_bytes(), scratch, step_nodes, infos, dynamic, counters)

@@ -21,7 +21,7 @@ import numpy as np
 
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import c_type
-from smelt.runtime.artifact import DynamicDims
+from smelt.runtime.artifact import DynamicDims, SaturationCounter
 from smelt.target import Target
 
 if TYPE_CHECKING:
@@ -164,6 +164,7 @@ class BlockSource:
     index: int
     steps: list[Step] = field(default_factory=list)
     dynamic: list[DynamicDims] = field(default_factory=list)  # see BlockEmitter.dynamic_dims
+    counters: list[SaturationCounter] = field(default_factory=list)  # see BlockEmitter.saturation_counter
 
 
 class BlockEmitter:
@@ -254,6 +255,17 @@ class BlockEmitter:
         ``blocking`` ("MC=.. KC=.. NC=.."), ``threads`` (how the work is split), ``layout``."""
         assert self._node is not None
         self._schedule.update({k: str(v) for k, v in fields.items() if v not in (None, "")})
+
+    def saturation_counter(self, value: str) -> str:
+        """A C pointer to this share's two int64 counters of the elements of ``value`` the current
+        node saturated: [0] at the low end of the type's range, [1] at the high end (the integer
+        kernels' requantization and QuantizeLinear add where they clamp). Kept in the instance
+        state, zeroed at load, read by ``LoadedArtifact.saturation_counts``: the numeric debug
+        report's counters come from inside the kernels themselves."""
+        assert self._node is not None
+        offset = self.state(16 * max(1, self.n_threads))
+        self.source.counters.append(SaturationCounter(offset, value, max(1, self.n_threads)))
+        return f"((int64_t *)(state + {offset}) + 2 * tid)"
 
     def dynamic_dims(self, *, state: int, x: str, layout: int, max_t: int, max_b: int,
                      outputs: Mapping[str, Sequence[int | str]]) -> None:

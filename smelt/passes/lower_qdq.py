@@ -127,7 +127,7 @@ def _finish(g: Graph, node: Node, q: Node, relu: Node | None, op: str, inputs: l
     if relu is None:
         node.outputs = [out]
     else:
-        tmp = g.fresh_name(f"{node.name}_q")
+        tmp = g.fresh_name(out)  # "<q output>__k": the numeric debug report maps its counter back
         v = g.values[out]
         g.add_value(Value(tmp, v.dtype, v.shape))
         node.outputs = [tmp]

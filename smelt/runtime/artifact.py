@@ -105,6 +105,21 @@ class StepInfo:
 
 
 @dataclass(frozen=True)
+class SaturationCounter:
+    """Where an integer kernel counts the values it saturated while writing ``value`` (a
+    QuantizeLinear, QLinearConv, QLinearMatMul output): per share an int64 pair (low end, high
+    end) from byte ``state`` of the instance state, summed by the loader
+    (``LoadedArtifact.saturation_counts``)."""
+
+    state: int
+    value: str
+    shares: int
+
+    def to_json(self) -> dict:
+        return {"state": self.state, "value": self.value, "shares": self.shares}
+
+
+@dataclass(frozen=True)
 class NativeBlockEntry:
     """A native block: one call of the library's ``smelt_block_<index>``."""
 
@@ -115,6 +130,7 @@ class NativeBlockEntry:
     step_nodes: tuple[tuple[str, str], ...]  # (node, op) per step: a failing step's status names it
     step_info: tuple[StepInfo, ...]
     dynamic: tuple[DynamicDims, ...] = ()  # its nodes that read T and B at run time
+    counters: tuple[SaturationCounter, ...] = ()  # its integer kernels' saturation counts
 
     kind = "native"
 
@@ -122,7 +138,7 @@ class NativeBlockEntry:
         return {"kind": self.kind, "index": self.index, "ext_inputs": [s.to_json() for s in self.ext_inputs],
                 "ext_outputs": [s.to_json() for s in self.ext_outputs], "nodes": [list(n) for n in self.nodes],
                 "step_nodes": [list(n) for n in self.step_nodes], "step_info": [i.to_json() for i in self.step_info],
-                "dynamic": [d.to_json() for d in self.dynamic]}
+                "dynamic": [d.to_json() for d in self.dynamic], "counters": [c.to_json() for c in self.counters]}
 
 
 @dataclass(frozen=True)
@@ -309,6 +325,11 @@ class _Reader:
                            self.get(value, "max_b", p, int),
                            {k: self.shape(v, f"{p}outputs.{k}") for k, v in outputs.items()})
 
+    def counter(self, value: Any, where: str) -> SaturationCounter:
+        p = f"{where}."
+        return SaturationCounter(self.get(value, "state", p, int), self.get(value, "value", p, str),
+                                 self.get(value, "shares", p, int))
+
     def step(self, value: Any, where: str) -> Step:
         p = f"{where}."
         kind = self.get(value, "kind", p, str)
@@ -317,7 +338,7 @@ class _Reader:
                 self.get(value, "index", p, int), self.items(value, "ext_inputs", p, self.spec),
                 self.items(value, "ext_outputs", p, self.spec), self.items(value, "nodes", p, self.pair),
                 self.items(value, "step_nodes", p, self.pair), self.items(value, "step_info", p, self.step_info),
-                self.items(value, "dynamic", p, self.dynamic))
+                self.items(value, "dynamic", p, self.dynamic), self.items(value, "counters", p, self.counter))
         if kind == FallbackStepEntry.kind:
             model = self.get(value, "model", p, str)
             if Path(model).name != model:  # a file of the artifact directory, nowhere else

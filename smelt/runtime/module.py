@@ -441,6 +441,28 @@ class LoadedArtifact:
                     if (o.name in feeds or o.name in self.consts) and isinstance(env[o.name], np.ndarray)
                     else env[o.name] for o in self.outputs]
 
+    def saturation_counts(self) -> dict[str, tuple[int, int]]:
+        """Per value an integer kernel writes (QuantizeLinear, QLinearConv, QLinearMatMul
+        outputs), how many elements it clamped at the low and at the high end of its type's
+        range since the artifact was loaded (or ``reset_saturation_counts``); counted inside
+        the kernels."""
+        with self._in_use(), self._lock:
+            words = self.state.view(np.int64)
+            counts: dict[str, tuple[int, int]] = {}
+            for step in self.plan.steps:
+                for c in getattr(step, "counters", ()):
+                    pairs = words[c.state // 8: c.state // 8 + 2 * c.shares].reshape(c.shares, 2).sum(axis=0)
+                    lo, hi = counts.get(c.value, (0, 0))
+                    counts[c.value] = (lo + int(pairs[0]), hi + int(pairs[1]))
+            return counts
+
+    def reset_saturation_counts(self) -> None:
+        with self._in_use(), self._lock:
+            words = self.state.view(np.int64)
+            for step in self.plan.steps:
+                for c in getattr(step, "counters", ()):
+                    words[c.state // 8: c.state // 8 + 2 * c.shares] = 0
+
     # -- profiling (instrumented artifacts) -------------------------------------------
     def _require_profiling(self) -> None:
         if not self.profiling:

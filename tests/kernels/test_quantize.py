@@ -103,3 +103,26 @@ def test_fallback_reasons_name_the_limit() -> None:
     [report] = compiled.fallback_report
     assert "block_size" in report["reason"], report
     np.testing.assert_array_equal(compiled.run(feeds)[0], oracle(model, feeds)[0])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_saturation_counters_count_exactly(isa: str, monkeypatch, cache) -> None:
+    """The kernels count the elements they clamp, low and high end apart, per output value;
+    the counts equal numpy's on the same data at 1 and 2 threads, and reset to zero."""
+    force_isa(isa, monkeypatch, cache)
+    x = (RNG.standard_normal(5001) * 40).astype(np.float32)
+    x[::97] = np.nan
+    cases = Cases()
+    out = cases.add("QuantizeLinear", ["x"], consts=(np.float32(0.25), np.int8(10)))[0]
+    model = build_model(cases, {"x": x}, opset=21)
+    v = np.rint(x / np.float32(0.25)) + 10
+    want = (int(np.sum(~(v >= -128))), int(np.sum(v > 127)))
+    assert want[0] > 100 and want[1] > 100
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        compiled.run({"x": x})
+        compiled.run({"x": x})
+        assert compiled.saturation_counts() == {out: (2 * want[0], 2 * want[1])}
+        compiled.reset_saturation_counts()
+        assert compiled.saturation_counts() == {out: (0, 0)}
+        compiled.close()

@@ -111,7 +111,9 @@ def _store(node: Node, g: Graph, io: dict[str, str], em: BlockEmitter, oc: int) 
         bias = "BI[o]"
     w_scale = "WS[o]" if int(np.prod(g.values[io["ws"]].shape, dtype=np.int64)) == oc and oc > 1 else "WS[0]"
     y_zero = "(float)YZ[0]" if io["yz"] else "0.0f"
+    decl.append("long nlo = 0, nhi = 0;  /* the numeric debug counters: elements saturated */")
     return decl, (f"{{ float v = nearbyintf((float)(ACC + {bias}) * ((XS[0] * {w_scale}) / YS[0])) + {y_zero};\n"
+                  f"  nlo += !(v >= {lo}.0f); nhi += v > {hi}.0f;\n"
                   f"  if (!(v >= {lo}.0f)) v = {lo}.0f;\n"
                   f"  if (v > {hi}.0f) v = {hi}.0f;\n"
                   f"  Y[yi] = ({yt})v; }}")
@@ -206,6 +208,8 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
             "    }",
             "}"]
     lines = head + ["    " + line for line in body + tail] + ["}"]
+    if node.op == "QLinearConv":
+        lines.append(f"{{ int64_t *sat = {em.saturation_counter(node.outputs[0])}; sat[0] += nlo; sat[1] += nhi; }}")
     em.schedule(algorithm="im2col as int16 pairs, W - zero point packed per group, int32 sums into NCHW",
                 kernel="int_conv", layout="NCHW",
                 micro_kernel=f"{mr}x{nr} {v.name}" + (f" {v.x('i16_dot_acc', a='a', b='b', c='c')}" if nv else ""))

@@ -114,7 +114,9 @@ def _requant(node: Node, g: Graph, io: dict[str, str], em: BlockEmitter) -> tupl
     a_scale = "AS[i]" if _per_vector(g, io["as"], m) == "vector" else "AS[0]"
     b_scale = "BS[j]" if _per_vector(g, io["bs"], n) == "vector" else "BS[0]"
     y_zero = "(float)YZ[0]" if io["yz"] else "0.0f"
+    decl.append("long nlo = 0, nhi = 0;  /* the numeric debug counters: elements saturated */")
     return decl, (f"{{ float v = nearbyintf((float)ACC * (({a_scale} * {b_scale}) / YS[0])) + {y_zero};\n"
+                  f"  nlo += !(v >= {lo}.0f); nhi += v > {hi}.0f;\n"
                   f"  if (!(v >= {lo}.0f)) v = {lo}.0f;  /* NaN saturates low, as in onnxruntime */\n"
                   f"  if (v > {hi}.0f) v = {hi}.0f;\n"
                   f"  Y[yoff + j] = ({yt})v; }}")
@@ -197,6 +199,8 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
         "        }",
         "    }",
         "}"]
+    if node.op == "QLinearMatMul":
+        lines.append(f"{{ int64_t *sat = {em.saturation_counter(node.outputs[0])}; sat[0] += nlo; sat[1] += nhi; }}")
     em.schedule(algorithm="int16 pair dot products into int32, B - zero point packed per panel, A packed per call",
                 kernel="int_matmul", micro_kernel=f"{mr}x{nr} {v.name} {v.x('i16_dot_acc', a='a', b='b', c='c')}",
                 layout="NCHW")
@@ -247,7 +251,7 @@ def _emit_rows(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], b_con
         "        const int32_t ACC = acc[j - jb];",
         "        " + store.replace("\n", "\n        "),
         "    }",
-        "}"])
+        "}"] + ([f"{{ int64_t *sat = {em.saturation_counter(node.outputs[0])}; sat[0] += nlo; sat[1] += nhi; }}"] if node.op == "QLinearMatMul" else []))
     em.schedule(algorithm="int32 row accumulation, B - zero point packed as int16 when constant",
                 kernel="int_matmul", layout="NCHW")
     em.step(body, name="int_matmul_rows",

@@ -118,6 +118,7 @@ def emit_quantize(node: Node, g: Graph, em: BlockEmitter) -> None:
     def body(idx: list[str], o: str) -> str:
         z = zp.format(*idx)
         return (f"{{ float v = nearbyintf(X[{idx[0]}] / {scale.format(*idx)}) + (float){z};\n"
+                f"          nlo += !(v >= {lo}.0f); nhi += v > {hi}.0f;  /* the numeric debug counters */\n"
                 f"          if (!(v >= {lo}.0f)) v = {lo}.0f;  /* NaN saturates low, as in onnxruntime */\n"
                 f"          if (v > {hi}.0f) v = {hi}.0f;\n"
                 f"          Y[{o}] = ({c_type(dtype_name(g, y))})v; }}")
@@ -126,7 +127,9 @@ def emit_quantize(node: Node, g: Graph, em: BlockEmitter) -> None:
     if len(node.inputs) > 2 and node.inputs[2]:
         decl += f"const {c_type(dtype_name(g, node.inputs[2]))} *restrict Z = {em.ptr(node.inputs[2])};\n"
     loop = elementwise_loop(g.values[y].shape, shapes, body)
-    em.step(f"{decl}{c_type(dtype_name(g, y))} *restrict Y = (void *){em.ptr(y)};\n{loop}")
+    counter = em.saturation_counter(y)
+    em.step(f"{decl}{c_type(dtype_name(g, y))} *restrict Y = (void *){em.ptr(y)};\nlong nlo = 0, nhi = 0;\n{loop}\n"
+            f"{{ int64_t *sat = {counter}; sat[0] += nlo; sat[1] += nhi; }}")
 
 
 @register("DequantizeLinear", check=_check_dequantize, name="dequantize_linear")
