@@ -17,6 +17,7 @@ from smelt.ir.verify import verify
 from smelt.passes.constant_folding import fold_constants
 from smelt.passes.dead_nodes import eliminate_dead_nodes
 from smelt.passes.eliminate_identity import eliminate_identity
+from smelt.passes.fuse_attention import fuse_attention
 from smelt.passes.fold_batchnorm import fold_batchnorm
 from smelt.passes.fuse_epilogue import fuse_epilogues
 from smelt.passes.inline_if import inline_constant_ifs
@@ -57,6 +58,7 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("fold_constants", fold_to_fixpoint, 1),
     ("eliminate_dead_nodes", eliminate_dead_nodes, 0),
     ("fold_batchnorm", fold_batchnorm, 1),
+    ("fuse_attention", fuse_attention, 1),
     ("fuse_epilogues", fuse_epilogues, 1),
 ]
 

@@ -193,3 +193,99 @@ def test_gelu_pattern_not_matched_when_a_value_is_read_elsewhere():
         compiled = smelt.compile(model, threads=2)
         for got, want in zip(compiled.run(feeds), oracle(model, feeds), strict=True):
             np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+# ---- fused attention (passes/fuse_attention.py, templates/attention.py) ------------------------
+def _attention_model(b: int, s: int, sk: int, heads: int, d: int, mask: str, nan_guard: bool, seed: int = 0):
+    """An exported attention block as transformers spells it (torch.onnx, opset 17): Q, K, V are
+    graph inputs [B, S, H*D] / [B, Sk, H*D]; ``mask``: "none", "full" ([1, 1, S, Sk]), "keys"
+    ([B, 1, 1, Sk]: padding), "heads" ([1, H, S, Sk]); ``nan_guard``: sdpa's Where(IsNaN(p), 0, p)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    hd = heads * d
+    inits = {"shape_q": np.array([b, s, heads, d], np.int64), "shape_k": np.array([b, sk, heads, d], np.int64),
+             "merge": np.array([b, s, hd], np.int64), "c1": np.array(d ** -0.25, F), "c2": np.array(d ** -0.25, F),
+             "zero": np.array([0.0], F)}
+    nodes = [helper.make_node("Reshape", ["q", "shape_q"], ["q4"]),
+             helper.make_node("Transpose", ["q4"], ["qt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["k", "shape_k"], ["k4"]),
+             helper.make_node("Transpose", ["k4"], ["kt"], perm=[0, 2, 3, 1]),
+             helper.make_node("Reshape", ["v", "shape_k"], ["v4"]),
+             helper.make_node("Transpose", ["v4"], ["vt"], perm=[0, 2, 1, 3]),
+             helper.make_node("Mul", ["qt", "c1"], ["qs"]),
+             helper.make_node("Mul", ["kt", "c2"], ["ks"]),
+             helper.make_node("MatMul", ["qs", "ks"], ["scores"])]
+    feeds = {"q": rng.standard_normal((b, s, hd)).astype(F), "k": rng.standard_normal((b, sk, hd)).astype(F),
+             "v": rng.standard_normal((b, sk, hd)).astype(F)}
+    last = "scores"
+    if mask != "none":
+        shape = {"full": (1, 1, s, sk), "keys": (b, 1, 1, sk), "heads": (1, heads, s, sk)}[mask]
+        m = np.where(rng.random(shape) < 0.25, np.finfo(F).min, 0.0).astype(F)
+        m[..., 0] = 0  # every row keeps a key
+        feeds["mask"] = m
+        nodes.append(helper.make_node("Add", ["scores", "mask"], ["masked"]))
+        last = "masked"
+    nodes.append(helper.make_node("Softmax", [last], ["p"], axis=-1))
+    if nan_guard:
+        nodes += [helper.make_node("IsNaN", ["p"], ["isnan"]), helper.make_node("Where", ["isnan", "zero", "p"], ["pg"])]
+    nodes += [helper.make_node("MatMul", ["pg" if nan_guard else "p", "vt"], ["o"]),
+              helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "merge"], ["out"])]
+    inputs = [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v.shape)) for k, v in feeds.items()]
+    graph = helper.make_graph(nodes, "attention", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+                              initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, feeds
+
+
+ATTENTION_CASES = [  # (B, S, Sk, heads, D, mask, nan guard)
+    (1, 128, 128, 4, 32, "full", True),  # BERT's spelling
+    (1, 13, 13, 3, 64, "none", False),  # ViT/Whisper's: no mask; S no multiple of 8 or 16
+    (2, 7, 19, 1, 5, "keys", True),  # one head, odd head dim, cross-attention lengths, padding mask
+    (1, 33, 17, 5, 24, "heads", False),  # a head dim of 1.5 AVX-512 vectors, per-head mask
+    (1, 1, 1, 2, 16, "full", True),  # one query, one key
+]
+
+
+@pytest.mark.parametrize("isa_target", ISAS, indirect=True)
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_fused_attention_against_onnxruntime(isa_target, case):
+    """The exported block becomes one HeadAttention step and agrees with onnxruntime at 1 and 2
+    threads (2 threads: items split mid-head and mid-batch)."""
+    model, feeds = _attention_model(*case)
+    want = oracle(model, feeds)[0]
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        assert compiled.fallback_nodes == []
+        ops = [s.op for s in compiled.plan.step_infos()]
+        assert set(ops) == {"HeadAttention"}, ops  # two steps: K^T packing, the heads
+        got = compiled.run(feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=f"{threads} threads")
+        compiled.close()
+
+
+def test_fused_attention_nan_guard_and_fully_masked_rows():
+    """A row whose every key is -Inf is NaN after Softmax; the guard makes it 0, as onnxruntime's
+    Where does; without the guard it stays NaN."""
+    for guard in (True, False):
+        model, feeds = _attention_model(1, 6, 6, 2, 8, "full", guard)
+        feeds["mask"][0, 0, 2, :] = -np.inf
+        want = oracle(model, feeds)[0]
+        got = smelt.compile(model, threads=2).run(feeds)[0]
+        assert np.array_equal(np.isnan(got), np.isnan(want)) and np.isnan(want).any() != guard
+        ok = ~np.isnan(want)
+        np.testing.assert_allclose(got[ok], want[ok], rtol=2e-5, atol=2e-5)
+
+
+def test_attention_not_fused_when_an_intermediate_is_read_elsewhere():
+    """The scores are also a graph output: nothing fuses, the answer is still onnxruntime's."""
+    from onnx import helper
+
+    model, feeds = _attention_model(1, 8, 8, 2, 8, "none", False)
+    model.graph.output.append(helper.make_empty_tensor_value_info("scores"))
+    compiled = smelt.compile(model, threads=2)
+    assert "HeadAttention" not in [s.op for s in compiled.plan.step_infos()]
+    for got, want in zip(compiled.run(feeds), oracle(model, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
