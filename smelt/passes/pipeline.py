@@ -17,8 +17,8 @@ from smelt.ir.verify import verify
 from smelt.passes.constant_folding import fold_constants
 from smelt.passes.dead_nodes import eliminate_dead_nodes
 from smelt.passes.eliminate_identity import eliminate_identity
-from smelt.passes.fuse_attention import fuse_attention
 from smelt.passes.fold_batchnorm import fold_batchnorm
+from smelt.passes.fuse_attention import fuse_attention
 from smelt.passes.fuse_epilogue import fuse_epilogues
 from smelt.passes.inline_if import inline_constant_ifs
 from smelt.passes.shape_inference import infer_shapes
