@@ -289,3 +289,65 @@ def test_attention_not_fused_when_an_intermediate_is_read_elsewhere():
     assert "HeadAttention" not in [s.op for s in compiled.plan.step_infos()]
     for got, want in zip(compiled.run(feeds), oracle(model, feeds), strict=True):
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+# ---- spelled-out LayerNormalization (passes/fuse_layernorm.py) ------------------------------------
+def _layernorm_model(shape: tuple, opset: int, seed: int = 0):
+    """torch.onnx's LayerNorm below opset 17 (ReduceMean's axes an attribute before 18, an input
+    from 18), on input x, then a Relu so the normalized value is no graph output."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    n = shape[-1]
+    inits = {"two": np.array(2.0, F), "eps": np.array(1e-12 if opset < 18 else 1e-5, F),
+             "gamma": rng.standard_normal(n).astype(F), "beta": rng.standard_normal(n).astype(F),
+             "axes": np.array([-1], np.int64)}
+    mean_args = ({"axes": [-1]}, []) if opset < 18 else ({}, ["axes"])
+    nodes = [helper.make_node("ReduceMean", ["x", *mean_args[1]], ["m"], **mean_args[0]),
+             helper.make_node("Sub", ["x", "m"], ["d"]),
+             helper.make_node("Pow", ["d", "two"], ["p"]),
+             helper.make_node("ReduceMean", ["p", *mean_args[1]], ["v"], **mean_args[0]),
+             helper.make_node("Add", ["v", "eps"], ["ve"]),
+             helper.make_node("Sqrt", ["ve"], ["s"]),
+             helper.make_node("Div", ["d", "s"], ["nrm"]),
+             helper.make_node("Mul", ["nrm", "gamma"], ["sc"]),
+             helper.make_node("Add", ["sc", "beta"], ["y"]),
+             helper.make_node("Relu", ["y"], ["out"])]
+    if opset < 18:
+        del inits["axes"]
+    x = (rng.standard_normal(shape) * 3 + 1).astype(F)
+    graph = helper.make_graph(nodes, "ln", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+                              initializer=[numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model, {"x": x}
+
+
+@pytest.mark.parametrize("isa_target", ISAS, indirect=True)
+@pytest.mark.parametrize("shape,opset", [((1, 128, 384), 14), ((3, 5, 37), 13), ((7, 1), 18), ((2, 1000), 14)],
+                         ids=["bert-opset14", "odd-width-opset13", "width1-opset18", "wide-opset14"])
+def test_spelled_layernorm_fused(isa_target, shape, opset):
+    """The nine nodes become one LayerNormalization step (smelt's domain), within 1e-5 of
+    onnxruntime at 1 and 2 threads, widths that are no multiple of a vector included."""
+    model, feeds = _layernorm_model(shape, opset)
+    want = oracle(model, feeds)[0]
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        assert compiled.fallback_nodes == []
+        ops = [s.op for s in compiled.plan.step_infos()]
+        assert "LayerNormalization" in ops and not set(ops) & {"ReduceMean", "Pow", "Sqrt", "Div"}, ops
+        np.testing.assert_allclose(compiled.run(feeds)[0], want, rtol=1e-5, atol=1e-5)
+        compiled.close()
+
+
+def test_spelled_layernorm_left_alone_when_shared():
+    """The centred value also read elsewhere (a graph output): nothing fuses, same answer."""
+    from onnx import helper
+
+    model, feeds = _layernorm_model((4, 16), 14)
+    model.graph.output.append(helper.make_empty_tensor_value_info("d"))
+    compiled = smelt.compile(model, threads=2)
+    assert "ReduceMean" in [s.op for s in compiled.plan.step_infos()]
+    for got, want in zip(compiled.run(feeds), oracle(model, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
