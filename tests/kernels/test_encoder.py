@@ -246,6 +246,7 @@ ATTENTION_CASES = [  # (B, S, Sk, heads, D, mask, nan guard)
     (2, 7, 19, 1, 5, "keys", True),  # one head, odd head dim, cross-attention lengths, padding mask
     (1, 33, 17, 5, 24, "heads", False),  # a head dim of 1.5 AVX-512 vectors, per-head mask
     (1, 1, 1, 2, 16, "full", True),  # one query, one key
+    (1, 70, 83, 2, 16, "keys", False),  # whole score tiles and a narrower last one (ViT's 197 keys)
 ]
 
 

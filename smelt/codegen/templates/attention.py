@@ -82,21 +82,26 @@ def emit_attention(node: Node, g: Graph, em: BlockEmitter) -> None:
     lanes = v_isa.lanes
     jv = 4 if v_isa.registers >= 32 else 2
     jb = jv * lanes  # keys per score tile
-    skp = -(-sk // jb) * jb
+    skp = -(-sk // lanes) * lanes
+    full, tail = skp // jb, skp % jb  # whole tiles of jb keys, then one of ``tail`` (ViT's 197: 3 x 64 + 16)
     kt = em.scratch(b * h * d * skp * 4)
-    # step 1: K^T per (batch, head) in tiles of jb keys, [Sk'/jb][D][jb], zero-padded: a score
-    # tile then reads one contiguous 16 KiB (D 64, jb 64) run instead of D rows 4*Sk' bytes apart
+    # step 1: K^T per (batch, head) in tiles of jb keys, [tile][D][width], zero-padded to whole
+    # vectors: a score tile then reads one contiguous 16 KiB (D 64, jb 64) run instead of D rows
+    # 4*Sk' bytes apart
     em.step("\n".join([
         f"const float *restrict K = {em.ptr(node.inputs[1])}; float *restrict KT = {kt};",
         work_range(b * h, b * h > 1),
         "for (long w = wb; w < we; ++w) {",
         f"    const float *restrict src = K + (w / {h}) * {sk * hd} + (w % {h}) * {d};",
         f"    float *restrict dst = KT + w * {d * skp};",
-        f"    for (long j = 0; j < {sk}; ++j) for (long c = 0; c < {d}; ++c)",
-        f"        dst[(j / {jb}) * {d * jb} + c * {jb} + j % {jb}] = src[j * {hd} + c];",
-        f"    for (long j = {sk}; j < {skp}; ++j) for (long c = 0; c < {d}; ++c)",
-        f"        dst[(j / {jb}) * {d * jb} + c * {jb} + j % {jb}] = 0.0f;",
-        "}"]), name="f32_attention_pack_kt", doc=f"K^T per head: [{skp // jb}][{d}][{jb}] for {b}x{h} heads")
+        f"    for (long j = 0; j < {skp}; ++j) {{",
+        f"        const long t = j / {jb}, wdt = t < {full} ? {jb} : {tail};",
+        f"        float *restrict col = dst + t * {d * jb} + j % {jb};",
+        f"        if (j < {sk}) for (long c = 0; c < {d}; ++c) col[c * wdt] = src[j * {hd} + c];",
+        "        else for (long c = 0; c < {d}; ++c) col[c * wdt] = 0.0f;".replace("{d}", str(d)),
+        "    }",
+        "}"]), name="f32_attention_pack_kt",
+        doc=f"K^T per head: {full} tiles [{d}][{jb}] + [{d}][{tail}] for {b}x{h} heads")
     # step 2: per item of ROWS query rows of one head
     rblocks = -(-s // ROWS)
     items = b * h * rblocks
@@ -117,9 +122,9 @@ def emit_attention(node: Node, g: Graph, em: BlockEmitter) -> None:
               f"    float *restrict oh = O + (b * {s} + i0) * {hd} + h * {d};"]
     body: list[str] = []
     if v_isa.vector:
-        body += _scores_vector(v_isa, s, d, skp, hd, scale, jv)
+        body += _scores_vector(v_isa, s, d, skp, hd, scale, jv, full, tail)
     else:
-        body += _scores_portable(s, d, sk, skp, hd, scale, jb)
+        body += _scores_portable(s, d, skp, hd, scale, jb, full, tail)
     body += ["for (long r = 0; r < rows; ++r) {",
              f"    float *restrict sr = Sc + r * {skp}; float *restrict pr = P + r * {skp};"]
     if strides is not None:
@@ -145,26 +150,40 @@ def emit_attention(node: Node, g: Graph, em: BlockEmitter) -> None:
                 kernel=f"f32_attention_{v_isa.name}", threads=f"{items} items of {ROWS} rows over the threads")
 
 
-def _scores_vector(v: VectorIsa, s: int, d: int, skp: int, hd: int, scale: str, jv: int) -> list[str]:
-    """Sc[r][j] = scale * q_r . k_j over tiles of jv vectors of keys (rows past S re-read the last)."""
+def _scores_vector(v: VectorIsa, s: int, d: int, skp: int, hd: int, scale: str, jv: int, full: int,
+                   tail: int) -> list[str]:
+    """Sc[r][j] = scale * q_r . k_j: ``full`` tiles of jv vectors of keys, then one of ``tail``
+    keys (rows past S re-read the last row)."""
     jb = jv * v.lanes
     out = [f"const float *restrict q{r} = Q + (b * {s} + i0 + SMELT_MIN({r}, rows - 1)) * {hd} + h * {d};"
            for r in range(ROWS)]
     out.append(f"const {v.t} vscale = {v.set1(scale)};")
-    out.append(f"for (long j = 0; j < {skp}; j += {jb}) {{")
-    out += [f"    {v.t} a{r}_{c} = {v.zero()};" for r in range(ROWS) for c in range(jv)]
-    out.append(f"    const float *restrict kb = kt + j * {d};")
-    out.append(f"    for (long c = 0; c < {d}; ++c) {{")
-    out += [f"        {v.t} k{c} = {v.load(f'kb + c * {jb} + {c * v.lanes}')};" for c in range(jv)]
-    out.append("        " + _in_registers([f"k{c}" for c in range(jv)]))
+    if full:
+        out.append(f"for (long j = 0; j < {full * jb}; j += {jb}) {{")
+        out += ["    " + ln for ln in _score_tile(v, d, skp, jv, "j")]
+        out.append("}")
+    if tail:
+        out.append("{")
+        out += ["    " + ln for ln in _score_tile(v, d, skp, tail // v.lanes, str(full * jb))]
+        out.append("}")
+    return out
+
+
+def _score_tile(v: VectorIsa, d: int, skp: int, nvec: int, j: str) -> list[str]:
+    """One tile: ROWS x ``nvec`` vectors of keys from key ``j`` (K^T tile [D][nvec lanes])."""
+    w = nvec * v.lanes
+    out = [f"{v.t} a{r}_{c} = {v.zero()};" for r in range(ROWS) for c in range(nvec)]
+    out.append(f"const float *restrict kb = kt + {j} * {d};")
+    out.append(f"for (long c = 0; c < {d}; ++c) {{")
+    out += [f"    {v.t} k{c} = {v.load(f'kb + c * {w} + {c * v.lanes}')};" for c in range(nvec)]
+    out.append("    " + _in_registers([f"k{c}" for c in range(nvec)]))
     for r in range(ROWS):
-        out.append(f"        {{ const {v.t} q = {v.broadcast(f'q{r} + c')};")
-        out += [f"          a{r}_{c} = {v.fmadd('q', f'k{c}', f'a{r}_{c}')};" for c in range(jv)]
-        out.append("        }")
-    out.append("    }")
-    out += [f"    {v.store(f'Sc + {r * skp} + j + {c * v.lanes}', v.op('mul', f'a{r}_{c}', 'vscale'))}"
-            for r in range(ROWS) for c in range(jv)]
+        out.append(f"    {{ const {v.t} q = {v.broadcast(f'q{r} + c')};")
+        out += [f"      a{r}_{c} = {v.fmadd('q', f'k{c}', f'a{r}_{c}')};" for c in range(nvec)]
+        out.append("    }")
     out.append("}")
+    out += [v.store(f"Sc + {r * skp} + {j} + {c * v.lanes}", v.op("mul", f"a{r}_{c}", "vscale"))
+            for r in range(ROWS) for c in range(nvec)]
     return out
 
 
@@ -175,15 +194,17 @@ def _in_registers(names: list[str]) -> str:
     return "__asm__(\"\" : " + ", ".join(f'"+v"({n})' for n in names) + ");"
 
 
-def _scores_portable(s: int, d: int, sk: int, skp: int, hd: int, scale: str, jb: int) -> list[str]:
+def _scores_portable(s: int, d: int, skp: int, hd: int, scale: str, jb: int, full: int, tail: int) -> list[str]:
     return ["for (long r = 0; r < rows; ++r) {",
             f"    const float *restrict qr = Q + (b * {s} + i0 + r) * {hd} + h * {d};",
             f"    float *restrict sr = Sc + r * {skp};",
             f"    for (long j = 0; j < {skp}; ++j) sr[j] = 0.0f;",
-            f"    for (long j = 0; j < {skp}; j += {jb}) for (long c = 0; c < {d}; ++c) {{",
-            f"        const float qv = qr[c]; const float *restrict kr = kt + j * {d} + c * {jb};",
-            f"        for (long l = 0; l < {jb}; ++l) sr[j + l] += qv * kr[l]; }}",
-            f"    for (long j = 0; j < {sk}; ++j) sr[j] *= {scale};",
+            f"    for (long j = 0; j < {skp}; j += {jb}) {{",
+            f"        const long wdt = j < {full * jb} ? {jb} : {tail};",
+            "        for (long c = 0; c < " + str(d) + "; ++c) {",
+            f"            const float qv = qr[c]; const float *restrict kr = kt + j * {d} + c * wdt;",
+            "            for (long l = 0; l < wdt; ++l) sr[j + l] += qv * kr[l]; } }",
+            f"    for (long j = 0; j < {skp}; ++j) sr[j] *= {scale};",
             "}"]
 
 
