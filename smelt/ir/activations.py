@@ -24,6 +24,7 @@ class Activation:
     vector: bool = True  # has a vector rendering (else the epilogue falls back to scalar)
     needs_fma: bool = False  # the vector form calls the vector expf or tanhf (needs FMA)
     numerics: str = ""
+    pattern: bool = False  # matched as a pattern of ONNX ops by the fuse pass, not one ONNX op
 
 
 _TABLE = (
@@ -36,12 +37,18 @@ _TABLE = (
     Activation("Sigmoid", needs_fma=True, numerics="1 / (1 + e^-x); +-Inf -> 1 / 0 exactly"),
     Activation("Tanh", needs_fma=True, numerics="vector form: x P(x^2) / Q(x^2) on x clamped to +-7.9988 "
                                                  "(the RNN's); +-Inf -> +-1, -0 -> -0, tiny x -> ~x"),
-    Activation("SiLU", needs_fma=True, numerics="x / (1 + e^-x); -Inf -> NaN as onnxruntime's x * sigmoid(x)"),
+    Activation("SiLU", needs_fma=True, pattern=True,
+               numerics="x / (1 + e^-x); -Inf -> NaN as onnxruntime's x * sigmoid(x)"),
+    # the exact GELU as exporters spell it at opsets < 20: x * 0.5 * (1 + erf(x / sqrt2))
+    # (passes/gelu_pattern.py); ONNX's own Gelu op, with its tanh approximation, is not this entry
+    Activation("Gelu", needs_fma=True, pattern=True,
+               numerics="x/2 (1 + erf(x/sqrt2)), vector erf of smelt_vec.h; +Inf -> +Inf, -Inf -> NaN "
+                        "(-Inf * 0, as onnxruntime's spelled-out pattern), NaN kept"),
 )
 ACTIVATIONS: dict[str, Activation] = {a.name: a for a in _TABLE}
 
-# ONNX ops fuse_epilogue fuses as an activation step (SiLU is matched as a pattern instead)
-FUSABLE_OPS = frozenset(a.name for a in _TABLE if a.fusable and a.name != "SiLU")
+# ONNX ops fuse_epilogue fuses as an activation step (SiLU and Gelu are matched as patterns instead)
+FUSABLE_OPS = frozenset(a.name for a in _TABLE if a.fusable and not a.pattern)
 
 @dataclass(frozen=True)
 class RnnActivation:

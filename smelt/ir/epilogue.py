@@ -39,8 +39,8 @@ class EpilogueBinary:
 
 @dataclass(frozen=True)
 class EpilogueActivation:
-    """``y = op(y)`` for an activation of ``smelt.ir.activations.ACTIVATIONS`` (plus "SiLU",
-    the fused x * Sigmoid(x)); ``params`` holds every attribute with ONNX's defaults filled in
+    """``y = op(y)`` for an activation of ``smelt.ir.activations.ACTIVATIONS`` (including the
+    patterns "SiLU", the fused x * Sigmoid(x), and "Gelu", x * 0.5 * (1 + erf(x / sqrt2))); ``params`` holds every attribute with ONNX's defaults filled in
     (Clip: "min" and "max", always present)."""
 
     op: str

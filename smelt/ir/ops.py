@@ -96,6 +96,14 @@ def rnn_flops(node: Node, g: Graph) -> int:
     return 2 * dirs * seq * batch * gates_h * (inp + hidden)
 
 
+def attention_flops(node: Node, g: Graph) -> int:
+    """smelt's fused HeadAttention (passes/fuse_attention.py): QK^T and PV, 2 x 2 B S Sk H D."""
+    q, k = _shape(g, node.inputs[0]), _shape(g, node.inputs[1])
+    if not q or not k:
+        return 0
+    return 4 * int(q[0]) * int(q[1]) * int(k[1]) * int(q[2])
+
+
 TRAITS: dict[str, OpTraits] = {}
 for _op in UNARY_ELEMENTWISE:
     TRAITS[_op] = OpTraits("elementwise", "oblivious")
@@ -110,6 +118,7 @@ TRAITS.update({
     "ConvTranspose": OpTraits("opaque", "dependent", conv_flops),
     "Gemm": OpTraits("out_fusable", "dependent", gemm_flops),
     "MatMul": OpTraits("out_fusable", "dependent", gemm_flops),
+    "HeadAttention": OpTraits("opaque", "dependent", attention_flops),  # domain ai.smelt
     "BatchNormalization": OpTraits("elementwise", "tolerant"),
     "MaxPool": OpTraits("opaque", "tolerant"),
     "AveragePool": OpTraits("opaque", "tolerant"),

@@ -2,7 +2,8 @@
 
 Needs: shapes inferred; BatchNorm already folded. Guarantees: a chain of element-wise ops
 (bias/residual Add, Sub, Mul, Div with a same-shape, per-channel or scalar operand; Relu, Clip,
-Sigmoid, Tanh, LeakyRelu, HardSigmoid, HardSwish, and the SiLU pattern x*sigmoid(x)) that
+Sigmoid, Tanh, LeakyRelu, HardSigmoid, HardSwish, the SiLU pattern x*sigmoid(x), and the exact
+GELU as exporters spell it, x*0.5*(1+erf(x/sqrt2)): passes/gelu_pattern.py) that
 follows a Conv, Gemm, MatMul or BatchNormalization whose output has no other reader becomes
 that producer's ``epilogue`` list (typed steps, smelt/ir/epilogue.py), applied in order to each output element. A Clip step always
 carries both bounds (params ``min``/``max``; absent ones are ONNX's defaults, the float32 range). The
@@ -17,6 +18,7 @@ from smelt.ir.activations import FUSABLE_OPS, activation_step, clip_default_boun
 from smelt.ir.epilogue import BINARY_OPS, EpilogueActivation, EpilogueBinary, EpilogueStep
 from smelt.ir.graph import Graph, Node
 from smelt.ir.ops import EPILOGUE_HOSTS, traits
+from smelt.passes.gelu_pattern import match_gelu
 
 
 def _unary_spec(g: Graph, node: Node) -> EpilogueActivation | None:
@@ -119,6 +121,9 @@ def _fuse_next(g: Graph, host: Node, producers: dict[str, Node], consumers: dict
         if sorted(mul.inputs) == sorted([y, sig.outputs[0]]) and len(consumers.get(sig.outputs[0], [])) == 1:
             spec = EpilogueActivation("SiLU")
             absorbed, new_out = [sig, mul], mul.outputs[0]
+    elif len(readers) == 2 and (gelu := match_gelu(g, y, consumers)) is not None:
+        spec = EpilogueActivation("Gelu")
+        absorbed, new_out = gelu
     if spec is None or g.values[new_out].dtype != np.float32:
         return []
     for n in absorbed:

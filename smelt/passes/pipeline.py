@@ -19,7 +19,9 @@ from smelt.passes.dead_nodes import eliminate_dead_nodes
 from smelt.passes.eliminate_identity import eliminate_identity
 from smelt.passes.expand_functions import expand_functions
 from smelt.passes.fold_batchnorm import fold_batchnorm
+from smelt.passes.fuse_attention import fuse_attention
 from smelt.passes.fuse_epilogue import fuse_epilogues
+from smelt.passes.fuse_layernorm import fuse_layernorm
 from smelt.passes.inline_if import inline_constant_ifs
 from smelt.passes.lower_qdq import lower_qdq
 from smelt.passes.shape_inference import infer_shapes
@@ -64,6 +66,8 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("fold_constants", fold_to_fixpoint, 1),
     ("eliminate_dead_nodes", eliminate_dead_nodes, 0),
     ("fold_batchnorm", fold_batchnorm, 1),
+    ("fuse_layernorm", fuse_layernorm, 1),
+    ("fuse_attention", fuse_attention, 1),
     ("fuse_epilogues", fuse_epilogues, 1),
 ]
 

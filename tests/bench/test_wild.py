@@ -18,7 +18,8 @@ from smelt.errors import SmeltError
 
 def test_suite_lists_every_entry_with_a_licence():
     names = suite_models("wild")
-    assert names == [f"wild:{m.name}" for m in wild.WILD_MODELS] and len(names) >= 5
+    shipped = [f"wild:{m.name}" for m in wild.WILD_MODELS]  # then the exported encoders, with torch
+    assert names[:len(shipped)] == shipped and len(names) >= 5
     assert all(m.licence and m.version and m.member.endswith(".onnx") for m in wild.WILD_MODELS)
     with pytest.raises(SmeltError, match="unknown wild model 'nope'"):
         wild.lookup("wild:nope")
@@ -62,3 +63,59 @@ def test_text_page_input_is_a_page_not_noise():
     assert 0.05 < (page < 0).mean() < 0.8
     entry = wild.BY_NAME["ppocr-v4-det"]
     assert set(wild.fixed_values(entry)) == {"x"} and wild.fixed_values(entry)["x"].shape == entry.shapes["x"]
+
+
+# ---- exported transformer encoders (bench/exported.py) -----------------------------------------
+def test_exported_encoders_are_listed_with_shapes(monkeypatch):
+    from smelt.bench import exported
+
+    monkeypatch.setattr(exported, "missing_exporter", lambda: None)
+    names = wild.wild_suite()
+    assert [n for n in names if n.removeprefix("wild:") in exported.BY_NAME] == \
+        [f"wild:{m.name}" for m in exported.EXPORTED_MODELS]
+    assert {m.family for m in exported.EXPORTED_MODELS} == {"bert", "distilbert", "vit", "whisper-encoder"}
+    bert = wild.lookup("wild:bert-minilm-l6")
+    assert bert.shapes == {"input_ids": (1, 128), "attention_mask": (1, 128)}
+    fixed = wild.fixed_values(bert)
+    ids, mask = fixed["input_ids"], fixed["attention_mask"]
+    assert ids.dtype == np.int64 and ids.min() >= 0 and ids.max() < bert.vocab and len(np.unique(ids)) > 64
+    assert mask.tolist() == [[1] * 112 + [0] * 16]  # the mask path is exercised
+    assert wild.lookup("wild:whisper-tiny-encoder").shapes == {"input_features": (1, 80, 3000)}
+
+
+def test_exported_encoders_skip_without_torch(monkeypatch, capsys):
+    """Without torch/transformers the suite lists no exported entry and says why once; naming
+    one is an error saying what to install."""
+    from smelt.bench import exported
+
+    real = exported.importlib.util.find_spec
+    monkeypatch.setattr(exported.importlib.util, "find_spec", lambda m: None if m == "torch" else real(m))
+    names = wild.wild_suite()
+    assert names == [f"wild:{m.name}" for m in wild.WILD_MODELS]
+    assert "torch not installed: the exported encoders" in capsys.readouterr().err
+    with pytest.raises(SmeltError, match="pip install torch transformers"):
+        wild.fetch(exported.BY_NAME["vit-small"])
+
+
+@pytest.mark.slow
+def test_exported_bert_compiles_native_and_matches_onnxruntime(tmp_path):
+    """One export end to end (skipped without torch): deterministic bytes, fully native, GELU and
+    attention fused, onnxruntime's answer."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import onnxruntime as ort
+
+    import smelt
+    from smelt.bench import exported
+
+    entry = exported.BY_NAME["bert-minilm-l6"]
+    path = exported.export(entry, tmp_path)
+    again = exported.export(entry, tmp_path / "again")
+    assert path.read_bytes() == again.read_bytes()
+    feeds = exported.fixed_values(entry)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    compiled = smelt.compile(str(path), threads=2)
+    assert compiled.fallback_nodes == []
+    ops = {s.op for s in compiled.plan.step_infos()}
+    assert "HeadAttention" in ops and not ops & {"Softmax", "Erf", "Transpose"}
+    np.testing.assert_allclose(compiled.run(feeds)[0], want, rtol=1e-4, atol=1e-4)

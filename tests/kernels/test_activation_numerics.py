@@ -32,7 +32,8 @@ SPECIALS = np.array([NAN, INF, -INF, 0.0, -0.0, 1e-40, -1e-40, 1e-30, -1e-30, 1e
 ISAS = ["native", "avx2", "scalar"]
 CHANNELS = 16  # the Conv host's output channels: a whole NCHWc block at every ISA
 
-# (name, op, consts, attrs) of each fused/standalone activation case; "SiLU" is x * Sigmoid(x)
+# (name, op, consts, attrs) of each fused/standalone activation case; "SiLU" is x * Sigmoid(x),
+# "Gelu" the exporters' x * 0.5 * (1 + erf(x / sqrt2))
 FUSABLE = [
     ("Relu", "Relu", (), {}),
     ("Clip06", "Clip", (F(0), F(6)), {}),
@@ -46,6 +47,7 @@ FUSABLE = [
     ("Sigmoid", "Sigmoid", (), {}),
     ("Tanh", "Tanh", (), {}),
     ("SiLU", "SiLU", (), {}),
+    ("Gelu", "Gelu", (), {}),
 ]
 
 
@@ -58,6 +60,14 @@ def _apply(cases: Cases, x: str, op: str, consts: tuple, attrs: dict) -> None:
         s = cases.add("Sigmoid", [x])[0]
         cases.outputs.remove(s)
         cases.add("Mul", [x, s])
+    elif op == "Gelu":
+        inner = [cases.add("Div", [x], (F(np.sqrt(2)),))[0]]
+        inner.append(cases.add("Erf", inner[-1:])[0])
+        inner.append(cases.add("Add", inner[-1:], (F(1),))[0])
+        inner.append(cases.add("Mul", [x, inner[-1]])[0])
+        cases.add("Mul", inner[-1:], (F(0.5),))
+        for v in inner:
+            cases.outputs.remove(v)
     else:
         cases.add(op, [x], consts, **attrs)
 

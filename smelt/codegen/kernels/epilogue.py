@@ -122,6 +122,9 @@ def unary_float_expr(op: str, v: str, params: Mapping[str, float], dtype: str = 
         return f"(({v}) * {scalar_clamp(f'({v}) * {_lit(1 / 6, dtype)} + {_lit(0.5, dtype)}', zero, one)})"
     if op == "SiLU":  # x / (1 + e^-x): -Inf / Inf = NaN, as onnxruntime's x * sigmoid(x)
         return f"(({v}) / ({one} + {_fn('exp', dtype)}(-({v}))))"
+    if op == "Gelu":  # x/2 (1 + erf(x/sqrt2)): +-Inf -> +Inf / -Inf * 0 = NaN, as onnxruntime's
+        return (f"({_lit(0.5, dtype)} * ({v}) * ({one} + {_fn('erf', dtype)}(({v}) * "
+                f"{_lit(0.7071067811865476, dtype)})))")
     raise KeyError(op)
 
 
@@ -169,7 +172,7 @@ def vector_hard_sigmoid(v: VectorOps, x: str, alpha: float, beta: float, nan_to_
 
 class VectorMath(VectorOps, Protocol):
     """``VectorOps`` plus the names of the vector math functions (kernels/isa.py ``VectorIsa``:
-    csrc/smelt_vec.h's ``smelt_vexp*``, ``smelt_vsigmoid*``, ``smelt_vtanh*``)."""
+    csrc/smelt_vec.h's ``smelt_vexp*``, ``smelt_vsigmoid*``, ``smelt_vtanh*``, ``smelt_verf*``)."""
 
     @property
     def exp_fn(self) -> str: ...
@@ -179,6 +182,9 @@ class VectorMath(VectorOps, Protocol):
 
     @property
     def tanh_fn(self) -> str: ...
+
+    @property
+    def erf_fn(self) -> str: ...
 
 
 def vector_unary_expr(v: VectorMath, step: EpilogueActivation, x: str) -> str:
@@ -204,6 +210,9 @@ def vector_unary_expr(v: VectorMath, step: EpilogueActivation, x: str) -> str:
         return v.op("div", x, v.op("add", one, f"{v.exp_fn}({v.op('sub', v.zero(), x)})"))
     if op == "Tanh":
         return f"{v.tanh_fn}({x})"
+    if op == "Gelu":  # the scalar form's order: (x/2)(1 + erf(x/sqrt2))
+        erf = f"{v.erf_fn}({v.op('mul', x, v.set1('0.70710678118654752f'))})"
+        return v.op("mul", v.op("mul", v.set1("0.5f"), x), v.op("add", v.set1("1.0f"), erf))
     raise KeyError(op)
 
 

@@ -191,6 +191,8 @@ def _param_ptr(em: BlockEmitter, g: Graph, name: str, norm_shape: list[int]) -> 
     return em.ptr(name)
 
 
+# smelt's domain: the spelled-out normalization of exports below opset 17 (passes/fuse_layernorm.py)
+@register("LayerNormalization", check=_check_ln, name="layernorm_pattern", domain="ai.smelt")
 @register("LayerNormalization", versions=(17,), check=_check_ln, name="layernorm")
 def emit_layernorm(node: Node, g: Graph, em: BlockEmitter) -> None:
     x, y = node.inputs[0], node.outputs[0]

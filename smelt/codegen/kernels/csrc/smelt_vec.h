@@ -1,8 +1,8 @@
 /* smelt_vec.h: vector helpers of the ISA descriptions (smelt/codegen/kernels/isa.py) that are
  * more than one intrinsic: horizontal sum/max, and THE vector math of smelt, one implementation
- * per vector width: exp, the reciprocal, sigmoid and tanh on __m256 (AVX2 + FMA) and __m512
+ * per vector width: exp, the reciprocal, sigmoid, tanh and erf on __m256 (AVX2 + FMA) and __m512
  * (AVX-512F). Every user calls these: the fused GEMM/conv epilogues (the ISA descriptions name
- * them: exp_fn, sigmoid_fn, tanh_fn; codegen/kernels/epilogue.py renders the calls) and the RNN
+ * them: exp_fn, sigmoid_fn, tanh_fn, erf_fn; codegen/kernels/epilogue.py renders the calls) and the RNN
  * headers (csrc/rnn_vec_avx2.h, rnn_vec_avx512.h: VX_exp/VX_sigmoid/VX_tanh). Portable C (no
  * vector ISA) uses libm expf/tanhf and needs nothing here.
  *
@@ -65,8 +65,16 @@ static inline float smelt_hmax512(__m512 v) {
  *   +-1), evaluated as (P / Q) * x: P / Q is ~1 near 0, so tanh(-0) = -0, tiny and denormal x
  *   keep their full relative accuracy (P * x first, as before, underflowed for |x| < 2e-36:
  *   102 ulp, and 0 for the smallest denormals). Error <= 4.4 ulp everywhere, 2.6e-7 absolute.
+ * erf: on a = |x| clamped to 3.925 (value second: NaN kept; erf rounds to exactly 1 from 3.84 on,
+ *   so erf(+-Inf) = +-1), two fits made for smelt (weighted least squares in float64, coefficients
+ *   rounded to float): below 0.921875 a + a P(a^2) (P ~ erf(a)/a - 1, degree 5 in a^2, 1.6e-8 relative;
+ *   a * (1 + P) rounded 1 + P to 2^-23 and was 2.4 ulp off below 0.5: erf(+-0) = +-0,
+ *   denormal x stay denormal, relative accuracy near 0), above it 1 - e^Q(a) (Q of degree 8 fit to
+ *   log erfc, 8.5e-9 absolute; e^Q by the exp above), both evaluated and one selected per lane; the
+ *   sign of x put back with an OR. The exact GELU x/2 (1 + erf(x/sqrt2)) of exported transformers
+ *   calls it (the fused epilogue "Gelu").
  * Measured over a dense grid by tests/kernels/test_activation_numerics.py (which states the
- * bounds it holds them to): exp 1.25 ulp, sigmoid 3.13 ulp (x >= -88.7), tanh 4.31 ulp. */
+ * bounds it holds them to): exp 1.25 ulp, sigmoid 3.13 ulp (x >= -88.7), tanh 4.31 ulp, erf 1.08 ulp. */
 
 #if defined(__AVX2__) && defined(__FMA__)
 /* e^x, 8 lanes (numerics above). 2^n in two exponent-field factors 2^(n>>1) * 2^(n-(n>>1)): n
@@ -115,6 +123,32 @@ static inline __m256 smelt_vtanh256(__m256 x0) {
     q = _mm256_fmadd_ps(q, z, _mm256_set1_ps(4.89352518554385e-03f));
     return _mm256_mul_ps(_mm256_div_ps(p, q), x);
 }
+/* erf, 8 lanes (numerics above) */
+static inline __m256 smelt_verf256(__m256 x) {
+    const __m256 sign = _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u)));
+    const __m256 ax = _mm256_xor_ps(x, sign);
+    const __m256 a = _mm256_min_ps(_mm256_set1_ps(3.925f), ax);
+    const __m256 z = _mm256_mul_ps(a, a);
+    __m256 p = _mm256_set1_ps(-5.99094899e-04f);
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(4.99320310e-03f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-2.67666373e-02f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.12818167e-01f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.76124948e-01f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.28379151e-01f));
+    const __m256 small = _mm256_fmadd_ps(a, p, a);
+    __m256 q = _mm256_set1_ps(1.63065886e-06f);
+    q = _mm256_fmadd_ps(q, a, _mm256_set1_ps(-4.58937502e-05f));
+    q = _mm256_fmadd_ps(q, a, _mm256_set1_ps(5.95112797e-04f));
+    q = _mm256_fmadd_ps(q, a, _mm256_set1_ps(-4.75020334e-03f));
+    q = _mm256_fmadd_ps(q, a, _mm256_set1_ps(2.63902508e-02f));
+    q = _mm256_fmadd_ps(q, a, _mm256_set1_ps(-1.10018276e-01f));
+    q = _mm256_fmadd_ps(q, a, _mm256_set1_ps(-6.31899655e-01f));
+    q = _mm256_fmadd_ps(q, a, _mm256_set1_ps(-1.13018572e+00f));
+    q = _mm256_fmadd_ps(q, a, _mm256_set1_ps(3.07212380e-04f));
+    const __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.0f), smelt_vexp256(q));
+    const __m256 r = _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.921875f), _CMP_LT_OQ));
+    return _mm256_or_ps(r, sign);
+}
 #endif
 
 #if defined(__AVX512F__)
@@ -157,6 +191,32 @@ static inline __m512 smelt_vtanh512(__m512 x0) {
     q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(2.26843463243900e-03f));
     q = _mm512_fmadd_ps(q, z, _mm512_set1_ps(4.89352518554385e-03f));
     return _mm512_mul_ps(_mm512_div_ps(p, q), x);
+}
+/* erf, 16 lanes (numerics above) */
+static inline __m512 smelt_verf512(__m512 x) {
+    const __m512i sign = _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u));
+    const __m512 ax = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), sign));
+    const __m512 a = _mm512_min_ps(_mm512_set1_ps(3.925f), ax);
+    const __m512 z = _mm512_mul_ps(a, a);
+    __m512 p = _mm512_set1_ps(-5.99094899e-04f);
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(4.99320310e-03f));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-2.67666373e-02f));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.12818167e-01f));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-3.76124948e-01f));
+    p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(1.28379151e-01f));
+    const __m512 small = _mm512_fmadd_ps(a, p, a);
+    __m512 q = _mm512_set1_ps(1.63065886e-06f);
+    q = _mm512_fmadd_ps(q, a, _mm512_set1_ps(-4.58937502e-05f));
+    q = _mm512_fmadd_ps(q, a, _mm512_set1_ps(5.95112797e-04f));
+    q = _mm512_fmadd_ps(q, a, _mm512_set1_ps(-4.75020334e-03f));
+    q = _mm512_fmadd_ps(q, a, _mm512_set1_ps(2.63902508e-02f));
+    q = _mm512_fmadd_ps(q, a, _mm512_set1_ps(-1.10018276e-01f));
+    q = _mm512_fmadd_ps(q, a, _mm512_set1_ps(-6.31899655e-01f));
+    q = _mm512_fmadd_ps(q, a, _mm512_set1_ps(-1.13018572e+00f));
+    q = _mm512_fmadd_ps(q, a, _mm512_set1_ps(3.07212380e-04f));
+    const __m512 big = _mm512_sub_ps(_mm512_set1_ps(1.0f), smelt_vexp512(q));
+    const __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(0.921875f), _CMP_LT_OQ), big, small);
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(r), sign));
 }
 #endif
 #endif
