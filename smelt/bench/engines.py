@@ -107,6 +107,10 @@ def _smelt(model: BenchModel, threads: int, layout: str = "propagate", engine: s
     target = compiled.target
     return Runner(engine, smelt.__version__, compiled.run, compiled.close,
                   {"fallback_nodes": len(compiled.fallback_nodes),
+                   # each node onnx.reference runs, named with why: the report lists them (a suite's
+                   # acceptance is "fully native, or every fallback named with its reason")
+                   "fallbacks": compiled.fallback_report,
+                   "native_nodes": len(compiled.native_nodes),
                    "compile_seconds": round(compiled.compile_seconds, 3),
                    "from_cache": compiled.from_cache,
                    "arena_bytes": compiled.arena_bytes,

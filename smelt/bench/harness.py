@@ -60,7 +60,7 @@ def resolve_model(spec: str, batch: int = 1, shapes: Mapping[str, Sequence[int]]
         proto, name, zoo_name = load_model_or_zoo(spec, batch=batch, seed=seed)
     feeds = random_inputs(proto, batch, shapes, seed, model_name=name)
     if wild is not None:
-        feeds.update({k: v for k, v in fixed_values(wild).items() if k in feeds})
+        feeds.update({k: v.astype(feeds[k].dtype) for k, v in fixed_values(wild).items() if k in feeds})
     declared = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
                 for vi in proto.graph.input if vi.name in feeds}
     # a wild model runs as shipped (onnxruntime refuses silero-vad with its inputs declared static:

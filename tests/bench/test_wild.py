@@ -62,3 +62,54 @@ def test_text_page_input_is_a_page_not_noise():
     assert 0.05 < (page < 0).mean() < 0.8
     entry = wild.BY_NAME["ppocr-v4-det"]
     assert set(wild.fixed_values(entry)) == {"x"} and wild.fixed_values(entry)["x"].shape == entry.shapes["x"]
+
+
+def test_int_ranges_give_random_integers_of_the_model_dtype(tmp_path, monkeypatch):
+    """magika reads byte values: an entry's ``ints`` draw them instead of the zeros every index
+    input gets, in the dtype the model declares."""
+    entry = wild.WildModel("toy3", "toypkg", "3.0", "toypkg/m.onnx", "MIT", "a toy", {"b": (1, 64)},
+                           ints={"b": (0, 257)})
+    model = make_model([helper.make_node("Identity", ["b"], ["y"])], [tensor("b", ["n", 64], TensorProto.INT32)],
+                       [tensor("y", None, TensorProto.INT32)])
+    home = tmp_path / "wild" / "toypkg-3.0"
+    home.mkdir(parents=True)
+    with zipfile.ZipFile(home / "toypkg-3.0-py3-none-any.whl", "w") as whl:
+        whl.writestr("toypkg/m.onnx", model.SerializeToString())
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(wild.BY_NAME, "toy3", entry)
+    feeds = resolve_model("wild:toy3").feeds
+    assert feeds["b"].dtype == np.int32 and feeds["b"].shape == (1, 64)
+    assert feeds["b"].min() >= 0 and feeds["b"].max() <= 256 and len(np.unique(feeds["b"])) > 16
+
+
+def test_report_names_each_fallback_node_with_its_reason():
+    """The suite's acceptance: fully native, or every fallback node named with its reason, in the
+    single-model report and in the suite table."""
+    from smelt.bench import harness, report
+    from smelt.bench.engines import ENGINES, BenchModel
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Hardmax", ["r"], ["y"], name="the_hardmax", axis=1)]
+    proto = make_model(nodes, [tensor("x", [2, 5])], [tensor("y", [2, 5])])
+    model = BenchModel("fb", proto, {"x": np.random.default_rng(0).standard_normal((2, 5)).astype(np.float32)})
+    entry = harness.bench_model(model, [], 1, rounds=2, warmup=0, block=1, factories={"smelt": ENGINES["smelt"]},
+                                progress=False)
+    details = entry["engines"]["smelt"]["details"]
+    assert details["native_nodes"] == 1
+    assert [(f["node"], f["op"]) for f in details["fallbacks"]] == [("the_hardmax", "Hardmax")]
+    reason = details["fallbacks"][0]["reason"]
+    assert reason
+    text = report.format_model(entry)
+    assert f"fallback Hardmax the_hardmax: {reason}" in text and "1 of 2 nodes" in text
+    rep = harness.new_report([], {}, {"peers": []})
+    rep["models"].append(entry)
+    native = {**entry, "model": "clean",
+              "engines": {"smelt": {**entry["engines"]["smelt"],
+                                    "details": {**details, "fallbacks": [], "native_nodes": 2}}}}
+    rep["models"].append(native)
+    harness.finish_report(rep)
+    suite = report.format_suite(rep)
+    rows = {line.split()[0]: line.split()[1] for line in suite.splitlines() if line.split()[:1] in (["fb"], ["clean"])}
+    assert rows == {"fb": "1", "clean": "native"}
+    assert f"fallback Hardmax the_hardmax: {reason}" in suite and "clean:" not in suite
+    assert "fully native (2 nodes)" in report.format_model(native)
