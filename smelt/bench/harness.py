@@ -67,7 +67,7 @@ def resolve_model(spec: str, batch: int = 1, shapes: Mapping[str, Sequence[int]]
     # its If branches then fail inference); zoo and file models get their shapes fixed
     if wild is None and any(declared[k] != list(v.shape) for k, v in feeds.items()):
         proto = specialize_inputs(proto, {k: v.shape for k, v in feeds.items()})
-    return BenchModel(name, proto, feeds, zoo_name)
+    return BenchModel(name, proto, feeds, zoo_name, tolerance=wild.tolerance if wild is not None else None)
 
 
 def random_inputs(proto: onnx.ModelProto, batch: int = 1, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -224,6 +224,10 @@ def bench_model(model: BenchModel, peers: Sequence[str], threads: int, rounds: i
     factories = dict(ENGINES if factories is None else factories)
     if progress:
         print(f"[{model.name}] preparing smelt, {', '.join(peers) or 'no peers'}", file=sys.stderr, flush=True)
+    if model.tolerance is not None and model.tolerance > tolerance:
+        tolerance = model.tolerance
+        if progress:
+            print(f"[{model.name}] tolerance {tolerance:.0e} (the model's own: see its entry)", file=sys.stderr)
     runners, results = _prepare(["smelt", *peers], model, threads, factories)
     for name, res in results.items():
         if res["status"] != "ok" and progress:

