@@ -200,7 +200,15 @@ def format_fallbacks(entry: dict) -> list[str]:
         return [f"smelt: fully native{f' ({native} nodes)' if native is not None else ''}"]
     total = f" of {native + len(fallbacks)}" if native is not None else ""
     lines = [f"smelt: {len(fallbacks)}{total} nodes on the onnx.reference fallback:"]
-    lines += [f"  fallback {f['op']} {f['node']}: {f['reason']}" for f in fallbacks]
+    # nodes of one op falling back for one reason share a line (a QDQ model has ~80 of each)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for f in fallbacks:
+        groups.setdefault((f["op"], f["reason"]), []).append(f["node"])
+    for (op, reason), nodes in groups.items():
+        if len(nodes) == 1:
+            lines.append(f"  fallback {op} {nodes[0]}: {reason}")
+        else:
+            lines.append(f"  fallback {op} x{len(nodes)}: {reason}: {', '.join(nodes)}")
     return lines
 
 

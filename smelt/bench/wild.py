@@ -43,7 +43,8 @@ class WildModel:
     # nodes run on the fallback; and the comparison needs the looser ``tolerance``
     quantized: bool = False
     # the relative error allowed against the peers when 1e-4 cannot be met by anyone: for a QDQ
-    # model, onnxruntime at two optimization levels differs from itself by 1.7e-3 (smart-turn)
+    # model, onnxruntime at two optimization levels differs from itself by 1.7e-3 (smart-turn); a
+    # deep fp32 model whose engines are each ~1e-4 from a float64 run (PP-OCRv6's detector)
     tolerance: float | None = None
     # False: benchmarked only by name (``smelt bench wild:NAME``), not by ``--suite wild``, when one
     # call takes so long that the suite's rounds would take the better part of an hour
@@ -131,7 +132,11 @@ WILD_MODELS: tuple[WildModel, ...] = (
     WildModel("ppocr-v3-rec", "rapidocr_onnxruntime", "1.2.13", "rapidocr_onnxruntime/models/ch_PP-OCRv3_rec_infer.onnx",
               "Apache-2.0", "PP-OCRv3 text recognition (SVTR-LCNet)", {"x": (1, 3, 48, 320)}),
     WildModel("ppocr-v6-det", "rapidocr", "3.10.0", "rapidocr/models/PP-OCRv6_det_small.onnx", "Apache-2.0",
-              "PP-OCRv6 small text detection (Erf GELU, Resize)", {"x": (1, 3, 640, 640)}, images=("x",)),
+              "PP-OCRv6 small text detection (Erf GELU, Resize)", {"x": (1, 3, 640, 640)}, images=("x",),
+              # against a float64 run (onnx.reference, all weights and values in double) onnxruntime is
+              # 8.0e-5 off and smelt 5.4e-5, so the two differ by 1.3e-4: fp32 rounding (onnxruntime's
+              # spatial means over 160x160 planes most of all), not an error of either
+              tolerance=3e-4),
     WildModel("ppocr-v6-rec", "rapidocr", "3.10.0", "rapidocr/models/PP-OCRv6_rec_small.onnx", "Apache-2.0",
               "PP-OCRv6 small text recognition (convs + attention, GELU)", {"x": (1, 3, 48, 320)}),
     WildModel("smart-turn-v3", "pipecat-ai", "1.14.0", "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx",

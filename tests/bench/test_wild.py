@@ -113,6 +113,10 @@ def test_report_names_each_fallback_node_with_its_reason():
     assert rows == {"fb": "1", "clean": "native"}
     assert f"fallback Hardmax the_hardmax: {reason}" in suite and "clean:" not in suite
     assert "fully native (2 nodes)" in report.format_model(native)
+    # one line per (op, reason), every node named
+    many = {**entry, "engines": {"smelt": {**entry["engines"]["smelt"], "details": {**details, "fallbacks": [
+        {"node": f"q{i}", "op": "QuantizeLinear", "reason": "no native template"} for i in range(3)]}}}}
+    assert report.format_fallbacks(many)[1:] == ["  fallback QuantizeLinear x3: no native template: q0, q1, q2"]
 
 
 def test_a_quantized_entry_carries_its_own_tolerance():
