@@ -139,3 +139,17 @@ def test_a_quantized_entry_carries_its_own_tolerance():
         result = harness.bench_model(model, ["peer"], 1, rounds=2, warmup=0, block=1, factories=factories,
                                      progress=False)
         assert result["engines"]["peer"]["status"] == status
+
+
+def test_flops_are_counted_at_the_feeds_shapes():
+    """A wild model runs as shipped, its dims symbolic: its FLOPs (the GFLOPS column) are counted
+    at the shapes of the inputs it is fed, not as zero."""
+    from helpers import const
+
+    from smelt.bench.engines import BenchModel
+    from smelt.bench.harness import model_flops
+
+    w = np.ones((16, 8), np.float32)
+    proto = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor("x", ["n", 16])], [tensor("y", None)],
+                       [const("w", w)])
+    assert model_flops(BenchModel("m", proto, {"x": np.ones((3, 16), np.float32)})) == 2 * 3 * 16 * 8
