@@ -51,6 +51,9 @@ class BenchModel:
     feeds: dict[str, np.ndarray]
     zoo_name: str | None = None  # set for built-in models: PyTorch then runs the zoo's definition
     output_names: list[str] = field(default_factory=list)
+    # the model's own floor on the relative-error tolerance (a QDQ-quantized model: one rounding
+    # flip moves an output by a quantization step, and onnxruntime differs from itself that much)
+    tolerance: float | None = None
 
     def __post_init__(self) -> None:
         if not self.output_names:
@@ -107,6 +110,10 @@ def _smelt(model: BenchModel, threads: int, layout: str = "propagate", engine: s
     target = compiled.target
     return Runner(engine, smelt.__version__, compiled.run, compiled.close,
                   {"fallback_nodes": len(compiled.fallback_nodes),
+                   # each node onnx.reference runs, named with why: the report lists them (a suite's
+                   # acceptance is "fully native, or every fallback named with its reason")
+                   "fallbacks": compiled.fallback_report,
+                   "native_nodes": len(compiled.native_nodes),
                    "compile_seconds": round(compiled.compile_seconds, 3),
                    "from_cache": compiled.from_cache,
                    "arena_bytes": compiled.arena_bytes,

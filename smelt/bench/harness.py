@@ -60,14 +60,14 @@ def resolve_model(spec: str, batch: int = 1, shapes: Mapping[str, Sequence[int]]
         proto, name, zoo_name = load_model_or_zoo(spec, batch=batch, seed=seed)
     feeds = random_inputs(proto, batch, shapes, seed, model_name=name)
     if wild is not None:
-        feeds.update({k: v for k, v in fixed_values(wild).items() if k in feeds})
+        feeds.update({k: v.astype(feeds[k].dtype) for k, v in fixed_values(wild).items() if k in feeds})
     declared = {vi.name: [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
                 for vi in proto.graph.input if vi.name in feeds}
     # a wild model runs as shipped (onnxruntime refuses silero-vad with its inputs declared static:
     # its If branches then fail inference); zoo and file models get their shapes fixed
     if wild is None and any(declared[k] != list(v.shape) for k, v in feeds.items()):
         proto = specialize_inputs(proto, {k: v.shape for k, v in feeds.items()})
-    return BenchModel(name, proto, feeds, zoo_name)
+    return BenchModel(name, proto, feeds, zoo_name, tolerance=wild.tolerance if wild is not None else None)
 
 
 def random_inputs(proto: onnx.ModelProto, batch: int = 1, shapes: Mapping[str, Sequence[int]] | None = None,
@@ -116,14 +116,21 @@ def _random_array(rng: np.random.Generator, dims: list[int], dtype: np.dtype | N
 
 def model_flops(model: BenchModel) -> int:
     """Multiply-adds × 2 of the model's convolutions, GEMMs and recurrent ops at its input shapes."""
-    from smelt.frontend.onnx_import import to_ir
+    from smelt.frontend.onnx_import import specialize_inputs, to_ir
     from smelt.ir.ops import flops
     from smelt.passes.pipeline import fold_to_fixpoint
     from smelt.passes.shape_inference import infer_shapes
 
-    # folded as compile folds it: exports size their activations through Shape/Expand chains
-    # that plain inference leaves symbolic (an exported BERT's MatMuls had no batch: 0 FLOPs)
-    g = fold_to_fixpoint(infer_shapes(to_ir(model.proto)))
+    # at the shapes of the feeds: a wild model keeps its symbolic dims (it runs as shipped), and a
+    # conv over an unknown plane counts nothing; folded as compile folds it: exports size their
+    # activations through Shape/Expand chains that plain inference leaves symbolic (an exported
+    # BERT's MatMuls had no batch: 0 FLOPs)
+    proto = model.proto
+    try:
+        proto = specialize_inputs(proto, {k: v.shape for k, v in model.feeds.items()})
+    except Exception:  # noqa: BLE001 - the declared shapes then, as before
+        pass
+    g = fold_to_fixpoint(infer_shapes(to_ir(proto)))
     return int(sum(flops(node, g) for node in g.nodes))
 
 
@@ -227,6 +234,10 @@ def bench_model(model: BenchModel, peers: Sequence[str], threads: int, rounds: i
     factories = dict(ENGINES if factories is None else factories)
     if progress:
         print(f"[{model.name}] preparing smelt, {', '.join(peers) or 'no peers'}", file=sys.stderr, flush=True)
+    if model.tolerance is not None and model.tolerance > tolerance:
+        tolerance = model.tolerance
+        if progress:
+            print(f"[{model.name}] tolerance {tolerance:.0e} (the model's own: see its entry)", file=sys.stderr)
     runners, results = _prepare(["smelt", *peers], model, threads, factories)
     for name, res in results.items():
         if res["status"] != "ok" and progress:

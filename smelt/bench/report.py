@@ -34,7 +34,10 @@ ENGINE_SCHEMA = {
         "peak_share": {**_NUM, "description": "executed_gflops / the measured fp32 peak, at these threads, of "
                        "the ISA this engine ran (isa)"},
         "isa": {"type": ["string", "null"], "description": "the ISA the engine ran (peak looked up by it)"},
-        "details": {"type": "object"},
+        "details": {"type": "object", "properties": {
+            "fallbacks": {"type": "array", "description": "smelt: the nodes onnx.reference runs, with why",
+                          "items": {"type": "object", "required": ["node", "op", "reason"]}},
+            "native_nodes": {"type": "integer"}}},
         "throughput": {"type": "object"},
     },
     "allOf": [
@@ -176,6 +179,39 @@ def format_machine(report: dict) -> str:
     return "\n".join(lines)
 
 
+def smelt_native(entry: dict) -> str:
+    """How much of the model smelt ran natively: "native" (every node), "K fallback" or "-" (not
+    compiled, or a report from before the fallbacks were recorded)."""
+    details = (entry["engines"].get("smelt") or {}).get("details") or {}
+    if "fallbacks" not in details:
+        return "-"
+    return f"{len(details['fallbacks'])} fallback" if details["fallbacks"] else "native"
+
+
+def format_fallbacks(entry: dict) -> list[str]:
+    """One line per node smelt leaves to the onnx.reference fallback, with its reason, or one line
+    saying the model ran fully native."""
+    details = (entry["engines"].get("smelt") or {}).get("details") or {}
+    if "fallbacks" not in details:
+        return []
+    fallbacks = details["fallbacks"]
+    native = details.get("native_nodes")
+    if not fallbacks:
+        return [f"smelt: fully native{f' ({native} nodes)' if native is not None else ''}"]
+    total = f" of {native + len(fallbacks)}" if native is not None else ""
+    lines = [f"smelt: {len(fallbacks)}{total} nodes on the onnx.reference fallback:"]
+    # nodes of one op falling back for one reason share a line (a QDQ model has ~80 of each)
+    groups: dict[tuple[str, str], list[str]] = {}
+    for f in fallbacks:
+        groups.setdefault((f["op"], f["reason"]), []).append(f["node"])
+    for (op, reason), nodes in groups.items():
+        if len(nodes) == 1:
+            lines.append(f"  fallback {op} {nodes[0]}: {reason}")
+        else:
+            lines.append(f"  fallback {op} x{len(nodes)}: {reason}: {', '.join(nodes)}")
+    return lines
+
+
 def format_model(entry: dict, markdown: bool = False) -> str:
     """One model: a row per engine with its ISA, median, spread, error, speedup, GFLOPS, share of peak."""
     head = (f"{entry['model']}: batch {entry['batch']}, {_threads(entry['threads'])}, "
@@ -195,7 +231,7 @@ def format_model(entry: dict, markdown: bool = False) -> str:
     notes = [f"  {n}: {e['reason']}" for n, e in entry["engines"].items() if e["status"] != "ok"]
     tail = (f"best peer: {entry['best_peer']}; smelt speedup over it {entry['speedup_vs_best_peer']:.2f}x"
             if entry["best_peer"] else "no peer timed")
-    parts = [head, table, *notes, tail]
+    parts = [head, table, *notes, tail, *format_fallbacks(entry)]
     for engine, tp in (entry.get("throughput") or {}).items():
         if "error" in tp:
             parts.append(f"throughput {engine}: failed: {tp['error']}")
@@ -209,20 +245,30 @@ def format_model(entry: dict, markdown: bool = False) -> str:
 def format_suite(report: dict, markdown: bool = False) -> str:
     """Many models: one row each, smelt's median, each peer's median and smelt's speedup over it."""
     peers = list(report["settings"]["peers"])
-    header = ["model", "smelt ms", *(f"{p} ms" for p in peers), *(f"vs {p}" for p in peers), "vs best",
+    header = ["model", "native", "smelt ms", *(f"{p} ms" for p in peers), *(f"vs {p}" for p in peers), "vs best",
               "smelt GFLOPS", "% peak"]
     rows = []
     for m in report["models"]:
         s = m["engines"]["smelt"]
         engines = [m["engines"].get(p, {}) for p in peers]
-        rows.append([m["model"], fmt_opt(s["median_ms"], ".3f"),
+        rows.append([m["model"], smelt_native(m), fmt_opt(s["median_ms"], ".3f"),
                      *(fmt_opt(e.get("median_ms"), ".3f", e.get("status", "-")) for e in engines),
                      *(_x(e.get("smelt_speedup")) for e in engines),
                      _x(m["speedup_vs_best_peer"]), fmt_opt(s["gflops"], ".1f"), _pct(s["peak_share"])])
     summ = report["summary"]
-    rows.append(["geomean", "", *["" for _ in peers], *(_x(summ["geomean_speedup"].get(p)) for p in peers),
+    rows.append(["geomean", "", "", *["" for _ in peers], *(_x(summ["geomean_speedup"].get(p)) for p in peers),
                  _x(summ["geomean_speedup_vs_best_peer"]), "", ""])
-    return text_table(header, rows, right=set(range(1, len(header))), markdown=markdown)
+    table = text_table(header, rows, right=set(range(2, len(header))), markdown=markdown)
+    # every node a model leaves to the fallback, named with its reason; and why a model failed
+    notes = []
+    for m in report["models"]:
+        s = m["engines"]["smelt"]
+        if s["status"] != "ok":
+            notes.append(f"{m['model']}: smelt {s['status']}: {s.get('reason', '')}")
+        lines = format_fallbacks(m)
+        if lines and not lines[0].startswith("smelt: fully native"):
+            notes += [f"{m['model']}: {lines[0].removeprefix('smelt: ')}", *lines[1:]]
+    return "\n".join([table, *notes])
 
 
 # ----------------------------------------------------------------------------- charts

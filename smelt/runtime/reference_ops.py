@@ -3,12 +3,26 @@
 ``Loop``: onnx.reference joins the per-iteration scan outputs with ``np.vstack``, which turns
 0-d values into an (N, 1) array and concatenates (a, b) values into (N*a, b); the ONNX spec (and
 onnxruntime) stack them along a new leading axis: (N,) and (N, a, b). The subclass records the
-per-iteration shape and reshapes the joined array (same elements in the same order).
+per-iteration shape and reshapes the joined array (same elements in the same order). And a Loop
+without its optional condition input runs M iterations, as the spec says; onnx.reference tested
+the missing condition as false and ran none.
+
+``OneHot``: the spec's ``depth`` is a scalar *or a rank-1 tensor of one element* (paddle2onnx
+writes the latter: SLANet's decoder loop, wild:slanet-table); onnx.reference passes it to
+``np.arange``, which numpy 2 refuses for a 1-D array. The subclass reads the one element.
+
+``DequantizeLinear``: onnx.reference implements it only from opset 19 (``DequantizeLinear_19``
+on), so a model of opset 10-18 (wild:smart-turn-v3, opset 18) had no fallback at all ("No
+implementation for operator 'DequantizeLinear' ... version 18"). Versions 10 and 13 are
+version 19 without its float8 inputs (13 added ``axis``): the same computation serves them all.
 """
 
 from __future__ import annotations
 
+import numpy as np
+from onnx.reference.ops.op_dequantize_linear import _CommonDequantizeLinear
 from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
+from onnx.reference.ops.op_one_hot import OneHot as _ReferenceOneHot
 
 
 class Loop(_ReferenceLoop):
@@ -29,9 +43,11 @@ class Loop(_ReferenceLoop):
 
         self._run_body = recording_run_body
 
-    def _run(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def _run(self, M, cond, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202, N803
         self._scan_shapes, self._iterations = [], 0
-        res = list(super()._run(*args, **kwargs))
+        if cond is None:  # no condition input: run M times (onnx.reference ran none)
+            cond = np.array(True)
+        res = list(super()._run(M, cond, *args, **kwargs))
         if self.K > 0 and self._iterations:
             for k, shape in enumerate(self._scan_shapes):
                 i = self.N + k
@@ -39,4 +55,22 @@ class Loop(_ReferenceLoop):
         return tuple(res)
 
 
-FIXED_OPS = [Loop]
+class OneHot(_ReferenceOneHot):
+    """``onnx.reference``'s OneHot, also taking ``depth`` as a one-element rank-1 tensor."""
+
+    def _run(self, indices, depth, values, axis=None):  # noqa: ANN001, ANN202 - the parent's signature
+        depth = np.asarray(depth)
+        if depth.size != 1:
+            raise ValueError(f"OneHot: depth must hold exactly one value, got shape {depth.shape}")
+        # the spec casts a non-integer depth to int64, as onnxruntime does
+        return super()._run(indices, np.int64(depth.reshape(())), values, axis=axis)
+
+
+class DequantizeLinear(_CommonDequantizeLinear):
+    """DequantizeLinear at every opset (onnx.reference has no implementation before 19)."""
+
+    def _run(self, *args, axis: int = 1, block_size: int = 0, output_dtype=None):  # noqa: ANN001, ANN002, ANN202
+        return super()._run(*args, axis=axis, block_size=block_size, output_dtype=output_dtype)
+
+
+FIXED_OPS = [Loop, OneHot, DequantizeLinear]

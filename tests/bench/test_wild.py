@@ -18,8 +18,8 @@ from smelt.errors import SmeltError
 
 def test_suite_lists_every_entry_with_a_licence():
     names = suite_models("wild")
-    shipped = [f"wild:{m.name}" for m in wild.WILD_MODELS]  # then the exported encoders, with torch
-    assert names[:len(shipped)] == shipped and len(names) >= 5
+    shipped = [f"wild:{m.name}" for m in wild.WILD_MODELS if m.in_suite]  # then the exported encoders, with torch
+    assert names[:len(shipped)] == shipped and len(shipped) >= 20
     assert all(m.licence and m.version and m.member.endswith(".onnx") for m in wild.WILD_MODELS)
     with pytest.raises(SmeltError, match="unknown wild model 'nope'"):
         wild.lookup("wild:nope")
@@ -91,7 +91,7 @@ def test_exported_encoders_skip_without_torch(monkeypatch, capsys):
     real = exported.importlib.util.find_spec
     monkeypatch.setattr(exported.importlib.util, "find_spec", lambda m: None if m == "torch" else real(m))
     names = wild.wild_suite()
-    assert names == [f"wild:{m.name}" for m in wild.WILD_MODELS]
+    assert names == [f"wild:{m.name}" for m in wild.WILD_MODELS if m.in_suite]
     assert "torch not installed: the exported encoders" in capsys.readouterr().err
     with pytest.raises(SmeltError, match="pip install torch transformers"):
         wild.fetch(exported.BY_NAME["vit-small"])
@@ -119,3 +119,94 @@ def test_exported_bert_compiles_native_and_matches_onnxruntime(tmp_path):
     ops = {s.op for s in compiled.plan.step_infos()}
     assert "HeadAttention" in ops and not ops & {"Softmax", "Erf", "Transpose"}
     np.testing.assert_allclose(compiled.run(feeds)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_int_ranges_give_random_integers_of_the_model_dtype(tmp_path, monkeypatch):
+    """magika reads byte values: an entry's ``ints`` draw them instead of the zeros every index
+    input gets, in the dtype the model declares."""
+    entry = wild.WildModel("toy3", "toypkg", "3.0", "toypkg/m.onnx", "MIT", "a toy", {"b": (1, 64)},
+                           ints={"b": (0, 257)})
+    model = make_model([helper.make_node("Identity", ["b"], ["y"])], [tensor("b", ["n", 64], TensorProto.INT32)],
+                       [tensor("y", None, TensorProto.INT32)])
+    home = tmp_path / "wild" / "toypkg-3.0"
+    home.mkdir(parents=True)
+    with zipfile.ZipFile(home / "toypkg-3.0-py3-none-any.whl", "w") as whl:
+        whl.writestr("toypkg/m.onnx", model.SerializeToString())
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(wild.BY_NAME, "toy3", entry)
+    feeds = resolve_model("wild:toy3").feeds
+    assert feeds["b"].dtype == np.int32 and feeds["b"].shape == (1, 64)
+    assert feeds["b"].min() >= 0 and feeds["b"].max() <= 256 and len(np.unique(feeds["b"])) > 16
+
+
+def test_report_names_each_fallback_node_with_its_reason():
+    """The suite's acceptance: fully native, or every fallback node named with its reason, in the
+    single-model report and in the suite table."""
+    from smelt.bench import harness, report
+    from smelt.bench.engines import ENGINES, BenchModel
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Cosh", ["r"], ["y"], name="the_cosh")]  # no template, no function body
+    proto = make_model(nodes, [tensor("x", [2, 5])], [tensor("y", [2, 5])])
+    model = BenchModel("fb", proto, {"x": np.random.default_rng(0).standard_normal((2, 5)).astype(np.float32)})
+    entry = harness.bench_model(model, [], 1, rounds=2, warmup=0, block=1, factories={"smelt": ENGINES["smelt"]},
+                                progress=False)
+    details = entry["engines"]["smelt"]["details"]
+    assert details["native_nodes"] == 1
+    assert [(f["node"], f["op"]) for f in details["fallbacks"]] == [("the_cosh", "Cosh")]
+    reason = details["fallbacks"][0]["reason"]
+    assert reason
+    text = report.format_model(entry)
+    assert f"fallback Cosh the_cosh: {reason}" in text and "1 of 2 nodes" in text
+    rep = harness.new_report([], {}, {"peers": []})
+    rep["models"].append(entry)
+    native = {**entry, "model": "clean",
+              "engines": {"smelt": {**entry["engines"]["smelt"],
+                                    "details": {**details, "fallbacks": [], "native_nodes": 2}}}}
+    rep["models"].append(native)
+    harness.finish_report(rep)
+    suite = report.format_suite(rep)
+    rows = {line.split()[0]: line.split()[1] for line in suite.splitlines() if line.split()[:1] in (["fb"], ["clean"])}
+    assert rows == {"fb": "1", "clean": "native"}
+    assert f"fallback Cosh the_cosh: {reason}" in suite and "clean:" not in suite
+    assert "fully native (2 nodes)" in report.format_model(native)
+    # one line per (op, reason), every node named
+    many = {**entry, "engines": {"smelt": {**entry["engines"]["smelt"], "details": {**details, "fallbacks": [
+        {"node": f"q{i}", "op": "QuantizeLinear", "reason": "no native template"} for i in range(3)]}}}}
+    assert report.format_fallbacks(many)[1:] == ["  fallback QuantizeLinear x3: no native template: q0, q1, q2"]
+
+
+def test_a_quantized_entry_carries_its_own_tolerance():
+    """A QDQ model's peers differ from smelt (and onnxruntime from itself) by a quantization step:
+    the entry's tolerance, not the default 1e-4, decides a mismatch."""
+    from smelt.bench import harness
+    from smelt.bench.engines import ENGINES, BenchModel, Runner
+
+    entry = wild.BY_NAME["smart-turn-v3"]
+    assert entry.quantized and entry.tolerance and entry.tolerance > harness.DEFAULT_TOLERANCE
+    proto = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", [4])], [tensor("y", [4])])
+    feeds = {"x": np.array([1.0, -1.0, 2.0, 0.5], np.float32)}
+
+    def off_by_1e3(model, threads):
+        return Runner("peer", "0", lambda f: [np.maximum(f["x"], 0) * np.float32(1.001)])
+
+    factories = {"smelt": ENGINES["smelt"], "peer": off_by_1e3}
+    for tolerance, status in ((None, "mismatch"), (5e-3, "ok")):
+        model = BenchModel("q", proto, feeds, tolerance=tolerance)
+        result = harness.bench_model(model, ["peer"], 1, rounds=2, warmup=0, block=1, factories=factories,
+                                     progress=False)
+        assert result["engines"]["peer"]["status"] == status
+
+
+def test_flops_are_counted_at_the_feeds_shapes():
+    """A wild model runs as shipped, its dims symbolic: its FLOPs (the GFLOPS column) are counted
+    at the shapes of the inputs it is fed, not as zero."""
+    from helpers import const
+
+    from smelt.bench.engines import BenchModel
+    from smelt.bench.harness import model_flops
+
+    w = np.ones((16, 8), np.float32)
+    proto = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor("x", ["n", 16])], [tensor("y", None)],
+                       [const("w", w)])
+    assert model_flops(BenchModel("m", proto, {"x": np.ones((3, 16), np.float32)})) == 2 * 3 * 16 * 8

@@ -17,6 +17,8 @@ pooling, global pooling and BatchNormalization.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
@@ -254,10 +256,24 @@ def emit_global_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
          "for (long it = lo; it < hi; ++it) {",
          f"    const float *restrict xb = X + it * {hw * b}L;",
          f"    float a[{b}];",
-         f"    for (int l = 0; l < {b}; ++l) a[l] = {init};",
-         f"    for (long p = 0; p < {hw}; ++p)",
-         f"        for (int l = 0; l < {b}; ++l) {{ const float v = xb[p * {b} + l]; {upd} }}",
-         f"    for (int l = 0; l < {b}; ++l) Y[it * {b} + l] = {store};"]  # [n][cb][l] == [n][c]
+         f"    for (int l = 0; l < {b}; ++l) a[l] = {init};"]
+    if is_max or hw <= 64:
+        L += [f"    for (long p = 0; p < {hw}; ++p)",
+              f"        for (int l = 0; l < {b}; ++l) {{ const float v = xb[p * {b} + l]; {upd} }}"]
+    else:
+        # the sum in chunks of ~sqrt(hw) positions, each chunk's partial added to the total: one
+        # running fp32 sum over a 160x160 plane (PP-OCRv6's detector) drifts by ~1e-4 of the mean
+        # (every add rounds against an ever larger total), the chunked sum by ~1e-6
+        chunk = max(8, math.isqrt(hw))
+        L += [f"    for (long p0 = 0; p0 < {hw}; p0 += {chunk}) {{",
+              f"        const long p1 = p0 + {chunk} < {hw} ? p0 + {chunk} : {hw};",
+              f"        float s[{b}];",
+              f"        for (int l = 0; l < {b}; ++l) s[l] = 0.0f;",
+              "        for (long p = p0; p < p1; ++p)",
+              f"            for (int l = 0; l < {b}; ++l) s[l] += xb[p * {b} + l];",
+              f"        for (int l = 0; l < {b}; ++l) a[l] += s[l];",
+              "    }"]
+    L.append(f"    for (int l = 0; l < {b}; ++l) Y[it * {b} + l] = {store};")  # [n][cb][l] == [n][c]
     if is_max:
         L += _all_nan_windows(f"Y + it * {b}", b, [f"for (long p = 0; p < {hw}; ++p)",
                                                    f"    for (int l = 0; l < {b}; ++l) num[l] |= xb[p * {b} + l] == xb[p * {b} + l];"],
