@@ -292,7 +292,59 @@ class LoadedArtifact:
             self.lib.smelt_create_pool.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
             self.lib.smelt_destroy_pool.argtypes = [ctypes.c_void_p]
             self.pool = self._create_pool()
+        self._direct = self._direct_plan()
         reinit_after_fork(self)
+
+    def _direct_plan(self) -> tuple | None:
+        """For the common plan of one native block and nothing else (not profiling, static
+        shapes, every graph output written by the block): which ``in`` slots take which feeds
+        (constants' slots filled once here), the outputs' shapes, and each graph output's slot.
+        ``run_acquired`` then skips the general step loop: a few microseconds a call, which is
+        a fifth of a 20 us wake-word model."""
+        if len(self.steps) != 1 or self.steps[0][0] != "native" or self.profiling or self._dims is not None:
+            return None
+        _, _, ins, outs, in_ptrs, _, _ = self.steps[0]
+        feeds = []
+        for i, spec in enumerate(ins):
+            const = self.consts.get(spec.name)
+            if const is not None:
+                if const.dtype != spec.dtype or not const.flags.c_contiguous:
+                    return None
+                in_ptrs[i] = const.ctypes.data  # self.consts keeps it alive
+            else:
+                feeds.append((i, spec.name, spec.dtype))
+        slots = {spec.name: i for i, spec in enumerate(outs)}
+        if any(o.name not in slots for o in self.outputs):
+            return None
+        return (tuple(feeds), tuple((tuple(spec.shape), spec.dtype) for spec in outs),
+                tuple(slots[o.name] for o in self.outputs))
+
+    def _run_direct(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """``run_acquired`` for a ``_direct_plan`` (lock held)."""
+        assert self._direct is not None
+        feed_slots, out_specs, order = self._direct
+        _, fn, _, _, in_ptrs, out_ptrs, step_nodes = self.steps[0]
+        held = []  # converted inputs live until the call returns
+        for i, name, dtype in feed_slots:
+            arr = feeds[name]
+            if arr.dtype != dtype or not arr.flags.c_contiguous:
+                arr = np.asarray(arr, dtype=dtype, order="C")
+                held.append(arr)
+            in_ptrs[i] = arr.ctypes.data
+        results = []
+        for i, (shape, dtype) in enumerate(out_specs):
+            arr = aligned_array(shape, dtype)
+            out_ptrs[i] = arr.ctypes.data
+            results.append(arr)
+        status = fn(self.pool, in_ptrs, out_ptrs, self._arena_ptr, self._scratch_ptr, self._weights_ptr,
+                    self._state_ptr)
+        self.native_calls += 1
+        if status:
+            node, op = step_nodes[status - 1]
+            raise SmeltError(f"node {node!r} ({op}) failed at run time: an input is invalid "
+                             "for it (for example an index out of range)")
+        del held
+        return [results[k] for k in order]
 
     def _create_pool(self) -> ctypes.c_void_p:
         assert self.lib is not None
@@ -407,6 +459,8 @@ class LoadedArtifact:
                 self._pool_stale = False
                 self.lib.smelt_destroy_pool(self.pool)  # the child's copy: freed, nothing joined
                 self.pool = self._create_pool()
+            if self._direct is not None:
+                return self._run_direct(feeds)
             env: dict[str, np.ndarray] = dict(self.consts)
             env.update(feeds)
             for si, step in enumerate(self.steps):
