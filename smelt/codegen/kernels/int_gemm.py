@@ -7,6 +7,12 @@ word of A holds (A[i, 2q], A[i, 2q+1]); a B panel holds, for each pair q, NR col
 vpaddd; AVX512-VNNI's vpdpwssd) multiplies both pairs and adds them to the lane: exact, since
 |a|, |b| <= 255 gives |a*b + a'*b'| < 2^17, and K <= 2^15 keeps the int32 sum below 2^31.
 
+On VNNI hosts, when A is uint8 and B int8 with a zero point of 0 (symmetric weights, what
+static quantizers write), the quad form runs instead: A raw (not shifted) in words of four bytes
+along K, B as int8 quads, ``u8s8_dot_acc`` (vpdpbusd: four exact u8 x s8 products per lane,
+twice the pair form's rate); A's zero point comes off afterwards as ``a_zero * colsum(B)[j]``,
+a compile-time column sum (``quad_colsums``).
+
 An MR x NR tile (``schedule.gemm.int_dot_tile``: MR rows, NV vectors of lanes) stays in
 registers over all of K; rows past the end of a ragged block read the last row again (one code
 path for every tile; their results are never stored). The tile is stored to a small int32
@@ -23,14 +29,36 @@ from smelt.codegen.kernels.isa import VectorIsa
 MAX_K = 1 << 15  # K * 2^16 < 2^31: the int32 sum of int16 pair products cannot overflow
 
 
-def pack_b_pairs(b: np.ndarray, nr: int) -> np.ndarray:
-    """``b`` [groups, K, N] (int16, zero point subtracted) as [groups, N panels, K pairs, nr, 2]:
-    odd K and the last panel's missing columns padded with zeros (they add nothing)."""
+PAIR, QUAD = 2, 4  # K values per int32 word: int16 pairs, or u8/s8 quads
+
+
+def pack_b(b: np.ndarray, nr: int, group: int = PAIR) -> np.ndarray:
+    """``b`` [groups, K, N] as [groups, N panels, K / group words, nr, group]: int16 (zero point
+    subtracted) for pairs, int8 (zero point 0) for quads; K and the last panel's missing
+    columns padded with zeros (they add nothing)."""
     groups, k, n = b.shape
-    k2, nb = -(-k // 2), -(-n // nr)
-    padded = np.zeros((groups, 2 * k2, nb * nr), np.int16)
+    kw, nb = -(-k // group), -(-n // nr)
+    dtype = np.int16 if group == PAIR else np.int8
+    padded = np.zeros((groups, group * kw, nb * nr), dtype)
     padded[:, :k, :n] = b
-    return np.ascontiguousarray(padded.reshape(groups, k2, 2, nb, nr).transpose(0, 3, 1, 4, 2))
+    return np.ascontiguousarray(padded.reshape(groups, kw, group, nb, nr).transpose(0, 3, 1, 4, 2))
+
+
+def pack_b_pairs(b: np.ndarray, nr: int) -> np.ndarray:
+    return pack_b(b, nr, PAIR)
+
+
+def quad_colsums(b: np.ndarray) -> np.ndarray:
+    """[groups, N] int32 column sums of int8 ``b`` [groups, K, N]: what A's zero point times
+    each column takes back off a quad-form sum."""
+    return b.astype(np.int32).sum(axis=1).astype(np.int32)
+
+
+def quad_word(values: list[str]) -> str:
+    """C int32 holding four bytes (uint8 values, lowest K first: vpdpbusd's byte order)."""
+    parts = [f"((uint32_t)(uint8_t)({v}) << {8 * i})" if i else f"(uint32_t)(uint8_t)({v})"
+             for i, v in enumerate(values)]
+    return f"(int32_t)({' | '.join(parts)})"
 
 
 def pair_word(lo: str, hi: str) -> str:
@@ -39,22 +67,27 @@ def pair_word(lo: str, hi: str) -> str:
     return f"(int32_t)((uint32_t)(uint16_t)({lo}) | ((uint32_t)(uint16_t)({hi}) << 16))"
 
 
-def tile_loop(v: VectorIsa, mr: int, nv: int, *, k2: int, a_row: str, b_panel: str, tile: str) -> list[str]:
+def tile_loop(v: VectorIsa, mr: int, nv: int, *, k2: int, a_row: str, b_panel: str, tile: str,
+              group: int = PAIR) -> list[str]:
     """C lines computing one MR x (nv * lanes) tile into int32 ``tile`` (row-major, nr wide).
 
-    ``a_row(r)`` is a format string with ``{r}``: a pointer to the packed A words of tile row r
-    (already clamped to a valid row); ``b_panel`` a pointer to the panel's packed pairs."""
+    ``k2``: the K words; ``a_row(r)`` is a format string with ``{r}``: a pointer to the packed A
+    words of tile row r (already clamped to a valid row); ``b_panel`` a pointer to the panel's
+    packed words (int16 pairs, or int8 quads with ``group`` QUAD)."""
     it = v.x("itype")
     lanes = v.lanes
     nr = nv * lanes
+    dot = "i16_dot_acc" if group == PAIR else "u8s8_dot_acc"
+    elem = 2 if group == PAIR else 4  # B elements per int32 lane and word
     lines = [f"const int32_t *restrict a{r} = {a_row.format(r=r)};" for r in range(mr)]
-    lines.append(f"const int16_t *restrict bp = {b_panel};")
+    lines.append(f"const {'int16_t' if group == PAIR else 'int8_t'} *restrict bp = {b_panel};")
     lines.append(" ".join(f"{it} c{r}_{c} = {v.x('i32_set1', a='0')};" for r in range(mr) for c in range(nv)))
     lines.append(f"for (long q = 0; q < {k2}; ++q) {{")
-    lines += [f"    const {it} b{c} = {v.x('i32_loadu', p=f'bp + q * {nr * 2} + {c * lanes * 2}')};" for c in range(nv)]
+    lines += [f"    const {it} b{c} = {v.x('i32_loadu', p=f'bp + q * {nr * elem} + {c * lanes * elem}')};"
+              for c in range(nv)]
     for r in range(mr):
         lines.append(f"    {{ const {it} av = {v.x('i32_set1', a=f'a{r}[q]')};")
-        lines += [f"      c{r}_{c} = {v.x('i16_dot_acc', a='av', b=f'b{c}', c=f'c{r}_{c}')};" for c in range(nv)]
+        lines += [f"      c{r}_{c} = {v.x(dot, a='av', b=f'b{c}', c=f'c{r}_{c}')};" for c in range(nv)]
         lines.append("    }")
     lines.append("}")
     lines += [v.x("i32_storeu", p=f"{tile} + {r * nr + c * lanes}", a=f"c{r}_{c}") for r in range(mr) for c in range(nv)]

@@ -264,15 +264,19 @@ def vector_isa(target: Target, lanes: int | None = None) -> VectorIsa:
     return found or PORTABLE
 
 
-# AVX512-VNNI's vpdpwssd: the int16 pair dot product and the accumulation in one instruction
-_VNNI_DOT = ("i16_dot_acc", "_mm512_dpwssd_epi32({c}, {a}, {b})")
+# AVX512-VNNI: vpdpwssd (the int16 pair dot product and the accumulation in one instruction) and
+# vpdpbusd (four unsigned-by-signed byte products summed into each int32 lane, exact: no
+# saturation, unlike AVX2's vpmaddubsw, which is why hosts without VNNI have no u8s8_dot_acc)
+_VNNI_DOTS = (("i16_dot_acc", "_mm512_dpwssd_epi32({c}, {a}, {b})"),
+              ("u8s8_dot_acc", "_mm512_dpbusd_epi32({c}, {a}, {b})"))
 
 
 def with_int_dot(d: VectorIsa, target: Target) -> VectorIsa:
-    """``d`` with the host's best spelling of ``i16_dot_acc`` (the integer kernels' inner
-    product): AVX512-VNNI's fused form where the target has it and ``d`` is 512 bits wide."""
+    """``d`` with the host's integer dot products: AVX512-VNNI's fused int16 pair form and its
+    u8 x s8 quad form where the target has VNNI and ``d`` is 512 bits wide."""
     if d.lanes == 16 and d.has("i16_dot_acc") and "avx512_vnni" in target.flags:
-        return dataclasses.replace(d, extra=tuple(e for e in d.extra if e[0] != "i16_dot_acc") + (_VNNI_DOT,))
+        names = {k for k, _ in _VNNI_DOTS}
+        return dataclasses.replace(d, extra=tuple(e for e in d.extra if e[0] not in names) + _VNNI_DOTS)
     return d
 
 

@@ -18,7 +18,16 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
-from smelt.codegen.kernels.int_gemm import MAX_K, pack_b_pairs, pair_word, tile_loop
+from smelt.codegen.kernels.int_gemm import (
+    MAX_K,
+    PAIR,
+    QUAD,
+    pack_b,
+    pair_word,
+    quad_colsums,
+    quad_word,
+    tile_loop,
+)
 from smelt.codegen.kernels.isa import vector_isa, with_int_dot
 from smelt.codegen.kernels.loops import dtype_name
 from smelt.codegen.registry import register
@@ -127,25 +136,36 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
                                                                   "ow", "group"))
     (sh, sw), (dh, dw), (pt, pl) = geo["strides"], geo["dil"], geo["pads"][:2]
     ocg, k, p_count = oc // group, cg * kh * kw, oh * ow
-    k2 = -(-k // 2)
     xt = c_type(dtype_name(g, io["x"]))
-    wq = _const(g, io["w"]).astype(np.int16)
+    w_raw = _const(g, io["w"])
     wz = _const(g, io["wz"]) if io["wz"] else np.zeros(1, np.int16)
     wz = np.broadcast_to(wz.astype(np.int16).reshape(-1), (oc,)) if wz.size in (1, oc) else wz
-    wsub = (wq.reshape(oc, k) - wz[:, None]).astype(np.int16)  # [OC, CK], zero point subtracted
+    wsub = (w_raw.astype(np.int16).reshape(oc, k) - wz[:, None]).astype(np.int16)  # [OC, CK], zero point off
     bmat = np.ascontiguousarray(wsub.reshape(group, ocg, k).transpose(0, 2, 1))  # [G, CK, OCg]
+    v = with_int_dot(vector_isa(em.target), em.target)
+    # the quad form (vpdpbusd) where the host has it: uint8 input, int8 weights of zero point 0
+    quad = (v.has("u8s8_dot_acc") and dtype_name(g, io["x"]) == "uint8" and dtype_name(g, io["w"]) == "int8"
+            and not np.any(wz))
+    group_k = QUAD if quad else PAIR
+    kwords = -(-k // group_k)
     rows = n * group * p_count
-    ap = em.scratch(4 * rows * k2, "int32")
-    col = em.scratch(2 * (2 * k2) * max(1, em.n_threads), "int16")
+    ap = em.scratch(4 * rows * kwords, "int32")
+    col = em.scratch((group_k * kwords) * (1 if quad else 2) * max(1, em.n_threads), "uint8" if quad else "int16")
     macs = rows * k * ocg
     split = ("smelt_range({total}, tid, nt, &wb, &we);" if macs >= PARALLEL_MIN_MACS
              else "wb = 0; we = tid == 0 ? {total} : 0;")
     xz = f"(int32_t){em.ptr(io['xz'])}[0]" if io["xz"] else "0"
-    # im2col: row (image, group, pixel) -> its receptive field minus the zero point, as pair words
+    if quad:  # raw bytes, padding at the zero point; the zero point comes off after the sum
+        ctype, inside, outside = "uint8_t", f"xc[iy * {w} + ix]", "(uint8_t)xz"
+        word = quad_word([f"col[4 * j + {b}]" for b in range(4)])
+    else:  # bytes minus the zero point as int16 (padding is the zero point: 0)
+        ctype, inside, outside = "int16_t", f"(int16_t)((int32_t)xc[iy * {w} + ix] - xz)", "0"
+        word = pair_word("col[2 * j]", "col[2 * j + 1]")
+    # im2col: row (image, group, pixel) -> its receptive field as K words
     em.step("\n".join([
         f"const {xt} *restrict X = {em.ptr(io['x'])};", f"int32_t *restrict Ap = {ap};",
-        f"int16_t *restrict col = {col} + (long)tid * {2 * k2};",
-        f"const int32_t xz = {xz};",
+        f"{ctype} *restrict col = {col} + (long)tid * {group_k * kwords};",
+        f"const int32_t xz = {xz}; (void)xz;",
         "long wb, we; " + split.format(total=rows),
         "for (long r = wb; r < we; ++r) {",
         f"    const long pix = r % {p_count}, gi = (r / {p_count}) % {group}, ni = r / {p_count * group};",
@@ -157,15 +177,15 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
         f"            const long iy = oy * {sh} - {pt} + ky * {dh};",
         f"            for (long kx = 0; kx < {kw}; ++kx) {{",
         f"                const long ix = ox * {sw} - {pl} + kx * {dw};",
-        f"                col[q++] = (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) ? (int16_t)((int32_t)xc[iy * {w} + ix] - xz) : 0;",
+        f"                col[q++] = (iy >= 0 && iy < {h} && ix >= 0 && ix < {w}) ? {inside} : {outside};",
         "            }",
         "        }",
         "    }",
-        f"    if (q < {2 * k2}) col[q] = 0;",
-        f"    for (long j = 0; j < {k2}; ++j) Ap[r * {k2} + j] = {pair_word('col[2 * j]', 'col[2 * j + 1]')};",
-        "}"]), name="int_conv_im2col", doc=f"receptive field {cg}x{kh}x{kw} as int16 pairs")
+        f"    while (q < {group_k * kwords}) col[q++] = 0;  /* the weights there are 0 */",
+        f"    for (long j = 0; j < {kwords}; ++j) Ap[r * {kwords} + j] = {word};",
+        "}"]), name="int_conv_im2col",
+        doc=f"receptive field {cg}x{kh}x{kw} as {'u8 quads' if quad else 'int16 pairs'}")
     decl, store = _store(node, g, io, em, oc)
-    v = with_int_dot(vector_isa(em.target), em.target)
     if v.has("i16_dot_acc"):
         mr, nv = int_dot_tile(v.registers)
         nr = nv * v.lanes
@@ -180,20 +200,28 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
                    f"    const long cb = p % {nb}, mb = (p / {nb}) % {blocks_m}, bg = p / {nb * blocks_m};",
                    f"    const long gi = bg % {group}, ni = bg / {group};",
                    f"    const long i0 = mb * {mr}, mr = SMELT_MIN({mr}, {p_count} - i0);"]
+    acc = f"T[r * {nr} + jj]"
     if nv:
-        packed = pack_b_pairs(bmat, nr)
-        body = tile_loop(v, mr, nv, k2=k2, a_row=f"Ap + (bg * {p_count} + i0 + SMELT_MIN({{r}}, mr - 1)) * {k2}L",
-                         b_panel=f"Bp + (gi * {nb} + cb) * {k2 * nr * 2}L", tile="T")
-        head.insert(0, f"const int16_t *restrict Bp = {em.weight(packed)};")
-        kernel_name = f"int_conv_{mr}x{nr}_{v.name}"
+        bq = w_raw.astype(np.int8).reshape(group, ocg, k).transpose(0, 2, 1) if quad else bmat
+        packed = pack_b(np.ascontiguousarray(bq), nr, group_k)
+        elem = "int8_t" if quad else "int16_t"
+        body = tile_loop(v, mr, nv, k2=kwords,
+                         a_row=f"Ap + (bg * {p_count} + i0 + SMELT_MIN({{r}}, mr - 1)) * {kwords}L",
+                         b_panel=f"Bp + (gi * {nb} + cb) * {kwords * nr * group_k}L", tile="T", group=group_k)
+        head.insert(0, f"const {elem} *restrict Bp = {em.weight(packed)};")
+        if quad:  # A's zero point times each column's weight sum comes off the raw-byte sum
+            head.insert(0, f"const int32_t *restrict CS = {em.weight(quad_colsums(np.ascontiguousarray(bq)))};")
+            head.insert(0, f"const int32_t xz = {xz};")
+            acc = f"(T[r * {nr} + jj] - xz * CS[gi * {ocg} + cb * {nr} + jj])"
+        kernel_name = f"int_conv_{mr}x{nr}_{v.name}{'_u8s8' if quad else ''}"
     else:
-        wpairs = np.zeros((group, 2 * k2, ocg), np.int16)
+        wpairs = np.zeros((group, 2 * kwords, ocg), np.int16)
         wpairs[:, :k, :] = bmat
         head.insert(0, f"const int16_t *restrict Wt = {em.weight(wpairs)};")
-        body = [f"const int32_t *restrict a = Ap + (bg * {p_count} + i0) * {k2}L;",
-                f"const int16_t *restrict wg = Wt + gi * {2 * k2 * ocg}L;",
+        body = [f"const int32_t *restrict a = Ap + (bg * {p_count} + i0) * {kwords}L;",
+                f"const int16_t *restrict wg = Wt + gi * {2 * kwords * ocg}L;",
                 f"for (long j = 0; j < {ocg}; ++j) T[j] = 0;",
-                f"for (long q = 0; q < {k2}; ++q) {{",
+                f"for (long q = 0; q < {kwords}; ++q) {{",
                 "    const int32_t lo = (int16_t)(a[q] & 0xffff), hi = (int16_t)((uint32_t)a[q] >> 16);",
                 f"    const int16_t *restrict w0 = wg + 2 * q * {ocg}, *restrict w1 = w0 + {ocg};",
                 f"    for (long j = 0; j < {ocg}; ++j) T[j] += lo * (int32_t)w0[j] + hi * (int32_t)w1[j];",
@@ -203,15 +231,17 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
             "for (long r = 0; r < mr; ++r) {",
             "    for (long jj = 0; jj < jn; ++jj) {",
             f"        const long o = gi * {ocg} + cb * {nr} + jj, yi = (ni * {oc} + o) * {p_count}L + i0 + r;",
-            f"        const int32_t ACC = T[r * {nr} + jj]; (void)o;",
+            f"        const int32_t ACC = {acc}; (void)o;",
             "        " + store.replace("\n", "\n        "),
             "    }",
             "}"]
     lines = head + ["    " + line for line in body + tail] + ["}"]
     if node.op == "QLinearConv":
         lines.append(f"{{ int64_t *sat = {em.saturation_counter(node.outputs[0])}; sat[0] += nlo; sat[1] += nhi; }}")
-    em.schedule(algorithm="im2col as int16 pairs, W - zero point packed per group, int32 sums into NCHW",
+    dot = "u8s8_dot_acc" if quad else "i16_dot_acc"
+    em.schedule(algorithm=f"im2col as {'u8 quads (zero point off after the sum)' if quad else 'int16 pairs'}, "
+                "W packed per group, int32 sums into NCHW",
                 kernel="int_conv", layout="NCHW",
-                micro_kernel=f"{mr}x{nr} {v.name}" + (f" {v.x('i16_dot_acc', a='a', b='b', c='c')}" if nv else ""))
+                micro_kernel=f"{mr}x{nr} {v.name}" + (f" {v.x(dot, a='a', b='b', c='c')}" if nv else ""))
     em.step("\n".join(lines), name=kernel_name,
             doc=f"{node.op} {cg * group}->{oc} {kh}x{kw} group {group}, {oh}x{ow} out")
