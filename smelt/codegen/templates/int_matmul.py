@@ -22,7 +22,16 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
-from smelt.codegen.kernels.int_gemm import MAX_K, pack_b_pairs, pair_word, tile_loop
+from smelt.codegen.kernels.int_gemm import (
+    MAX_K,
+    PAIR,
+    QUAD,
+    pack_b,
+    pair_word,
+    quad_colsums,
+    quad_word,
+    tile_loop,
+)
 from smelt.codegen.kernels.isa import VectorIsa, vector_isa, with_int_dot
 from smelt.codegen.kernels.loops import dtype_name
 from smelt.codegen.registry import register
@@ -149,39 +158,62 @@ def emit_int_matmul(node: Node, g: Graph, em: BlockEmitter) -> None:
 
 
 def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], v: VectorIsa) -> None:
-    """A constant B: B - b_zero packed in int16 pairs per NR-column panel at compile time, A -
-    a_zero packed per call in int32 pair words, then the shared register tile
-    (``kernels/int_gemm.py``) per (batch, row block, column panel)."""
+    """A constant B packed per NR-column panel at compile time, A packed per call, then the
+    shared register tile (``kernels/int_gemm.py``) per (batch, row block, column panel): int16
+    pairs with both zero points subtracted, or, on VNNI hosts for uint8 A and int8 B of zero
+    point 0, raw byte quads (vpdpbusd) with A's zero point times B's column sums taken off."""
     batch, m, k, n, b_batched = _dims(g, io)  # type: ignore[misc]
     mr, nv = int_dot_tile(v.registers)
     nr = nv * v.lanes
-    k2 = -(-k // 2)
+    bz = g.const(io["bz"]) if io["bz"] else None
+    quad = (v.has("u8s8_dot_acc") and dtype_name(g, io["a"]) == "uint8" and dtype_name(g, io["b"]) == "int8"
+            and (bz is None or not np.any(bz)))
+    group = QUAD if quad else PAIR
+    kw = -(-k // group)
     nb = -(-n // nr)
-    packed = pack_b_pairs(_b_minus_zero(g, io).reshape(-1, k, n), nr)
+    if quad:
+        b_int8 = np.asarray(g.values[io["b"]].const).astype(np.int8).reshape(-1, k, n)
+        packed = pack_b(b_int8, nr, QUAD)
+        colsums = quad_colsums(b_int8)  # [B batches, N]
+    else:
+        packed = pack_b(_b_minus_zero(g, io).reshape(-1, k, n), nr, PAIR)
     at = c_type(dtype_name(g, io["a"]))
     rows = batch * m
-    ap = em.scratch(4 * rows * k2, "int32")
+    ap = em.scratch(4 * rows * kw, "int32")
     decl_a = [f"const {at} *restrict A = {em.ptr(io['a'])};", f"int32_t *restrict Ap = {ap};"]
     if io["az"]:
         decl_a.append(f"const {at} *restrict AZ = {em.ptr(io['az'])};")
     parallel = rows * k * n >= PARALLEL_MIN_MACS
     split = "smelt_range({total}, tid, nt, &wb, &we);" if parallel else "wb = 0; we = tid == 0 ? {total} : 0;"
-    hi = f"2 * q + 1 < {k} ? (int32_t)ar[2 * q + 1] - za : 0"
+    if quad:  # raw bytes, K padded with zeros (B is 0 there)
+        byte = lambda b: f"({group} * q + {b} < {k} ? ar[{group} * q + {b}] : 0)"  # noqa: E731
+        word = quad_word([byte(b) for b in range(4)])
+    else:
+        hi = f"2 * q + 1 < {k} ? (int32_t)ar[2 * q + 1] - za : 0"
+        word = pair_word("(int32_t)ar[2 * q] - za", hi)
     em.step("\n".join(decl_a + [
         "long wb, we; " + split.format(total=rows),
         "for (long r = wb; r < we; ++r) {",
-        f"    const int32_t za = {_zp_read(g, io, 'az', f'(r % {m})', m)};",
+        f"    const int32_t za = {_zp_read(g, io, 'az', f'(r % {m})', m)}; (void)za;",
         f"    const {at} *restrict ar = A + r * {k};",
-        f"    for (long q = 0; q < {k2}; ++q) Ap[r * {k2} + q] = {pair_word('(int32_t)ar[2 * q] - za', hi)};",
-        "}"]), name="int_matmul_pack_a", doc=f"A - zero point as int16 pairs, K={k}")
+        f"    for (long q = 0; q < {kw}; ++q) Ap[r * {kw} + q] = {word};",
+        "}"]), name="int_matmul_pack_a",
+        doc=f"A {'as raw byte quads' if quad else '- zero point as int16 pairs'}, K={k}")
     tile = em.scratch(4 * mr * nr * max(1, em.n_threads), "int32")
     decl, store = _requant(node, g, io, em)
     blocks_m = -(-m // mr)
-    panel = f"Bp + ({'bi * ' + str(nb) + ' + ' if b_batched else ''}cb) * {k2 * nr * 2}L"
-    kernel = tile_loop(v, mr, nv, k2=k2, a_row=f"Ap + (bi * {m} + i0 + SMELT_MIN({{r}}, mr - 1)) * {k2}L",
-                       b_panel=panel, tile="T")
+    panel = f"Bp + ({'bi * ' + str(nb) + ' + ' if b_batched else ''}cb) * {kw * nr * group}L"
+    kernel = tile_loop(v, mr, nv, k2=kw, a_row=f"Ap + (bi * {m} + i0 + SMELT_MIN({{r}}, mr - 1)) * {kw}L",
+                       b_panel=panel, tile="T", group=group)
+    acc = f"T[r * {nr} + jj]"
+    if quad:
+        decl = decl + [f"const int32_t *restrict CS = {em.weight(colsums)};"]
+        if io["az"]:
+            decl.append(f"const {at} *restrict AZ = {em.ptr(io['az'])};")
+        cs = f"CS[{'bi * ' + str(n) + ' + ' if b_batched else ''}j]"
+        acc = f"(T[r * {nr} + jj] - {_zp_read(g, io, 'az', 'i', m)} * {cs})"
     lines = decl + [
-        f"const int16_t *restrict Bp = {em.weight(packed)};",
+        f"const {'int8_t' if quad else 'int16_t'} *restrict Bp = {em.weight(packed)};",
         f"const int32_t *restrict Ap = {ap};",
         f"int32_t *restrict T = {tile} + (long)tid * {mr * nr};",
         "long wb, we; " + split.format(total=batch * blocks_m * nb),
@@ -194,17 +226,19 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
         f"        const long i = i0 + r, yoff = (bi * {m} + i) * {n} + cb * {nr};",
         "        for (long jj = 0; jj < jn; ++jj) {",
         f"            const long j = cb * {nr} + jj; (void)j; (void)i;",
-        f"            const int32_t ACC = T[r * {nr} + jj];",
+        f"            const int32_t ACC = {acc};",
         "            " + store.replace("Y[yoff + j]", "Y[yoff + jj]").replace("\n", "\n            "),
         "        }",
         "    }",
         "}"]
     if node.op == "QLinearMatMul":
         lines.append(f"{{ int64_t *sat = {em.saturation_counter(node.outputs[0])}; sat[0] += nlo; sat[1] += nhi; }}")
-    em.schedule(algorithm="int16 pair dot products into int32, B - zero point packed per panel, A packed per call",
-                kernel="int_matmul", micro_kernel=f"{mr}x{nr} {v.name} {v.x('i16_dot_acc', a='a', b='b', c='c')}",
+    dot = "u8s8_dot_acc" if quad else "i16_dot_acc"
+    em.schedule(algorithm=("u8 x s8 quad dot products, A's zero point times B's column sums off after" if quad
+                           else "int16 pair dot products into int32, B - zero point packed per panel, A packed per call"),
+                kernel="int_matmul", micro_kernel=f"{mr}x{nr} {v.name} {v.x(dot, a='a', b='b', c='c')}",
                 layout="NCHW")
-    em.step("\n".join(lines), name=f"int_matmul_{mr}x{nr}_{v.name}",
+    em.step("\n".join(lines), name=f"int_matmul_{mr}x{nr}_{v.name}{'_u8s8' if quad else ''}",
             doc=f"M={m} K={k} N={n} batch={batch}, {node.op}, packed B, {mr}x{nr} register tile")
 
 
