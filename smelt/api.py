@@ -3,7 +3,14 @@
 Symbolic input dimensions: the model is specialized (and compiled) on the first call with each
 new combination of input shapes; up to $SMELT_MAX_VARIANTS (default 8; ``smelt.settings``) compiled
 variants are kept per model, least recently used evicted first. Compiled variants also persist
-in the on-disk cache, so a re-visited shape reloads instead of recompiling.
+in the on-disk cache, so a re-visited shape reloads instead of recompiling. Guards
+(``smelt.frontend.control_flow``) add to the variant key the branch of each If decided by small
+inputs and the value of each small input that decides a shape (a Reshape target, reduction
+axes, Resize scales given as inputs): those values are compiled in as constants. Distinct values
+are capped at $SMELT_MAX_VARIANTS per model; later ones run one generic variant (the nodes they
+size on the fallback, or an error with ``allow_fallback=False``) with a
+``ValueSpecializationWarning``, never a compile per call. A model with guards compiles at its first
+call, not ahead of it.
 
 Recurrent models have dynamic axes instead (ModelCompiler's execution plans: sequence and batch
 are parameters of the generated code). A model whose nodes are all LSTM/GRU/RNN or shape glue
