@@ -41,12 +41,18 @@ def _fold_shape(g: Graph, node: Node) -> list[np.ndarray] | None:
     return [shape[start:end]]
 
 
+def _plain(dtype: np.dtype | None) -> bool:
+    """A dtype an empty constant may have: not strings (numpy object arrays, which the
+    artifact's weights cannot hold)."""
+    return dtype is not None and np.dtype(dtype).kind != "O"
+
+
 def _known(g: Graph, name: str) -> np.ndarray | None:
     """The data of a value that needs no computing: a constant, or an empty tensor."""
     v = g.values[name]
     if v.const is not None:
         return v.const
-    if v.is_static and v.dtype is not None and v.size == 0:
+    if v.is_static and _plain(v.dtype) and v.size == 0:
         return np.zeros(v.shape, v.dtype)
     return None
 
@@ -54,7 +60,7 @@ def _known(g: Graph, name: str) -> np.ndarray | None:
 def _empty_outputs(g: Graph, node: Node) -> list[np.ndarray] | None:
     """The outputs of ``node`` when each is statically empty (nothing to compute), else None."""
     outs = [g.values[o] for o in node.outputs if o]
-    if not outs or not all(v.is_static and v.dtype is not None and v.size == 0 for v in outs):
+    if not outs or not all(v.is_static and _plain(v.dtype) and v.size == 0 for v in outs):
         return None
     return [np.zeros(v.shape, v.dtype) for v in outs]
 
