@@ -136,7 +136,7 @@ def test_large_data_input_is_never_specialized():
     assert guard.evaluate({"s": np.zeros(n, np.int64)}) is None
     assert guard.evaluate({"s": np.zeros(MAX_VALUE_ELEMS, np.int64)}) is not None
     big = np.arange(n, dtype=np.int64)
-    assert Decisions([guard])._key(big) == (big.dtype.str, big.shape)
+    assert Decisions([guard])._key(big) == (big.dtype.num, big.shape)
 
 
 def test_recompile_bound(monkeypatch):

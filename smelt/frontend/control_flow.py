@@ -164,18 +164,20 @@ class Decisions:
         self._seen: dict[tuple, tuple] = {}
         self._specialized: set[tuple] = set()  # open-ended decision combinations compiled for
         self._widened = False
+        self._max_elems = max(MAX_GUARD_ELEMS, MAX_VALUE_ELEMS)
         # concurrent calls: the evaluators and the eviction are not thread-safe; a hit needs no lock
         self._lock = threading.Lock()
 
     def _key(self, arr: np.ndarray) -> tuple:
         # an input too large for any guard to read by value (a value guard's input of unknown
-        # declared size) is keyed by its type and shape only: never hash a data tensor per call
-        if arr.size > max(MAX_GUARD_ELEMS, MAX_VALUE_ELEMS):
-            return (arr.dtype.str, arr.shape)
-        return (arr.dtype.str, arr.shape, arr.tobytes())
+        # declared size) is keyed by its type and shape only: never hash a data tensor per call.
+        # dtype.num (an int) rather than dtype.str, which builds a string: this runs every call
+        if arr.size > self._max_elems:
+            return (arr.dtype.num, arr.shape)
+        return (arr.dtype.num, arr.shape, arr.tobytes())
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> tuple:
-        key = tuple(self._key(np.asarray(feeds[n])) for n in self.names)
+        key = tuple([self._key(np.asarray(feeds[n])) for n in self.names])
         found = self._seen.get(key)
         if found is None:
             with self._lock:
