@@ -3,7 +3,14 @@
 Symbolic input dimensions: the model is specialized (and compiled) on the first call with each
 new combination of input shapes; up to $SMELT_MAX_VARIANTS (default 8; ``smelt.settings``) compiled
 variants are kept per model, least recently used evicted first. Compiled variants also persist
-in the on-disk cache, so a re-visited shape reloads instead of recompiling.
+in the on-disk cache, so a re-visited shape reloads instead of recompiling. Guards
+(``smelt.frontend.control_flow``) add to the variant key the branch of each If decided by small
+inputs and the value of each small input that decides a shape (a Reshape target, reduction
+axes, Resize scales given as inputs): those values are compiled in as constants. Distinct values
+are capped at $SMELT_MAX_VARIANTS per model; later ones run one generic variant (the nodes they
+size on the fallback, or an error with ``allow_fallback=False``) with a
+``ValueSpecializationWarning``, never a compile per call. A model with guards compiles at its first
+call, not ahead of it.
 
 Recurrent models have dynamic axes instead (ModelCompiler's execution plans: sequence and batch
 are parameters of the generated code). A model whose nodes are all LSTM/GRU/RNN or shape glue
@@ -51,7 +58,7 @@ from smelt.check import (
 )
 from smelt.codegen.toolchain import sanitize_enabled, source_path_for
 from smelt.compiler import BuildResult, build
-from smelt.frontend.control_flow import Decisions, branch_guards, specialize
+from smelt.frontend.control_flow import Decisions, guards, specialize
 from smelt.frontend.onnx_import import ModelLike, load_model, model_input_specs, model_output_specs
 from smelt.ir.ops import ops_where
 from smelt.ir.types import onnx_type_string
@@ -61,7 +68,9 @@ from smelt.runtime.module import LoadedArtifact, ProfileCounters, reinit_after_f
 from smelt.target import NATIVE_ISA, detect
 
 DYNAMIC_KEY = ("__dynamic__",)  # the one variant of a dynamic model
-BRANCH_KEY = "\0branches"  # in a variant key: the branch each guarded If takes (never an input name)
+# in a variant key: each guard's decision (the branch a guarded If takes, the value of a
+# shape-deciding input: smelt.frontend.control_flow); "\0" keeps it apart from input names
+GUARD_KEY = "\0guards"
 RNN_OPS = ops_where(lambda t: t.recurrent)
 # shape glue around recurrent nodes in exported models; run by the (shape-generic) fallback in
 # dynamic mode
@@ -151,9 +160,9 @@ class CompiledModel:
         self._lock = threading.Lock()
         self._last: tuple | None = None
         self.compilations = 0  # variants built (or loaded from the disk cache) by this object
-        # Ifs decided by small inputs (smelt.frontend.control_flow): compiled per branch taken,
-        # so nothing is built before a call brings their values
-        self._guards = branch_guards(self.proto)
+        # Ifs decided by small inputs and small inputs deciding shapes (smelt.frontend.control_flow):
+        # compiled per branch taken / per value, so nothing is built before a call brings their values
+        self._guards = guards(self.proto)
         self._decide = Decisions(self._guards)
         reinit_after_fork(self)
         symbols = {d for _, _, shp in self._inputs if shp for d in shp if isinstance(d, str)}
@@ -310,8 +319,8 @@ class CompiledModel:
             if not owner:
                 pending.wait()
                 continue  # built: look again (it may have been evicted meanwhile)
-            shapes = {k: v for k, v in key if k != BRANCH_KEY}
-            proto = specialize(self.proto, self._guards, dict(key)[BRANCH_KEY]) if self._guards else self.proto
+            shapes = {k: v for k, v in key if k != GUARD_KEY}
+            proto = specialize(self.proto, self._guards, dict(key)[GUARD_KEY]) if self._guards else self.proto
             art = self._build_variant(key, pending, proto, shapes, self.options)
             if art is not None:
                 return art
@@ -371,8 +380,8 @@ class CompiledModel:
             art = self._dynamic_variant(arrays)
         else:
             key = self._key({k: a.shape for k, a in arrays.items() if isinstance(a, np.ndarray)})
-            if self._guards:  # the branch each guarded If takes for these values is part of the variant
-                key += ((BRANCH_KEY, self._decide(arrays)),)
+            if self._guards:  # the guards' decisions for these values are part of the variant
+                key += ((GUARD_KEY, self._decide(arrays)),)
             art = self._variant(key)
         try:
             return art.run_acquired(arrays)

@@ -1,6 +1,17 @@
-"""Branch specialization: an If whose condition depends only on small graph inputs (silero-vad's
-``sr == 16000``) is decided per call, before the native code runs, and the model is compiled once
-per branch combination taken, like once per input shape.
+"""Guards: decisions taken per call from small graph inputs, before the native code runs, that
+the model is specialized (and compiled) for, like once per input shape. Two kinds:
+
+* ``BranchGuard`` (this module): an If whose condition depends only on small graph inputs
+  (silero-vad's ``sr == 16000``) is decided per call and compiled once per branch combination.
+* ``ValueGuard`` (``smelt.frontend.value_guards``): a small input that decides shapes (a
+  Reshape target, reduction axes, Resize scales, ...) is compiled in as a constant, once per
+  distinct value. Its decisions are open-ended, so ``Decisions`` caps how many distinct ones a
+  model specializes for (``settings.max_variants()``) and warns past that.
+
+A guard has ``inputs`` (the graph inputs it reads), ``open_ended`` (whether its decisions are an
+unbounded set), ``evaluate(feeds)`` (its decision: hashable, part of the variant key) and
+``apply(proto, decision)`` (writes the decision into a copy of the model). ``guards`` finds both
+kinds; ``specialize`` applies a tuple of decisions.
 
 For each such If a ``BranchGuard`` holds the nodes that compute its condition from the inputs
 (a few scalar ops: the guard is refused if they include anything heavier, or read anything but
@@ -13,12 +24,16 @@ inlining pass (smelt.passes.inline_if) turns into the branch's own nodes.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from smelt import settings
+from smelt.frontend.value_guards import MAX_VALUE_ELEMS, value_guards, warn_widened
 
 # ops a guard may evaluate: shape and comparison glue, never compute
 GUARD_OPS = frozenset({"Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Gather", "Flatten", "Constant",
@@ -29,6 +44,15 @@ MAX_GUARD_NODES = 32
 MAX_REMEMBERED = 256  # distinct guard-input values whose decisions are kept
 
 
+class Guard(Protocol):
+    inputs: tuple[str, ...]
+    open_ended: bool
+
+    def evaluate(self, feeds: Mapping[str, np.ndarray]) -> Hashable: ...
+
+    def apply(self, proto: onnx.ModelProto, decision: Hashable) -> None: ...
+
+
 @dataclass
 class BranchGuard:
     node: str  # the If node's name
@@ -36,6 +60,7 @@ class BranchGuard:
     inputs: tuple[str, ...]  # the graph inputs the condition depends on
     model: onnx.ModelProto  # the nodes computing ``cond`` from ``inputs``
     _evaluator: object = field(default=None, repr=False)
+    open_ended: bool = False  # two branches
 
     def evaluate(self, feeds: Mapping[str, np.ndarray]) -> bool:
         if self._evaluator is None:
@@ -47,6 +72,14 @@ class BranchGuard:
         if value.size != 1:
             raise ValueError(f"If node {self.node!r}: its condition has {value.size} elements, not one")
         return bool(value.reshape(()))
+
+    def apply(self, proto: onnx.ModelProto, decision: bool) -> None:
+        """Make the If of ``proto`` (a copy, edited in place) read ``decision`` as a constant condition."""
+        for idx, node in enumerate(proto.graph.node):
+            if node.op_type == "If" and _name(node, idx) == self.node:
+                const = f"{self.node}/decided_condition"
+                proto.graph.initializer.append(numpy_helper.from_array(np.array(decision), const))
+                node.input[0] = const
 
 
 def tensor_outputs(branch: onnx.GraphProto) -> bool:
@@ -109,38 +142,71 @@ def branch_guards(proto: onnx.ModelProto) -> list[BranchGuard]:
     return guards
 
 
-class Decisions:
-    """Each guarded If's branch for given feeds (True: then_branch), remembered per distinct
-    value of the inputs the guards read: onnx.reference takes tens of microseconds, a model like
-    silero-vad a hundred in all, while a caller passes the same sample rate on every call."""
+def guards(proto: onnx.ModelProto) -> list[Guard]:
+    """Every guard of ``proto``: its input-decided Ifs, then its shape-deciding small inputs."""
+    return [*branch_guards(proto), *value_guards(proto)]
 
-    def __init__(self, guards: list[BranchGuard]) -> None:
+
+class Decisions:
+    """Each guard's decision for given feeds, remembered per distinct value of the inputs the
+    guards read: onnx.reference takes tens of microseconds, a model like silero-vad a hundred in
+    all, while a caller passes the same sample rate on every call.
+
+    Open-ended guards (values) are bounded: after ``settings.max_variants()`` distinct
+    combinations of their decisions, a new combination is not specialized (its open-ended
+    decisions become None: the generic variant) and a ``ValueSpecializationWarning`` says so once.
+    Without the cap, a caller passing a new Reshape target on every call would compile on every
+    call; with it, those calls run the generic variant's fallback nodes instead."""
+
+    def __init__(self, guards: list[Guard]) -> None:
         self.guards = guards
         self.names = sorted({i for g in guards for i in g.inputs})
-        self._seen: dict[tuple, tuple[bool, ...]] = {}
+        self._seen: dict[tuple, tuple] = {}
+        self._specialized: set[tuple] = set()  # open-ended decision combinations compiled for
+        self._widened = False
+        self._max_elems = max(MAX_GUARD_ELEMS, MAX_VALUE_ELEMS)
         # concurrent calls: the evaluators and the eviction are not thread-safe; a hit needs no lock
         self._lock = threading.Lock()
 
-    def __call__(self, feeds: Mapping[str, np.ndarray]) -> tuple[bool, ...]:
-        key = tuple((feeds[n].dtype.str, feeds[n].shape, feeds[n].tobytes()) for n in self.names)
+    def _key(self, arr: np.ndarray) -> tuple:
+        # an input too large for any guard to read by value (a value guard's input of unknown
+        # declared size) is keyed by its type and shape only: never hash a data tensor per call.
+        # dtype.num (an int) rather than dtype.str, which builds a string: this runs every call
+        if arr.size > self._max_elems:
+            return (arr.dtype.num, arr.shape)
+        return (arr.dtype.num, arr.shape, arr.tobytes())
+
+    def __call__(self, feeds: Mapping[str, np.ndarray]) -> tuple:
+        key = tuple([self._key(np.asarray(feeds[n])) for n in self.names])
         found = self._seen.get(key)
         if found is None:
             with self._lock:
-                found = tuple(g.evaluate(feeds) for g in self.guards)
+                found = self._bounded(tuple(g.evaluate(feeds) for g in self.guards))
                 if len(self._seen) >= MAX_REMEMBERED:
                     self._seen.pop(next(iter(self._seen)))
                 self._seen[key] = found
         return found
 
+    def _bounded(self, decided: tuple) -> tuple:
+        """``decided`` with its open-ended decisions dropped (None) once the cap is reached."""
+        opened = tuple(d for g, d in zip(self.guards, decided, strict=True) if g.open_ended)
+        if not any(d is not None for d in opened) or opened in self._specialized:
+            return decided
+        limit = settings.max_variants()
+        if len(self._specialized) < limit:
+            self._specialized.add(opened)
+            return decided
+        if not self._widened:
+            self._widened = True
+            warn_widened(sorted({i for g in self.guards if g.open_ended for i in g.inputs}), limit)
+        return tuple(None if g.open_ended else d for g, d in zip(self.guards, decided, strict=True))
 
-def specialize(proto: onnx.ModelProto, guards: list[BranchGuard], choices: tuple[bool, ...]) -> onnx.ModelProto:
-    """A copy of ``proto`` whose guarded Ifs read their decided condition as a constant."""
+
+def specialize(proto: onnx.ModelProto, guards: list[Guard], choices: tuple) -> onnx.ModelProto:
+    """A copy of ``proto`` with each guard's decision written in (constant If conditions,
+    constant shape operands)."""
     out = onnx.ModelProto()
     out.CopyFrom(proto)
-    by_name = {g.node: c for g, c in zip(guards, choices, strict=True)}
-    for idx, node in enumerate(out.graph.node):
-        if node.op_type == "If" and _name(node, idx) in by_name:
-            const = f"{_name(node, idx)}/decided_condition"
-            out.graph.initializer.append(numpy_helper.from_array(np.array(by_name[_name(node, idx)]), const))
-            node.input[0] = const
+    for g, c in zip(guards, choices, strict=True):
+        g.apply(out, c)
     return out

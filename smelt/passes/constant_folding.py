@@ -5,6 +5,11 @@ the case once input shapes are known). Guarantees: every deterministic standard-
 whose inputs are all constants is replaced by its result (computed by ``onnx.reference``, the
 oracle, at compile time), so shape arithmetic (Shape -> Gather -> Concat -> Reshape) disappears
 and Reshape targets become constants. Results above ``MAX_FOLD_ELEMS`` are left unfolded.
+
+An empty tensor of static shape counts as a constant (it has no data to wait for: a reduction
+over an empty axis is its identity value, a Cast of nothing is nothing), and a node whose every
+output is statically empty folds to those empty outputs without being run: templates refuse
+empty tensors, and the ONNX node tests feed plenty (``*_empty_set``, zero-size splits).
 """
 
 from __future__ import annotations
@@ -36,6 +41,30 @@ def _fold_shape(g: Graph, node: Node) -> list[np.ndarray] | None:
     return [shape[start:end]]
 
 
+def _plain(dtype: np.dtype | None) -> bool:
+    """A dtype an empty constant may have: not strings (numpy object arrays, which the
+    artifact's weights cannot hold)."""
+    return dtype is not None and np.dtype(dtype).kind != "O"
+
+
+def _known(g: Graph, name: str) -> np.ndarray | None:
+    """The data of a value that needs no computing: a constant, or an empty tensor."""
+    v = g.values[name]
+    if v.const is not None:
+        return v.const
+    if v.is_static and _plain(v.dtype) and v.size == 0:
+        return np.zeros(v.shape, v.dtype)
+    return None
+
+
+def _empty_outputs(g: Graph, node: Node) -> list[np.ndarray] | None:
+    """The outputs of ``node`` when each is statically empty (nothing to compute), else None."""
+    outs = [g.values[o] for o in node.outputs if o]
+    if not outs or not all(v.is_static and _plain(v.dtype) and v.size == 0 for v in outs):
+        return None
+    return [np.zeros(v.shape, v.dtype) for v in outs]
+
+
 def evaluate_node(g: Graph, node: Node, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Run one node with onnx.reference on the given inputs."""
     from onnx.reference import ReferenceEvaluator
@@ -65,8 +94,10 @@ def fold_constants(g: Graph) -> Graph:
                 continue
             if node.op in ("Shape", "Size"):
                 results = _fold_shape(g, node)
-            elif all(g.values[i].const is not None for i in node.present_inputs()):
-                feeds = {i: g.values[i].const for i in node.present_inputs()}
+            elif (results := _empty_outputs(g, node)) is not None:
+                pass
+            elif all(_known(g, i) is not None for i in node.present_inputs()):
+                feeds = {i: _known(g, i) for i in node.present_inputs()}
                 try:
                     results = evaluate_node(g, node, feeds)
                 except Exception:

@@ -205,3 +205,22 @@ def test_ceil_mode_pool_is_sized_as_onnxruntime_does(tmp_path, monkeypatch, thre
     got = smelt.compile(model, threads=threads).run({"x": x})[0]
     assert got.shape == want.shape == (2, 3, 6, 7)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_empty_tensors_fold_as_constants():
+    """A reduction over an empty axis is its identity value, and a zero-size Split output is
+    nothing to compute: both fold (templates refuse empty tensors), natively and as onnxruntime."""
+    nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=1),
+             helper.make_node("ReduceMax", ["x", "axes"], ["m"], keepdims=0),
+             helper.make_node("Split", ["y", "sizes"], ["a", "b"], axis=0),
+             helper.make_node("Relu", ["b"], ["r"])]
+    model = make_model(nodes, [tensor("x", [2, 0, 3]), tensor("y", [4, 2])],
+                       [tensor("s", None), tensor("m", None), tensor("a", None), tensor("r", None)],
+                       [const("axes", np.array([1], np.int64)), const("sizes", np.array([4, 0], np.int64))], opset=18)
+    cm = smelt.compile(model, threads=1)
+    feeds = {"x": np.zeros((2, 0, 3), np.float32), "y": RNG.standard_normal((4, 2)).astype(np.float32)}
+    got = cm.run(feeds)
+    for g, w in zip(got, ort_run(model, feeds), strict=True):  # exact: ReduceMax of nothing is -inf
+        np.testing.assert_array_equal(g, w)
+        assert g.dtype == w.dtype
+    assert cm.fallback_nodes == []
