@@ -105,6 +105,27 @@ def test_symbolic_batch_specializes_per_shape():
     assert len(cm._variants) == 3
 
 
+def test_repeat_calls_take_the_fast_path_and_still_check_what_differs():
+    """A call with arrays of the last call's names, shapes and dtypes skips validation and the
+    variant lookup; anything else (another shape, a wrong dtype, a strided view, a list, an
+    unknown name) goes the full way: checked, converted, or refused as before."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="relu")]
+    model = make_model(nodes, [tensor("x", ["N", 4])], [tensor("y", ["N", 4])])
+    cm = smelt.compile(model, threads=1)
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(cm(x), np.maximum(x, 0))
+    assert cm._fast is not None and cm._fast[0] == (("x", (3, 4), np.dtype(np.float32)),)
+    np.testing.assert_array_equal(cm(x * 2), np.maximum(x * 2, 0))  # fast
+    wide = np.random.default_rng(1).standard_normal((3, 8)).astype(np.float32)
+    np.testing.assert_array_equal(cm(wide[:, ::2]), np.maximum(wide[:, ::2], 0))  # strided: converted
+    np.testing.assert_array_equal(cm(x[:1]), np.maximum(x[:1], 0))  # another shape: another variant
+    with pytest.raises(ValueError, match="expected dtype float32"):
+        cm(x.astype(np.float64))
+    with pytest.raises(ValueError, match="unknown input name"):
+        cm.run({"x": x, "z": x})
+    np.testing.assert_array_equal(cm(x), np.maximum(x, 0))  # and the fast path again
+
+
 def test_unknown_dims_spelled_minus_one_and_question_mark():
     """paddle2onnx declares unknown dims as -1 and as "?" (each "?" its own unknown, not one
     symbol): onnxruntime accepts any size there, and so does smelt (a text-direction classifier
