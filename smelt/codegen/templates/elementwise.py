@@ -24,12 +24,13 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter, c_literal
+from smelt.codegen.kernels import half
 from smelt.codegen.kernels.broadcast import broadcast_strides, elementwise_loop
 from smelt.codegen.kernels.epilogue import ACTIVATIONS, scalar_clamp, scalar_relu, unary_float_expr
 from smelt.codegen.registry import register, same_layout_flat
 from smelt.ir.activations import activation_step, clip_default_bounds
 from smelt.ir.graph import Graph, Node
-from smelt.ir.types import FLOAT_TYPES, INT_TYPES, c_type, has_c_type
+from smelt.ir.types import FLOAT_TYPES, INT_TYPES, c_type, has_c_type, has_storage_type
 
 SIGNED = ("int8", "int16", "int32", "int64")
 NUMERIC = FLOAT_TYPES + INT_TYPES
@@ -126,9 +127,9 @@ def _check_unary(node: Node, g: Graph) -> str | None:
     if why:
         return why
     dt = _dtype(g, node.inputs[0])
-    if not has_c_type(dt) or _dtype(g, node.outputs[0]) != dt:
+    if not (has_c_type(dt) or dt == "float16") or _dtype(g, node.outputs[0]) != dt:
         return f"dtype {dt} has no native {node.op}"
-    if _unary_expr(node, g, "x", dt) is None:
+    if _unary_expr(node, g, "x", half.compute_dtype(dt)) is None:
         return f"no native {node.op} for {dt}"
     return None
 
@@ -137,10 +138,12 @@ def _check_unary(node: Node, g: Graph) -> str | None:
 def emit_unary(node: Node, g: Graph, em: BlockEmitter) -> None:
     x, y = node.inputs[0], node.outputs[0]
     dt = _dtype(g, x)
-    expr = _unary_expr(node, g, "X[I0]", dt)
+    expr = half.store(dt, _unary_expr(node, g, "X[I0]", half.compute_dtype(dt)))
+    if dt == "float16":
+        half.half_helpers(em)
     shape = g.values[y].shape
     loop = elementwise_loop(shape, [g.values[x].shape],
-                            lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', f'X[{idx[0]}]')};")
+                            lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', half.load(dt, f'X[{idx[0]}]'))};")
     em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
 
@@ -150,7 +153,7 @@ def _check_float_test(node: Node, g: Graph) -> str | None:
     if why:
         return why
     dt = _dtype(g, node.inputs[0])
-    if dt not in FLOAT_TYPES or _dtype(g, node.outputs[0]) != "bool":
+    if dt not in FLOAT_TYPES + ("float16",) or _dtype(g, node.outputs[0]) != "bool":
         return f"no native {node.op} for {dt}"
     return None
 
@@ -166,8 +169,11 @@ def emit_float_test(node: Node, g: Graph, em: BlockEmitter) -> None:
         tests = [t for t, on in (("X[I0] == INFINITY", node.attr("detect_positive", 1)),
                                  ("X[I0] == -INFINITY", node.attr("detect_negative", 1))) if on]
         expr = "(" + " || ".join(tests) + ")" if tests else "0"
+    dt = _dtype(g, x)
+    if dt == "float16":
+        half.half_helpers(em)
     loop = elementwise_loop(g.values[y].shape, [g.values[x].shape],
-                            lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', f'X[{idx[0]}]')};")
+                            lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', half.load(dt, f'X[{idx[0]}]'))};")
     em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
 
@@ -337,11 +343,11 @@ def _check_binary(node: Node, g: Graph) -> str | None:
     if why:
         return why
     da, db = _dtype(g, ins[0]), _dtype(g, ins[1])
-    if da != db or not has_c_type(da):
+    if da != db or not (has_c_type(da) or da == "float16"):
         return f"native {node.op} needs equal native dtypes (given {da}, {db})"
     if node.op == "Pow" and _dtype(g, node.outputs[0]) != da:
         return "mixed-type Pow"
-    if _binary_expr(node.op, "a", "b", da, _attrs(node)) is None:
+    if _binary_expr(node.op, "a", "b", half.compute_dtype(da), _attrs(node)) is None:
         return f"no native {node.op} for {da}"
     return None
 
@@ -351,12 +357,16 @@ def emit_binary(node: Node, g: Graph, em: BlockEmitter) -> None:
     a, b = node.inputs
     y = node.outputs[0]
     dt = _dtype(g, a)
-    expr = _binary_expr(node.op, "A[IA]", "B[IB]", dt, _attrs(node))
+    expr = _binary_expr(node.op, "A[IA]", "B[IB]", half.compute_dtype(dt), _attrs(node))
+    if _dtype(g, y) == "float16":  # float16 in, float16 out: computed in float, rounded back
+        expr = half.store("float16", expr)
+    if dt == "float16":
+        half.half_helpers(em)
     if node.op == "Mod":
         em.function("floor_mod", FLOAT_MOD_HELPERS + "\n" + FLOOR_MOD_HELPERS)
     loop = elementwise_loop(
         g.values[y].shape, [g.values[a].shape, g.values[b].shape],
-        lambda idx, o: f"Y[{o}] = {expr.replace('A[IA]', f'A[{idx[0]}]').replace('B[IB]', f'B[{idx[1]}]')};")
+        lambda idx, o: f"Y[{o}] = {expr.replace('A[IA]', half.load(dt, f'A[{idx[0]}]')).replace('B[IB]', half.load(dt, f'B[{idx[1]}]'))};")
     em.step(f"const __typeof__(*{em.ptr(a)}) *restrict A = {em.ptr(a)};\n"
             f"const __typeof__(*{em.ptr(b)}) *restrict B = {em.ptr(b)};\n"
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
@@ -364,7 +374,7 @@ def emit_binary(node: Node, g: Graph, em: BlockEmitter) -> None:
 
 def _check_where(node: Node, g: Graph) -> str | None:
     c, a, b = node.inputs
-    if _dtype(g, c) != "bool" or _dtype(g, a) != _dtype(g, b) or not has_c_type(_dtype(g, a)):
+    if _dtype(g, c) != "bool" or _dtype(g, a) != _dtype(g, b) or not has_storage_type(_dtype(g, a)):
         return "native Where needs a bool condition and equal native value dtypes"
     if _dtype(g, node.outputs[0]) != _dtype(g, a):
         return "Where output dtype differs from its inputs'"
@@ -393,9 +403,9 @@ def _check_variadic(node: Node, g: Graph) -> str | None:
         return f"native {node.op} needs its inputs present"
     dts = {_dtype(g, i) for i in ins}
     dt = _dtype(g, ins[0])
-    if len(dts) != 1 or not has_c_type(dt) or _dtype(g, node.outputs[0]) != dt:
+    if len(dts) != 1 or not (has_c_type(dt) or dt == "float16") or _dtype(g, node.outputs[0]) != dt:
         return f"native {node.op} needs equal native dtypes (given {sorted(dts)})"
-    if dt not in (FLOAT_TYPES if node.op in ("Sum", "Mean") else NUMERIC):
+    if half.compute_dtype(dt) not in (FLOAT_TYPES if node.op in ("Sum", "Mean") else NUMERIC):
         return f"no native {node.op} for {dt}"
     return _broadcast_error(g, ins, node.outputs[0])
 
@@ -406,15 +416,19 @@ def emit_variadic(node: Node, g: Graph, em: BlockEmitter) -> None:
     onnxruntime does (the two-input Max/Min take ``eltwise_binary`` first)."""
     ins, y = node.inputs, node.outputs[0]
     dt = _dtype(g, ins[0])
+    cdt = half.compute_dtype(dt)  # float16: accumulated in float, rounded once, as onnxruntime does
     op = "Add" if node.op in ("Sum", "Mean") else node.op
+    if dt == "float16":
+        half.half_helpers(em)
 
     def body(idx: list[str], o: str) -> str:
-        lines = [f"{c_type(dt)} acc = X0[{idx[0]}];"]
+        lines = [f"{c_type(cdt)} acc = {half.load(dt, f'X0[{idx[0]}]')};"]
         for k in range(1, len(ins)):
-            lines.append(f"acc = {_binary_expr(op, 'acc', f'X{k}[{idx[k]}]', dt)};")
+            step = _binary_expr(op, "acc", half.load(dt, f"X{k}[{idx[k]}]"), cdt)
+            lines.append(f"acc = {step};")
         if node.op == "Mean":
-            lines.append(f"acc = acc / {c_literal(len(ins), dt)};")
-        lines.append(f"Y[{o}] = acc;")
+            lines.append(f"acc = acc / {c_literal(len(ins), cdt)};")
+        lines.append(f"Y[{o}] = {half.store(dt, 'acc')};")
         return " ".join(lines)
 
     loop = elementwise_loop(g.values[y].shape, [g.values[i].shape for i in ins], body)
