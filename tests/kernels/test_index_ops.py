@@ -28,7 +28,11 @@ def test_trilu_eyelike_dropout(isa, monkeypatch, tmp_path) -> None:
     force_isa(isa, monkeypatch, tmp_path)
     cases = Cases()
     feeds = {"x": _r(2, 3, 5, 7), "xb": RNG.random((4, 9)) < 0.5, "xi": _r(130, 300, dt="int64"),
-             "x1": _r(1, 6), "e": _r(0, 4), "sq": _r(6, 6, dt="int32")}
+             "x1": _r(1, 6), "e": _r(0, 4), "sq": _r(6, 6, dt="int32"),
+             "kn": np.array(-2, np.int64), "kp": np.array(3, np.int64), "kbig": np.array(1 << 62, np.int64)}
+    for k in ("kn", "kp", "kbig"):  # k known at run time
+        for upper in (0, 1):
+            cases.add("Trilu", ["x", k], upper=upper)
     for x in ("x", "xb", "xi", "x1", "e", "sq"):
         for upper in (0, 1):
             cases.add("Trilu", [x], upper=upper)
@@ -63,6 +67,12 @@ def test_cumulative(isa, monkeypatch, tmp_path) -> None:
                         src = x
                         cases.add(op, [src], (np.array(axis, np.int64 if axis % 2 else np.int32),),
                                   exclusive=exclusive, reverse=reverse)
+    # the axis known only at run time
+    feeds.update({"a1": np.array(1, np.int32), "an": np.array(-1, np.int64), "a0": np.array([0], np.int64)})
+    for op in ("CumSum", "CumProd"):
+        for a in ("a1", "an", "a0"):
+            cases.add(op, ["x", a], exclusive=1)
+            cases.add(op, ["d", a], reverse=1)
     # products of many normal values under/overflow to 0/inf equally on both sides
     check(cases, feeds, opset=26)
 
@@ -125,3 +135,29 @@ def test_bitcast_and_scatter_out_of_range() -> None:
     for bad in ({"j": np.array([[0, 3]], np.int64)}, {"k": np.array([[-3]], np.int64)}):
         with pytest.raises(smelt.SmeltError, match="out of range|failed"):
             compiled.run({**feeds, **bad})
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_topk(isa, monkeypatch, tmp_path) -> None:
+    force_isa(isa, monkeypatch, tmp_path)
+    cases = Cases()
+    feeds = {"x": _r(3, 40, 7), "d": _r(6, 33, dt="float64"), "i": _r(5, 64, dt="int32"),
+             "ties": np.asarray(RNG.integers(0, 4, (4, 50))).astype(np.float32), "l": _r(2, 3000, dt="int64")}
+    for x, shape in ((k, v.shape) for k, v in feeds.items()):
+        for axis in range(-len(shape), len(shape)):
+            n = shape[axis]
+            for k in sorted({0, 1, 3, n // 2, n} & set(range(n + 1))):
+                for largest in (0, 1):
+                    cases.add("TopK", [x], (np.array([k], np.int64),), n_out=2, axis=axis, largest=largest)
+    check(cases, feeds, opset=11)
+
+
+def test_cumsum_runtime_axis_out_of_range_fails() -> None:
+    cases = Cases()
+    cases.add("CumSum", ["x", "a"])
+    feeds = {"x": _r(3, 4), "a": np.array(1, np.int64)}
+    compiled = smelt.compile(build_model(cases, feeds, 14), threads=2)
+    assert compiled.fallback_nodes == []
+    np.testing.assert_allclose(compiled.run(feeds)[0], np.cumsum(feeds["x"], axis=1), rtol=1e-6)
+    with pytest.raises(smelt.SmeltError, match="out of range|failed"):
+        compiled.run({**feeds, "a": np.array(2, np.int64)})

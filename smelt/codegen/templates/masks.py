@@ -50,8 +50,9 @@ def _check_trilu(node: Node, g: Graph) -> str | None:
         return why
     if len(_shape(g, x)) < 2:
         return "Trilu needs a rank of at least 2"
-    k = _const_input(node, g, 1)
-    return k if isinstance(k, str) else None
+    if len(node.inputs) > 1 and node.inputs[1] and dtype_name(g, node.inputs[1]) != "int64":
+        return "Trilu's k must be int64"
+    return None
 
 
 @register("Trilu", versions=(14,), check=_check_trilu, name="trilu")
@@ -63,15 +64,21 @@ def emit_trilu(node: Node, g: Graph, em: BlockEmitter) -> None:
     item = np.dtype(g.values[x].dtype).itemsize
     k = _const_input(node, g, 1)
     # clamped: a k past either corner keeps everything or nothing, and i + k stays small
-    kk = 0 if k is None else int(np.clip(int(k.reshape(-1)[0]), -n - 1, m + 1))
+    if k is None:
+        kk = "0"
+    elif isinstance(k, str):  # known at run time
+        kk = f"SMELT_MAX({-n - 1}L, SMELT_MIN({m + 1}L, (long){em.ptr(node.inputs[1])}[0]))"
+    else:
+        kk = str(int(np.clip(int(k.reshape(-1)[0]), -n - 1, m + 1)))
     upper = bool(node.attr("upper", 1))
     if rows == 0 or m == 0:
         return  # nothing to write
     # kept columns of row i: upper [max(0, i + k), m), lower [0, min(m, i + k + 1))
-    keep = (f"long lo = SMELT_MAX(0L, SMELT_MIN((long){m}, i + ({kk}L))), hi = {m};" if upper else
-            f"long lo = 0, hi = SMELT_MAX(0L, SMELT_MIN((long){m}, i + ({kk}L) + 1));")
+    keep = (f"long lo = SMELT_MAX(0L, SMELT_MIN((long){m}, i + kk)), hi = {m};" if upper else
+            f"long lo = 0, hi = SMELT_MAX(0L, SMELT_MIN((long){m}, i + kk + 1));")
     body = "\n".join([
         f"const char *X = (const char *){em.ptr(x)};", f"char *Y = (char *){em.ptr(y)};",
+        f"const long kk = {kk};",
         work_range(rows, rows * m >= PARALLEL_MIN_ELEMS),
         "for (long r = wb; r < we; ++r) {",
         f"    long i = r % {n};",
@@ -81,7 +88,7 @@ def emit_trilu(node: Node, g: Graph, em: BlockEmitter) -> None:
         f"    if (hi > lo) memcpy(yr + lo * {item}, xr + lo * {item}, (size_t)(hi - lo) * {item});",
         f"    if (hi < {m}) memset(yr + hi * {item}, 0, (size_t)({m} - hi) * {item});",
         "}"])
-    emit_kernel(em, "trilu", body, f"Trilu {'upper' if upper else 'lower'} k={kk} over {shape}")
+    emit_kernel(em, "trilu", body, f"Trilu {'upper' if upper else 'lower'} over {shape}")
 
 
 # -- EyeLike ---------------------------------------------------------------------------------------
