@@ -161,3 +161,29 @@ def test_cumsum_runtime_axis_out_of_range_fails() -> None:
     np.testing.assert_allclose(compiled.run(feeds)[0], np.cumsum(feeds["x"], axis=1), rtol=1e-6)
     with pytest.raises(smelt.SmeltError, match="out of range|failed"):
         compiled.run({**feeds, "a": np.array(2, np.int64)})
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_onehot_gathernd_reverse_sequence(isa, monkeypatch, tmp_path) -> None:
+    force_isa(isa, monkeypatch, tmp_path)
+    cases = Cases()
+    feeds = {"i": np.asarray(RNG.integers(-12, 12, (3, 5))).astype(np.int64),
+             "f": np.array([[0.0, 1.7, -2.2, 9.9], [np.nan, np.inf, -10.0, 3.0]], np.float32),
+             "i32": np.asarray(RNG.integers(-6, 6, (7,))).astype(np.int32),
+             "data": _r(4, 5, 6), "hd": _r(3, 4, 5).astype(np.float16),
+             "seq": _r(6, 4, 3), "seqb": _r(4, 6, 2, 2, dt="int32"),
+             "lens": np.array([6, 1, 0, 3], np.int64)}
+    for axis in (-1, 0, 1, -2):
+        cases.add("OneHot", ["i"], (np.array(10, np.int64), np.array([0, 1], np.int64)), axis=axis)
+        cases.add("OneHot", ["f"], (np.array(10.0, np.float32), np.array([-1.5, 2.5], np.float32)), axis=axis)
+    cases.add("OneHot", ["i32"], (np.array(5, np.int32), np.array([3.0, 7.0], np.float32)))
+    for q in (1, 2, 3):
+        idx = np.stack([RNG.integers(-(4, 5, 6)[k], (4, 5, 6)[k], (2, 7)) for k in range(q)], axis=-1)
+        cases.add("GatherND", ["data"], (idx.astype(np.int64),))
+    bidx = np.stack([RNG.integers(-5, 5, (4, 3)), RNG.integers(0, 6, (4, 3))], axis=-1)
+    cases.add("GatherND", ["data"], (bidx[..., :1].astype(np.int64),), batch_dims=1)
+    cases.add("GatherND", ["data"], (bidx.astype(np.int64),), batch_dims=1)
+    cases.add("GatherND", ["hd"], (np.array([[1, 2], [0, -1]], np.int64),))
+    cases.add("ReverseSequence", ["seq", "lens"], time_axis=0, batch_axis=1)
+    cases.add("ReverseSequence", ["seqb", "lens"], time_axis=1, batch_axis=0)
+    check(cases, feeds, opset=13)
