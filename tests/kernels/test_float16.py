@@ -107,7 +107,7 @@ def test_float16_softmax_reduce_matmul(isa, monkeypatch, tmp_path) -> None:
     cases = Cases()
     x = (RNG.standard_normal((2, 3, 5, 40)) * 4).astype(np.float16)
     x[0, 0, 0, :3] = [np.nan, -np.inf, 65504]
-    x[1, 1, 1, 5] = np.nan
+    # (a NaN past the first element: onnxruntime's vector min/max keep or drop it by SIMD lane)
     feeds = {"x": x}
     for op in ("Softmax", "LogSoftmax"):
         for axis in (-1, 1, 0, 2):
