@@ -97,6 +97,9 @@ def test_float16_elementwise_and_movement(isa, monkeypatch, tmp_path) -> None:
     cases.add("Slice", ["a"], (np.array([1], np.int64), np.array([40], np.int64), np.array([2], np.int64)))
     cases.add("Gather", ["a"], (np.array([2, 0], np.int64),), axis=1)
     cases.add("Trilu", ["b"])
+    cases.add("Pad", ["b"], (np.array([1, 2, 0, 3], np.int64), np.array(-2.5, np.float16)))
+    cases.add("Pad", ["b"], (np.array([0, 1, 2, 0], np.int64),), mode="reflect")
+    cases.add("Pad", ["b"], (np.array([2, 0, 0, 1], np.int64),))
     _check_bits(build_model(cases, feeds, 20), feeds)
 
 

@@ -445,7 +445,7 @@ def _check_pad(node: Node, g: Graph) -> str | None:
     why = _nonempty_native(node, g, [node.inputs[0], node.outputs[0]])
     if why:
         return why
-    if not has_c_type(g.values[node.inputs[0]].dtype):  # the pad value is a literal of the type
+    if not has_c_type(g.values[node.inputs[0]].dtype) and dtype_name(g, node.inputs[0]) != "float16":
         return f"dtype {dtype_name(g, node.inputs[0])} has no native Pad"
     res = pad_maps(node, g)
     if isinstance(res, str):
@@ -468,6 +468,8 @@ def emit_pad(node: Node, g: Graph, em: BlockEmitter) -> None:
     kind, val = fill
     if kind == "ptr":
         fill_c = f"({em.ptr(str(val))}[0])"
+    elif dt == "float16":  # the value's bits (float16 is held as a uint16_t)
+        fill_c = str(int(np.float16(val).view(np.uint16)))
     else:
         fill_c = c_literal(float(val) if dt in FLOAT_TYPES else int(val), dt)
     code = index_copy_code(em, x, y, dt, _shape(g, x), _shape(g, y), maps, fill_c)
