@@ -104,17 +104,14 @@ def test_float16_elementwise_and_movement(isa, monkeypatch, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("isa", ISAS)
-def test_float16_softmax_reduce_matmul(isa, monkeypatch, tmp_path) -> None:
-    """Softmax computed in float and rounded: within one float16 ulp of onnxruntime's."""
+def test_float16_reduce_max_min(isa, monkeypatch, tmp_path) -> None:
+    """ReduceMax / ReduceMin of float16: exact."""
     force_isa(isa, monkeypatch, tmp_path)
     cases = Cases()
     x = (RNG.standard_normal((2, 3, 5, 40)) * 4).astype(np.float16)
     x[0, 0, 0, :3] = [np.nan, -np.inf, 65504]
     # (a NaN past the first element: onnxruntime's vector min/max keep or drop it by SIMD lane)
     feeds = {"x": x}
-    for op in ("Softmax", "LogSoftmax"):
-        for axis in (-1, 1, 0, 2):
-            cases.add(op, ["x"], axis=axis)
     for op in ("ReduceMax", "ReduceMin"):
         for axes in ([-1], [1, 3], [0], [0, 1, 2, 3], None):
             for keepdims in (0, 1):
@@ -126,9 +123,5 @@ def test_float16_softmax_reduce_matmul(isa, monkeypatch, tmp_path) -> None:
         assert compiled.fallback_nodes == [], compiled.fallback_report
         for k, (g, w) in enumerate(zip(compiled.run(feeds), want, strict=True)):
             assert g.shape == w.shape and g.dtype == w.dtype
-            if model.graph.node[k].op_type.startswith("Reduce"):  # exact, NaN where onnxruntime has NaN
-                np.testing.assert_array_equal(g, w, err_msg=str(k))
-            else:
-                np.testing.assert_allclose(g.astype(np.float32), w.astype(np.float32), rtol=1e-3, atol=1e-4,
-                                           err_msg=str(k))
+            np.testing.assert_array_equal(g, w, err_msg=str(k))  # exact, NaN where onnxruntime has NaN
         compiled.close()

@@ -1,13 +1,14 @@
-"""float16 Softmax / LogSoftmax and ReduceMax / ReduceMin (float16 attention as ONNX's function
-expansions write it).
+"""float16 ReduceMax / ReduceMin (float16 attention as ONNX's function expansions write it).
 
-Both widen each float16 exactly to float (``kernels/half``), compute in float as onnxruntime's
-CPU kernels do for MLFloat16, and round the result to nearest-even. ``f16_softmax``: the input
-viewed as [outer, L, inner] (opset < 13: the 2-D coercion); per line, the NaN-propagating max,
-exp(x - max) and its sum in a per-thread float row, then the scaled (or log) values. ``f16_reduce_max``:
-per output element a std::max (std::min) fold from the first element over the reduced offsets
-(a NaN first element stays, later NaNs are skipped: the rule of the float ``reduce`` template),
-with the kept and reduced offsets precomputed as two tables.
+``f16_reduce_max``: per output element a std::max (std::min) fold from the first element over
+the reduced offsets, comparing the exact float widening of each float16 (``kernels/half``) and
+keeping the winner's bits (a NaN first element stays, later NaNs are skipped: the rule of the
+float ``reduce`` template), with the kept and reduced offsets precomputed as two tables.
+
+float16 Softmax is deliberately not here: computed in float and rounded once it is within one
+ulp of onnxruntime's, yet the ONNX test data of the float16 attention expansions is the
+reference's float16 arithmetic, and that one ulp took test_attention_4d_causal_fp16_expanded
+past its tolerance, where onnxruntime itself is one ulp inside it.
 """
 
 from __future__ import annotations
@@ -29,60 +30,6 @@ def _shape(g: Graph, name: str) -> list[int]:
 
 def _prod(dims: list[int]) -> int:
     return int(np.prod(dims, dtype=np.int64))
-
-
-# -- Softmax / LogSoftmax --------------------------------------------------------------------------
-
-def _softmax_axis(node: Node, g: Graph) -> tuple[int, bool]:
-    coerce = op_version(g, node) < 13
-    return int(node.attr("axis", 1 if coerce else -1)), coerce
-
-
-def _check_softmax(node: Node, g: Graph) -> str | None:
-    x, y = node.inputs[0], node.outputs[0]
-    if dtype_name(g, x) != "float16" or dtype_name(g, y) != "float16":
-        return f"f16_softmax takes float16 only ({dtype_name(g, x)})"
-    rank = max(1, len(_shape(g, x)))
-    axis, _ = _softmax_axis(node, g)
-    if not -rank <= axis < rank:
-        return f"axis {axis} out of range for rank {rank}"
-    return None if g.values[x].size else "empty tensor"
-
-
-@register(("Softmax", "LogSoftmax"), versions=(1, 11, 13), check=_check_softmax, name="f16_softmax")
-def emit_f16_softmax(node: Node, g: Graph, em: BlockEmitter) -> None:
-    x, y = node.inputs[0], node.outputs[0]
-    shape = _shape(g, x) or [1]
-    axis, coerce = _softmax_axis(node, g)
-    axis %= len(shape)
-    outer = _prod(shape[:axis])
-    length, inner = (_prod(shape[axis:]), 1) if coerce else (shape[axis], _prod(shape[axis + 1:]))
-    half.half_helpers(em)
-    row = em.scratch(em.n_threads * length * 4, "float32")
-    at = f"o * {length * inner}L + l * {inner}L + i"
-    if node.op == "Softmax":
-        finish = ["    const float rs = 1.0f / s;",
-                  f"    for (long l = 0; l < {length}L; ++l) Y[{at}] = smelt_f2h(R[l] * rs);"]
-        keep = "R[l] = e;"
-    else:
-        finish = ["    const float ls = logf(s);",
-                  f"    for (long l = 0; l < {length}L; ++l) Y[{at}] = smelt_f2h((R[l] - m) - ls);"]
-        keep = ""
-    body = "\n".join([
-        f"const uint16_t *restrict X = {em.ptr(x)};", f"uint16_t *restrict Y = (void *){em.ptr(y)};",
-        f"float *restrict R = {row} + (long)tid * {length}L;",
-        work_range(outer * inner, g.values[x].size >= PARALLEL_MIN_ELEMS),
-        "for (long w = wb; w < we; ++w) {",
-        f"    long o = w / {inner}L, i = w % {inner}L;",
-        "    float m = -INFINITY, s = 0;",
-        f"    for (long l = 0; l < {length}L; ++l) {{ float v = smelt_h2f(X[{at}]); R[l] = v; "
-        "m = (v > m || v != v) ? v : m; }",
-        f"    for (long l = 0; l < {length}L; ++l) {{ float e = expf(R[l] - m); s += e; {keep} }}"
-        if node.op == "Softmax" else
-        f"    for (long l = 0; l < {length}L; ++l) s += expf(R[l] - m);",
-        *finish,
-        "}"])
-    emit_kernel(em, f"f16_{node.op.lower()}", body, f"{node.op} float16 over [{outer}, {length}, {inner}]")
 
 
 # -- ReduceMax / ReduceMin -------------------------------------------------------------------------
