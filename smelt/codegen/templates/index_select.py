@@ -43,7 +43,7 @@ def _check_onehot(node: Node, g: Graph) -> str | None:
     return None
 
 
-@register("OneHot", versions=(9, 11), check=_check_onehot, name="onehot")
+@register("OneHot", versions=(9, 11, 28), check=_check_onehot, name="onehot")
 def emit_onehot(node: Node, g: Graph, em: BlockEmitter) -> None:
     idx, _, values = node.inputs
     y = node.outputs[0]
@@ -132,7 +132,7 @@ def _check_reverse_sequence(node: Node, g: Graph) -> str | None:
     return None
 
 
-@register("ReverseSequence", versions=(10,), check=_check_reverse_sequence, name="reverse_sequence")
+@register("ReverseSequence", versions=(10, 28), check=_check_reverse_sequence, name="reverse_sequence")
 def emit_reverse_sequence(node: Node, g: Graph, em: BlockEmitter) -> None:
     x, lens = node.inputs
     y = node.outputs[0]
