@@ -163,8 +163,9 @@ def test_cumsum_runtime_axis_out_of_range_fails() -> None:
         compiled.run({**feeds, "a": np.array(2, np.int64)})
 
 
+@pytest.mark.parametrize("opset", [13, 28])
 @pytest.mark.parametrize("isa", ISAS)
-def test_onehot_gathernd_reverse_sequence(isa, monkeypatch, tmp_path) -> None:
+def test_onehot_gathernd_reverse_sequence(isa, opset, monkeypatch, tmp_path) -> None:
     force_isa(isa, monkeypatch, tmp_path)
     cases = Cases()
     feeds = {"i": np.asarray(RNG.integers(-12, 12, (3, 5))).astype(np.int64),
@@ -186,4 +187,4 @@ def test_onehot_gathernd_reverse_sequence(isa, monkeypatch, tmp_path) -> None:
     cases.add("GatherND", ["hd"], (np.array([[1, 2], [0, -1]], np.int64),))
     cases.add("ReverseSequence", ["seq", "lens"], time_axis=0, batch_axis=1)
     cases.add("ReverseSequence", ["seqb", "lens"], time_axis=1, batch_axis=0)
-    check(cases, feeds, opset=13)
+    check(cases, feeds, opset=opset)
