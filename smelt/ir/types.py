@@ -27,6 +27,12 @@ C_TYPES: dict[str, str] = {
     "bool": "uint8_t",  # numpy bool is one byte holding 0 or 1
 }
 
+# Types that native kernels move as bits but never compute on directly: a float16 is a uint16_t
+# in C, and templates that compute convert it to float and back (``codegen.kernels.half``).
+# has_c_type stays False for them, so every template that computes refuses them unless it
+# asks for them by name.
+STORAGE_TYPES: dict[str, str] = {"float16": "uint16_t"}
+
 FLOAT_TYPES = ("float32", "float64")
 INT_TYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
@@ -51,9 +57,17 @@ def onnx_type_string(dtype: np.dtype) -> str:
 
 
 def c_type(dtype: np.dtype | str) -> str:
-    """The C type for a dtype; raises KeyError for types with no native kernels."""
-    return C_TYPES[np.dtype(dtype).name]
+    """The C type for a dtype (for a storage-only type, the unsigned integer holding its bits);
+    raises KeyError for types with no native kernels."""
+    name = np.dtype(dtype).name
+    return C_TYPES[name] if name in C_TYPES else STORAGE_TYPES[name]
 
 
 def has_c_type(dtype: np.dtype | str | None) -> bool:
+    """Whether native kernels compute on this dtype directly (not float16: see STORAGE_TYPES)."""
     return dtype is not None and np.dtype(dtype).name in C_TYPES
+
+
+def has_storage_type(dtype: np.dtype | str | None) -> bool:
+    """Whether native kernels can hold (copy, move, select) this dtype: has_c_type or float16."""
+    return dtype is not None and (np.dtype(dtype).name in C_TYPES or np.dtype(dtype).name in STORAGE_TYPES)

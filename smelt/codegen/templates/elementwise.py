@@ -3,11 +3,20 @@
 Template ``f32_eltwise_*``: one loop nest from ``codegen.broadcast`` per node; float ops use
 libm (no fast-math: results stay IEEE fp32/fp64) and propagate NaN like onnxruntime (Max, Min,
 Clip keep NaN; Clip's absent bounds are the type's range); the activations a fused epilogue can
-hold are rendered by ``codegen.epilogue``, so standalone and fused agree. Integer ops only where
-C semantics equal ONNX's (integer division and modulo fall back: C's truncation and division by
-zero differ). Integer Add, Sub,
+hold are rendered by ``codegen.epilogue``, so standalone and fused agree. Integer Add, Sub,
 Mul, Neg and Abs wrap like numpy: they compute in unsigned arithmetic, so there is no signed
 overflow (undefined behaviour in C) and no promotion of uint16 to a signed int.
+
+Integer Div and Mod are onnxruntime's: Div truncates toward zero (C's), Mod with fmod=0 takes the
+divisor's sign, fmod=1 the dividend's (C's ``%``). A zero divisor makes the inference fail, as
+onnxruntime's "Integer division by zero" does (SMELT_FAIL, the element written 0); INT_MIN / -1,
+where onnxruntime dies of SIGFPE, wraps to INT_MIN like numpy (and INT_MIN % -1 is 0), so the C
+never divides in a way that traps. Float Mod with fmod=0 is numpy's (and onnxruntime's opset-28)
+floor modulo: fmod, then the divisor added when the signs differ, a zero remainder taking the
+divisor's sign. BitShift (signed types from opset 28) shifts by counts outside [0, bits) to 0,
+or to the sign fill when shifting right, as the ONNX reference and onnxruntime do; left shifts
+run in unsigned arithmetic. The variadic Sum / Mean / Max / Min broadcast any number of inputs
+and fold them left to right (Max/Min propagate NaN, as onnxruntime's).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter, c_literal
+from smelt.codegen.kernels import half
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS, broadcast_strides, elementwise_loop
 from smelt.codegen.kernels.epilogue import (
     ACTIVATIONS,
@@ -27,7 +37,7 @@ from smelt.codegen.kernels.isa import vector_isa
 from smelt.codegen.registry import register, same_layout_flat
 from smelt.ir.activations import activation_step, clip_default_bounds
 from smelt.ir.graph import Graph, Node
-from smelt.ir.types import FLOAT_TYPES, INT_TYPES, c_type, has_c_type
+from smelt.ir.types import FLOAT_TYPES, INT_TYPES, c_type, has_c_type, has_storage_type
 
 SIGNED = ("int8", "int16", "int32", "int64")
 NUMERIC = FLOAT_TYPES + INT_TYPES
@@ -74,6 +84,8 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
         return f"(({x} > 0) - ({x} < 0))" if not fl else f"({x} > {zero} ? {one} : ({x} < {zero} ? -{one} : {x}))"
     if op == "Not" and dtype == "bool":
         return f"(!{x})"
+    if op == "BitwiseNot" and dtype in INT_TYPES:
+        return f"(({c_type(dtype)})~{x})"
     if not fl:
         return None
     if op in ACTIVATIONS:  # rendered with the fused epilogues' semantics (NaN/Inf as onnxruntime)
@@ -108,7 +120,7 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
     return table.get(op)
 
 
-UNARY_OPS = ("Identity", "Relu", "Neg", "Abs", "Sign", "Not", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt",
+UNARY_OPS = ("Identity", "Relu", "Neg", "Abs", "Sign", "Not", "BitwiseNot", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt",
              "Reciprocal", "Floor", "Ceil", "Round", "Erf", "Sin", "Cos", "Tan", "Softplus", "Softsign",
              "LeakyRelu", "Elu", "Celu", "Selu", "ThresholdedRelu", "HardSigmoid", "HardSwish", "Mish", "Gelu")
 
@@ -122,9 +134,9 @@ def _check_unary(node: Node, g: Graph) -> str | None:
     if why:
         return why
     dt = _dtype(g, node.inputs[0])
-    if not has_c_type(dt) or _dtype(g, node.outputs[0]) != dt:
+    if not (has_c_type(dt) or dt == "float16") or _dtype(g, node.outputs[0]) != dt:
         return f"dtype {dt} has no native {node.op}"
-    if _unary_expr(node, g, "x", dt) is None:
+    if _unary_expr(node, g, "x", half.compute_dtype(dt)) is None:
         return f"no native {node.op} for {dt}"
     return None
 
@@ -181,10 +193,12 @@ def emit_unary(node: Node, g: Graph, em: BlockEmitter) -> None:
     if vexpr is not None:
         _emit_vector_unary(node, g, em, vexpr)
         return
-    expr = _unary_expr(node, g, "X[I0]", dt)
+    expr = half.store(dt, _unary_expr(node, g, "X[I0]", half.compute_dtype(dt)))
+    if dt == "float16":
+        half.half_helpers(em)
     shape = g.values[y].shape
     loop = elementwise_loop(shape, [g.values[x].shape],
-                            lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', f'X[{idx[0]}]')};")
+                            lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', half.load(dt, f'X[{idx[0]}]'))};")
     em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
 
@@ -194,7 +208,7 @@ def _check_float_test(node: Node, g: Graph) -> str | None:
     if why:
         return why
     dt = _dtype(g, node.inputs[0])
-    if dt not in FLOAT_TYPES or _dtype(g, node.outputs[0]) != "bool":
+    if dt not in FLOAT_TYPES + ("float16",) or _dtype(g, node.outputs[0]) != "bool":
         return f"no native {node.op} for {dt}"
     return None
 
@@ -210,8 +224,11 @@ def emit_float_test(node: Node, g: Graph, em: BlockEmitter) -> None:
         tests = [t for t, on in (("X[I0] == INFINITY", node.attr("detect_positive", 1)),
                                  ("X[I0] == -INFINITY", node.attr("detect_negative", 1))) if on]
         expr = "(" + " || ".join(tests) + ")" if tests else "0"
+    dt = _dtype(g, x)
+    if dt == "float16":
+        half.half_helpers(em)
     loop = elementwise_loop(g.values[y].shape, [g.values[x].shape],
-                            lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', f'X[{idx[0]}]')};")
+                            lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', half.load(dt, f'X[{idx[0]}]'))};")
     em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
 
@@ -261,13 +278,75 @@ COMPARE = {"Equal": "==", "Less": "<", "Greater": ">", "LessOrEqual": "<=", "Gre
 LOGIC = {"And": "&&", "Or": "||", "Xor": "!="}
 
 
-def _binary_expr(op: str, a: str, b: str, dt: str) -> str | None:
+BITWISE = {"BitwiseAnd": "&", "BitwiseOr": "|", "BitwiseXor": "^"}
+
+
+def _zero_divisor(b: str, expr: str) -> str:
+    """``expr``, except a zero divisor reports the failure (onnxruntime's error) and gives 0."""
+    return f"({b} == 0 ? (SMELT_FAIL(), 0) : {expr})"
+
+
+def _int_div_expr(op: str, a: str, b: str, dt: str, fmod: int) -> str:
+    """Integer Div / Mod without a trapping division: b == 0 fails, b == -1 never divides."""
+    t = c_type(dt)
+    if op == "Div":
+        if dt in SIGNED:  # a / -1 is -a, wrapping at INT_MIN
+            return _zero_divisor(b, f"({b} == -1 ? {_wrap(dt, f'0u - U({a})')} : ({t})({a} / {b}))")
+        return _zero_divisor(b, f"({t})({a} / {b})")
+    if dt not in SIGNED:
+        return _zero_divisor(b, f"({t})({a} % {b})")
+    rem = f"({b} == -1 ? 0 : {a} % {b})"
+    if fmod:
+        return _zero_divisor(b, f"({t}){rem}")
+    # the remainder takes the divisor's sign: |r| < |b| and opposite signs, so r + b cannot overflow
+    return _zero_divisor(b, f"({t})smelt_floor_mod_{dt}({a}, {b})")
+
+
+FLOOR_MOD_HELPERS = "\n".join(
+    f"static inline {c_type(d)} smelt_floor_mod_{d}({c_type(d)} a, {c_type(d)} b) {{ "
+    f"{c_type(d)} r = b == -1 ? 0 : ({c_type(d)})(a % b); "
+    f"return ((r < 0 && b > 0) || (r > 0 && b < 0)) ? ({c_type(d)})(r + b) : r; }}" for d in SIGNED)
+
+
+def _float_mod_expr(a: str, b: str, dt: str, fmod: int) -> str:
+    f = _fn("fmod", dt)
+    if fmod:
+        return f"{f}({a}, {b})"
+    return f"smelt_floor_mod_{dt}({a}, {b})"
+
+
+FLOAT_MOD_HELPERS = "\n".join(
+    f"static inline {c_type(d)} smelt_floor_mod_{d}({c_type(d)} a, {c_type(d)} b) {{ "
+    f"{c_type(d)} r = {_fn('fmod', d)}(a, b); "
+    f"if (r != 0) {{ if ((b < 0) != (r < 0)) r += b; }} else r = {_fn('copysign', d)}(0, b); return r; }}"
+    for d in FLOAT_TYPES)
+
+
+def _shift_expr(a: str, b: str, dt: str, left: bool) -> str:
+    bits = 8 * np.dtype(dt).itemsize
+    t = c_type(dt)
+    out = f"{b} >= {bits}" if dt not in SIGNED else f"({b} < 0 || {b} >= {bits})"
+    if left:  # in unsigned arithmetic: shifting a negative value left is undefined in C
+        return f"({out} ? ({t})0 : {_wrap(dt, f'U({a}) << {b}')})"
+    fill = f"({t})({a} < 0 ? -1 : 0)" if dt in SIGNED else f"({t})0"
+    return f"({out} ? {fill} : ({t})({a} >> {b}))"  # gcc's >> of a negative value is arithmetic
+
+
+def _binary_expr(op: str, a: str, b: str, dt: str, attrs: dict | None = None) -> str | None:
     fl = dt in FLOAT_TYPES
+    attrs = attrs or {}
+    if op == "Mod" and dt in NUMERIC:
+        fmod = int(attrs.get("fmod", 0))
+        return _float_mod_expr(a, b, dt, fmod) if fl else _int_div_expr(op, a, b, dt, fmod)
+    if op == "BitShift" and dt in INT_TYPES:
+        return _shift_expr(a, b, dt, attrs.get("direction") == "LEFT")
+    if op in BITWISE and dt in INT_TYPES:
+        return f"(({c_type(dt)})({a} {BITWISE[op]} {b}))"
     if op in ARITH:
-        if op == "Div" and not fl:
-            return None  # C truncation and division by zero differ from ONNX's integer Div
         if dt == "bool":
             return None
+        if op == "Div" and not fl:
+            return _int_div_expr(op, a, b, dt, 0)
         if not fl:  # wrap around like numpy; signed overflow would be undefined in C
             return _wrap(dt, f"U({a}) {ARITH[op]} U({b})")
         return f"({a} {ARITH[op]} {b})"
@@ -287,7 +366,12 @@ def _binary_expr(op: str, a: str, b: str, dt: str) -> str | None:
     return None
 
 
-BINARY_OPS = tuple(ARITH) + tuple(COMPARE) + tuple(LOGIC) + ("Max", "Min", "Pow", "PRelu")
+BINARY_OPS = tuple(ARITH) + tuple(COMPARE) + tuple(LOGIC) + tuple(BITWISE) + ("Max", "Min", "Pow", "PRelu", "Mod",
+                                                                             "BitShift")
+
+
+def _attrs(node: Node) -> dict:
+    return {"fmod": node.attr("fmod", 0), "direction": node.attr("direction", "")}
 
 
 def _broadcast_error(g: Graph, inputs: list[str], out: str) -> str | None:
@@ -314,11 +398,11 @@ def _check_binary(node: Node, g: Graph) -> str | None:
     if why:
         return why
     da, db = _dtype(g, ins[0]), _dtype(g, ins[1])
-    if da != db or not has_c_type(da):
+    if da != db or not (has_c_type(da) or da == "float16"):
         return f"native {node.op} needs equal native dtypes (given {da}, {db})"
     if node.op == "Pow" and _dtype(g, node.outputs[0]) != da:
         return "mixed-type Pow"
-    if _binary_expr(node.op, "a", "b", da) is None:
+    if _binary_expr(node.op, "a", "b", half.compute_dtype(da), _attrs(node)) is None:
         return f"no native {node.op} for {da}"
     return None
 
@@ -328,10 +412,16 @@ def emit_binary(node: Node, g: Graph, em: BlockEmitter) -> None:
     a, b = node.inputs
     y = node.outputs[0]
     dt = _dtype(g, a)
-    expr = _binary_expr(node.op, "A[IA]", "B[IB]", dt)
+    expr = _binary_expr(node.op, "A[IA]", "B[IB]", half.compute_dtype(dt), _attrs(node))
+    if _dtype(g, y) == "float16":  # float16 in, float16 out: computed in float, rounded back
+        expr = half.store("float16", expr)
+    if dt == "float16":
+        half.half_helpers(em)
+    if node.op == "Mod":
+        em.function("floor_mod", FLOAT_MOD_HELPERS + "\n" + FLOOR_MOD_HELPERS)
     loop = elementwise_loop(
         g.values[y].shape, [g.values[a].shape, g.values[b].shape],
-        lambda idx, o: f"Y[{o}] = {expr.replace('A[IA]', f'A[{idx[0]}]').replace('B[IB]', f'B[{idx[1]}]')};")
+        lambda idx, o: f"Y[{o}] = {expr.replace('A[IA]', half.load(dt, f'A[{idx[0]}]')).replace('B[IB]', half.load(dt, f'B[{idx[1]}]'))};")
     em.step(f"const __typeof__(*{em.ptr(a)}) *restrict A = {em.ptr(a)};\n"
             f"const __typeof__(*{em.ptr(b)}) *restrict B = {em.ptr(b)};\n"
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
@@ -339,7 +429,7 @@ def emit_binary(node: Node, g: Graph, em: BlockEmitter) -> None:
 
 def _check_where(node: Node, g: Graph) -> str | None:
     c, a, b = node.inputs
-    if _dtype(g, c) != "bool" or _dtype(g, a) != _dtype(g, b) or not has_c_type(_dtype(g, a)):
+    if _dtype(g, c) != "bool" or _dtype(g, a) != _dtype(g, b) or not has_storage_type(_dtype(g, a)):
         return "native Where needs a bool condition and equal native value dtypes"
     if _dtype(g, node.outputs[0]) != _dtype(g, a):
         return "Where output dtype differs from its inputs'"
@@ -357,3 +447,45 @@ def emit_where(node: Node, g: Graph, em: BlockEmitter) -> None:
             f"const __typeof__(*{em.ptr(a)}) *restrict A = {em.ptr(a)};\n"
             f"const __typeof__(*{em.ptr(b)}) *restrict B = {em.ptr(b)};\n"
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
+
+
+VARIADIC = ("Sum", "Mean", "Max", "Min")
+
+
+def _check_variadic(node: Node, g: Graph) -> str | None:
+    ins = node.present_inputs()
+    if not ins or len(ins) != len(node.inputs):
+        return f"native {node.op} needs its inputs present"
+    dts = {_dtype(g, i) for i in ins}
+    dt = _dtype(g, ins[0])
+    if len(dts) != 1 or not (has_c_type(dt) or dt == "float16") or _dtype(g, node.outputs[0]) != dt:
+        return f"native {node.op} needs equal native dtypes (given {sorted(dts)})"
+    if half.compute_dtype(dt) not in (FLOAT_TYPES if node.op in ("Sum", "Mean") else NUMERIC):
+        return f"no native {node.op} for {dt}"
+    return _broadcast_error(g, ins, node.outputs[0])
+
+
+@register(VARIADIC, check=_check_variadic, name="eltwise_variadic")
+def emit_variadic(node: Node, g: Graph, em: BlockEmitter) -> None:
+    """Sum / Mean / Max / Min of any number of broadcast inputs, folded left to right as
+    onnxruntime does (the two-input Max/Min take ``eltwise_binary`` first)."""
+    ins, y = node.inputs, node.outputs[0]
+    dt = _dtype(g, ins[0])
+    cdt = half.compute_dtype(dt)  # float16: accumulated in float, rounded once, as onnxruntime does
+    op = "Add" if node.op in ("Sum", "Mean") else node.op
+    if dt == "float16":
+        half.half_helpers(em)
+
+    def body(idx: list[str], o: str) -> str:
+        lines = [f"{c_type(cdt)} acc = {half.load(dt, f'X0[{idx[0]}]')};"]
+        for k in range(1, len(ins)):
+            step = _binary_expr(op, "acc", half.load(dt, f"X{k}[{idx[k]}]"), cdt)
+            lines.append(f"acc = {step};")
+        if node.op == "Mean":
+            lines.append(f"acc = acc / {c_literal(len(ins), cdt)};")
+        lines.append(f"Y[{o}] = {half.store(dt, 'acc')};")
+        return " ".join(lines)
+
+    loop = elementwise_loop(g.values[y].shape, [g.values[i].shape for i in ins], body)
+    ptrs = "".join(f"const __typeof__(*{em.ptr(x)}) *restrict X{k} = {em.ptr(x)};\n" for k, x in enumerate(ins))
+    em.step(ptrs + f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")

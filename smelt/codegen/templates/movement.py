@@ -14,13 +14,14 @@ from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.loops import copy_step
 from smelt.codegen.registry import blocked_concat_reason, register
 from smelt.ir.graph import Graph, Node
-from smelt.ir.types import has_c_type
+from smelt.ir.types import has_storage_type
 
 RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
 
 def _native(g: Graph, name: str) -> bool:
-    return has_c_type(g.values[name].dtype)
+    """Movement only copies elements: float16 moves as its bits (a uint16_t)."""
+    return has_storage_type(g.values[name].dtype)
 
 
 def _check_reshape(node: Node, g: Graph) -> str | None:

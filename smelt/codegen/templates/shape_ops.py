@@ -24,11 +24,12 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter, c_literal
+from smelt.codegen.kernels import half
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS, elementwise_loop
 from smelt.codegen.kernels.loops import dtype_name, emit_kernel, inner_chunks, work_range
 from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
-from smelt.ir.types import FLOAT_TYPES, c_type, has_c_type
+from smelt.ir.types import FLOAT_TYPES, c_type, has_c_type, has_storage_type
 
 MAX_SEGMENTS = 8
 FILL_SENTINEL = -(1 << 60)
@@ -176,9 +177,10 @@ def _shape(g: Graph, name: str) -> list[int]:
 
 
 def _nonempty_native(node: Node, g: Graph, names: list[str]) -> str | None:
+    """None when every value is non-empty and natively held (copies move float16 as its bits)."""
     for n in names:
         v = g.values[n]
-        if not has_c_type(v.dtype):
+        if not has_storage_type(v.dtype):
             return f"dtype {np.dtype(v.dtype).name} has no native {node.op}"
         if v.size == 0:
             return "empty tensor"
@@ -443,6 +445,8 @@ def _check_pad(node: Node, g: Graph) -> str | None:
     why = _nonempty_native(node, g, [node.inputs[0], node.outputs[0]])
     if why:
         return why
+    if not has_c_type(g.values[node.inputs[0]].dtype) and dtype_name(g, node.inputs[0]) != "float16":
+        return f"dtype {dtype_name(g, node.inputs[0])} has no native Pad"
     res = pad_maps(node, g)
     if isinstance(res, str):
         return res
@@ -464,6 +468,8 @@ def emit_pad(node: Node, g: Graph, em: BlockEmitter) -> None:
     kind, val = fill
     if kind == "ptr":
         fill_c = f"({em.ptr(str(val))}[0])"
+    elif dt == "float16":  # the value's bits (float16 is held as a uint16_t)
+        fill_c = str(int(np.float16(val).view(np.uint16)))
     else:
         fill_c = c_literal(float(val) if dt in FLOAT_TYPES else int(val), dt)
     code = index_copy_code(em, x, y, dt, _shape(g, x), _shape(g, y), maps, fill_c)
@@ -564,7 +570,12 @@ def emit_depth_space(node: Node, g: Graph, em: BlockEmitter) -> None:
 # -- Cast / CastLike -------------------------------------------------------------------------------
 
 def cast_expr(src: str, dst: str, v: str) -> str | None:
-    """C expression converting ``v`` from dtype ``src`` to ``dst``; None if C's differs from ONNX's."""
+    """C expression converting ``v`` from dtype ``src`` to ``dst``; None if C's differs from ONNX's.
+    float16 converts through float, as onnxruntime does (a double is rounded to float first)."""
+    if src == "float16" and dst in FLOAT_TYPES + ("float16", "bool"):
+        return v if dst == "float16" else f"({c_type(dst)})({half.load(src, v)}{' != 0' if dst == 'bool' else ''})"
+    if dst == "float16" and src in FLOAT_TYPES:
+        return half.store(dst, f"(float)({v})")
     if not (has_c_type(src) and has_c_type(dst)):
         return None
     if dst == "bool":
@@ -588,6 +599,8 @@ def emit_cast(node: Node, g: Graph, em: BlockEmitter) -> None:
     src, dst = dtype_name(g, x), dtype_name(g, y)
     shape = _shape(g, y)
     expr = cast_expr(src, dst, "X[IX]")
+    if "float16" in (src, dst):
+        half.half_helpers(em)
     loop = elementwise_loop(shape, [shape], lambda idx, o: f"Y[{o}] = {expr.replace('IX', idx[0])};")
     emit_kernel(em, f"cast_{src}_{dst}",
                 f"const {c_type(src)} *restrict X = {em.ptr(x)};\n{c_type(dst)} *restrict Y = (void *){em.ptr(y)};\n"
