@@ -362,3 +362,18 @@ def test_onnx_backend_node_tests() -> None:
             failures.append(f"{case.name}: {exc!r}"[:300])
     assert total > 400
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
+def test_gelu_both_approximations_standalone(isa: str, monkeypatch, tmp_path) -> None:
+    """ONNX's Gelu op: approximate="none" runs on the vector math (erf), "tanh" keeps its own
+    formula (the activation table's Gelu is the erf form only: the tanh one once took it and was
+    1e-3 off)."""
+    from kernel_models import force_isa
+
+    force_isa(isa, monkeypatch, tmp_path)
+    cases = Cases()
+    cases.add("Gelu", ["x"])
+    cases.add("Gelu", ["x"], approximate="tanh")
+    cases.add("Gelu", ["ragged"], approximate="none")
+    check(cases, {"x": randn(3, 5, 7, scale=3), "ragged": randn(37, scale=3)}, opset=20)

@@ -62,6 +62,12 @@ def _nan_guard(x: str, expr: str) -> str:
     return f"({x} != {x} ? {x} : {expr})"
 
 
+def _gelu_tanh(node: Node) -> bool:
+    """ONNX's Gelu with the tanh approximation (attribute approximate="tanh")."""
+    approx = node.attr("approximate", "none")
+    return (approx.decode() if isinstance(approx, bytes) else approx) == "tanh"
+
+
 def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
     """C expression of the op applied to ``x``; None when this dtype has no native form."""
     op, fl = node.op, dtype in FLOAT_TYPES
@@ -88,7 +94,9 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
         return f"(({c_type(dtype)})~{x})"
     if not fl:
         return None
-    if op in ACTIVATIONS:  # rendered with the fused epilogues' semantics (NaN/Inf as onnxruntime)
+    # rendered with the fused epilogues' semantics (NaN/Inf as onnxruntime); the activation table's
+    # Gelu is the exact (erf) form, so ONNX's Gelu with approximate="tanh" takes its own below
+    if op in ACTIVATIONS and not (op == "Gelu" and _gelu_tanh(node)):
         return unary_float_expr(op, x, activation_step(node).param_dict(), dtype)
     f = lambda name: _fn(name, dtype)  # noqa: E731
     a = lambda key, default: _lit(node.attr(key, default), dtype)  # noqa: E731
@@ -113,7 +121,7 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
         "Mish": f"({x} * {f('tanh')}({f('log1p')}({f('exp')}({x}))))",
     }
     if op == "Gelu":
-        if node.attr("approximate", "none") == "tanh":
+        if _gelu_tanh(node):
             return (f"({_lit(0.5, dtype)} * {x} * ({one} + {f('tanh')}({_lit(0.7978845608028654, dtype)} * "
                     f"({x} + {_lit(0.044715, dtype)} * {x} * {x} * {x}))))")
         return f"({_lit(0.5, dtype)} * {x} * ({one} + {f('erf')}({x} * {_lit(0.7071067811865476, dtype)})))"
@@ -153,7 +161,7 @@ def _vector_math(node: Node, g: Graph, em: BlockEmitter) -> str | None:
     v = vector_isa(em.target)
     if node.op not in VECTOR_MATH_OPS or _dtype(g, node.inputs[0]) != "float32" or not v.vector:
         return None
-    if node.op == "Gelu" and node.attr("approximate", "none") not in ("none", b"none"):
+    if node.op == "Gelu" and _gelu_tanh(node):
         return None
     if node.op == "Exp":
         return f"{v.exp_fn}(xv)"
