@@ -52,6 +52,9 @@ class ExportedModel:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     vocab: int = 0  # token-id inputs are drawn from [0, vocab): ids of 0 everywhere attend uniformly
     licence: str = "Apache-2.0 (transformers' model code; random weights)"
+    # what the harness reads of any wild entry (``wild.WildModel``): the default bound, in the suite
+    tolerance: float | None = None
+    in_suite: bool = True
 
 
 EXPORTED_MODELS: tuple[ExportedModel, ...] = (

@@ -210,3 +210,24 @@ def test_flops_are_counted_at_the_feeds_shapes():
     proto = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [tensor("x", ["n", 16])], [tensor("y", None)],
                        [const("w", w)])
     assert model_flops(BenchModel("m", proto, {"x": np.ones((3, 16), np.float32)})) == 2 * 3 * 16 * 8
+
+
+def test_exported_entry_resolves_like_a_shipped_one(tmp_path, monkeypatch):
+    """The harness reads the same fields of an exported encoder as of a shipped model (its
+    tolerance once raised AttributeError and stopped the whole suite): checked with the export
+    replaced by a tiny model of the entry's inputs, so no torch is needed."""
+    from smelt.bench import exported
+    from smelt.bench.harness import resolve_model
+
+    entry = exported.BY_NAME["bert-minilm-l6"]
+    path = tmp_path / "tiny.onnx"
+    nodes = [helper.make_node("Cast", ["input_ids"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["f", "m"], ["y"])]
+    model = make_model(nodes, [tensor("input_ids", ["b", "s"], TensorProto.INT64),
+                               tensor("attention_mask", ["b", "s"], TensorProto.INT64)], [tensor("y", None)])
+    path.write_bytes(model.SerializeToString())
+    monkeypatch.setattr(exported, "export", lambda m, cache_dir=None: path)
+    bm = resolve_model("wild:bert-minilm-l6")
+    assert bm.tolerance is None and entry.in_suite
+    assert bm.feeds["input_ids"].shape == (1, 128) and bm.feeds["attention_mask"].dtype == np.int64
