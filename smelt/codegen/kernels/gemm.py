@@ -120,10 +120,20 @@ A_PREFETCH = 64
 KC_L1_FRACTION = 4
 NC_L2_FRACTION = 4
 
-def blocking_for(target: Target) -> Blocking:
-    """Micro-kernel shape (the ISA description's ``gemm_kernel``) and cache blocking."""
+def blocking_for(target: Target, m: int | None = None, n: int | None = None, items: int = 1,
+                 threads: int = 1) -> Blocking:
+    """Micro-kernel shape (the ISA description's ``gemm_kernel``) and cache blocking.
+
+    Given the problem (``m`` x ``n`` over ``items``, ``threads``): a matrix-vector product (one
+    item, M no more than a kernel's rows) with fewer NR-wide column panels than twice the
+    threads uses panels one vector wide, so the columns (and the weights streamed for them)
+    split evenly: a wake-word MLP's 1 x 128 x 1536 layer had 3 panels of 48 for 2 threads,
+    96 columns on one and 32 on the other."""
     vx = vector_isa(target)
     (mr, nr), vec = vx.gemm_kernel, vx.lanes
+    if (m is not None and n is not None and items == 1 and threads > 1 and m <= mr
+            and -(-n // nr) < 2 * threads and -(-n // vec) >= threads):
+        nr = vec
     l1 = max(16 * 1024, target.l1d_bytes)
     l2 = max(128 * 1024, target.l2_bytes)
     kc = (l1 // KC_L1_FRACTION) // (mr * 4)

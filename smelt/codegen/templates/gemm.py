@@ -92,13 +92,13 @@ def _check_gemm(node: Node, g: Graph) -> str | None:
 
 @register("Gemm", versions=(9, 11, 13), check=_check_gemm, name="f32_gemm")
 def emit_gemm(node: Node, g: Graph, em: BlockEmitter) -> None:
-    blk = blocking_for(em.target)
     a_name, b_name = node.inputs[0], node.inputs[1]
     ta, tb = int(node.attr("transA", 0)), int(node.attr("transB", 0))
     alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
     a_shape, b_shape = _shape(g, a_name), _shape(g, b_name)
     m, k = (a_shape[1], a_shape[0]) if ta else a_shape
     n = b_shape[0] if tb else b_shape[1]
+    blk = blocking_for(em.target, m, n, 1, em.n_threads)
     y = node.outputs[0]
     ops: list[TileOp] = []
     if alpha != 1.0:
@@ -178,7 +178,6 @@ def _batch_strides(shape: Sequence[int], out: Sequence[int], mat: int) -> list[i
 
 @register("MatMul", versions=(1, 9, 13), check=_check_matmul, name="f32_matmul")
 def emit_matmul(node: Node, g: Graph, em: BlockEmitter) -> None:
-    blk = blocking_for(em.target)
     a_name, b_name, y = node.inputs[0], node.inputs[1], node.outputs[0]
     sa, sb = _shape(g, a_name), _shape(g, b_name)
     a_vec, b_vec = len(sa) == 1, len(sb) == 1
@@ -188,6 +187,7 @@ def emit_matmul(node: Node, g: Graph, em: BlockEmitter) -> None:
     n = sb2[-1]
     batch = tuple(int(d) for d in np.broadcast_shapes(sa2[:-2], sb2[:-2]))
     items = int(np.prod(batch, dtype=np.int64)) if batch else 1
+    blk = blocking_for(em.target, m, n, items, em.n_threads)
     a_bs = _batch_strides(sa2[:-2], batch, m * k)
     b_bs = _batch_strides(sb2[:-2], batch, k * n)
     b_const = g.const(b_name)
