@@ -92,3 +92,27 @@ def tile_loop(v: VectorIsa, mr: int, nv: int, *, k2: int, a_row: str, b_panel: s
     lines.append("}")
     lines += [v.x("i32_storeu", p=f"{tile} + {r * nr + c * lanes}", a=f"c{r}_{c}") for r in range(mr) for c in range(nv)]
     return lines
+
+
+# -- requantization ---------------------------------------------------------------------------
+SATURATION_COUNTERS = "long nlo = 0, nhi = 0;  /* the numeric debug counters: elements clamped */"
+
+
+def requantize(value: str, zero: str, dtype: str, dest: str) -> str:
+    """C statement storing float ``value`` (the int32 sum times its scale) into ``dest`` of 8-bit
+    ``dtype`` as onnxruntime requantizes: rounded half to even, plus the (whole) zero point
+    ``zero``, saturated to the type's range, NaN to its low end; each clamp counted in
+    ``nlo``/``nhi`` (``SATURATION_COUNTERS``)."""
+    info = np.iinfo(np.dtype(dtype))
+    lo, hi = int(info.min), int(info.max)
+    return (f"{{ float v = nearbyintf({value}) + {zero};\n"
+            f"  nlo += !(v >= {lo}.0f); nhi += v > {hi}.0f;\n"
+            f"  if (!(v >= {lo}.0f)) v = {lo}.0f;  /* NaN saturates low, as in onnxruntime */\n"
+            f"  if (v > {hi}.0f) v = {hi}.0f;\n"
+            f"  {dest} = ({'int8_t' if info.min < 0 else 'uint8_t'})v; }}")
+
+
+def flush_counters(counter: str) -> str:
+    """C statement adding this share's clamp counts to ``counter``
+    (``BlockEmitter.saturation_counter``)."""
+    return f"{{ int64_t *sat = {counter}; sat[0] += nlo; sat[1] += nhi; }}"

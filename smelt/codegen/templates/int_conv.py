@@ -22,10 +22,13 @@ from smelt.codegen.kernels.int_gemm import (
     MAX_K,
     PAIR,
     QUAD,
+    SATURATION_COUNTERS,
+    flush_counters,
     pack_b,
     pair_word,
     quad_colsums,
     quad_word,
+    requantize,
     tile_loop,
 )
 from smelt.codegen.kernels.isa import vector_isa, with_int_dot
@@ -108,8 +111,6 @@ def _store(node: Node, g: Graph, io: dict[str, str], em: BlockEmitter, oc: int) 
     decl = [f"{yt} *restrict Y = (void *){em.ptr(node.outputs[0])};"]
     if node.op != "QLinearConv":
         return decl, "Y[yi] = ACC;"
-    info = np.iinfo(np.dtype(dtype_name(g, node.outputs[0])))
-    lo, hi = int(info.min), int(info.max)
     decl += [f"const float *restrict XS = {em.ptr(io['xs'])};", f"const float *restrict WS = {em.ptr(io['ws'])};",
              f"const float *restrict YS = {em.ptr(io['ys'])};"]
     if io["yz"]:
@@ -120,12 +121,9 @@ def _store(node: Node, g: Graph, io: dict[str, str], em: BlockEmitter, oc: int) 
         bias = "BI[o]"
     w_scale = "WS[o]" if int(np.prod(g.values[io["ws"]].shape, dtype=np.int64)) == oc and oc > 1 else "WS[0]"
     y_zero = "(float)YZ[0]" if io["yz"] else "0.0f"
-    decl.append("long nlo = 0, nhi = 0;  /* the numeric debug counters: elements saturated */")
-    return decl, (f"{{ float v = nearbyintf((float)(ACC + {bias}) * ((XS[0] * {w_scale}) / YS[0])) + {y_zero};\n"
-                  f"  nlo += !(v >= {lo}.0f); nhi += v > {hi}.0f;\n"
-                  f"  if (!(v >= {lo}.0f)) v = {lo}.0f;\n"
-                  f"  if (v > {hi}.0f) v = {hi}.0f;\n"
-                  f"  Y[yi] = ({yt})v; }}")
+    decl.append(SATURATION_COUNTERS)
+    return decl, requantize(f"(float)(ACC + {bias}) * ((XS[0] * {w_scale}) / YS[0])", y_zero,
+                            dtype_name(g, node.outputs[0]), "Y[yi]")
 
 
 @register(("ConvInteger", "QLinearConv"), check=_check, name="int_conv")
@@ -237,7 +235,7 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
             "}"]
     lines = head + ["    " + line for line in body + tail] + ["}"]
     if node.op == "QLinearConv":
-        lines.append(f"{{ int64_t *sat = {em.saturation_counter(node.outputs[0])}; sat[0] += nlo; sat[1] += nhi; }}")
+        lines.append(flush_counters(em.saturation_counter(node.outputs[0])))
     dot = "u8s8_dot_acc" if quad else "i16_dot_acc"
     em.schedule(algorithm=f"im2col as {'u8 quads (zero point off after the sum)' if quad else 'int16 pairs'}, "
                 "W packed per group, int32 sums into NCHW",

@@ -26,10 +26,13 @@ from smelt.codegen.kernels.int_gemm import (
     MAX_K,
     PAIR,
     QUAD,
+    SATURATION_COUNTERS,
+    flush_counters,
     pack_b,
     pair_word,
     quad_colsums,
     quad_word,
+    requantize,
     tile_loop,
 )
 from smelt.codegen.kernels.isa import VectorIsa, vector_isa, with_int_dot
@@ -113,8 +116,6 @@ def _requant(node: Node, g: Graph, io: dict[str, str], em: BlockEmitter) -> tupl
     decl = [f"{yt} *restrict Y = (void *){em.ptr(node.outputs[0])};"]
     if node.op != "QLinearMatMul":
         return decl, "Y[yoff + j] = ACC;"
-    info = np.iinfo(np.dtype(dtype_name(g, node.outputs[0])))
-    lo, hi = int(info.min), int(info.max)
     for key in ("as", "bs", "ys"):
         decl.append(f"const float *restrict {key.upper()} = {em.ptr(io[key])};")
     if io["yz"]:
@@ -123,12 +124,9 @@ def _requant(node: Node, g: Graph, io: dict[str, str], em: BlockEmitter) -> tupl
     a_scale = "AS[i]" if _per_vector(g, io["as"], m) == "vector" else "AS[0]"
     b_scale = "BS[j]" if _per_vector(g, io["bs"], n) == "vector" else "BS[0]"
     y_zero = "(float)YZ[0]" if io["yz"] else "0.0f"
-    decl.append("long nlo = 0, nhi = 0;  /* the numeric debug counters: elements saturated */")
-    return decl, (f"{{ float v = nearbyintf((float)ACC * (({a_scale} * {b_scale}) / YS[0])) + {y_zero};\n"
-                  f"  nlo += !(v >= {lo}.0f); nhi += v > {hi}.0f;\n"
-                  f"  if (!(v >= {lo}.0f)) v = {lo}.0f;  /* NaN saturates low, as in onnxruntime */\n"
-                  f"  if (v > {hi}.0f) v = {hi}.0f;\n"
-                  f"  Y[yoff + j] = ({yt})v; }}")
+    decl.append(SATURATION_COUNTERS)
+    return decl, requantize(f"(float)ACC * (({a_scale} * {b_scale}) / YS[0])", y_zero,
+                            dtype_name(g, node.outputs[0]), "Y[yoff + j]")
 
 
 def _zp_read(g: Graph, io: dict[str, str], key: str, index: str, length: int) -> str:
@@ -232,7 +230,7 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
         "    }",
         "}"]
     if node.op == "QLinearMatMul":
-        lines.append(f"{{ int64_t *sat = {em.saturation_counter(node.outputs[0])}; sat[0] += nlo; sat[1] += nhi; }}")
+        lines.append(flush_counters(em.saturation_counter(node.outputs[0])))
     dot = "u8s8_dot_acc" if quad else "i16_dot_acc"
     em.schedule(algorithm=("u8 x s8 quad dot products, A's zero point times B's column sums off after" if quad
                            else "int16 pair dot products into int32, B - zero point packed per panel, A packed per call"),
@@ -285,7 +283,7 @@ def _emit_rows(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], b_con
         "        const int32_t ACC = acc[j - jb];",
         "        " + store.replace("\n", "\n        "),
         "    }",
-        "}"] + ([f"{{ int64_t *sat = {em.saturation_counter(node.outputs[0])}; sat[0] += nlo; sat[1] += nhi; }}"] if node.op == "QLinearMatMul" else []))
+        "}"] + ([flush_counters(em.saturation_counter(node.outputs[0]))] if node.op == "QLinearMatMul" else []))
     em.schedule(algorithm="int32 row accumulation, B - zero point packed as int16 when constant",
                 kernel="int_matmul", layout="NCHW")
     em.step(body, name="int_matmul_rows",
