@@ -137,6 +137,18 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     onnx.save(model, args.output)
     print(report.format_text())
     print(f"wrote {args.output} (QDQ: onnxruntime and other ONNX runtimes load it too)")
+    if args.debug:  # the integer kernels beside the fp32 model on (up to 8 of) the calibration inputs
+        import itertools
+
+        from smelt.quantize import calibration_inputs, debug_report
+
+        names = [i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
+        feeds = list(itertools.islice(calibration_inputs(args.calibration, names), 8))
+        debug = debug_report(model, feeds, float_model=proto, threads=args.threads)
+        print(debug.format_text(top=args.debug_top))
+        if args.debug_chart:
+            debug.save_chart(args.debug_chart)
+            print(f"wrote {args.debug_chart}")
     return 0
 
 
@@ -449,6 +461,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--percentile", type=float, default=99.99, help="with --method percentile (default 99.99)")
     p.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default: per channel)")
     p.add_argument("--threads", type=int, default=None, help="threads for the calibration runs")
+    p.add_argument("--debug", action="store_true",
+                   help="then run the integer kernels beside the fp32 model on the calibration inputs: per quantized "
+                   "tensor the error, SQNR and the elements the kernels saturated (counted inside them), worst first")
+    p.add_argument("--debug-top", type=int, default=20, metavar="N", help="with --debug: list the N worst tensors")
+    p.add_argument("--debug-chart", metavar="OUT.png", help="with --debug: also a chart (needs matplotlib)")
     p.set_defaults(func=cmd_quantize)
 
     p = sub.add_parser("demo", help="compile built-in models, check them against onnxruntime, time them",

@@ -82,8 +82,10 @@ def test_cli_writes_a_model_from_a_calibration_folder(tmp_path, capsys) -> None:
     calib.mkdir()
     for k, feed in enumerate(_feeds(4)):
         np.save(calib / f"{k}.npy", feed["x"])
-    assert main(["quantize", str(src), "-o", str(out), "--calibration", str(calib)]) == 0
-    assert "quantized 4 node(s)" in capsys.readouterr().out
+    assert main(["quantize", str(src), "-o", str(out), "--calibration", str(calib), "--debug"]) == 0
+    text = capsys.readouterr().out
+    assert "quantized 4 node(s)" in text
+    assert "numeric debug over 4 input(s)" in text and "SQNR dB" in text and "r2" in text
     onnx.checker.check_model(onnx.load(str(out)))
 
 
