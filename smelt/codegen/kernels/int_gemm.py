@@ -22,9 +22,14 @@ its layout wants it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from smelt.codegen.kernels.isa import VectorIsa
+
+if TYPE_CHECKING:
+    from smelt.codegen.emitter import BlockEmitter
 
 MAX_K = 1 << 15  # K * 2^16 < 2^31: the int32 sum of int16 pair products cannot overflow
 
@@ -116,3 +121,50 @@ def flush_counters(counter: str) -> str:
     """C statement adding this share's clamp counts to ``counter``
     (``BlockEmitter.saturation_counter``)."""
     return f"{{ int64_t *sat = {counter}; sat[0] += nlo; sat[1] += nhi; }}"
+
+
+# -- dynamic uint8 quantization (DynamicQuantizeLinear, and DynamicQuantizeLSTM's activations) ---
+def uint8_params(lo: str, hi: str, scale: str, zero: str) -> str:
+    """C statements setting floats ``scale`` and ``zero`` from the range [``lo``, ``hi``] (already
+    widened to include 0) as ONNX's DynamicQuantizeLinear defines them: scale = range / 255, zero
+    point = saturate(round(0 - lo / scale)); an all-zero range gets scale 1, as in onnxruntime
+    (ONNX leaves 0 / 0 undefined)."""
+    return (f"{scale} = ({hi} - {lo}) / 255.0f;\n"
+            f"if ({scale} == 0.0f) {scale} = 1.0f;\n"
+            f"{zero} = nearbyintf(0.0f - {lo} / {scale});\n"
+            f"{zero} = {zero} < 0.0f ? 0.0f : ({zero} > 255.0f ? 255.0f : {zero});")
+
+
+def uint8_quantize(x: str, scale: str, zero: str, dest: str) -> str:
+    """C statement storing ``x`` quantized with ``scale`` and ``zero`` into uint8 ``dest``:
+    rounded half to even, saturated to [0, 255], NaN to 0."""
+    return (f"{{ float v = nearbyintf({x} / {scale}) + {zero}; if (!(v >= 0.0f)) v = 0.0f; "
+            f"if (v > 255.0f) v = 255.0f; {dest} = (uint8_t)v; }}")
+
+
+def emit_dynamic_uint8(em: BlockEmitter, x: str, n: int, q: str | None, name: str) -> str:
+    """Three steps quantizing the ``n`` floats at ``x`` to uint8 at ``q`` (None: only the
+    parameters) with DynamicQuantizeLinear's rule: each share finds its part's range, one share
+    combines them into scale and zero point, every share quantizes its part. Steps, not a
+    barrier inside one, so shares can still be taken over by another thread. NaN is left out of
+    the range (onnxruntime's range over NaN depends on the vector lane it falls in) and
+    quantizes to 0. Returns the C pointer to the two floats [scale, zero point]."""
+    part = em.scratch(2 * 4 * max(1, em.n_threads))  # per share: its minimum and maximum
+    sc = em.scratch(2 * 4)
+    em.step(f"const float *restrict X = {x};\nfloat *P = {part};\n"
+            f"long b, e; smelt_range({n}, tid, nt, &b, &e);\n"
+            "float lo = 0.0f, hi = 0.0f;\n"
+            "for (long i = b; i < e; ++i) { float v = X[i]; lo = v < lo ? v : lo; hi = v > hi ? v : hi; }\n"
+            "P[2 * tid] = lo; P[2 * tid + 1] = hi;", name=f"{name}_range")
+    em.step(f"const float *P = {part};\nfloat *SC = {sc};\n"
+            "if (tid == 0) {\n"
+            "    float lo = P[0], hi = P[1];\n"
+            "    for (int t = 1; t < nt; ++t) { lo = P[2 * t] < lo ? P[2 * t] : lo; hi = P[2 * t + 1] > hi ? P[2 * t + 1] : hi; }\n"
+            "    " + uint8_params("lo", "hi", "SC[0]", "SC[1]").replace("\n", "\n    ") + "\n"
+            "}", name=f"{name}_scale")
+    if q is not None:
+        em.step(f"const float *restrict X = {x};\nconst float *SC = {sc};\nuint8_t *restrict Q = {q};\n"
+                f"long b, e; smelt_range({n}, tid, nt, &b, &e);\n"
+                f"for (long i = b; i < e; ++i) {uint8_quantize('X[i]', 'SC[0]', 'SC[1]', 'Q[i]')}",
+                name=f"{name}_quantize")
+    return sc

@@ -27,6 +27,7 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.broadcast import elementwise_loop
+from smelt.codegen.kernels.int_gemm import emit_dynamic_uint8
 from smelt.codegen.kernels.loops import dtype_name
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node
@@ -164,38 +165,11 @@ def emit_dynamic_quantize(node: Node, g: Graph, em: BlockEmitter) -> None:
     x = node.inputs[0]
     y, ys, yz = (node.outputs + ["", "", ""])[:3]
     n = int(np.prod(g.values[x].shape, dtype=np.int64))
-    part = em.scratch(2 * 4 * max(1, em.n_threads))  # per share: its minimum and maximum
-    sc = em.scratch(2 * 4)  # scale and zero point, as floats
-    # ONNX: the range is widened to include 0, scale = (max - min) / 255, zero point =
-    # saturate(round(0 - min / scale)); an all-zero input gets scale 1 and zero point 0, as in
-    # onnxruntime (ONNX leaves it undefined: 0 / 0)
-    em.step(f"const float *restrict X = {em.ptr(x)};\nfloat *P = {part};\n"
-            f"long b, e; smelt_range({n}, tid, nt, &b, &e);\n"
-            "float lo = 0.0f, hi = 0.0f;\n"
-            "for (long i = b; i < e; ++i) { float v = X[i]; lo = v < lo ? v : lo; hi = v > hi ? v : hi; }\n"
-            "P[2 * tid] = lo; P[2 * tid + 1] = hi;", name="dynamic_quantize_linear_range")
-    em.step(f"const float *P = {part};\nfloat *SC = {sc};\n"
-            "if (tid == 0) {\n"
-            "    float lo = P[0], hi = P[1];\n"
-            "    for (int t = 1; t < nt; ++t) { lo = P[2 * t] < lo ? P[2 * t] : lo; hi = P[2 * t + 1] > hi ? P[2 * t + 1] : hi; }\n"
-            "    float scale = (hi - lo) / 255.0f;\n"
-            "    if (scale == 0.0f) scale = 1.0f;  /* an all-zero input: onnxruntime's scale */\n"
-            "    float zp = nearbyintf(0.0f - lo / scale);\n"
-            "    zp = zp < 0.0f ? 0.0f : (zp > 255.0f ? 255.0f : zp);\n"
-            "    SC[0] = scale; SC[1] = zp;\n"
-            "}", name="dynamic_quantize_linear_scale")
-    out_y = (f"uint8_t *restrict Y = (void *){em.ptr(y)};\n" if y else "")
-    body = ("for (long i = b; i < e; ++i) {\n"
-            "    float v = nearbyintf(X[i] / SC[0]) + SC[1];\n"
-            "    if (!(v >= 0.0f)) v = 0.0f;\n"
-            "    if (v > 255.0f) v = 255.0f;\n"
-            "    Y[i] = (uint8_t)v;\n"
-            "}\n") if y else ""
+    sc = emit_dynamic_uint8(em, em.ptr(x), n, em.ptr(y) if y else None, "dynamic_quantize_linear")
     tail = ""
     if ys:
-        tail += f"if (tid == 0) {em.ptr(ys)}[0] = SC[0];\n"
+        tail += f"{em.ptr(ys)}[0] = SC[0];\n"
     if yz:
-        tail += f"if (tid == 0) {em.ptr(yz)}[0] = (uint8_t)SC[1];\n"
-    em.step(f"const float *restrict X = {em.ptr(x)};\nconst float *SC = {sc};\n{out_y}"
-            f"long b, e; smelt_range({n}, tid, nt, &b, &e);\n{body}{tail}",
-            name="dynamic_quantize_linear_apply")
+        tail += f"{em.ptr(yz)}[0] = (uint8_t)SC[1];\n"
+    if tail:
+        em.step(f"const float *SC = {sc};\nif (tid == 0) {{\n{tail}}}", name="dynamic_quantize_linear_params")

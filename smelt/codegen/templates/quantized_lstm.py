@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.int_gemm import emit_dynamic_uint8, uint8_params
 from smelt.codegen.kernels.loops import dtype_name
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node
@@ -117,36 +118,13 @@ def emit_dq_lstm(node: Node, g: Graph, em: BlockEmitter) -> None:
     total = seq * batch * isz
     rows = seq * batch
     xq = em.scratch(max(1, total), "uint8")
-    part = em.scratch(8 * max(1, em.n_threads))
-    xsc = em.scratch(8)
     gx = em.scratch(4 * dirs * rows * n4)
     # per direction: h, c [batch, hidden], the quantized row, the int32 sums, the gates
     per_dir = 2 * batch * hidden + n4 + n4 + n4
     work = em.scratch(4 * dirs * per_dir)
     x_ptr = em.ptr(node.inputs[X])
-    # 1. X's range (per share, then combined), as DynamicQuantizeLinear computes it
-    em.step(f"const float *restrict Xf = {x_ptr};\nfloat *P = {part};\n"
-            f"long b, e; smelt_range({total}, tid, nt, &b, &e);\n"
-            "float lo = 0.0f, hi = 0.0f;\n"
-            "for (long i = b; i < e; ++i) { float v = Xf[i]; lo = v < lo ? v : lo; hi = v > hi ? v : hi; }\n"
-            "P[2 * tid] = lo; P[2 * tid + 1] = hi;", name="dq_lstm_x_range")
-    em.step(f"const float *P = {part};\nfloat *SC = {xsc};\n"
-            "if (tid == 0) {\n"
-            "    float lo = P[0], hi = P[1];\n"
-            "    for (int t = 1; t < nt; ++t) { lo = P[2 * t] < lo ? P[2 * t] : lo; hi = P[2 * t + 1] > hi ? P[2 * t + 1] : hi; }\n"
-            "    float s = (hi - lo) / 255.0f;\n"
-            "    if (s == 0.0f) s = 1.0f;\n"
-            "    float z = nearbyintf(0.0f - lo / s);\n"
-            "    SC[0] = s; SC[1] = z < 0.0f ? 0.0f : (z > 255.0f ? 255.0f : z);\n"
-            "}", name="dq_lstm_x_scale")
-    em.step(f"const float *restrict Xf = {x_ptr};\nconst float *SC = {xsc};\nuint8_t *restrict Q = {xq};\n"
-            f"long b, e; smelt_range({total}, tid, nt, &b, &e);\n"
-            "for (long i = b; i < e; ++i) {\n"
-            "    float v = nearbyintf(Xf[i] / SC[0]) + SC[1];\n"
-            "    if (!(v >= 0.0f)) v = 0.0f;\n"
-            "    if (v > 255.0f) v = 255.0f;\n"
-            "    Q[i] = (uint8_t)v;\n"
-            "}", name="dq_lstm_x_quantize")
+    # 1. X quantized as a whole, as DynamicQuantizeLinear does
+    xsc = emit_dynamic_uint8(em, x_ptr, total, xq, "dq_lstm_x")
     # 2. the input projection of every (step, row), both directions: int32 sums, then scaled
     acc = em.scratch(4 * n4 * max(1, em.n_threads), "int32")
     em.step("\n".join([
@@ -191,10 +169,8 @@ def emit_dq_lstm(node: Node, g: Graph, em: BlockEmitter) -> None:
         # the row's range (widened to 0) and its uint8 quantization, DynamicQuantizeLinear's rule
         "            float lo = 0.0f, hi = 0.0f;",
         f"            for (long k = 0; k < {hidden}; ++k) {{ lo = h[k] < lo ? h[k] : lo; hi = h[k] > hi ? h[k] : hi; }}",
-        "            float hs = (hi - lo) / 255.0f;",
-        "            if (hs == 0.0f) hs = 1.0f;",
-        "            float hz = nearbyintf(0.0f - lo / hs);",
-        "            hz = hz < 0.0f ? 0.0f : (hz > 255.0f ? 255.0f : hz);",
+        "            float hs, hz;",
+        *["            " + line for line in uint8_params("lo", "hi", "hs", "hz").splitlines()],
         f"            for (long k = 0; k < {hidden}; ++k) {{",
         "                float v = nearbyintf(h[k] / hs) + hz;",
         "                if (!(v >= 0.0f)) v = 0.0f;",
