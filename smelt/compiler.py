@@ -509,12 +509,13 @@ def _build_shared(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], o
         if keyed is None:
             # the class's first shape: render each symbol at other sizes. One larger decides
             # whether the symbol can vary at all (else each of its sizes is its own class);
-            # the others (another parity and magnitude) only teach more slots up front, so
-            # fewer later shapes need a recompile to add one
+            # the others (other parities and magnitudes, past the size thresholds of serial
+            # or split loops) only teach more slots up front, so fewer later shapes need a
+            # recompile to add one
             keyed, probes = set(), []
             for sym in sorted(sizes):
                 v = sizes[sym]
-                for k, size in enumerate(dict.fromkeys((v + 1, 2 * v + 3, v // 2 + 2))):
+                for k, size in enumerate(dict.fromkeys((v + 1, 2 * v + 3, v // 2 + 2, 8 * v + 5, v // 8 + 1))):
                     bumped = dict(sizes, **{sym: size})
                     _, _, pm = _render(proto, shape_class.shapes_for(shapes, bumped), options, target,
                                        decision(bumped, set()))

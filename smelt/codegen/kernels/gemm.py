@@ -763,7 +763,10 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
     if mode == "items":
         lines.append(f"smelt_range({p.items}, tid, nu, &it0, &it1);")
     elif mode == "grid":
-        lines += [f"{{ const int pn = nu == {nt} ? {pn} : 1; const int pm = nu / pn;",
+        # the same code for every size (runtime_shape): the grid splits the longer side, decided
+        # in C from the panel counts, which are slots there, instead of by the cost model
+        grid_pn = f"({np_} >= {mp} ? {nt} : 1)" if p.runtime_shape else str(pn)
+        lines += [f"{{ const int pn = nu == {nt} ? {grid_pn} : 1; const int pm = nu / pn;",
                   f"  smelt_range({mp}, tid / pn, pm, &pm0, &pm1); smelt_range({np_}, tid % pn, pn, &pn0, &pn1); }}"]
     else:
         lines.append("if (tid != 0) return; (void)nu;")
