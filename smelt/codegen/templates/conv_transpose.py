@@ -12,6 +12,9 @@ Pads: explicit (auto_pad NOTSET or VALID), or, with ``output_shape`` or SAME_UPP
 the total padding split as onnxruntime splits it; the inferred output shape must agree with
 what that gives (``s*(i-1) + output_padding + (k-1)*d + 1 - pads``), else the node falls back
 naming why.
+
+Weights and bias may be constants or run-time values (graph inputs, computed tensors): the
+kernel reads both in ONNX's layout, so nothing is reordered at compile time.
 """
 
 from __future__ import annotations
@@ -72,8 +75,6 @@ def _check(node: Node, g: Graph) -> str | None:
     for name in ins + [node.outputs[0]]:
         if g.values[name].dtype is None or np.dtype(g.values[name].dtype) != np.float32:
             return "ConvTranspose is native for float32"
-    if g.values[node.inputs[1]].const is None or (len(ins) > 2 and g.values[node.inputs[2]].const is None):
-        return "ConvTranspose weights and bias must be constants"
     x, w = g.values[node.inputs[0]], g.values[node.inputs[1]]
     group = int(node.attr("group", 1))
     if group < 1 or x.shape[1] % group or x.shape[1] != w.shape[0]:
@@ -101,9 +102,11 @@ def emit_conv_transpose(node: Node, g: Graph, em: BlockEmitter) -> None:
     group = int(node.attr("group", 1))
     icg, ocg = c // group, w.shape[1]
     oc = ocg * group
-    weights = em.weight(np.asarray(w.const, np.float32).reshape(c, ocg, k_d * k_h * k_w))
+    # the kernel reads W in ONNX's own order [C][OC/G][k...], so run-time weights (a graph input
+    # or a computed value) need no packing: the same pointer either way
+    weights = em.ptr(node.inputs[1])
     ins = node.present_inputs()
-    bias = em.weight(np.asarray(g.values[ins[2]].const, np.float32)) if len(ins) > 2 else None
+    bias = em.ptr(ins[2]) if len(ins) > 2 else None
     in_plane, out_plane = i_d * i_h * i_w, o_d * o_h * o_w
     macs = n * c * ocg * in_plane * k_d * k_h * k_w
     L = [f"const float *restrict X = {em.ptr(node.inputs[0])};",

@@ -1,0 +1,84 @@
+"""Run-time weights and sampling ops against onnxruntime: Conv and ConvTranspose whose weights are
+graph inputs (templates/conv_runtime.py, conv_transpose.py), GridSample and AffineGrid
+(templates/grid_sample.py), Resize's antialias / keep_aspect_ratio_policy / tf_crop_and_resize
+(templates/resize.py). Edge shapes (ragged rows, odd channels, pads/strides/dilations, groups),
+NaN/Inf in the data; every ISA the host runs, 1 and 2 threads (node_cases.check)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_models import force_isa
+from node_cases import Cases, check
+
+RNG = np.random.default_rng(151)
+ISAS = ["native", "avx2", "scalar"]
+
+
+def _r(*shape: int, scale: float = 1.0) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_conv_runtime_weights(isa, monkeypatch, cache):
+    force_isa(isa, monkeypatch, cache)
+    cases, feeds = Cases(), {}
+
+    def conv(x: str, w: tuple, bias: bool = False, **attrs) -> list[str]:
+        k = len(feeds)
+        feeds[f"w{k}"] = _r(*w, scale=0.3)
+        ins = [x, f"w{k}"]
+        if bias:
+            feeds[f"b{k}"] = _r(w[0])
+            ins.append(f"b{k}")
+        return cases.add("Conv", ins, **attrs)
+
+    conv("x", (5, 7, 3, 3), bias=True, pads=[1, 1, 1, 1])
+    conv("x", (4, 7, 3, 3), strides=[2, 2], pads=[1, 0, 2, 1])  # asymmetric pads, stride 2
+    conv("x", (3, 7, 2, 3), strides=[1, 3], dilations=[2, 2])
+    conv("x", (3, 7, 3, 3), bias=True, strides=[2, 2], auto_pad="SAME_UPPER")
+    conv("x", (2, 7, 2, 2), auto_pad="SAME_LOWER")
+    conv("x", (7, 1, 3, 3), bias=True, group=7, pads=[1, 1, 1, 1])  # depthwise
+    conv("y", (6, 2, 1, 3), group=3, pads=[0, 1, 0, 1])
+    conv("x", (2, 7, 5, 7), pads=[2, 3, 2, 3])  # kernel as wide as the image
+    conv("v", (4, 3, 5), bias=True, strides=[2], pads=[2, 1])  # 1-D
+    conv("u", (3, 2, 2, 3, 2), bias=True, pads=[1, 0, 1, 0, 1, 1], strides=[1, 2, 1])  # 3-D
+    # a fused epilogue: Conv -> Add(per-channel) -> Relu, the conv's own output not a graph output
+    k = len(feeds)
+    feeds[f"w{k}"] = _r(4, 7, 3, 3, scale=0.3)
+    (c_out,) = cases.add("Conv", ["x", f"w{k}"], pads=[1, 1, 1, 1])
+    (a_out,) = cases.add("Add", [c_out], (_r(4, 1, 1),))
+    cases.add("Relu", [a_out])
+    cases.outputs.remove(c_out)
+    cases.outputs.remove(a_out)
+    x = _r(2, 7, 5, 7)
+    x[0, 1, 2, 3], x[1, 4, 0, 6] = np.nan, np.inf
+    feeds.update(x=x, y=_r(1, 6, 4, 9), v=_r(2, 3, 11), u=_r(1, 2, 3, 4, 5))
+    check(cases, feeds, opset=17)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_conv_transpose_runtime_weights(isa, monkeypatch, cache):
+    force_isa(isa, monkeypatch, cache)
+    cases, feeds = Cases(), {}
+
+    def convt(x: str, w: tuple, bias: bool = False, **attrs) -> None:
+        k = len(feeds)
+        feeds[f"w{k}"] = _r(*w, scale=0.3)
+        ins = [x, f"w{k}"]
+        if bias:
+            feeds[f"b{k}"] = _r(w[1] * attrs.get("group", 1))
+            ins.append(f"b{k}")
+        cases.add("ConvTranspose", ins, **attrs)
+
+    convt("x", (6, 5, 2, 2), strides=[2, 2])
+    convt("x", (6, 3, 3, 3), bias=True, strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])
+    convt("x", (6, 2, 3, 2), strides=[3, 1], dilations=[2, 3])
+    convt("x", (6, 3, 3, 3), bias=True, strides=[2, 2], group=2, auto_pad="SAME_UPPER")
+    convt("x", (6, 2, 3, 3), strides=[2, 2], output_shape=[10, 14])
+    convt("v", (3, 4, 5), bias=True, strides=[2], pads=[2, 1])
+    convt("u", (2, 3, 2, 2, 2), strides=[2, 2, 2])
+    x = _r(2, 6, 5, 7)
+    x[0, 1, 2, 3], x[1, 4, 0, 6] = np.nan, np.inf
+    feeds.update(x=x, v=_r(1, 3, 9), u=_r(1, 2, 3, 4, 5))
+    check(cases, feeds, opset=17)
