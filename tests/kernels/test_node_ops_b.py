@@ -82,3 +82,51 @@ def test_conv_transpose_runtime_weights(isa, monkeypatch, cache):
     x[0, 1, 2, 3], x[1, 4, 0, 6] = np.nan, np.inf
     feeds.update(x=x, v=_r(1, 3, 9), u=_r(1, 2, 3, 4, 5))
     check(cases, feeds, opset=17)
+
+
+def _grid(*shape: int, reach: float = 1.3) -> np.ndarray:
+    """Grid points inside and up to ``reach`` outside [-1, 1] (every padding branch is taken)."""
+    return RNG.uniform(-reach, reach, shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_grid_sample_2d(isa, monkeypatch, cache):
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    for mode in ("linear", "nearest", "cubic"):
+        for padding in ("zeros", "border", "reflection"):
+            for align in (0, 1):
+                cases.add("GridSample", ["x", "g"], mode=mode, padding_mode=padding, align_corners=align)
+    cases.add("GridSample", ["x", "far"], mode="linear", padding_mode="reflection")  # several reflections
+    cases.add("GridSample", ["x", "far"], mode="cubic", padding_mode="reflection", align_corners=1)
+    cases.add("GridSample", ["x1", "g1"], mode="linear", padding_mode="border")  # one-pixel rows
+    x = _r(2, 3, 5, 7)
+    x[0, 1, 2, 3], x[1, 2, 4, 6] = np.nan, np.inf
+    check(cases, {"x": x, "g": _grid(2, 4, 9, 2), "far": _grid(2, 3, 5, 2, reach=4.0),
+                  "x1": _r(1, 5, 1, 6), "g1": _grid(1, 3, 17, 2)}, opset=20)
+
+
+@pytest.mark.parametrize("isa", ["native", "scalar"])
+def test_grid_sample_3d_and_opset16(isa, monkeypatch, cache):
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    for mode in ("linear", "nearest"):
+        for padding in ("zeros", "border", "reflection"):
+            cases.add("GridSample", ["v", "gv"], mode=mode, padding_mode=padding, align_corners=int(mode == "linear"))
+    check(cases, {"v": _r(2, 3, 4, 5, 6), "gv": _grid(2, 3, 2, 5, 3)}, opset=20)
+    old = Cases()
+    old.add("GridSample", ["x", "g"])  # opset 16's default: bilinear, zeros
+    old.add("GridSample", ["x", "g"], mode="bicubic", padding_mode="border", align_corners=1)
+    old.add("GridSample", ["x", "g"], mode="nearest", padding_mode="reflection")
+    check(old, {"x": _r(1, 3, 6, 5), "g": _grid(1, 7, 3, 2)}, opset=16)
+
+
+@pytest.mark.parametrize("isa", ["native", "scalar"])
+def test_affine_grid(isa, monkeypatch, cache):
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    for align in (0, 1):
+        cases.add("AffineGrid", ["t2"], (np.array([2, 3, 5, 7], np.int64),), align_corners=align)
+        cases.add("AffineGrid", ["t3"], (np.array([2, 1, 3, 4, 6], np.int64),), align_corners=align)
+        cases.add("AffineGrid", ["t2"], (np.array([2, 1, 1, 9], np.int64),), align_corners=align)  # one row
+    check(cases, {"t2": _r(2, 2, 3), "t3": _r(2, 3, 4)}, opset=20)
