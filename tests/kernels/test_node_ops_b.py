@@ -130,3 +130,55 @@ def test_affine_grid(isa, monkeypatch, cache):
         cases.add("AffineGrid", ["t3"], (np.array([2, 1, 3, 4, 6], np.int64),), align_corners=align)
         cases.add("AffineGrid", ["t2"], (np.array([2, 1, 1, 9], np.int64),), align_corners=align)  # one row
     check(cases, {"t2": _r(2, 2, 3), "t3": _r(2, 3, 4)}, opset=20)
+
+
+EMPTY = np.zeros(0, np.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_resize_antialias(isa, monkeypatch, cache):
+    """Antialiased linear/cubic downscaling (and upscaling, and mixed), exclude_outside,
+    cubic_coeff_a, sizes and scales, coordinate modes; ragged sizes."""
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    for mode in ("linear", "cubic"):
+        cases.add("Resize", ["x"], (EMPTY, np.array([1, 1, 0.6, 0.6], np.float32)), mode=mode, antialias=1)
+        cases.add("Resize", ["x"], (EMPTY, np.array([1, 1, 0.3, 0.45], np.float32)), mode=mode, antialias=1,
+                  exclude_outside=1)
+        cases.add("Resize", ["x"], (EMPTY, EMPTY, np.array([2, 3, 4, 17], np.int64)), mode=mode, antialias=1)
+        cases.add("Resize", ["x"], (EMPTY, EMPTY, np.array([2, 3, 7, 5], np.int64)), mode=mode, antialias=1,
+                  coordinate_transformation_mode="align_corners")
+        cases.add("Resize", ["x"], (EMPTY, np.array([1, 1, 0.5, 1.0], np.float32)), mode=mode, antialias=1,
+                  coordinate_transformation_mode="pytorch_half_pixel")
+    cases.add("Resize", ["x"], (EMPTY, np.array([1, 1, 0.4, 0.7], np.float32)), mode="cubic", antialias=1,
+              cubic_coeff_a=-0.5)
+    x = _r(2, 3, 13, 11)
+    x[1, 2, 5, 5] = np.nan
+    check(cases, {"x": x}, opset=19)
+
+
+@pytest.mark.parametrize("isa", ["native", "scalar"])
+def test_resize_aspect_policy_and_crop(isa, monkeypatch, cache):
+    """keep_aspect_ratio_policy not_larger / not_smaller (sizes, with and without axes) and
+    tf_crop_and_resize (nearest/linear/cubic, roi inside and beyond the image, extrapolation_value,
+    axes in either order)."""
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    for policy in ("not_larger", "not_smaller"):
+        for mode in ("nearest", "linear"):
+            cases.add("Resize", ["x"], (EMPTY, EMPTY, np.array([5, 9], np.int64)), mode=mode, axes=[2, 3],
+                      keep_aspect_ratio_policy=policy)
+            cases.add("Resize", ["x"], (EMPTY, EMPTY, np.array([7, 20], np.int64)), mode=mode, axes=[3, 2],
+                      keep_aspect_ratio_policy=policy)
+    inside = np.array([0, 0, 0.2, 0.35, 1, 1, 0.8, 0.9], np.float32)
+    beyond = np.array([0, 0, -0.3, 0.1, 1, 1, 1.2, 1.4], np.float32)
+    for mode in ("nearest", "linear", "cubic"):
+        cases.add("Resize", ["x"], (inside, EMPTY, np.array([2, 3, 5, 6], np.int64)), mode=mode,
+                  coordinate_transformation_mode="tf_crop_and_resize")
+        cases.add("Resize", ["x"], (beyond, np.array([1, 1, 0.8, 1.7], np.float32)), mode=mode,
+                  coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=-7.5)
+    cases.add("Resize", ["x"], (np.array([0.9, 0.1, 0.2, 1.3], np.float32), EMPTY, np.array([4, 3], np.int64)),
+              mode="linear", axes=[3, 2], coordinate_transformation_mode="tf_crop_and_resize")
+    cases.add("Resize", ["x"], (np.array([0.3, 0.7], np.float32), EMPTY, np.array([1], np.int64)),
+              mode="linear", axes=[3], coordinate_transformation_mode="tf_crop_and_resize")  # one column
+    check(cases, {"x": _r(2, 3, 7, 10)}, opset=19)
