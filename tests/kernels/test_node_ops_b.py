@@ -182,3 +182,74 @@ def test_resize_aspect_policy_and_crop(isa, monkeypatch, cache):
     cases.add("Resize", ["x"], (np.array([0.3, 0.7], np.float32), EMPTY, np.array([1], np.int64)),
               mode="linear", axes=[3], coordinate_transformation_mode="tf_crop_and_resize")  # one column
     check(cases, {"x": _r(2, 3, 7, 10)}, opset=19)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_col2im(isa, monkeypatch, cache):
+    """Col2Im 1-D to 3-D: strides, dilations, asymmetric pads, blocks overlapping and leaving gaps."""
+    force_isa(isa, monkeypatch, cache)
+    cases, feeds = Cases(), {}
+
+    def col2im(c: int, image: list, block: list, **attrs) -> None:
+        rank = len(image)
+        st, dl = attrs.get("strides", [1] * rank), attrs.get("dilations", [1] * rank)
+        pads = attrs.get("pads", [0] * (2 * rank))
+        n_blocks = int(np.prod([(image[i] + pads[i] + pads[i + rank] - (dl[i] * (block[i] - 1) + 1)) // st[i] + 1
+                                for i in range(rank)]))
+        name = f"x{len(feeds)}"
+        feeds[name] = _r(2, c * int(np.prod(block)), n_blocks)
+        cases.add("Col2Im", [name], (np.array(image, np.int64), np.array(block, np.int64)), **attrs)
+
+    col2im(3, [5, 5], [1, 5])
+    col2im(2, [6, 7], [2, 3], strides=[2, 1], pads=[1, 0, 0, 2])
+    col2im(3, [7, 9], [3, 2], dilations=[2, 3], pads=[1, 1, 1, 1])
+    col2im(1, [8, 8], [2, 2], strides=[3, 3])  # gaps between blocks
+    col2im(2, [11], [3], strides=[2], pads=[1, 2])
+    col2im(2, [3, 4, 5], [2, 2, 3], pads=[0, 1, 0, 1, 0, 1])
+    check(cases, feeds, opset=18)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_deform_conv(isa, monkeypatch, cache):
+    """DeformConv against onnxruntime: offsets moving taps inside, across and out of the image,
+    groups, offset groups, mask, bias, strides, dilations, pads."""
+    force_isa(isa, monkeypatch, cache)
+    cases, feeds = Cases(), {}
+
+    def deform(x: str, w: tuple, oh_ow: tuple, bias: bool = False, mask: bool = False, **attrs) -> None:
+        k = len(feeds)
+        og, kk = attrs.get("offset_group", 1), w[2] * w[3]
+        n = feeds[x].shape[0]
+        feeds[f"w{k}"] = _r(*w, scale=0.4)
+        feeds[f"o{k}"] = _r(n, og * 2 * kk, *oh_ow, scale=1.5)
+        ins = [x, f"w{k}", f"o{k}"]
+        if bias or mask:
+            feeds[f"b{k}"] = _r(w[0])
+            ins.append(f"b{k}" if bias else "")
+        if mask:
+            feeds[f"m{k}"] = RNG.uniform(0, 1, (n, og * kk, *oh_ow)).astype(np.float32)
+            ins.append(f"m{k}")
+        cases.add("DeformConv", ins, **attrs)
+
+    feeds["x"] = _r(2, 4, 6, 7)
+    deform("x", (3, 4, 3, 3), (4, 5))
+    deform("x", (5, 4, 3, 3), (6, 7), bias=True, pads=[1, 1, 1, 1])
+    deform("x", (4, 2, 2, 3), (3, 3), mask=True, group=2, offset_group=2, strides=[2, 2], pads=[0, 1, 1, 0])
+    deform("x", (8, 1, 3, 2), (2, 6), bias=True, mask=True, group=4, offset_group=4, dilations=[2, 1])
+    deform("x", (2, 4, 1, 1), (6, 7), offset_group=2)
+    check(cases, feeds, opset=19)
+
+
+@pytest.mark.parametrize("isa", ["native", "scalar"])
+def test_max_unpool(isa, monkeypatch, cache):
+    """MaxUnpool of MaxPool's own indices (2-D, 3-D, strides, pads). With an output_shape input
+    onnx infers no output shape, so that form falls back (and onnxruntime fails its node test)."""
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    _, i0 = cases.add("MaxPool", ["x"], n_out=2, kernel_shape=[2, 2], strides=[2, 2])
+    cases.add("MaxUnpool", [cases.outputs[-2], i0], kernel_shape=[2, 2], strides=[2, 2])
+    _, i1 = cases.add("MaxPool", ["x2"], n_out=2, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cases.add("MaxUnpool", [cases.outputs[-2], i1], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    _, i2 = cases.add("MaxPool", ["v"], n_out=2, kernel_shape=[2, 2, 2], strides=[2, 2, 2])
+    cases.add("MaxUnpool", [cases.outputs[-2], i2], kernel_shape=[2, 2, 2], strides=[2, 2, 2])
+    check(cases, {"x": _r(2, 3, 8, 10), "x2": _r(2, 3, 7, 9), "v": _r(1, 2, 4, 6, 4)}, opset=11)
