@@ -253,3 +253,39 @@ def test_max_unpool(isa, monkeypatch, cache):
     _, i2 = cases.add("MaxPool", ["v"], n_out=2, kernel_shape=[2, 2, 2], strides=[2, 2, 2])
     cases.add("MaxUnpool", [cases.outputs[-2], i2], kernel_shape=[2, 2, 2], strides=[2, 2, 2])
     check(cases, {"x": _r(2, 3, 8, 10), "x2": _r(2, 3, 7, 9), "v": _r(1, 2, 4, 6, 4)}, opset=11)
+
+
+def _u8(*shape: int) -> np.ndarray:
+    return RNG.integers(0, 256, shape).astype(np.uint8)
+
+
+def _i8(*shape: int) -> np.ndarray:
+    return RNG.integers(-128, 128, shape).astype(np.int8)
+
+
+@pytest.mark.parametrize("isa", ["native", "scalar"])
+def test_integer_conv_runtime_weights(isa, monkeypatch, cache):
+    """ConvInteger and QLinearConv whose weights and zero points are graph inputs
+    (templates/int_conv_runtime.py): uint8/int8, scalar and per-channel zero points and scales,
+    bias, pads, strides, dilations, groups; exact for ConvInteger, requantized like onnxruntime."""
+    force_isa(isa, monkeypatch, cache)
+    cases, feeds = Cases(), {"xu": _u8(2, 4, 7, 9), "xs": _i8(1, 4, 6, 5)}
+
+    def feed(arr) -> str:
+        name = f"f{len(feeds)}"
+        feeds[name] = np.asarray(arr)
+        return name
+
+    cases.add("ConvInteger", ["xu", feed(_u8(3, 4, 3, 3)), feed(np.uint8(131)), feed(np.uint8(7))], pads=[1, 1, 1, 1])
+    cases.add("ConvInteger", ["xu", feed(_i8(6, 2, 2, 3)), feed(np.uint8(3)), feed(np.int8(-9))], group=2,
+              strides=[2, 1], pads=[0, 1, 1, 0])
+    cases.add("ConvInteger", ["xs", feed(_i8(2, 4, 3, 2))], dilations=[2, 2])
+    cases.add("ConvInteger", ["xs", feed(_u8(5, 4, 1, 1)), feed(np.int8(-5)), feed(np.uint8(200))])
+    f32 = np.float32
+    cases.add("QLinearConv", ["xu", feed(f32(0.02)), feed(np.uint8(128)), feed(_u8(5, 4, 3, 3)), feed(f32([0.01])),
+                              feed(np.array([120], np.uint8)), feed(f32(0.3)), feed(np.uint8(100)),
+                              feed(RNG.integers(-5000, 5000, 5).astype(np.int32))], pads=[1, 1, 1, 1])
+    cases.add("QLinearConv", ["xs", feed(f32(0.05)), feed(np.int8(2)), feed(_i8(4, 2, 3, 3)),
+                              feed(RNG.uniform(0.001, 0.02, 4).astype(f32)), feed(np.zeros(4, np.int8)),
+                              feed(f32(0.1)), feed(np.int8(-3))], group=2, strides=[2, 2])
+    check(cases, feeds, opset=13)
