@@ -51,6 +51,11 @@ def test_conv_runtime_weights(isa, monkeypatch, cache):
     cases.add("Relu", [a_out])
     cases.outputs.remove(c_out)
     cases.outputs.remove(a_out)
+    # weights computed in the graph (an arena value, not a graph input)
+    feeds["wsrc"] = _r(3, 7, 2, 2, scale=0.3)
+    (w_out,) = cases.add("Neg", ["wsrc"])
+    cases.add("Conv", ["x", w_out], strides=[2, 3], pads=[0, 1, 1, 0])
+    cases.outputs.remove(w_out)
     x = _r(2, 7, 5, 7)
     x[0, 1, 2, 3], x[1, 4, 0, 6] = np.nan, np.inf
     feeds.update(x=x, y=_r(1, 6, 4, 9), v=_r(2, 3, 11), u=_r(1, 2, 3, 4, 5))
@@ -106,7 +111,7 @@ def test_grid_sample_2d(isa, monkeypatch, cache):
                   "x1": _r(1, 5, 1, 6), "g1": _grid(1, 3, 17, 2)}, opset=20)
 
 
-@pytest.mark.parametrize("isa", ["native", "scalar"])
+@pytest.mark.parametrize("isa", ISAS)
 def test_grid_sample_3d_and_opset16(isa, monkeypatch, cache):
     force_isa(isa, monkeypatch, cache)
     cases = Cases()
@@ -121,7 +126,7 @@ def test_grid_sample_3d_and_opset16(isa, monkeypatch, cache):
     check(old, {"x": _r(1, 3, 6, 5), "g": _grid(1, 7, 3, 2)}, opset=16)
 
 
-@pytest.mark.parametrize("isa", ["native", "scalar"])
+@pytest.mark.parametrize("isa", ISAS)
 def test_affine_grid(isa, monkeypatch, cache):
     force_isa(isa, monkeypatch, cache)
     cases = Cases()
@@ -129,7 +134,11 @@ def test_affine_grid(isa, monkeypatch, cache):
         cases.add("AffineGrid", ["t2"], (np.array([2, 3, 5, 7], np.int64),), align_corners=align)
         cases.add("AffineGrid", ["t3"], (np.array([2, 1, 3, 4, 6], np.int64),), align_corners=align)
         cases.add("AffineGrid", ["t2"], (np.array([2, 1, 1, 9], np.int64),), align_corners=align)  # one row
-    check(cases, {"t2": _r(2, 2, 3), "t3": _r(2, 3, 4)}, opset=20)
+    # the spatial-transformer pattern: AffineGrid's grid sampled by GridSample
+    (grid,) = cases.add("AffineGrid", ["t2"], (np.array([2, 3, 6, 5], np.int64),))
+    cases.add("GridSample", ["img", grid], mode="linear", padding_mode="border")
+    cases.outputs.remove(grid)
+    check(cases, {"t2": _r(2, 2, 3), "t3": _r(2, 3, 4), "img": _r(2, 3, 8, 7)}, opset=20)
 
 
 EMPTY = np.zeros(0, np.float32)
@@ -157,7 +166,7 @@ def test_resize_antialias(isa, monkeypatch, cache):
     check(cases, {"x": x}, opset=19)
 
 
-@pytest.mark.parametrize("isa", ["native", "scalar"])
+@pytest.mark.parametrize("isa", ISAS)
 def test_resize_aspect_policy_and_crop(isa, monkeypatch, cache):
     """keep_aspect_ratio_policy not_larger / not_smaller (sizes, with and without axes) and
     tf_crop_and_resize (nearest/linear/cubic, roi inside and beyond the image, extrapolation_value,
@@ -240,7 +249,7 @@ def test_deform_conv(isa, monkeypatch, cache):
     check(cases, feeds, opset=19)
 
 
-@pytest.mark.parametrize("isa", ["native", "scalar"])
+@pytest.mark.parametrize("isa", ISAS)
 def test_max_unpool(isa, monkeypatch, cache):
     """MaxUnpool of MaxPool's own indices (2-D, 3-D, strides, pads). With an output_shape input
     onnx infers no output shape, so that form falls back (and onnxruntime fails its node test)."""
@@ -263,7 +272,7 @@ def _i8(*shape: int) -> np.ndarray:
     return RNG.integers(-128, 128, shape).astype(np.int8)
 
 
-@pytest.mark.parametrize("isa", ["native", "scalar"])
+@pytest.mark.parametrize("isa", ISAS)
 def test_integer_conv_runtime_weights(isa, monkeypatch, cache):
     """ConvInteger and QLinearConv whose weights and zero points are graph inputs
     (templates/int_conv_runtime.py): uint8/int8, scalar and per-channel zero points and scales,
