@@ -19,9 +19,14 @@ def _r(*shape: int, scale: float = 1.0) -> np.ndarray:
     return (RNG.standard_normal(shape) * scale).astype(np.float32)
 
 
+@pytest.mark.parametrize("path", ["gemm", "direct"])
 @pytest.mark.parametrize("isa", ISAS)
-def test_conv_runtime_weights(isa, monkeypatch, cache):
+def test_conv_runtime_weights(isa, path, monkeypatch, cache):
+    """Both paths of templates/conv_runtime.py: im2col + GEMM (the default) and the direct
+    kernel (taken when the im2col matrix would be too large: forced here by a zero limit)."""
     force_isa(isa, monkeypatch, cache)
+    if path == "direct":
+        monkeypatch.setattr("smelt.codegen.templates.conv_runtime.COL_LIMIT_BYTES", 0)
     cases, feeds = Cases(), {}
 
     def conv(x: str, w: tuple, bias: bool = False, **attrs) -> list[str]:
@@ -41,6 +46,8 @@ def test_conv_runtime_weights(isa, monkeypatch, cache):
     conv("x", (7, 1, 3, 3), bias=True, group=7, pads=[1, 1, 1, 1])  # depthwise
     conv("y", (6, 2, 1, 3), group=3, pads=[0, 1, 0, 1])
     conv("x", (2, 7, 5, 7), pads=[2, 3, 2, 3])  # kernel as wide as the image
+    conv("x", (9, 7, 1, 1), bias=True)  # 1x1: the image rows are the GEMM's B
+    conv("y", (6, 3, 1, 1), group=2)
     conv("v", (4, 3, 5), bias=True, strides=[2], pads=[2, 1])  # 1-D
     conv("u", (3, 2, 2, 3, 2), bias=True, pads=[1, 0, 1, 0, 1, 1], strides=[1, 2, 1])  # 3-D
     # a fused epilogue: Conv -> Add(per-channel) -> Relu, the conv's own output not a graph output

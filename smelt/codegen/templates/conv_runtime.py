@@ -2,34 +2,43 @@
 1-D to 3-D, NCHW.
 
 The other conv templates (conv.py, conv_nchwc.py, winograd.py) reorder the weights into their
-micro-kernels' panels at compile time, which needs them constant. Here they are read where they
-are, in ONNX's order W[OC][C/G][kd][kh][kw], by a direct convolution, so nothing is packed at all
-(neither in numpy nor at run time):
+micro-kernels' panels at compile time, which needs them constant. Here nothing is reordered
+ahead of time; W is read in ONNX's order W[OC][C/G][kd][kh][kw], which per group already is the
+row-major GEMM operand A[OC/G][C/G * k]:
 
-- one work item is one output row (image, output channel, output depth, output row); threads
-  split the items, so every output element is summed in one fixed order whatever the thread
-  count;
-- the row starts at the bias (or zero); for each input channel of the group and each kernel tap
-  whose input row lies inside the image, ``y[ow] += w * x[ow*s + kw*d - p]`` over the range of
-  ``ow`` whose input column is inside the image. Those ranges (one per kw) are compile-time
-  tables, so the innermost loop has no bounds test and gcc vectorizes it at stride 1; the row
-  stays in L1 while the input rows stream through;
-- the fused epilogue (passes/fuse_epilogue.py) is applied to the finished row.
-
-This is the fallback-free path for the models that feed weights in (ONNX's node tests, weight
-sharing through a graph input), not the fast path: constant weights never reach it.
+- GEMM path (the default): a first step writes the im2col matrix of every (image, group) into
+  scratch, rows (input channel, tap), columns the output positions, padding as 0 (rows split
+  over threads; per kernel column the range of output columns inside the image is a
+  compile-time table); then the kernel library's GEMM (kernels/gemm.py ``render_gemm``) computes
+  Y = W . col per item with A a run-time strided operand (packed into MR panels at run time
+  inside the generated code, or read in place as the node's GemmSchedule says), the bias and
+  the fused epilogue in its tile epilogue. A 1x1 stride-1 unpadded conv needs no im2col (the
+  image rows are B). So a conv with run-time weights runs on the same micro-kernels as one with
+  constant weights; only the A packing moves from compile time to run time.
+- direct path, when the im2col matrix would exceed ``COL_LIMIT_BYTES`` of scratch: one work
+  item is one output row (image, output channel, output depth, output row); the row starts at
+  the bias (or zero); for each input channel of the group and each kernel tap whose input row
+  lies inside the image, ``y[ow] += w * x[ow*s + kw*d - p]`` over the compile-time range of
+  ``ow`` whose input column is inside; the fused epilogue is applied to the finished row.
+Either way every output element is summed in one fixed order whatever the thread count.
+Constant weights never reach this template.
 """
 
 from __future__ import annotations
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.conv_geometry import ConvGeometry, check_conv
-from smelt.codegen.kernels.epilogue import epilogue_doc, epilogue_expr
+from smelt.codegen.kernels.epilogue import TileOperand, epilogue_doc, epilogue_expr
+from smelt.codegen.kernels.gemm import GemmProblem, Strided, TileEpilogue, blocking_for, render_gemm
 from smelt.codegen.kernels.loops import work_range
 from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
+from smelt.schedule.conv import ConvSchedule
 
 PARALLEL_MIN_MACS = 1 << 15  # below this one thread does the node (a barrier costs more)
+# the im2col matrix of all (image, group) items lives in scratch up to this size; larger convs
+# take the direct kernel instead of growing every model's scratch arena by it
+COL_LIMIT_BYTES = 64 << 20
 
 
 def _check(node: Node, g: Graph) -> str | None:
@@ -53,9 +62,93 @@ def _table(name: str, values: list[int]) -> str:
     return f"static const int {name}[{len(values)}] = {{{', '.join(str(v) for v in values)}}};"
 
 
+def _padded(geo: ConvGeometry) -> tuple[list[int], ...]:
+    """ins, outs, kernel, strides, dilations, begin pads, each padded to 3-D."""
+    lead = 3 - geo.rank
+    return ([1] * lead + geo.ins, [1] * lead + geo.outs, [1] * lead + geo.ks, [1] * lead + geo.strides,
+            [1] * lead + geo.dils, [0] * lead + geo.pb)
+
+
 @register("Conv", versions=(1, 11, 22), check=_check, name="f32_conv_runtime_weights")
 def emit_conv_runtime(node: Node, g: Graph, em: BlockEmitter) -> None:
     geo = ConvGeometry(node, g)
+    k = geo.cg * geo.ksp
+    pointwise = geo.is_pointwise
+    sched = node.schedule
+    if isinstance(sched, ConvSchedule) and sched.gemm is not None and (
+            pointwise or geo.batch * geo.group * k * geo.ohw * 4 <= COL_LIMIT_BYTES):
+        _emit_gemm(node, g, em, geo, sched)
+    else:
+        _emit_direct(node, g, em, geo)
+
+
+def _emit_im2col(node: Node, em: BlockEmitter, geo: ConvGeometry, col: str) -> None:
+    """The step writing col[item][ic * ksp + tap][output position] (0 where the tap is padding)."""
+    (i_d, i_h, i_w), (o_d, o_h, o_w), (k_d, k_h, k_w), (s_d, s_h, s_w), (d_d, d_h, d_w), (p_d, p_h, p_w) = \
+        _padded(geo)
+    k = geo.cg * geo.ksp
+    rw = _ranges(i_w, o_w, k_w, s_w, d_w, p_w)
+    rows = geo.batch * geo.group * k
+    n_out = o_d * o_h * o_w
+    L = [f"const float *restrict X = {em.ptr(node.inputs[0])};",
+         f"float *restrict C = {col};",
+         _table("wlo", [r[0] for r in rw]), _table("whi", [r[1] for r in rw]),
+         work_range(rows, rows * n_out >= PARALLEL_MIN_MACS),
+         "for (long r = wb; r < we; ++r) {",
+         f"    const long it = r / {k}, kk = r % {k}, ic = kk / {geo.ksp}, tap = kk % {geo.ksp};",
+         f"    const long kw = tap % {k_w}, kh = (tap / {k_w}) % {k_h}, kd = tap / {k_w * k_h};",
+         f"    const float *restrict x = X + (it * {geo.cg} + ic) * {geo.ihw}L;  /* item = image * G + group */",
+         f"    float *restrict c = C + r * {n_out}L;",
+         f"    for (long od = 0; od < {o_d}; ++od) {{",
+         f"        const long id = od * {s_d} + kd * {d_d} - {p_d};",
+         f"        for (long oh = 0; oh < {o_h}; ++oh) {{",
+         f"            const long ih = oh * {s_h} + kh * {d_h} - {p_h};",
+         f"            float *restrict cr = c + (od * {o_h} + oh) * {o_w};",
+         f"            if (id < 0 || id >= {i_d} || ih < 0 || ih >= {i_h}) {{",
+         f"                for (long ow = 0; ow < {o_w}; ++ow) cr[ow] = 0.0f;",
+         "                continue;",
+         "            }",
+         f"            const float *restrict xs = x + (id * {i_h} + ih) * {i_w}L + kw * {d_w} - {p_w};",
+         "            const long lo = wlo[kw], hi = whi[kw];",
+         "            for (long ow = 0; ow < lo; ++ow) cr[ow] = 0.0f;",
+         f"            for (long ow = lo; ow < hi; ++ow) cr[ow] = xs[ow * {s_w}];",
+         f"            for (long ow = hi; ow < {o_w}; ++ow) cr[ow] = 0.0f;",
+         "        }", "    }", "}"]
+    em.step("\n".join(L), name="f32_conv_runtime_im2col", doc=f"im2col {geo.describe()}")
+
+
+def _emit_gemm(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry, sched: ConvSchedule) -> None:
+    """im2col into scratch (unless 1x1), then per (image, group) Y = W . col on the GEMM library
+    with W a run-time strided A operand; bias and fused epilogue in the tile epilogue."""
+    assert sched.gemm is not None
+    k = geo.cg * geo.ksp
+    items = geo.batch * geo.group
+    if geo.is_pointwise:
+        b_op = Strided(em.ptr(node.inputs[0]), geo.ihw, 1)
+        bo = f"bi * {geo.c * geo.ihw}L + gi * {geo.cg * geo.ihw}L"
+        how = "1x1: image rows are B"
+    else:
+        col = em.scratch(items * k * geo.ohw * 4)
+        _emit_im2col(node, em, geo, col)
+        b_op = Strided(col, geo.ohw, 1)
+        bo = f"it * {k * geo.ohw}L"
+        how = "im2col into scratch, then GEMM"
+    ops = []
+    if len(node.inputs) > 2 and node.inputs[2]:
+        ops.append(TileOperand("Add", em.ptr(node.inputs[2]), "row"))
+    item_code = (f"const long bi = it / {geo.group}, gi = it % {geo.group}; (void)bi;\n"
+                 f"const long ao = gi * {geo.ocg * k}L, bo = {bo};\n"
+                 f"const long co = bi * {geo.oc * geo.ohw}L + gi * {geo.ocg * geo.ohw}L, grow0 = gi * {geo.ocg}L;")
+    em.schedule(algorithm=f"run-time weights: {how} (W read as a strided A operand)", layout="NCHW",
+                shape=f"{geo.ks} kernel, stride {geo.strides}, group {geo.group}")
+    p = GemmProblem(geo.ocg, geo.ohw, k, Strided(em.ptr(node.inputs[1]), k, 1), b_op, em.ptr(node.outputs[0]),
+                    geo.ohw, TileEpilogue(ops, node, channel="row"), **sched.gemm.problem_args(),
+                    items=items, item_code=item_code, name=f"f32_conv{geo.rank}d_runtime_w_gemm",
+                    doc=f"Conv {geo.describe()}")
+    render_gemm(em, p, blocking_for(em.target))
+
+
+def _emit_direct(node: Node, g: Graph, em: BlockEmitter, geo: ConvGeometry) -> None:
     lead = 3 - geo.rank
     i_d, i_h, i_w = [1] * lead + geo.ins
     o_d, o_h, o_w = [1] * lead + geo.outs
