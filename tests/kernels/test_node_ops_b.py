@@ -225,11 +225,15 @@ def test_col2im(isa, monkeypatch, cache):
     check(cases, feeds, opset=18)
 
 
+@pytest.mark.parametrize("path", ["gemm", "rows"])
 @pytest.mark.parametrize("isa", ISAS)
-def test_deform_conv(isa, monkeypatch, cache):
+def test_deform_conv(isa, path, monkeypatch, cache):
     """DeformConv against onnxruntime: offsets moving taps inside, across and out of the image,
-    groups, offset groups, mask, bias, strides, dilations, pads."""
+    groups, offset groups, mask, bias, strides, dilations, pads; both paths (im2col + GEMM, and
+    per-row columns when the matrix would be too large: forced by a zero limit)."""
     force_isa(isa, monkeypatch, cache)
+    if path == "rows":
+        monkeypatch.setattr("smelt.codegen.templates.col_ops.COL_LIMIT_BYTES", 0)
     cases, feeds = Cases(), {}
 
     def deform(x: str, w: tuple, oh_ow: tuple, bias: bool = False, mask: bool = False, **attrs) -> None:

@@ -8,13 +8,15 @@ image. Per tap the range of block columns that land inside is a compile-time tab
 innermost loop has no bounds test. The image and block shapes are compile-time constants (a
 graph input holding them is a value guard, frontend/value_guards.py).
 
-DeformConv (onnxruntime's deform_conv.cc): per output row (image, output row) a thread samples
-the deformable im2col row into its scratch, ``col[c][k][ow]``: the tap's position
-``oh*s - p + k*d + offset`` is read bilinearly, 0 when it lies at or beyond one pixel outside the
-image and each corner outside the image weighted 0, times the mask when there is one; then every
-output channel of the row is ``bias + W[oc] . col`` over its group's channels. Sampling is done
-once per (channel, tap, output pixel), not once per output channel; weights, offsets, mask and
-bias are read at run time in ONNX's layout (nothing is packed).
+DeformConv (onnxruntime's deform_conv.cc): the deformable im2col matrix ``col[n][c*K + k][pixel]``
+is sampled once per (channel, tap, output pixel): the tap's position ``oh*s - p + k*d + offset``
+is read bilinearly, 0 when it lies at or beyond one pixel outside the image and each corner
+outside the image weighted 0, times the mask when there is one. Then, as in onnxruntime, a GEMM
+per (image, group): Y = W[group] . col[group] + bias, on the kernel library's GEMM (W a run-time
+strided A operand, bias in the tile epilogue). When that matrix would exceed
+``COL_LIMIT_BYTES`` of scratch, each thread instead samples one output row's columns into its
+own scratch and computes ``bias + W[oc] . col`` per output channel with plain loops. Weights,
+offsets, mask and bias are read at run time in ONNX's layout (nothing is packed ahead).
 
 MaxUnpool: the output is zeroed, then ``y[I[i]] = x[i]`` for every element (indices flat over the
 whole output tensor, as MaxPool writes them; one that is out of range is skipped). Thread 0 does
@@ -26,11 +28,15 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.epilogue import TileOperand
+from smelt.codegen.kernels.gemm import GemmProblem, Strided, TileEpilogue, blocking_for, render_gemm
 from smelt.codegen.kernels.loops import work_range
 from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
+from smelt.schedule.gemm import PARALLEL_MIN_MACS
 
 PARALLEL_MIN_WORK = 1 << 15  # below this one thread does the node (a barrier costs more)
+COL_LIMIT_BYTES = 64 << 20  # DeformConv's whole im2col matrix in scratch up to this size
 
 
 def _f32(g: Graph, names: list[str]) -> str | None:
@@ -185,6 +191,31 @@ def _check_deform(node: Node, g: Graph) -> str | None:
     return None
 
 
+def _deform_sample(k_h: int, k_w: int, s_h: int, s_w: int, d_h: int, d_w: int, p_h: int, p_w: int,
+                   i_h: int, i_w: int, o_h: int, o_w: int, og: int, has_mask: bool) -> list[str]:
+    """C computing ``v``, the deformable im2col value of channel ``ci`` (offset group ``grp``),
+    tap ``t`` (row ``i``, column ``j``) at output pixel (``oh``, ``ow``) of image ``b``."""
+    k = k_h * k_w
+    L = [f"const long pix = oh * {o_w} + ow;",
+         f"const float *restrict offh = Off + ((b * {og} + grp) * {2 * k} + 2 * t) * {o_h * o_w}L;",
+         f"const float h = (float)(oh * {s_h}) + (float)({-p_h} + i * {d_h}) + offh[pix];",
+         f"const float w = (float)(ow * {s_w}) + (float)({-p_w} + j * {d_w}) + offh[{o_h * o_w}L + pix];",
+         "float v = 0.0f;",
+         f"if (h > -1.0f && h < {float(i_h)!r}f && w > -1.0f && w < {float(i_w)!r}f) {{",
+         "    const float hf = floorf(h), wf = floorf(w);",
+         "    const long hl = (long)hf, wl = (long)wf, hh_ = hl + 1, wh = wl + 1;",
+         "    const float lh = h - hf, lw = w - wf, hh = 1.0f - lh, hw = 1.0f - lw;",
+         f"    const float p00 = (hl >= 0 && wl >= 0) ? im[hl * {i_w} + wl] : 0.0f;",
+         f"    const float p01 = (hl >= 0 && wh < {i_w}) ? im[hl * {i_w} + wh] : 0.0f;",
+         f"    const float p10 = (hh_ < {i_h} && wl >= 0) ? im[hh_ * {i_w} + wl] : 0.0f;",
+         f"    const float p11 = (hh_ < {i_h} && wh < {i_w}) ? im[hh_ * {i_w} + wh] : 0.0f;",
+         "    v = hh * hw * p00 + hh * lw * p01 + lh * hw * p10 + lh * lw * p11;",
+         "}"]
+    if has_mask:
+        L.append(f"v *= Mk[((b * {og} + grp) * {k} + t) * {o_h * o_w}L + pix];")
+    return L
+
+
 @register("DeformConv", versions=(19, 22), check=_check_deform, name="f32_deform_conv")
 def emit_deform_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
     (k_h, k_w), (s_h, s_w), (d_h, d_w), (p_h, p_w), (o_h, o_w) = _deform_geometry(node, g)  # type: ignore[misc]
@@ -196,63 +227,75 @@ def emit_deform_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
     k = k_h * k_w
     ins = node.inputs + [""] * (5 - len(node.inputs))
     bias, mask = ins[3], ins[4]
+    sample = _deform_sample(k_h, k_w, s_h, s_w, d_h, d_w, p_h, p_w, i_h, i_w, o_h, o_w, og, bool(mask))
+    head = [f"const float *restrict X = {em.ptr(node.inputs[0])};",
+            f"const float *restrict Off = {em.ptr(node.inputs[2])};",
+            f"const float *restrict Mk = {em.ptr(mask) if mask else 'NULL'}; (void)Mk;"]
+    plane = o_h * o_w
+    if n * c * k * plane * 4 <= COL_LIMIT_BYTES:
+        col = em.scratch(n * c * k * plane * 4)
+        rows = n * c * k
+        L = head + [f"float *restrict Col = {col};",
+                    work_range(rows, rows * plane * 20 >= PARALLEL_MIN_WORK),
+                    "for (long r = wb; r < we; ++r) {",
+                    f"    const long t = r % {k}, ci = (r / {k}) % {c}, b = r / {k * c};",
+                    f"    const long i = t / {k_w}, j = t % {k_w}, grp = ci / {cog};",
+                    f"    const float *restrict im = X + (b * {c} + ci) * {i_h * i_w}L;",
+                    f"    float *restrict cr = Col + r * {plane}L;",
+                    f"    for (long oh = 0; oh < {o_h}; ++oh) for (long ow = 0; ow < {o_w}; ++ow) {{",
+                    *["        " + x for x in sample],
+                    "        cr[pix] = v;",
+                    "    }", "}"]
+        em.step("\n".join(L), name="f32_deform_im2col")
+        ops = [TileOperand("Add", em.ptr(bias), "row")] if bias else []
+        item_code = (f"const long bi = it / {group}, gi = it % {group};\n"
+                     f"const long ao = gi * {mg * cg * k}L, bo = (bi * {c} + gi * {cg}) * {k * plane}L;\n"
+                     f"const long co = (bi * {m} + gi * {mg}) * {plane}L, grow0 = gi * {mg}L;")
+        p = GemmProblem(mg, plane, cg * k, Strided(em.ptr(node.inputs[1]), cg * k, 1), Strided(col, plane, 1),
+                        em.ptr(node.outputs[0]), plane, TileEpilogue(ops, None, channel="row"),
+                        items=n * group, item_code=item_code, name="f32_deform_conv_gemm",
+                        parallel_min_macs=PARALLEL_MIN_MACS, doc=f"DeformConv {[k_h, k_w]} group {group}")
+        em.schedule(algorithm="deformable im2col into scratch, then a GEMM per (image, group)",
+                    kernel="f32_deform_conv", layout="NCHW",
+                    shape=f"kernel {[k_h, k_w]}, stride {[s_h, s_w]}, group {group}, offset_group {og}")
+        render_gemm(em, p, blocking_for(em.target))
+        return
     rows = n * o_h
     col = em.scratch(max(1, em.n_threads) * c * k * o_w * 4)
     work = rows * o_w * c * k * (mg + 4)
-    L = [f"const float *restrict X = {em.ptr(node.inputs[0])};",
-         f"const float *restrict Wt = {em.ptr(node.inputs[1])};",
-         f"const float *restrict Off = {em.ptr(node.inputs[2])};",
-         f"const float *restrict B = {em.ptr(bias) if bias else 'NULL'};",
-         f"const float *restrict Mk = {em.ptr(mask) if mask else 'NULL'};",
-         f"float *restrict Y = {em.ptr(node.outputs[0])};",
-         f"float *restrict col = {col} + (long)tid * {c * k * o_w}L;",
-         "(void)B; (void)Mk;",
-         work_range(rows, work >= PARALLEL_MIN_WORK),
-         "for (long r = wb; r < we; ++r) {",
-         f"    const long b = r / {o_h}, oh = r % {o_h};",
-         f"    for (long ci = 0; ci < {c}; ++ci) {{",
-         f"        const float *restrict im = X + (b * {c} + ci) * {i_h * i_w}L;",
-         f"        const long grp = ci / {cog};",
-         f"        for (long t = 0; t < {k}; ++t) {{",
-         f"            const long i = t / {k_w}, j = t % {k_w};",
-         f"            const float *restrict offh = Off + ((b * {og} + grp) * {2 * k} + 2 * t) * {o_h * o_w}L"
-         f" + oh * {o_w};",
-         f"            const float *restrict offw = offh + {o_h * o_w}L;",
-         f"            float *restrict cr = col + (ci * {k} + t) * {o_w}L;",
-         f"            for (long ow = 0; ow < {o_w}; ++ow) {{",
-         f"                const float h = (float)(oh * {s_h}) + (float)({-p_h} + i * {d_h}) + offh[ow];",
-         f"                const float w = (float)(ow * {s_w}) + (float)({-p_w} + j * {d_w}) + offw[ow];",
-         "                float v = 0.0f;",
-         f"                if (h > -1.0f && h < {float(i_h)!r}f && w > -1.0f && w < {float(i_w)!r}f) {{",
-         "                    const float hf = floorf(h), wf = floorf(w);",
-         "                    const long hl = (long)hf, wl = (long)wf, hh_ = hl + 1, wh = wl + 1;",
-         "                    const float lh = h - hf, lw = w - wf, hh = 1.0f - lh, hw = 1.0f - lw;",
-         f"                    const float p00 = (hl >= 0 && wl >= 0) ? im[hl * {i_w} + wl] : 0.0f;",
-         f"                    const float p01 = (hl >= 0 && wh < {i_w}) ? im[hl * {i_w} + wh] : 0.0f;",
-         f"                    const float p10 = (hh_ < {i_h} && wl >= 0) ? im[hh_ * {i_w} + wl] : 0.0f;",
-         f"                    const float p11 = (hh_ < {i_h} && wh < {i_w}) ? im[hh_ * {i_w} + wh] : 0.0f;",
-         "                    v = hh * hw * p00 + hh * lw * p01 + lh * hw * p10 + lh * lw * p11;",
-         "                }"]
-    if mask:
-        L += [f"                v *= Mk[((b * {og} + grp) * {k} + t) * {o_h * o_w}L + oh * {o_w} + ow];"]
-    L += ["                cr[ow] = v;",
-          "            }", "        }", "    }",
-          f"    for (long oc = 0; oc < {m}; ++oc) {{",
-          f"        const long gi = oc / {mg};",
-          f"        float *restrict y = Y + ((b * {m} + oc) * {o_h} + oh) * {o_w}L;",
-          f"        const float init = {'B[oc]' if bias else '0.0f'};",
-          f"        for (long ow = 0; ow < {o_w}; ++ow) y[ow] = init;",
-          f"        const float *restrict wr = Wt + oc * {cg * k}L;",
-          f"        const float *restrict cg0 = col + gi * {cg * k * o_w}L;",
-          f"        for (long q = 0; q < {cg * k}; ++q) {{",
-          "            const float wv = wr[q];",
-          f"            const float *restrict cq = cg0 + q * {o_w}L;",
-          f"            for (long ow = 0; ow < {o_w}; ++ow) y[ow] += wv * cq[ow];",
-          "        }", "    }", "}"]
+    L = head + [f"const float *restrict Wt = {em.ptr(node.inputs[1])};",
+                f"const float *restrict B = {em.ptr(bias) if bias else 'NULL'}; (void)B;",
+                f"float *restrict Y = {em.ptr(node.outputs[0])};",
+                f"float *restrict col = {col} + (long)tid * {c * k * o_w}L;",
+                work_range(rows, work >= PARALLEL_MIN_WORK),
+                "for (long r = wb; r < we; ++r) {",
+                f"    const long b = r / {o_h}, oh = r % {o_h};",
+                f"    for (long ci = 0; ci < {c}; ++ci) {{",
+                f"        const float *restrict im = X + (b * {c} + ci) * {i_h * i_w}L;",
+                f"        const long grp = ci / {cog};",
+                f"        for (long t = 0; t < {k}; ++t) {{",
+                f"            const long i = t / {k_w}, j = t % {k_w};",
+                f"            float *restrict cr = col + (ci * {k} + t) * {o_w}L;",
+                f"            for (long ow = 0; ow < {o_w}; ++ow) {{",
+                *["                " + x for x in sample],
+                "                cr[ow] = v;",
+                "            }", "        }", "    }",
+                f"    for (long oc = 0; oc < {m}; ++oc) {{",
+                f"        const long gi = oc / {mg};",
+                f"        float *restrict y = Y + ((b * {m} + oc) * {o_h} + oh) * {o_w}L;",
+                f"        const float init = {'B[oc]' if bias else '0.0f'};",
+                f"        for (long ow = 0; ow < {o_w}; ++ow) y[ow] = init;",
+                f"        const float *restrict wr = Wt + oc * {cg * k}L;",
+                f"        const float *restrict cg0 = col + gi * {cg * k * o_w}L;",
+                f"        for (long q = 0; q < {cg * k}; ++q) {{",
+                "            const float wv = wr[q];",
+                f"            const float *restrict cq = cg0 + q * {o_w}L;",
+                f"            for (long ow = 0; ow < {o_w}; ++ow) y[ow] += wv * cq[ow];",
+                "        }", "    }", "}"]
     em.schedule(algorithm="per output row: deformable im2col into thread scratch, then W . col per channel",
                 kernel="f32_deform_conv", layout="NCHW",
                 shape=f"kernel {[k_h, k_w]}, stride {[s_h, s_w]}, group {group}, offset_group {og}")
-    em.step("\n".join(L), name="f32_deform_conv")
+    em.step("\n".join(L), name="f32_deform_conv_rows")
 
 
 # ------------------------------------------------------------------------------------------
