@@ -5,16 +5,18 @@ GridSample follows onnxruntime's CPU kernel (grid_sample.cc), which is the oracl
 - a grid point's normalized coordinate n maps to ``(n + 1) / 2 * (L - 1)`` (align_corners) or
   ``((n + 1) * L - 1) / 2``;
 - nearest rounds it half-to-even (``nearbyintf``); linear takes floor(x) and floor(x) + 1 with
-  weights ``x1 + 1 - x`` and ``x - x1``, summed as ``dy2*(dx2*p11 + dx1*p12) + dy1*(...)``;
-  cubic (2-D only, as in onnxruntime) the 4x4 neighbourhood of floor(x) with Keys' coefficients
-  (a = -0.75), rows first;
+  weights ``x1 + 1 - x`` and ``x - x1`` (a tap's weight is the product over the axes, as in
+  onnxruntime's bilinear plan); cubic (2-D only, as in onnxruntime) the 4x4 neighbourhood of
+  floor(x) with Keys' coefficients (a = -0.75), weight cy[i] * cx[j];
 - padding is applied per *pixel index*, not per coordinate: zeros reads 0 outside, border clamps
   the index, reflection reflects the index about the borders (-0.5 and L - 0.5, or 0 and L - 1
   with align_corners) and truncates it.
-One work item is one output row (image, channel, output depth, output row): the row's grid points
-are read straight from the grid (its coordinates are recomputed per channel, a few flops against
-the gathers, so no scratch is needed and threads split any shape). The sizes, borders and the
-padding mode are compile-time constants of the pixel fetch.
+The grid is the same for every channel of an image, so (as onnxruntime's sampling plan) one work
+item is one output row of one image (image, output depth, output row): its grid points become T
+taps each (1 nearest, 4 bilinear, 8 trilinear, 16 bicubic), a pixel offset (-1 for a zeros-padded
+tap, which adds 0 and reads nothing) and a weight, in the thread's scratch; then every channel's
+row is a T-tap gather-dot over them. The sizes, borders and the padding mode are compile-time
+constants.
 
 AffineGrid: the base grid (per axis, Eigen's LinSpaced(-1, 1) scaled by (L-1)/L without
 align_corners, as onnxruntime builds it) is a compile-time constant of L floats per axis; the
@@ -81,9 +83,10 @@ def _denorm(n: str, length: int, align: bool) -> str:
     return f"((({n}) + 1.0f) * {float(length)!r}f - 1.0f) / 2.0f"
 
 
-def _pixel_function(em: BlockEmitter, dims: list[int], padding: str, align: bool) -> str:
-    """A C function ``float f(const float *img, long z, long y, long x)`` reading one pixel of a
-    D x H x W plane with the padding mode applied to the indices (onnxruntime's PixelAtGrid)."""
+def _index_function(em: BlockEmitter, dims: list[int], padding: str, align: bool) -> str:
+    """A C function ``long f(long z, long y, long x)``: the offset of a pixel in a D x H x W plane
+    with the padding mode applied to the indices (onnxruntime's PixelAtGrid), -1 for a zeros-padded
+    one (it reads as 0)."""
     d, h, w = dims
     lines = ["static inline float FNAME_reflect(float x, float lo, float hi) {",
              "    const float range = hi - lo;",
@@ -94,9 +97,9 @@ def _pixel_function(em: BlockEmitter, dims: list[int], padding: str, align: bool
              "        const float r = dx - (float)n * range; return n % 2 == 0 ? hi - r : lo + r; }",
              "    return x;",
              "}",
-             "static inline float FNAME(const float *restrict img, long z, long y, long x) {"]
+             "static inline long FNAME(long z, long y, long x) {"]
     if padding == "zeros":
-        lines.append(f"    if (z < 0 || z >= {d} || y < 0 || y >= {h} || x < 0 || x >= {w}) return 0.0f;")
+        lines.append(f"    if (z < 0 || z >= {d} || y < 0 || y >= {h} || x < 0 || x >= {w}) return -1;")
     elif padding == "border":
         for v, n in (("z", d), ("y", h), ("x", w)):
             lines.append(f"    {v} = {v} < 0 ? 0 : {v} > {n - 1} ? {n - 1} : {v};")
@@ -104,12 +107,15 @@ def _pixel_function(em: BlockEmitter, dims: list[int], padding: str, align: bool
         for v, n in (("z", d), ("y", h), ("x", w)):
             lo, hi = (0.0, n - 1.0) if align else (-0.5, n - 0.5)
             lines.append(f"    {v} = (long)FNAME_reflect((float){v}, {lo!r}f, {hi!r}f);")
-    lines += [f"    return img[(z * {h} + y) * {w}L + x];", "}"]
-    return em.function(f"grid_sample_pixel_{padding}", "\n".join(lines) + "\n")
+    lines += [f"    return (z * {h} + y) * {w}L + x;", "}"]
+    return em.function(f"grid_sample_index_{padding}", "\n".join(lines) + "\n")
 
 
 def _floor_index(v: str) -> str:
     return f"(long)fminf(fmaxf(floorf({v}), {-INDEX_LIMIT!r}f), {INDEX_LIMIT!r}f)"
+
+
+TAPS = {("nearest", 2): 1, ("nearest", 3): 1, ("linear", 2): 4, ("linear", 3): 8, ("cubic", 2): 16}
 
 
 @register("GridSample", versions=(16, 20, 22), check=_check_grid_sample, name="f32_grid_sample")
@@ -122,54 +128,75 @@ def emit_grid_sample(node: Node, g: Graph, em: BlockEmitter) -> None:
     i_d, i_h, i_w = ins
     o_d, o_h, o_w = outs
     mode = _mode(node, g)
+    assert mode is not None
     padding = _attr(node, "padding_mode", "zeros")
     align = bool(node.attr("align_corners", 0))
-    px = _pixel_function(em, ins, padding, align)
-    rows = n * c * o_d * o_h
+    ix = _index_function(em, ins, padding, align)
+    t = TAPS[(mode, rank)]
+    rows = n * o_d * o_h
+    slot = o_w * t
+    ti = em.scratch(max(1, em.n_threads) * slot * 8, "int64")
+    tw = em.scratch(max(1, em.n_threads) * slot * 4)
     L = [f"const float *restrict X = {em.ptr(node.inputs[0])};",
          f"const float *restrict G = {em.ptr(node.inputs[1])};",
          f"float *restrict Y = {em.ptr(node.outputs[0])};",
-         work_range(rows, rows * o_w >= PARALLEL_MIN_OUTPUTS),
+         f"long *restrict ti = (long *){ti} + (long)tid * {slot};",
+         f"float *restrict tw = {tw} + (long)tid * {slot};",
+         work_range(rows, rows * o_w * c * t >= PARALLEL_MIN_OUTPUTS),
          "for (long r = wb; r < we; ++r) {",
-         f"    const long oh = r % {o_h}, od = (r / {o_h}) % {o_d}, nc = r / {o_h * o_d}, b = nc / {c};",
-         f"    const float *restrict img = X + nc * {i_d * i_h * i_w}L;",
-         f"    const float *restrict gp = G + ((b * {o_d} + od) * {o_h} + oh) * {o_w * rank}L;",
-         f"    float *restrict y = Y + r * {o_w}L;",
+         f"    const long b = r / {o_h * o_d}, rr = r % {o_h * o_d};  /* rr: output depth * H + row */",
+         f"    const float *restrict gp = G + r * {o_w * rank}L;",
          f"    for (long ow = 0; ow < {o_w}; ++ow) {{",
+         f"        long *restrict oi = ti + ow * {t};",
+         f"        float *restrict wt = tw + ow * {t};",
          f"        const float gx = {_denorm(f'gp[ow * {rank}]', i_w, align)};",
          f"        const float gy = {_denorm(f'gp[ow * {rank} + 1]', i_h, align)};",
-         f"        const float gz = {_denorm(f'gp[ow * {rank} + 2]', i_d, align) if rank == 3 else '0.0f'};"]
+         f"        const float gz = {_denorm(f'gp[ow * {rank} + 2]', i_d, align) if rank == 3 else '0.0f'};",
+         "        (void)gz;"]
     if mode == "nearest":
-        L += [f"        y[ow] = {px}(img, {_floor_index('nearbyintf(gz)')}, {_floor_index('nearbyintf(gy)')}, "
-              f"{_floor_index('nearbyintf(gx)')});"]
+        L += [f"        oi[0] = {ix}({_floor_index('nearbyintf(gz)')}, {_floor_index('nearbyintf(gy)')}, "
+              f"{_floor_index('nearbyintf(gx)')});",
+              "        wt[0] = 1.0f;"]
     elif mode == "linear":
         L += [f"        const long x1 = {_floor_index('gx')}, y1 = {_floor_index('gy')}, z1 = {_floor_index('gz')};",
               "        const float dx2 = (float)(x1 + 1) - gx, dx1 = gx - (float)x1;",
-              "        const float dy2 = (float)(y1 + 1) - gy, dy1 = gy - (float)y1;"]
-
-        def plane(z: str) -> str:
-            return (f"dy2 * (dx2 * {px}(img, {z}, y1, x1) + dx1 * {px}(img, {z}, y1, x1 + 1)) + "
-                    f"dy1 * (dx2 * {px}(img, {z}, y1 + 1, x1) + dx1 * {px}(img, {z}, y1 + 1, x1 + 1))")
-        if rank == 2:
-            L += [f"        y[ow] = {plane('0')};"]
-        else:
-            L += ["        const float dz2 = (float)(z1 + 1) - gz, dz1 = gz - (float)z1;",
-                  f"        const float v1 = {plane('z1')};",
-                  f"        const float v2 = {plane('z1 + 1')};",
-                  "        y[ow] = dz2 * v1 + dz1 * v2;"]
+              "        const float dy2 = (float)(y1 + 1) - gy, dy1 = gy - (float)y1;",
+              "        const float dz2 = (float)(z1 + 1) - gz, dz1 = gz - (float)z1;",
+              "        (void)dz1; (void)dz2;"]
+        q = 0
+        for zi in ((0,) if rank == 2 else (0, 1)):
+            for yi in (0, 1):
+                for xi in (0, 1):
+                    z = "0" if rank == 2 else f"z1 + {zi}"
+                    wz = "" if rank == 2 else f"{('dz2', 'dz1')[zi]} * "
+                    L += [f"        oi[{q}] = {ix}({z}, y1 + {yi}, x1 + {xi});",
+                          f"        wt[{q}] = {wz}{('dy2', 'dy1')[yi]} * {('dx2', 'dx1')[xi]};"]
+                    q += 1
     else:  # cubic, 2-D
-        L += [f"        const long x0 = {_floor_index('gx')} - 1, y0 = {_floor_index('gy')} - 1;",
-              "        float cx[4], cy[4], v[4];",
-              "        smelt_gs_cubic_coeffs(gx - (float)x0 - 1.0f, cx);",
-              "        smelt_gs_cubic_coeffs(gy - (float)y0 - 1.0f, cy);",
-              "        for (int i = 0; i < 4; ++i)",
-              f"            v[i] = cx[0] * {px}(img, 0, y0 + i, x0) + cx[1] * {px}(img, 0, y0 + i, x0 + 1)"
-              f" + cx[2] * {px}(img, 0, y0 + i, x0 + 2) + cx[3] * {px}(img, 0, y0 + i, x0 + 3);",
-              "        y[ow] = cy[0] * v[0] + cy[1] * v[1] + cy[2] * v[2] + cy[3] * v[3];"]
         coeffs = em.function("smelt_gs_cubic_coeffs", _CUBIC)
-        L = [line.replace("smelt_gs_cubic_coeffs", coeffs) for line in L]
-    L += ["    }", "}"]
-    em.schedule(algorithm="per output row: denormalize each grid point, gather its taps",
+        L += [f"        const long x0 = {_floor_index('gx')} - 1, y0 = {_floor_index('gy')} - 1;",
+              "        float cx[4], cy[4];",
+              f"        {coeffs}(gx - (float)x0 - 1.0f, cx);",
+              f"        {coeffs}(gy - (float)y0 - 1.0f, cy);",
+              "        for (int i = 0; i < 4; ++i)",
+              "            for (int j = 0; j < 4; ++j) {",
+              f"                oi[i * 4 + j] = {ix}(0, y0 + i, x0 + j);",
+              "                wt[i * 4 + j] = cy[i] * cx[j];",
+              "            }"]
+    L += ["    }",
+          f"    for (long ch = 0; ch < {c}; ++ch) {{",
+          f"        const float *restrict img = X + (b * {c} + ch) * {i_d * i_h * i_w}L;",
+          f"        float *restrict y = Y + ((b * {c} + ch) * {o_d * o_h} + rr) * {o_w}L;",
+          f"        for (long ow = 0; ow < {o_w}; ++ow) {{",
+          f"            const long *restrict oi = ti + ow * {t};",
+          f"            const float *restrict wt = tw + ow * {t};",
+          "            float acc = wt[0] * (oi[0] >= 0 ? img[oi[0]] : 0.0f);",
+          f"            for (int q = 1; q < {t}; ++q) acc += wt[q] * (oi[q] >= 0 ? img[oi[q]] : 0.0f);",
+          "            y[ow] = acc;",
+          "        }",
+          "    }",
+          "}"]
+    em.schedule(algorithm=f"per output row of an image: {t} taps per grid point, then a gather-dot per channel",
                 kernel=f"f32_grid_sample_{mode}_{padding}", layout="NCHW",
                 shape=f"{rank}-D, in {ins[3 - rank:]}, out {outs[3 - rank:]}, align_corners {int(align)}")
     em.step("\n".join(L), name=f"f32_grid_sample_{mode}_{padding}")
