@@ -69,9 +69,13 @@ def test_conv_runtime_weights(isa, path, monkeypatch, cache):
     check(cases, feeds, opset=17)
 
 
+@pytest.mark.parametrize("path", ["gemm", "scatter"])
 @pytest.mark.parametrize("isa", ISAS)
-def test_conv_transpose_runtime_weights(isa, monkeypatch, cache):
+def test_conv_transpose_runtime_weights(isa, path, monkeypatch, cache):
+    """Both forms of templates/conv_transpose.py (GEMM + col2im, and the scatter with the weights
+    inside), each forced on every case by its threshold."""
     force_isa(isa, monkeypatch, cache)
+    monkeypatch.setattr("smelt.codegen.templates.conv_transpose.GEMM_MIN_MACS", 0 if path == "gemm" else 1 << 62)
     cases, feeds = Cases(), {}
 
     def convt(x: str, w: tuple, bias: bool = False, **attrs) -> None:
@@ -90,6 +94,8 @@ def test_conv_transpose_runtime_weights(isa, monkeypatch, cache):
     convt("x", (6, 2, 3, 3), strides=[2, 2], output_shape=[10, 14])
     convt("v", (3, 4, 5), bias=True, strides=[2], pads=[2, 1])
     convt("u", (2, 3, 2, 2, 2), strides=[2, 2, 2])
+    convt("x", (6, 2, 1, 1), strides=[4, 4], pads=[0, 0, 1, 1])  # gaps in y
+    convt("x", (6, 1, 4, 4), bias=True, strides=[2, 2], pads=[1, 1, 1, 1], group=6)  # depthwise
     x = _r(2, 6, 5, 7)
     x[0, 1, 2, 3], x[1, 4, 0, 6] = np.nan, np.inf
     feeds.update(x=x, v=_r(1, 3, 9), u=_r(1, 2, 3, 4, 5))
