@@ -76,6 +76,7 @@ def test_conv_transpose_runtime_weights(isa, path, monkeypatch, cache):
     inside), each forced on every case by its threshold."""
     force_isa(isa, monkeypatch, cache)
     monkeypatch.setattr("smelt.codegen.templates.conv_transpose.GEMM_MIN_MACS", 0 if path == "gemm" else 1 << 62)
+    monkeypatch.setattr("smelt.codegen.templates.conv_transpose.GEMM_MIN_CHANNELS", 1)
     cases, feeds = Cases(), {}
 
     def convt(x: str, w: tuple, bias: bool = False, **attrs) -> None:

@@ -16,8 +16,9 @@ naming why.
 Weights and bias may be constants or run-time values (graph inputs, computed tensors): the
 kernels read both in ONNX's layout, so nothing is reordered at compile time.
 
-GEMM + col2im (when there is work enough for it, ``GEMM_MIN_MACS``, and its column matrix fits
-``COL_LIMIT_BYTES`` of scratch): per (image, group), col[(o, tap)][pixel] = W^T . X on the kernel
+GEMM + col2im (when there is work enough for it, ``GEMM_MIN_MACS``, at least
+``GEMM_MIN_CHANNELS`` input channels per group, and its column matrix fits ``COL_LIMIT_BYTES``
+of scratch): per (image, group), col[(o, tap)][pixel] = W^T . X on the kernel
 library's GEMM (W [C/G][OC/G * taps] is a transposed run-time A operand, packed inside the
 generated code; the image rows are B), then per (image, output channel) plane the same
 output-stationary pass as above adds col's rows, one per tap, onto the plane started at the bias.
@@ -37,6 +38,9 @@ from smelt.schedule import gemm as gemm_schedule
 
 PARALLEL_MIN_MACS = 1 << 15  # below this one thread does the node (a barrier costs more)
 GEMM_MIN_MACS = 1 << 16  # from here the GEMM + col2im form beats the scatter with weights inside
+# ... given this many input channels per group: the GEMM's K; below it (depthwise-like) the
+# column matrix costs more memory traffic than the multiply-adds it organizes
+GEMM_MIN_CHANNELS = 4
 COL_LIMIT_BYTES = 64 << 20  # the GEMM form's column matrix (all images and groups) in scratch
 
 
@@ -121,7 +125,8 @@ def emit_conv_transpose(node: Node, g: Graph, em: BlockEmitter) -> None:
     in_plane, out_plane = i_d * i_h * i_w, o_d * o_h * o_w
     macs = n * c * ocg * in_plane * k_d * k_h * k_w
     taps = k_d * k_h * k_w
-    if macs >= GEMM_MIN_MACS and n * group * ocg * taps * in_plane * 4 <= COL_LIMIT_BYTES:
+    if (macs >= GEMM_MIN_MACS and icg >= GEMM_MIN_CHANNELS
+            and n * group * ocg * taps * in_plane * 4 <= COL_LIMIT_BYTES):
         _emit_gemm_col2im(node, g, em)
         return
     L = [f"const float *restrict X = {em.ptr(node.inputs[0])};",
