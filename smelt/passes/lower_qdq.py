@@ -6,9 +6,22 @@ Guarantees: ``Q(op(DQ(x), DQ(W)[, DQ(bias)]))`` — the "QDQ" format onnxruntime
 ``quantize_static`` writes, optionally with a Relu before the Q — becomes ``QLinearConv`` /
 ``QLinearMatMul`` on the integer tensors, as onnxruntime's own QDQ transformer does, so the
 model runs on the integer kernels and answers what onnxruntime answers (it runs the same integer
-op, not the float graph). A Relu between the op and the Q becomes ``Max(q, y_zero_point)``: the
+op, not the float graph). A Relu between the op and the Q is dropped where the Q's zero point is its type's minimum (the
+requantization's saturation is then the Relu, and onnxruntime drops it too), else becomes
+``Max(q, y_zero_point)``: the
 quantization is monotonic, so quantizing ``max(v, 0)`` is the max of the quantized value and the
 quantized 0 (exact).
+
+The same holds for the other patterns onnxruntime's QDQ transformer rewrites (its selectors and
+actions, checked against onnxruntime running the same QDQ file in tests/test_lower_qdq_more.py):
+``Q(Add|Mul(DQ(a), DQ(b)))`` becomes ``com.microsoft`` QLinearAdd/QLinearMul,
+``Q(Sigmoid|LeakyRelu|GlobalAveragePool(DQ(x)))`` QLinearSigmoid/QLinearLeakyRelu/
+QLinearGlobalAveragePool, ``Q(Concat(DQ(x_i)...))`` QLinearConcat; a Relu between the op and
+its Q is dropped where the Q's zero point is its type's minimum (onnxruntime's ReluQuantFusion:
+the Q's saturation is then the Relu). And ops that do not change values (MaxPool, Reshape,
+Flatten, Transpose, Squeeze, Unsqueeze, Slice) between a DQ and a Q of the same scale and zero
+point run on the 8-bit tensor itself, as onnxruntime's DropQDQ rules make them: the pair is
+``Q(op(DQ(x)))`` = ``op(x)`` exactly, since DQ is monotonic and Q inverts it on its image.
 
 Only what is exact is lowered: per-tensor activation scales and zero points, weights constant
 (per tensor, or per output channel on the axis onnxruntime uses), a bias only when it is the
@@ -124,6 +137,9 @@ def _finish(g: Graph, node: Node, q: Node, relu: Node | None, op: str, inputs: l
     inputs[5] = _zero_point(g, inputs[5], inputs[3])
     out = q.outputs[0]
     node.op, node.inputs = op, inputs
+    if relu is not None and _type_min_zero(g, q):  # the requantization's saturation is the Relu
+        dead.append(relu)
+        relu = None
     if relu is None:
         node.outputs = [out]
     else:
@@ -134,6 +150,101 @@ def _finish(g: Graph, node: Node, q: Node, relu: Node | None, op: str, inputs: l
         relu.op, relu.inputs, relu.outputs = "Max", [tmp, q.inputs[2]], [out]
         relu.attrs, relu.attr_protos = {}, []
     dead.append(q)
+
+
+MS_DOMAIN = "com.microsoft"
+# value-preserving ops onnxruntime runs on the integer tensor between a DQ and a Q of equal
+# parameters (its DropQDQNodes selector), with their data input
+MOVEMENT = ("MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice")
+UNARY = {"Sigmoid": "QLinearSigmoid", "LeakyRelu": "QLinearLeakyRelu",
+         "GlobalAveragePool": "QLinearGlobalAveragePool"}
+BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}
+
+
+def _type_min_zero(g: Graph, q: Node) -> bool:
+    """Whether ``q``'s zero point is its output type's minimum (0 for uint8, -128 for int8)."""
+    zero = g.const(q.inputs[2]) if len(q.inputs) > 2 and q.inputs[2] else None
+    info = np.iinfo(np.dtype(g.values[q.outputs[0]].dtype))
+    return zero is not None and int(zero.reshape(-1)[0]) == int(info.min)
+
+
+def _q_after(g: Graph, consumers: dict[str, list[Node]], y: str) -> tuple[Node, Node | None] | None:
+    """The QuantizeLinear after ``y`` (through a Relu only where the Q's zero point makes the
+    Relu a no-op, which onnxruntime then removes)."""
+    out = _output_q(g, consumers, y)
+    if out is None or (out[1] is not None and not _type_min_zero(g, out[0])):
+        return None
+    return out
+
+
+def _same_params(g: Graph, a: tuple[str, str, str], q: Node) -> bool:
+    """Whether activation ``a`` (x_q, scale, zero point) and ``q`` quantize alike."""
+    qz = q.inputs[2] if len(q.inputs) > 2 else ""
+    if _dtype(g, a[0]) != _dtype(g, q.outputs[0]):
+        return False
+    if not np.array_equal(g.const(a[1]).reshape(-1), g.const(q.inputs[1]).reshape(-1)):
+        return False
+    za = g.const(a[2]).reshape(-1) if a[2] else np.zeros(1)
+    zq = g.const(qz).reshape(-1) if qz else np.zeros(1)
+    return bool(np.array_equal(za.astype(np.int64), zq.astype(np.int64)))
+
+
+def _retarget(g: Graph, node: Node, q: Node, relu: Node | None, dead: list[Node]) -> None:
+    """``node`` writes what ``q`` wrote; ``q`` (and the no-op Relu) go."""
+    node.outputs = [q.outputs[0]]
+    dead.append(q)
+    if relu is not None:
+        dead.append(relu)
+
+
+def _lower_elementwise(g: Graph, producers: dict[str, Node], consumers: dict[str, list[Node]],
+                       dead: list[Node]) -> None:
+    """The element-wise, pooling, concatenation and value-preserving patterns (module doc)."""
+    gone = {id(n) for n in dead}
+    for node in list(g.nodes):
+        if id(node) in gone or node.domain not in ("", "ai.onnx") or node.epilogue:
+            continue
+        op = node.op
+        if op not in BINARY and op not in UNARY and op not in MOVEMENT and op != "Concat":
+            continue
+        if op in MOVEMENT and (len([o for o in node.outputs if o]) != 1
+                               or (op == "MaxPool" and g.opset.get("", 0) < 12)):
+            continue
+        out = _q_after(g, consumers, node.outputs[0])
+        if out is None:
+            continue
+        q, relu = out
+        if op in MOVEMENT and relu is not None:
+            continue
+        data = node.present_inputs() if op in BINARY or op == "Concat" else [node.inputs[0]]
+        acts = [_activation(g, _dq(g, producers, x)) for x in data]
+        if any(a is None for a in acts) or any(_dtype(g, a[0]) != _dtype(g, q.outputs[0]) for a in acts):
+            continue
+        ys, yz = q.inputs[1], q.inputs[2]
+        if op in MOVEMENT:
+            if not _same_params(g, acts[0], q):
+                continue
+            node.inputs = [acts[0][0]] + node.inputs[1:]
+        elif op in BINARY:
+            (a, sa, za), (b, sb, zb) = acts
+            node.inputs = [a, sa, _zero_point(g, za, a), b, sb, _zero_point(g, zb, b), ys, yz]
+            node.op, node.domain = BINARY[op], MS_DOMAIN
+        elif op in UNARY:
+            x, xs, xz = acts[0]
+            node.inputs = [x, xs, _zero_point(g, xz, x), ys, yz]
+            node.op, node.domain = UNARY[op], MS_DOMAIN
+            if op == "GlobalAveragePool":
+                node.attrs, node.attr_protos = {"channels_last": 0}, []
+            elif op == "LeakyRelu":
+                node.attrs = {"alpha": float(node.attr("alpha", 0.01))}
+                node.attr_protos = []
+        else:
+            node.inputs = [ys, yz] + [n for x, s, z in acts for n in (x, s, _zero_point(g, z, x))]
+            node.op, node.domain = "QLinearConcat", MS_DOMAIN
+        if node.domain == MS_DOMAIN:
+            g.opset.setdefault(MS_DOMAIN, 1)
+        _retarget(g, node, q, relu, dead)
+        gone.update({id(q), id(relu)})
 
 
 def lower_qdq(g: Graph) -> Graph:
@@ -169,6 +280,7 @@ def lower_qdq(g: Graph) -> Graph:
             if w is None:
                 continue
             _finish(g, node, q, relu, "QLinearMatMul", [x[0], x[1], x[2], w[0], w[1], w[2], ys, yz], dead)
+    _lower_elementwise(g, producers, consumers, dead)
     g.remove_nodes(dead)
     g.prune_values()
     return g
