@@ -80,6 +80,28 @@ def _qlinear_concat(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]
     return [(np.dtype(vals[0].dtype), tuple(shape))]
 
 
+def _matmul_to_float(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """DynamicQuantizeMatMul / MatMulIntegerToFloat: float32 A[..., M, K] @ B[K, N]."""
+    a, b = g.values[node.inputs[0]], g.values[node.inputs[1]]
+    if a.shape is None or b.shape is None or len(a.shape) < 1 or len(b.shape) != 2:
+        return [None]
+    return [(np.dtype(np.float32), tuple(a.shape[:-1]) + (b.shape[1],))]
+
+
+def _qgemm(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """QGemm: [M, N]; float32 without y_scale, else y_zero_point's type (A's when absent)."""
+    ins = list(node.inputs) + [""] * 9
+    a, b = g.values[ins[0]], g.values[ins[3]]
+    if a.shape is None or b.shape is None or len(a.shape) != 2 or len(b.shape) != 2:
+        return [None]
+    m = a.shape[1] if int(node.attr("transA", 0)) else a.shape[0]
+    n = b.shape[0] if int(node.attr("transB", 0)) else b.shape[1]
+    if not ins[7]:
+        return [(np.dtype(np.float32), (m, n))]
+    typed = g.values[ins[8]] if ins[8] else a
+    return [None if typed.dtype is None else (np.dtype(typed.dtype), (m, n))]
+
+
 RULES: dict[str, Callable[[Node, Graph], list[tuple[np.dtype, tuple] | None]]] = {
     "DynamicQuantizeLSTM": _dynamic_quantize_lstm,
     "QLinearAdd": _qlinear_binary,
@@ -88,6 +110,9 @@ RULES: dict[str, Callable[[Node, Graph], list[tuple[np.dtype, tuple] | None]]] =
     "QLinearLeakyRelu": _same_as_input,
     "QLinearGlobalAveragePool": _qlinear_gap,
     "QLinearConcat": _qlinear_concat,
+    "DynamicQuantizeMatMul": _matmul_to_float,
+    "MatMulIntegerToFloat": _matmul_to_float,
+    "QGemm": _qgemm,
 }
 
 

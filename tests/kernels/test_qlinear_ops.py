@@ -172,3 +172,83 @@ def test_lookup_table_matches_formula() -> None:
 
 def test_tensor_proto_types() -> None:
     assert helper.np_dtype_to_tensor_dtype(np.dtype(np.int8)) == TensorProto.INT8
+
+
+# -- the integer GEMM contrib ops ----------------------------------------------------------------
+GEMM_SHAPES = [((1, 40), 23), ((9, 33), 70), ((2, 3, 17), 5), ((64, 130), 129), ((5, 1), 1)]
+
+
+def _floats(m: Model, shape) -> str:
+    name = f"f{len(m.feeds)}"
+    m.feeds[name] = m.rng.standard_normal(shape).astype(np.float32) * 3
+    return name
+
+
+def _b(m: Model, dtype, k: int, n: int, per_column: bool, zero: bool) -> list[str]:
+    """B, b_scale, b_zero_point (int8 symmetric: zero points 0, the VNNI quad form)."""
+    info = np.iinfo(dtype)
+    b = m.const(m.rng.integers(info.min, int(info.max) + 1, (k, n)).astype(dtype))
+    shape = (n,) if per_column else ()
+    bs = m.const(m.rng.uniform(0.001, 0.02, shape).astype(np.float32))
+    bz = m.const(np.zeros(shape, dtype) if zero else m.rng.integers(info.min, int(info.max) + 1, shape).astype(dtype))
+    return [b, bs, bz]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_dynamic_quantize_matmul(isa: str, monkeypatch, cache) -> None:
+    force_isa(isa, monkeypatch, cache)
+    m = Model(21)
+    for (ashape, n) in GEMM_SHAPES:
+        k = ashape[-1]
+        for bt, per_column, zero, bias in ((np.int8, False, True, False), (np.int8, True, True, True),
+                                           (np.uint8, True, False, True), (np.int8, False, False, False)):
+            b, bs, bz = _b(m, bt, k, n, per_column, zero)
+            ins = [_floats(m, ashape), b, bs, bz]
+            if bias:
+                ins.append(m.const(m.rng.standard_normal(n).astype(np.float32)))
+            m.node("DynamicQuantizeMatMul", ins, np.float32)
+    _check(m)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_matmul_integer_to_float(isa: str, monkeypatch, cache) -> None:
+    force_isa(isa, monkeypatch, cache)
+    m = Model(22)
+    for (ashape, n) in GEMM_SHAPES:
+        k = ashape[-1]
+        for at, bt, per_column, zero, bias in ((np.uint8, np.int8, True, True, True), (np.uint8, np.uint8, False, False, False),
+                                               (np.int8, np.int8, True, False, True)):
+            b, bs, bz = _b(m, bt, k, n, per_column, zero)
+            info = np.iinfo(at)
+            az = m.const(at(m.rng.integers(info.min, int(info.max) + 1)))
+            ins = [m.data(at, ashape), b, m.const(np.float32(m.rng.uniform(0.01, 0.1))), bs, az, bz]
+            if bias:
+                ins.append(m.const(m.rng.standard_normal(n).astype(np.float32)))
+            m.node("MatMulIntegerToFloat", ins, np.float32)
+    _check(m)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_qgemm(isa: str, monkeypatch, cache) -> None:
+    force_isa(isa, monkeypatch, cache)
+    m = Model(23)
+    for mm, k, n in ((1, 40, 23), (9, 33, 70), (64, 130, 17), (3, 1, 5)):
+        for at, bt in ((np.uint8, np.int8), (np.int8, np.int8), (np.uint8, np.uint8)):
+            for trans_a, trans_b, alpha, bias, requant in ((0, 0, 1.0, False, False), (0, 1, 0.5, True, True),
+                                                           (1, 0, 1.0, True, False), (1, 1, 2.0, False, True)):
+                info = np.iinfo(at)
+                a = m.data(at, (k, mm) if trans_a else (mm, k))
+                b, bs, bz = _b(m, bt, k, n, bool(trans_b), at == np.uint8)
+                if trans_b:  # stored [N, K]; scale and zero point stay per output column
+                    stored = next(i for i in m.inits if i.name == b)
+                    stored.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(stored).T.copy(), b))
+                ins = [a, m.const(np.float32(m.rng.uniform(0.01, 0.1))),
+                       m.const(at(m.rng.integers(info.min, int(info.max) + 1))), b, bs, bz]
+                ins.append(m.const(m.rng.integers(-5000, 5000, (n,)).astype(np.int32)) if bias else "")
+                out_type = np.float32
+                if requant:
+                    ins += [m.const(np.float32(m.rng.uniform(0.05, 0.5))),
+                            m.const(at(m.rng.integers(info.min, int(info.max) + 1)))]
+                    out_type = at
+                m.node("QGemm", ins, out_type, transA=trans_a, transB=trans_b, alpha=alpha)
+    _check(m)
