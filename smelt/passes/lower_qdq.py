@@ -247,11 +247,37 @@ def _lower_elementwise(g: Graph, producers: dict[str, Node], consumers: dict[str
         gone.update({id(q), id(relu)})
 
 
+def _lower_gemm(g: Graph, producers: dict[str, Node], node: Node, x: tuple[str, str, str], q: Node,
+                relu: Node | None, dead: list[Node]) -> None:
+    """``Q(Gemm(DQ(a), DQ(W)[, DQ(bias)]))`` → ``com.microsoft`` QGemm, as onnxruntime's QDQ
+    transformer rewrites it: weights per tensor or per output column, the bias only as the int32
+    ``DQ(bias_q, a_scale * w_scale)`` (with beta 1)."""
+    bv = g.values.get(node.inputs[1])
+    if bv is None or bv.shape is None or len(bv.shape) != 2 or int(node.attr("transA", 0)):
+        return
+    trans_b = int(node.attr("transB", 0))
+    w = _weights(g, _dq(g, producers, node.inputs[1]), int(bv.shape[0 if trans_b else 1]), 0 if trans_b else 1)
+    if w is None or _dtype(g, q.outputs[0]) != _dtype(g, x[0]):
+        return
+    c = node.inputs[2] if len(node.inputs) > 2 else ""
+    if c and float(node.attr("beta", 1.0)) != 1.0:
+        return
+    bias = _bias(g, producers, c, x[1], w[1])
+    if bias is None:
+        return
+    ys, yz = q.inputs[1], q.inputs[2]
+    node.attrs = {"alpha": float(node.attr("alpha", 1.0)), "transA": 0, "transB": trans_b}
+    node.attr_protos = []
+    node.domain = MS_DOMAIN
+    g.opset.setdefault(MS_DOMAIN, 1)
+    _finish(g, node, q, relu, "QGemm", [x[0], x[1], x[2], w[0], w[1], w[2], bias, ys, yz], dead)
+
+
 def lower_qdq(g: Graph) -> Graph:
     producers = g.producers()
     consumers = g.consumers()
     dead: list[Node] = []
-    for node in g.iter_op("Conv", "MatMul"):
+    for node in g.iter_op("Conv", "MatMul", "Gemm"):
         if node.epilogue:
             continue
         out = _output_q(g, consumers, node.outputs[0])
@@ -272,6 +298,8 @@ def lower_qdq(g: Graph) -> Graph:
                 continue
             _finish(g, node, q, relu, "QLinearConv", [x[0], x[1], x[2], w[0], w[1], w[2], ys, yz]
                     + ([bias] if bias else []), dead)
+        elif node.op == "Gemm":
+            _lower_gemm(g, producers, node, x, q, relu, dead)
         else:
             bv = g.values.get(node.inputs[1])
             if bv is None or bv.shape is None or len(bv.shape) != 2:
