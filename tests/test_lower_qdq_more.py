@@ -317,8 +317,8 @@ def test_quantized_mlp(tmp_path, kind: str) -> None:
         compiled = smelt.compile(str(dst), threads=threads)
         assert compiled.fallback_nodes == [], compiled.fallback_report
         got = compiled.run(feeds)[0]
-        if kind == "dynamic-per-channel":
-            # onnxruntime's per-channel MatMulInteger chain is one unit in the last place off the
+        if kind.startswith("dynamic"):
+            # onnxruntime's MatMulInteger → Cast → Mul chain is now and then one unit in the last place off the
             # graph as written (even with its optimizations off), enough to flip a rounding of the
             # next DynamicQuantizeLinear now and then: smelt runs the graph as written, which is
             # onnx's reference bit for bit
