@@ -149,6 +149,19 @@ def test_unary_and_pooling(dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", TYPES)
+def test_clip_and_relu(dtype) -> None:
+    """DQ -> Clip/Relu -> Q (smelt quantize's Relu6): a table of the float graph (smelt's
+    QLinearClip), equal to onnxruntime's float DQ, Clip and Q."""
+    m = Qdq(dtype)
+    x, _ = m.input((1, 8, 9, 7))
+    m.out(m.op("Clip", [x, m.const(np.float32(0)), m.const(np.float32(6))]), m.params(6 / 255, 0))
+    m.out(m.op("Clip", [x, m.const(np.float32(-0.5)), m.const(np.float32(1.25))]))  # clamps inside Q's range
+    m.out(m.op("Clip", [x, "", m.const(np.float32(0.7))]))
+    m.out(m.op("Relu", [x]))
+    _check(m, {"QLinearClip": 4}, ("Clip", "Relu"))
+
+
+@pytest.mark.parametrize("dtype", TYPES)
 def test_concat(dtype) -> None:
     m = Qdq(dtype)
     p = m.params()

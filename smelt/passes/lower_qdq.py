@@ -22,6 +22,8 @@ the Q's saturation is then the Relu). And ops that do not change values (MaxPool
 Flatten, Transpose, Squeeze, Unsqueeze, Slice) between a DQ and a Q of the same scale and zero
 point run on the 8-bit tensor itself, as onnxruntime's DropQDQ rules make them: the pair is
 ``Q(op(DQ(x)))`` = ``op(x)`` exactly, since DQ is monotonic and Q inverts it on its image.
+``Q(Clip|Relu(DQ(x)))`` (smelt's quantizer writes it for Relu6) becomes smelt's own
+``ai.smelt`` QLinearClip: a table of the float graph over the 256 codes, so exact too.
 
 Only what is exact is lowered: per-tensor activation scales and zero points, weights constant
 (per tensor, or per output channel on the axis onnxruntime uses), a bias only when it is the
@@ -153,6 +155,7 @@ def _finish(g: Graph, node: Node, q: Node, relu: Node | None, op: str, inputs: l
 
 
 MS_DOMAIN = "com.microsoft"
+SMELT_DOMAIN = "ai.smelt"  # smelt's own ops
 # value-preserving ops onnxruntime runs on the integer tensor between a DQ and a Q of equal
 # parameters (its DropQDQNodes selector), with their data input
 MOVEMENT = ("MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice")
@@ -197,6 +200,22 @@ def _retarget(g: Graph, node: Node, q: Node, relu: Node | None, dead: list[Node]
         dead.append(relu)
 
 
+def _clip_bounds(g: Graph, node: Node) -> tuple[float, float] | None:
+    """(min, max) of a Clip or Relu with constant bounds, else None."""
+    if node.op == "Relu":
+        return 0.0, float("inf")
+    if "min" in node.attrs or "max" in node.attrs:  # opset < 11
+        return float(node.attr("min", float("-inf"))), float(node.attr("max", float("inf")))
+    bounds = []
+    for i, default in ((1, float("-inf")), (2, float("inf"))):
+        name = node.inputs[i] if len(node.inputs) > i else ""
+        c = g.const(name) if name else None
+        if name and (c is None or c.size != 1 or _dtype(g, name) != "float32"):
+            return None
+        bounds.append(float(c.reshape(-1)[0]) if name else default)
+    return bounds[0], bounds[1]
+
+
 def _lower_elementwise(g: Graph, producers: dict[str, Node], consumers: dict[str, list[Node]],
                        dead: list[Node]) -> None:
     """The element-wise, pooling, concatenation and value-preserving patterns (module doc)."""
@@ -205,7 +224,10 @@ def _lower_elementwise(g: Graph, producers: dict[str, Node], consumers: dict[str
         if id(node) in gone or node.domain not in ("", "ai.onnx") or node.epilogue:
             continue
         op = node.op
-        if op not in BINARY and op not in UNARY and op not in MOVEMENT and op != "Concat":
+        if op not in BINARY and op not in UNARY and op not in MOVEMENT and op not in ("Concat", "Clip", "Relu"):
+            continue
+        if op in ("Clip", "Relu"):
+            _lower_clip(g, producers, consumers, node, dead, gone)
             continue
         if op in MOVEMENT and (len([o for o in node.outputs if o]) != 1
                                or (op == "MaxPool" and g.opset.get("", 0) < 12)):
@@ -271,6 +293,30 @@ def _lower_gemm(g: Graph, producers: dict[str, Node], node: Node, x: tuple[str, 
     node.domain = MS_DOMAIN
     g.opset.setdefault(MS_DOMAIN, 1)
     _finish(g, node, q, relu, "QGemm", [x[0], x[1], x[2], w[0], w[1], w[2], bias, ys, yz], dead)
+
+
+def _lower_clip(g: Graph, producers: dict[str, Node], consumers: dict[str, list[Node]], node: Node,
+                dead: list[Node], gone: set[int]) -> None:
+    """``Q(Clip|Relu(DQ(x)))`` → smelt's ``QLinearClip``: each of the 256 codes through the float
+    graph (dequantize, clamp, quantize) at compile time, so a byte lookup at run time answers
+    what the float DQ, Clip and Q kernels answer, element by element (what smelt's own quantizer
+    writes around MobileNet's Relu6)."""
+    bounds = _clip_bounds(g, node)
+    readers = consumers.get(node.outputs[0], [])
+    if bounds is None or node.outputs[0] in g.outputs or len(readers) != 1 or readers[0].op != "QuantizeLinear":
+        return
+    q = readers[0]
+    out = _output_q(g, consumers, node.outputs[0])
+    act = _activation(g, _dq(g, producers, node.inputs[0]))
+    if out is None or out[1] is not None or act is None or _dtype(g, act[0]) != _dtype(g, q.outputs[0]):
+        return
+    x, xs, xz = act
+    node.inputs = [x, xs, _zero_point(g, xz, x), q.inputs[1], q.inputs[2]]
+    node.op, node.domain = "QLinearClip", SMELT_DOMAIN
+    node.attrs, node.attr_protos = {"min": bounds[0], "max": bounds[1]}, []
+    g.opset.setdefault(SMELT_DOMAIN, 1)
+    _retarget(g, node, q, None, dead)
+    gone.add(id(q))
 
 
 def lower_qdq(g: Graph) -> Graph:

@@ -18,7 +18,8 @@ compares for equality). The arithmetic was read from MLAS and pinned down agains
 - QLinearMul: ``(a - z_a) (b - z_b)`` exact in int32, times ``s_a s_b / s_c`` (float, rounded
   once each), plus ``z_c``, rounded half to even, saturated. Multiply and add are not fused.
 - QLinearSigmoid / QLinearLeakyRelu / QLinearConcat (inputs whose scale or zero point differ
-  from the output's): a 256-entry table built at compile time from the constant scales, as
+  from the output's), and smelt's own ``ai.smelt`` QLinearClip (``lower_qdq``'s DQ -> Clip/Relu
+  -> Q): a 256-entry table built at compile time from the constant scales, as
   onnxruntime builds its own: dequantize every code (``s * (q - z)``), apply the function (the
   logistic is MLAS's rational approximation with its FMA kernel's operation order; LeakyRelu is
   ``x >= 0 ? x : x * alpha``), quantize (``y / s``, half to even, saturated). The run time is one
@@ -251,10 +252,14 @@ def _check_unary(node: Node, g: Graph) -> str | None:
 def _unary_fn(node: Node) -> Callable[[np.ndarray], np.ndarray]:
     if node.op == "QLinearSigmoid":
         return mlas_logistic
+    if node.op == "QLinearClip":  # smelt's (passes/lower_qdq.py): DQ -> Clip/Relu -> Q
+        lo, hi = F32(node.attr("min", -np.inf)), F32(node.attr("max", np.inf))
+        return lambda x: np.minimum(np.maximum(x, lo), hi).astype(F32)
     alpha = F32(node.attr("alpha", 0.01))
     return lambda x: np.where(x >= 0, x, (x * alpha).astype(F32)).astype(F32)
 
 
+@register("QLinearClip", check=_check_unary, name="qlinear_clip", domain="ai.smelt", blocked=True)
 @register(("QLinearSigmoid", "QLinearLeakyRelu"), check=_check_unary, name="qlinear_lookup", domain=MS,
           blocked=True)
 def emit_qlinear_lookup(node: Node, g: Graph, em: BlockEmitter) -> None:
