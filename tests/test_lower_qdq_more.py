@@ -144,8 +144,11 @@ def test_unary_and_pooling(dtype) -> None:
     m.out(m.op("Sigmoid", [x]), m.params(1 / 256, int(np.iinfo(dtype).min)))
     m.out(m.op("LeakyRelu", [x], alpha=0.13))
     m.out(m.op("GlobalAveragePool", [x]))
-    _check(m, {"QLinearSigmoid": 1, "QLinearLeakyRelu": 1, "QLinearGlobalAveragePool": 1},
-           ("Sigmoid", "LeakyRelu", "GlobalAveragePool"))
+    m.out(m.op("AveragePool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+    m.out(m.op("AveragePool", [x], kernel_shape=[2, 3], pads=[0, 1, 1, 0], count_include_pad=1))
+    m.out(m.op("AveragePool", [x], kernel_shape=[7, 5]))  # the whole image: the global pool
+    _check(m, {"QLinearSigmoid": 1, "QLinearLeakyRelu": 1, "QLinearGlobalAveragePool": 1, "QLinearAveragePool": 3},
+           ("Sigmoid", "LeakyRelu", "GlobalAveragePool", "AveragePool"))
 
 
 @pytest.mark.parametrize("dtype", TYPES)

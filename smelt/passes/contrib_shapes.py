@@ -65,6 +65,27 @@ def _qlinear_gap(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
     return [(np.dtype(x.dtype), tuple(shape))]
 
 
+def _qlinear_average_pool(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """QLinearAveragePool with explicit pads in floor mode (NCHW, or NHWC with channels_last);
+    other forms stay untyped (and off the native path)."""
+    x = g.values[node.inputs[0]]
+    kernel = [int(k) for k in node.attr("kernel_shape", [])]
+    if (x.shape is None or x.dtype is None or len(x.shape) != len(kernel) + 2
+            or not all(isinstance(d, int) for d in x.shape) or int(node.attr("ceil_mode", 0))
+            or str(node.attr("auto_pad", "NOTSET")) not in ("NOTSET", "VALID")):
+        return [None]
+    last = int(node.attr("channels_last", 0))
+    spatial = list(x.shape[1:-1] if last else x.shape[2:])
+    strides = [int(s) for s in node.attr("strides", [1] * len(kernel))]
+    pads = [int(p) for p in node.attr("pads", [0] * 2 * len(kernel))]
+    if str(node.attr("auto_pad", "NOTSET")) == "VALID":
+        pads = [0] * 2 * len(kernel)
+    k = len(kernel)
+    outs = [(spatial[d] + pads[d] + pads[d + k] - kernel[d]) // strides[d] + 1 for d in range(k)]
+    shape = [x.shape[0], *outs, x.shape[-1]] if last else [x.shape[0], x.shape[1], *outs]
+    return [(np.dtype(x.dtype), tuple(shape))]
+
+
 def _qlinear_concat(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
     """QLinearConcat: inputs 2, 5, 8, ... joined along ``axis``."""
     vals = [g.values[node.inputs[i]] for i in range(2, len(node.inputs), 3)]
@@ -110,6 +131,7 @@ RULES: dict[str, Callable[[Node, Graph], list[tuple[np.dtype, tuple] | None]]] =
     "QLinearLeakyRelu": _same_as_input,
     "QLinearGlobalAveragePool": _qlinear_gap,
     "QLinearConcat": _qlinear_concat,
+    "QLinearAveragePool": _qlinear_average_pool,
     "DynamicQuantizeMatMul": _matmul_to_float,
     "MatMulIntegerToFloat": _matmul_to_float,
     "QGemm": _qgemm,

@@ -15,8 +15,8 @@ quantized 0 (exact).
 The same holds for the other patterns onnxruntime's QDQ transformer rewrites (its selectors and
 actions, checked against onnxruntime running the same QDQ file in tests/test_lower_qdq_more.py):
 ``Q(Add|Mul(DQ(a), DQ(b)))`` becomes ``com.microsoft`` QLinearAdd/QLinearMul,
-``Q(Sigmoid|LeakyRelu|GlobalAveragePool(DQ(x)))`` QLinearSigmoid/QLinearLeakyRelu/
-QLinearGlobalAveragePool, ``Q(Concat(DQ(x_i)...))`` QLinearConcat; a Relu between the op and
+``Q(Sigmoid|LeakyRelu|GlobalAveragePool|AveragePool(DQ(x)))`` QLinearSigmoid/QLinearLeakyRelu/
+QLinearGlobalAveragePool/QLinearAveragePool, ``Q(Concat(DQ(x_i)...))`` QLinearConcat; a Relu between the op and
 its Q is dropped where the Q's zero point is its type's minimum (onnxruntime's ReluQuantFusion:
 the Q's saturation is then the Relu). And ops that do not change values (MaxPool, Reshape,
 Flatten, Transpose, Squeeze, Unsqueeze, Slice) between a DQ and a Q of the same scale and zero
@@ -160,7 +160,7 @@ SMELT_DOMAIN = "ai.smelt"  # smelt's own ops
 # parameters (its DropQDQNodes selector), with their data input
 MOVEMENT = ("MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice")
 UNARY = {"Sigmoid": "QLinearSigmoid", "LeakyRelu": "QLinearLeakyRelu",
-         "GlobalAveragePool": "QLinearGlobalAveragePool"}
+         "GlobalAveragePool": "QLinearGlobalAveragePool", "AveragePool": "QLinearAveragePool"}
 BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}
 
 
@@ -216,6 +216,15 @@ def _clip_bounds(g: Graph, node: Node) -> tuple[float, float] | None:
     return bounds[0], bounds[1]
 
 
+def _plain_average_pool(node: Node) -> bool:
+    """An AveragePool the native QLinearAveragePool computes: 1-D or 2-D, explicit pads, floor
+    mode, no dilation."""
+    kernel = node.attr("kernel_shape", [])
+    return (len(kernel) in (1, 2) and not int(node.attr("ceil_mode", 0))
+            and str(node.attr("auto_pad", "NOTSET")) in ("NOTSET", "VALID")
+            and all(int(d) == 1 for d in node.attr("dilations", [1] * len(kernel))))
+
+
 def _lower_elementwise(g: Graph, producers: dict[str, Node], consumers: dict[str, list[Node]],
                        dead: list[Node]) -> None:
     """The element-wise, pooling, concatenation and value-preserving patterns (module doc)."""
@@ -238,6 +247,8 @@ def _lower_elementwise(g: Graph, producers: dict[str, Node], consumers: dict[str
         q, relu = out
         if op in MOVEMENT and relu is not None:
             continue
+        if op == "AveragePool" and not _plain_average_pool(node):
+            continue
         data = node.present_inputs() if op in BINARY or op == "Concat" else [node.inputs[0]]
         acts = [_activation(g, _dq(g, producers, x)) for x in data]
         if any(a is None for a in acts) or any(_dtype(g, a[0]) != _dtype(g, q.outputs[0]) for a in acts):
@@ -257,6 +268,11 @@ def _lower_elementwise(g: Graph, producers: dict[str, Node], consumers: dict[str
             node.op, node.domain = UNARY[op], MS_DOMAIN
             if op == "GlobalAveragePool":
                 node.attrs, node.attr_protos = {"channels_last": 0}, []
+            elif op == "AveragePool":
+                node.attrs = {k: node.attr(k) for k in ("kernel_shape", "strides", "pads", "count_include_pad",
+                                                        "ceil_mode", "auto_pad") if node.attr(k) is not None}
+                node.attrs["channels_last"] = 0
+                node.attr_protos = []
             elif op == "LeakyRelu":
                 node.attrs = {"alpha": float(node.attr("alpha", 0.01))}
                 node.attr_protos = []

@@ -144,6 +144,25 @@ def test_qlinear_global_average_pool(isa: str, monkeypatch, cache) -> None:
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_qlinear_average_pool(isa: str, monkeypatch, cache) -> None:
+    force_isa(isa, monkeypatch, cache)
+    m = Model(24)
+    cases = [((2, 3, 9, 7), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+             ((1, 4, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),
+             ((1, 5, 7, 6), dict(kernel_shape=[3, 2], pads=[0, 1, 2, 0], count_include_pad=1)),
+             ((1, 3, 6, 5), dict(kernel_shape=[6, 5])),  # the whole image: onnxruntime's global pool
+             ((2, 3, 11), dict(kernel_shape=[4], strides=[3], pads=[2, 1])),  # 1-D
+             ((1, 2, 5, 5), dict(kernel_shape=[5, 5], pads=[1, 1, 1, 1], count_include_pad=1))]
+    for dtype in TYPES:
+        for shape, attrs in cases:
+            for last in (0, 1):
+                data_shape = (shape[0], *shape[2:], shape[1]) if last else shape
+                m.node("QLinearAveragePool", [m.data(dtype, data_shape), *m.qparams(dtype, 0.01, 0.1),
+                                              *m.qparams(dtype, 0.005, 0.05)], dtype, channels_last=last, **attrs)
+    _check(m)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_qlinear_concat(isa: str, monkeypatch, cache) -> None:
     force_isa(isa, monkeypatch, cache)
     m = Model(20)

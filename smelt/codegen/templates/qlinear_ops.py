@@ -1,5 +1,5 @@
 """onnxruntime's quantized element-wise ops (``com.microsoft``): QLinearAdd, QLinearMul,
-QLinearSigmoid, QLinearLeakyRelu, QLinearGlobalAveragePool, QLinearConcat.
+QLinearSigmoid, QLinearLeakyRelu, QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat.
 
 Each answers what onnxruntime's CPU kernels answer, bit for bit (tests/kernels/test_qlinear_ops.py
 compares for equality). The arithmetic was read from MLAS and pinned down against onnxruntime
@@ -26,6 +26,10 @@ compares for equality). The arithmetic was read from MLAS and pinned down agains
   byte lookup per element.
 - QLinearGlobalAveragePool: the int32 sum of each channel, minus ``z_x * HW``, times
   ``s_x / (s_y * HW)``, half to even, plus ``z_y``, saturated (MLAS's requantization).
+- QLinearAveragePool (1-D and 2-D, explicit pads, floor mode): onnxruntime's own loop in float:
+  each window's dequantized values summed in row-major order, divided by the count, then
+  ``nearbyintf(v / s_y + z_y)`` (the zero point added before the rounding, unlike
+  QuantizeLinear); a window over the whole unpadded image is the global pool, as there.
 
 Scales and zero points must be constant (what onnxruntime's quantizer and ``lower_qdq`` write):
 they become literals and tables. Float steps of QLinearAdd/QLinearMul are compiled with
@@ -357,16 +361,109 @@ def _spatial(node: Node, g: Graph) -> list[int]:
 
 @register("QLinearGlobalAveragePool", check=_check_gap, name="qlinear_global_average_pool", domain=MS)
 def emit_qlinear_gap(node: Node, g: Graph, em: BlockEmitter) -> None:
+    (xs, xz), (ys, yz) = _params(node, g, [(1, 2), (3, 4)])  # type: ignore[misc]
+    _emit_global_sum(node, g, em, xs, xz, ys, yz)
+
+
+# -- QLinearAveragePool ---------------------------------------------------------------------------
+def avg_pool_geometry(node: Node, in_shape: list[int]) -> tuple[list[int], ...] | str:
+    """(spatial input dims, kernel, strides, all pads, output spatial dims) of the explicit-pad,
+    floor-mode pools onnxruntime's QLinearAveragePool computes, or why not."""
+    if str(node.attr("auto_pad", "NOTSET")) not in ("NOTSET", "VALID") or int(node.attr("ceil_mode", 0)):
+        return "QLinearAveragePool: only explicit pads and floor mode are native"
+    spatial = in_shape[1:-1] if int(node.attr("channels_last", 0)) else in_shape[2:]
+    kernel = [int(k) for k in node.attr("kernel_shape", [])]
+    if len(kernel) != len(spatial) or len(kernel) not in (1, 2):
+        return "QLinearAveragePool: 1-D and 2-D windows are native"
+    strides = [int(s) for s in node.attr("strides", [1] * len(kernel))]
+    pads = [int(p) for p in node.attr("pads", [0] * 2 * len(kernel))]
+    if str(node.attr("auto_pad", "NOTSET")) == "VALID":
+        pads = [0] * 2 * len(kernel)
+    if any(st < 1 for st in strides) or len(pads) != 2 * len(kernel):
+        return "QLinearAveragePool: bad strides or pads"
+    outs = [(spatial[d] + pads[d] + pads[d + len(kernel)] - kernel[d]) // strides[d] + 1 for d in range(len(kernel))]
+    if any(o < 1 for o in outs):
+        return "QLinearAveragePool: empty output"
+    return [int(d) for d in spatial], kernel, strides, pads, outs
+
+
+def _check_avg_pool(node: Node, g: Graph) -> str | None:
+    if any(g.values[n].layout != PLAIN for n in node.present_inputs() + node.outputs):
+        return "QLinearAveragePool reads plain layouts only"
+    why = _typed(node, g, [node.inputs[0]])
+    if why:
+        return why
+    geo = avg_pool_geometry(node, list(g.values[node.inputs[0]].shape))
+    if isinstance(geo, str):
+        return geo
+    params = _params(node, g, [(1, 2), (3, 4)])
+    return params if isinstance(params, str) else None
+
+
+@register("QLinearAveragePool", check=_check_avg_pool, name="qlinear_average_pool", domain=MS)
+def emit_qlinear_average_pool(node: Node, g: Graph, em: BlockEmitter) -> None:
+    """onnxruntime's arithmetic: the input dequantized (``s_x * (x - z_x)``), each window summed
+    in float in row-major order, divided by its count (the clipped window, or the kernel size
+    with count_include_pad), then ``nearbyintf(v / s_y + z_y)`` saturated. A window covering the
+    whole unpadded image is the global pool (onnxruntime switches to it too)."""
     x, y = node.inputs[0], node.outputs[0]
     (xs, xz), (ys, yz) = _params(node, g, [(1, 2), (3, 4)])  # type: ignore[misc]
+    shape = list(g.values[x].shape)
+    spatial, kernel, strides, pads, outs = avg_pool_geometry(node, shape)  # type: ignore[misc]
+    dt = dtype_name(g, y)
+    ct = c_type(dt)
+    last = int(node.attr("channels_last", 0))
+    if spatial == kernel and not any(pads):
+        _emit_global_sum(node, g, em, xs, xz, ys, yz)
+        return
+    if len(kernel) == 1:  # a 1-D pool is the 2-D one with a width of 1
+        spatial, kernel, strides, pads, outs = spatial + [1], kernel + [1], strides + [1], [pads[0], 0], outs + [1]
+    n, c = shape[0], shape[-1] if last else shape[1]
+    h, w = spatial
+    oh, ow = outs
+    include_pad = int(node.attr("count_include_pad", 0))
+    # element offset of pixel (hh, ww) of channel cc in image b, and of output (ph, pw)
+    x_at = f"(b * {h * w * c} + (hh * {w} + ww) * {c} + cc)" if last else f"((b * {c} + cc) * {h * w} + hh * {w} + ww)"
+    y_at = f"(b * {oh * ow * c} + (ph * {ow} + pw) * {c} + cc)" if last else f"((b * {c} + cc) * {oh * ow} + ph * {ow} + pw)"
+    count = f"{float(kernel[0] * kernel[1])!r}f" if include_pad else "(float)((he - hs) * (we - ws))"
+    body = [
+        f"const {ct} *restrict X = {em.ptr(x)};",
+        f"{ct} *restrict Y = (void *){em.ptr(y)};",
+        SATURATION_COUNTERS,
+        work_range(n * c * oh, n * c * oh * ow * kernel[0] * kernel[1] >= PARALLEL_MIN),
+        "for (long t = wb; t < we; ++t) {",
+        f"    const long ph = t % {oh}, cc = (t / {oh}) % {c}, b = t / {oh * c};",
+        f"    long hs = ph * {strides[0]} - {pads[0]}, he = SMELT_MIN(hs + {kernel[0]}, {h});",
+        "    hs = hs < 0 ? 0 : hs;",
+        f"    for (long pw = 0; pw < {ow}; ++pw) {{",
+        f"        long ws = pw * {strides[1]} - {pads[1]}, we = SMELT_MIN(ws + {kernel[1]}, {w});",
+        "        ws = ws < 0 ? 0 : ws;",
+        "        float acc = 0.0f;",
+        "        for (long hh = hs; hh < he; ++hh)",
+        "            for (long ww = ws; ww < we; ++ww)",
+        f"                acc += {flit(xs)} * (float)((int32_t)X[{x_at}] - {xz});",
+        f"        acc /= {count};",
+        "        " + _store(f"nearbyintf(acc / {flit(ys)} + {float(yz)!r}f)", dt, f"Y[{y_at}]"),
+        "    }",
+        "}",
+        flush_counters(em.saturation_counter(y))]
+    em.schedule(algorithm="dequantized float window sums in onnxruntime's order", kernel="qlinear_average_pool",
+                layout="NHWC" if last else "NCHW")
+    em.step("\n".join(body), name="qlinear_average_pool", attributes=NO_CONTRACT)
+
+
+def _emit_global_sum(node: Node, g: Graph, em: BlockEmitter, xs: np.float32, xz: int, ys: np.float32,
+                     yz: int) -> None:
+    """The whole image per channel (NCHW, or NHWC with channels_last): int32 sums, minus
+    ``z_x * HW``, times ``s_x / (s_y * HW)``, half to even, plus ``z_y``, saturated."""
+    x, y = node.inputs[0], node.outputs[0]
+    last = int(node.attr("channels_last", 0))
     dt = dtype_name(g, y)
     ct = c_type(dt)
     shape = list(g.values[x].shape)
-    last = int(node.attr("channels_last", 0))
     n, c = shape[0], shape[-1] if last else shape[1]
-    hw = int(np.prod(_spatial(node, g), dtype=np.int64))
+    hw = int(np.prod(shape[1:-1] if last else shape[2:], dtype=np.int64))
     scale = F32(xs / F32(ys * F32(hw)))
-    # NCHW: a channel's pixels are contiguous; NHWC: stride C between them
     base, step = (f"(r / {c}) * {hw * c} + r % {c}", str(c)) if last else (f"r * {hw}", "1")
     em.schedule(algorithm="int32 channel sums, MLAS's requantization", kernel="qlinear_global_average_pool",
                 layout="NHWC" if last else "NCHW")
