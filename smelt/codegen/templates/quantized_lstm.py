@@ -161,19 +161,29 @@ def _portable_tile(mr: int, nr: int, k2: int, a_row: str, b_panel: str, tile: st
     return lines
 
 
-def _tile_call(em: BlockEmitter, v: VectorIsa, mr: int, nr: int, k2: int, group: int, *, a: str, lda: str,
-               rows: str, b_panel: str, tile: str) -> str:
-    """A call of the register tile as its own function (A's rows from ``a`` every ``lda`` words,
-    the first ``rows`` valid): one small function per tile shape, shared by the steps."""
+def _tile_fn(em: BlockEmitter, v: VectorIsa, mr: int, nr: int, k2: int, group: int) -> str:
+    """The register tile of ``mr`` rows as its own function (A's rows from ``A`` every ``lda``
+    words, the first ``mr`` valid), one per shape, shared by the steps."""
     etype = "int8_t" if group == QUAD else "int16_t"
     a_row, b = "A + (long)SMELT_MIN({r}, mr - 1) * lda", "B"
     body = (tile_loop(v, mr, nr // v.lanes, k2=k2, a_row=a_row, b_panel=b, tile="T", group=group)
             if v.has("i16_dot_acc") else _portable_tile(mr, nr, k2, a_row, b, "T"))
-    fn = em.function(f"dq_lstm_tile_{mr}x{nr}_{v.name}{'_u8s8' if group == QUAD else ''}",
-                     f"static __attribute__((noinline)) void FNAME(const int32_t *restrict A, long lda, long mr, "
-                     f"const {etype} *restrict B, int32_t *restrict T) {{\n    "
-                     + "\n    ".join(body) + "\n}\n", doc=f"{mr}x{nr} integer register tile, K = {k2} words")
-    return f"{fn}({a}, {lda}, {rows}, {b_panel}, {tile});"
+    return em.function(f"dq_lstm_tile_{mr}x{nr}_{v.name}{'_u8s8' if group == QUAD else ''}",
+                       f"static __attribute__((noinline)) void FNAME(const int32_t *restrict A, long lda, long mr, "
+                       f"const {etype} *restrict B, int32_t *restrict T) {{\n    "
+                       + "\n    ".join(body) + "\n}\n", doc=f"{mr}x{nr} integer register tile, K = {k2} words")
+
+
+def _tile_call(em: BlockEmitter, v: VectorIsa, mr: int, nr: int, k2: int, group: int, total: int, *, a: str,
+               lda: str, rows: str, b_panel: str, tile: str) -> str:
+    """C statement running the tile over ``rows`` rows at ``a`` (blocks of ``mr`` of ``total``
+    rows): the last, ragged block gets a tile of its own height, since a full-height tile would
+    compute its missing rows anyway (a one-row GEMV through a 6-row tile did 6x the work)."""
+    args = f"({a}, {lda}, {rows}, {b_panel}, {tile});"
+    main = _tile_fn(em, v, mr, nr, k2, group)
+    if total % mr == 0:
+        return main + args
+    return f"if ({rows} == {mr}) {main}{args} else {_tile_fn(em, v, total % mr, nr, k2, group)}{args}"
 
 
 def _packed_weights(q: np.ndarray, zero: np.ndarray, order: np.ndarray, k_rows: int, nr: int,
@@ -310,7 +320,7 @@ def emit_dq_lstm(node: Node, g: Graph, em: BlockEmitter) -> None:
         "}"]).replace("VX_", f"{vx}_"), name="dq_lstm_x_pack")
     # 2. the hoisted input projection: every (step, row) and direction, one integer GEMM
     ncb, nmb = n4p // nrx, -(-rows // mrx)
-    kernel = [_tile_call(em, v, mrx, nrx, kwx, gw, a=f"XA + i0 * {kwx}L", lda=f"{kwx}L", rows="mr",
+    kernel = [_tile_call(em, v, mrx, nrx, kwx, gw, rows, a=f"XA + i0 * {kwx}L", lda=f"{kwx}L", rows="mr",
                          b_panel=f"WP + (d * {ncb} + cb) * {kwx * nrx * gw}L", tile="T")]
     acc = f"(T[r * {nrx} + jj] - xz * WCS[d * {n4p} + j])" if gw == QUAD else f"T[r * {nrx} + jj]"
     em.step("\n".join([
@@ -337,7 +347,7 @@ def emit_dq_lstm(node: Node, g: Graph, em: BlockEmitter) -> None:
     y, yh, yc = (em.ptr(o) if o else "" for o in outs)
     reverse = {"forward": "0", "reverse": "1", "bidirectional": "d"}[direction]
     par = npan if n4 * hidden * batch >= REC_PARALLEL_MIN_MACS else 1
-    rkernel = [_tile_call(em, v, mrr, nrr, kwh, gr, a=f"QA + rb0 * {kwh}L", lda=f"{kwh}L", rows="mr",
+    rkernel = [_tile_call(em, v, mrr, nrr, kwh, gr, batch, a=f"QA + rb0 * {kwh}L", lda=f"{kwh}L", rows="mr",
                           b_panel="rpan", tile="T")]
     racc = (f"(T[r * {nrr} + jj] - hzi * RCS[d * {n4p} + p * {nrr} + jj])" if gr == QUAD
             else f"T[r * {nrr} + jj]")
