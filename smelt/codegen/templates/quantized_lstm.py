@@ -456,7 +456,8 @@ def emit_dq_lstm(node: Node, g: Graph, em: BlockEmitter) -> None:
                 threads=(f"recurrence on up to {par} thread(s) per direction (panels fixed per thread)"
                          + (", one thread per direction" if dirs == 2 else "")))
     # only a split recurrence has a barrier inside: the other steps (and a one-thread-per-
-    # direction recurrence) stay shareable, so a late or descheduled worker costs no wait
+    # direction recurrence: two directions on fewer than 3 threads) stay shareable, so a late or
+    # descheduled worker costs no wait
     em.step(code, name=f"dq_lstm_recurrence_{v.name}{'_u8s8' if gr == QUAD else ''}",
             doc=f"seq={seq} batch={batch} input={isz} hidden={hidden} directions={dirs}",
-            synchronize=par > 1)
+            synchronize=par > 1 and (dirs == 1 or threads >= 3))
