@@ -15,8 +15,9 @@ activations, ``clip``, ``input_forget`` and a ``sequence_lens`` input are refuse
 since a contrib op cannot fall back).
 
 DeepCPU's schedule on integers (its MM-DAG phases, fused gates and weight-centric streamlining):
-1. X quantized once (each share finds its part's range, one share combines, all quantize into
-   packed words);
+1. X quantized once: each share finds its part's range 16 lanes at a time (and sets up the
+   initial states), then every share combines the ranges into the scale and zero point and
+   quantizes its rows straight into the packed words of the tile;
 2. the input projection of every step hoisted into one integer GEMM over (steps x batch) rows,
    with the shared register tile (``kernels/int_gemm.py`` ``tile_loop``);
 3. the recurrence: the gate columns are permuted so that one panel holds the four gates of
@@ -24,8 +25,10 @@ DeepCPU's schedule on integers (its MM-DAG phases, fused gates and weight-centri
    sequence (its slice of R stays in its own L2). Per step every thread quantizes the whole
    previous h row itself (H values: cheaper than a second barrier), runs the register tile over
    its panels and finishes those units' gates, cell and h in registers; one flag barrier per
-   step among the threads of the direction. Below ``REC_PARALLEL_MIN_MACS`` a step is too short
-   for a barrier and one thread runs the recurrence; two directions run on two threads.
+   step among the threads of the direction, and only that step synchronizes its shares
+   (``BlockEmitter.step(synchronize=True)``): the others stay shareable. Below
+   ``REC_PARALLEL_MIN_MACS`` a step is too short for a barrier and one thread runs the
+   recurrence; two directions run on two threads.
 
 Integer forms, per ISA (``isa.with_int_dot``): on VNNI hosts a uint8 activation times int8
 weights of zero point 0 (what ``quantize_dynamic`` writes with QInt8) runs as u8 x s8 quads
