@@ -112,6 +112,16 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
         "Sin": f"{f('sin')}({x})",
         "Cos": f"{f('cos')}({x})",
         "Tan": f"{f('tan')}({x})",
+        # inverse and hyperbolic trigonometry: libm, correctly rounded to < 1 ulp, NaN outside
+        # the domain (acos(2), acosh(0.5), atanh(2)) and +-Inf at atanh(+-1), as onnxruntime
+        "Acos": f"{f('acos')}({x})",
+        "Asin": f"{f('asin')}({x})",
+        "Atan": f"{f('atan')}({x})",
+        "Acosh": f"{f('acosh')}({x})",
+        "Asinh": f"{f('asinh')}({x})",
+        "Atanh": f"{f('atanh')}({x})",
+        "Sinh": f"{f('sinh')}({x})",
+        "Cosh": f"{f('cosh')}({x})",
         "Softplus": f"({x} > {_lit(20, dtype)} ? {x} : {f('log1p')}({f('exp')}({x})))",
         "Softsign": f"({x} / ({one} + {f('fabs')}({x})))",
         "Elu": f"({x} >= {zero} ? {x} : {a('alpha', 1.0)} * ({f('exp')}({x}) - {one}))",
@@ -129,7 +139,8 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
 
 
 UNARY_OPS = ("Identity", "Relu", "Neg", "Abs", "Sign", "Not", "BitwiseNot", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt",
-             "Reciprocal", "Floor", "Ceil", "Round", "Erf", "Sin", "Cos", "Tan", "Softplus", "Softsign",
+             "Reciprocal", "Floor", "Ceil", "Round", "Erf", "Sin", "Cos", "Tan", "Acos", "Asin",
+             "Atan", "Acosh", "Asinh", "Atanh", "Sinh", "Cosh", "Softplus", "Softsign",
              "LeakyRelu", "Elu", "Celu", "Selu", "ThresholdedRelu", "HardSigmoid", "HardSwish", "Mish", "Gelu")
 
 
