@@ -79,9 +79,8 @@ def emit_pow_mixed(node: Node, g: Graph, em: BlockEmitter) -> None:
     dx, de = _dtype(g, x), _dtype(g, e)
     if dx in _INT_RANGE:
         em.function(f"pow_to_{dx}", _helpers(dx))
-    # std::pow(float, float) is powf; every other pair is the double pow
-    general = ("powf(X[IX], E[IE])" if dx == de == "float32"
-               else f"pow((double)X[IX], (double)E[IE])")
+    # std::pow of two different types (or two integers) is the double pow
+    general = "pow((double)X[IX], (double)E[IE])"
     if dx in _INT_RANGE:
         general = f"smelt_pow_to_{dx}({general})"
     elif dx == "float32":
