@@ -64,3 +64,68 @@ def test_pow_mixed_types(isa, monkeypatch, cache):
     cases.add("Pow", ["big", "five"])  # beyond int32 in double: the type's minimum
     cases.add("Pow", ["zero", "neg"])  # 0^-1 = Inf and 0^-2 as integers; 2^-1 truncates to 0
     check(cases, _pow_feeds(), opset=15)
+
+
+def _f(*shape: int, lo: float = -1.0, hi: float = 1.0) -> np.ndarray:
+    return RNG.uniform(lo, hi, shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_causal_conv_with_state(isa, monkeypatch, cache):
+    """Kernel 4 with and without bias, past state and SiLU; an input shorter than k - 1 (the
+    present state reaches into the past); k = 1 (empty state); k = 3 with run-time weights;
+    float16; and a large case split over threads."""
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    b, c, n, k = 2, 5, 7, 4
+    w, bias, past = _f(c, 1, k), _f(c), _f(b, c, k - 1)
+    cases.add("CausalConvWithState", ["x"], (w,), n_out=2)
+    cases.add("CausalConvWithState", ["x"], (w, bias, past), n_out=2, activation="silu")
+    cases.add("CausalConvWithState", ["x"], (w, None, past), n_out=2, activation="swish")
+    cases.add("CausalConvWithState", ["short"], (w, bias, past), n_out=2)
+    cases.add("CausalConvWithState", ["short"], (w,), n_out=2, activation="silu")
+    cases.add("CausalConvWithState", ["x"], (_f(c, 1, 1), bias), n_out=2)
+    cases.add("CausalConvWithState", ["x", "w3", "b3", "p3"], n_out=2)
+    cases.add("CausalConvWithState", ["xh"], (w.astype(np.float16), bias.astype(np.float16),
+                                              past.astype(np.float16)), n_out=2, activation="silu")
+    cases.add("CausalConvWithState", ["big"], (_f(64, 1, k), _f(64)), n_out=2, activation="silu")
+    feeds = {"x": _f(b, c, n, lo=-3, hi=3), "short": _f(b, c, 2), "w3": _f(c, 1, 3), "b3": _f(c),
+             "p3": _f(b, c, 2), "xh": _f(b, c, n).astype(np.float16), "big": _f(2, 64, 301, lo=-4, hi=4)}
+    check(cases, feeds, opset=27)
+
+
+def _linear_attention_feeds(b: int, t: int, hq: int, hkv: int, dk: int, dv: int, tag: str) -> dict:
+    k = _f(b, t, hkv, dk)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)  # the delta rules expect L2-normalized keys
+    return {f"q{tag}": _f(b, t, hq * dk), f"k{tag}": k.reshape(b, t, hkv * dk).astype(np.float32),
+            f"v{tag}": _f(b, t, hkv * dv), f"p{tag}": _f(b, hkv, dk, dv),
+            f"gk{tag}": _f(b, t, hkv * dk, lo=-0.5, hi=0.0), f"gh{tag}": _f(b, t, hkv, lo=-0.5, hi=0.0),
+            f"bh{tag}": _f(b, t, hkv, lo=0.0, hi=1.0), f"b1{tag}": _f(b, t, 1, lo=0.0, hi=1.0)}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_linear_attention(isa, monkeypatch, cache):
+    """Every update rule with and without past state, per-key and per-head decay, per-head and
+    shared beta, GQA (4 query heads on 2 KV heads) and MQA, an explicit scale, odd head sizes
+    (d_k 5, d_v 7: ragged vector tails), decode (T = 1), float16, and a case large enough to
+    split over threads."""
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    feeds = {}
+    for tag, dims in (("a", (2, 9, 2, 2, 5, 7)), ("g", (1, 6, 4, 2, 8, 16)), ("m", (2, 3, 3, 1, 4, 9)),
+                      ("d", (2, 1, 2, 2, 6, 6)), ("L", (2, 48, 4, 4, 16, 24))):
+        b, t, hq, hkv, dk, dv = dims
+        feeds.update(_linear_attention_feeds(*dims, tag))
+        heads = {"q_num_heads": hq, "kv_num_heads": hkv}
+        q, k, v, p = (f"{n}{tag}" for n in "qkvp")
+        cases.add("LinearAttention", [q, k, v], n_out=2, update_rule="linear", **heads)
+        cases.add("LinearAttention", [q, k, v, p], n_out=2, update_rule="linear", scale=0.3, **heads)
+        cases.add("LinearAttention", [q, k, v, p, f"gk{tag}"], n_out=2, update_rule="gated", **heads)
+        cases.add("LinearAttention", [q, k, v, "", f"gh{tag}"], n_out=2, update_rule="gated", **heads)
+        cases.add("LinearAttention", [q, k, v, p, "", f"bh{tag}"], n_out=2, update_rule="delta", **heads)
+        cases.add("LinearAttention", [q, k, v, p, f"gh{tag}", f"b1{tag}"], n_out=2, **heads)
+        cases.add("LinearAttention", [q, k, v, "", f"gk{tag}", f"bh{tag}"], n_out=2, **heads)
+    h = {n: feeds[f"{n}a"].astype(np.float16) for n in ("q", "k", "v", "gk", "bh")}
+    feeds.update({f"{n}h": x for n, x in h.items()})
+    cases.add("LinearAttention", ["qh", "kh", "vh", "", "gkh", "bhh"], n_out=2, q_num_heads=2, kv_num_heads=2)
+    check(cases, feeds, opset=27)
