@@ -129,3 +129,42 @@ def test_linear_attention(isa, monkeypatch, cache):
     feeds.update({f"{n}h": x for n, x in h.items()})
     cases.add("LinearAttention", ["qh", "kh", "vh", "", "gkh", "bhh"], n_out=2, q_num_heads=2, kv_num_heads=2)
     check(cases, feeds, opset=27)
+
+
+EINSUMS = [  # (equation, operand shapes)
+    ("bij,bjk->bik", [(3, 5, 7), (3, 7, 9)]),
+    ("...ii->...i", [(2, 3, 5, 5)]),
+    ("i,i", [(13,), (13,)]),
+    ("ij->i", [(5, 17)]),
+    ("ij->ji", [(7, 9)]),
+    ("->", [()]),
+    ("ij,jk", [(4, 6), (6, 5)]),                          # implicit output: ik
+    ("...ij,...jk->...ik", [(2, 1, 3, 4), (1, 5, 4, 3)]),  # broadcast batch dims
+    ("ii", [(6, 6)]),                                     # trace
+    ("ijk->", [(3, 4, 5)]),
+    ("ij,jk,kl->il", [(3, 4), (4, 5), (5, 2)]),
+    ("bhqd,bhkd->bhqk", [(2, 3, 5, 8), (2, 3, 6, 8)]),
+    ("i,j->ij", [(5,), (3,)]),
+    ("b i j, b j k -> b i k", [(4, 64, 48), (4, 48, 40)]),  # spaces; large enough to split
+]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_einsum(isa, monkeypatch, cache):
+    """Explicit and implicit equations: batched and plain contractions, diagonals and traces,
+    ``...`` broadcasting, full and partial sums, transposes, outer products, three operands, a
+    scalar; float32, float64 and int32."""
+    force_isa(isa, monkeypatch, cache)
+    cases, feeds = Cases(), {}
+    for k, (eq, shapes) in enumerate(EINSUMS):
+        names = []
+        for j, s in enumerate(shapes):
+            feeds[f"e{k}_{j}"] = RNG.uniform(-1, 1, s).astype(np.float32)
+            names.append(f"e{k}_{j}")
+        cases.add("Einsum", names, equation=eq)
+    feeds["d0"], feeds["d1"] = RNG.uniform(-1, 1, (3, 4, 5)), RNG.uniform(-1, 1, (3, 5, 2))
+    cases.add("Einsum", ["d0", "d1"], equation="bij,bjk->bik")
+    feeds["n0"], feeds["n1"] = (RNG.integers(-50, 50, (4, 7)).astype(np.int32),
+                                RNG.integers(-50, 50, (7, 3)).astype(np.int32))
+    cases.add("Einsum", ["n0", "n1"], equation="ij,jk->ki")
+    check(cases, feeds, opset=12)
