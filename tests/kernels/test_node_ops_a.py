@@ -168,3 +168,32 @@ def test_einsum(isa, monkeypatch, cache):
                                 RNG.integers(-50, 50, (7, 3)).astype(np.int32))
     cases.add("Einsum", ["n0", "n1"], equation="ij,jk->ki")
     check(cases, feeds, opset=12)
+
+
+CAST_VALUES = np.array([0.4, -0.6, 1.5, 2.5, -1.5, 127.9, 128.5, 255.9, 256.5, 300.7, -1.2, -128.9, -129.5, 65535.9,
+                        65536.5, -32769.0, 2.1e9, 3e9, 4.4e9, -3e9, 1e19, 2e19, -1e19, np.inf, -np.inf, np.nan, -0.0,
+                        -2147483648.0, 2147483520.0, 9.2e18, -9.3e18])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_cast_float_to_int(isa, monkeypatch, cache):
+    """float16/float32/float64 to int8/uint8/int16/uint16/int32/int64 (Cast and CastLike) over
+    in-range, halfway, out-of-range, +-Inf and NaN values at shuffled positions (onnxruntime
+    converts its vector body and scalar tail alike for these types), ragged and large lengths."""
+    force_isa(isa, monkeypatch, cache)
+    from onnx import TensorProto
+
+    cases = Cases()
+    to = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int16": TensorProto.INT16,
+          "uint16": TensorProto.UINT16, "int32": TensorProto.INT32, "int64": TensorProto.INT64}
+    x = np.concatenate([RNG.permutation(CAST_VALUES) for _ in range(40)] + [RNG.uniform(-300, 300, 7)])
+    feeds = {"x32": x.astype(np.float32), "x64": x, "x16": np.clip(x, -6e4, 6e4).astype(np.float16),
+             "big": RNG.uniform(-3e4, 3e4, 40003).astype(np.float32)}
+    for src in ("x32", "x64", "x16"):
+        for name, code in to.items():
+            cases.add("Cast", [src], to=code)
+            if src == "x32":
+                cases.add("CastLike", [src], (np.zeros(1, name),))
+    cases.add("Cast", ["big"], to=TensorProto.INT16)
+    with np.errstate(invalid="ignore"):
+        check(cases, feeds, opset=17)
