@@ -1,4 +1,4 @@
-"""Scan over a static sequence unrolled into its body once per iteration (passes/unroll_scan.py),
+"""Scan over a static sequence unrolled into its body once per iteration (passes/unroll_loops.py),
 against onnxruntime: directions, axes, several states and scan outputs, outer-scope reads; and
 the cases left to the fallback (too long, a body op with no template)."""
 
@@ -10,7 +10,7 @@ from helpers import assert_close, const, make_model, ort_run, tensor
 from onnx import TensorProto, helper
 
 import smelt
-from smelt.passes import unroll_scan
+from smelt.passes import unroll_loops
 
 RNG = np.random.default_rng(11)
 
@@ -76,7 +76,7 @@ def test_single_step():
 
 def test_long_sequence_stays_one_fallback_node(monkeypatch):
     """Past MAX_UNROLLED_NODES the Scan is left whole (to the fallback), and still right."""
-    monkeypatch.setattr(unroll_scan, "MAX_UNROLLED_NODES", 20)
+    monkeypatch.setattr(unroll_loops, "MAX_UNROLLED_NODES", 20)
     model, feeds = _model(t=5, general=False), _feeds(t=5, general=False)
     cm = smelt.compile(model)
     assert [f["op"] for f in cm.fallback_report] == ["Scan"]
@@ -92,3 +92,64 @@ def test_body_with_a_fallback_op_is_not_unrolled():
     ops = sorted({f["op"] for f in cm.fallback_report})
     assert ops == ["Scan"], cm.fallback_report
     assert_close(cm.run(feeds), ort_run(model, feeds))
+
+
+def _loop_model(data_cond: bool = False, opset: int = 17):
+    """y_{i+1} = y_i * 0.5 + x[i] + i (x an outer graph input read per iteration with Gather on the
+    iteration number); scan output y_i + 1. ``data_cond``: the body's condition output is
+    sum(y) < 100, which may end the loop early (not unrollable)."""
+    nodes = [helper.make_node("Gather", ["x", "i"], ["xi"], axis=0),
+             helper.make_node("Mul", ["y_in", "half"], ["h"]),
+             helper.make_node("Add", ["h", "xi"], ["s"]),
+             helper.make_node("Cast", ["i"], ["fi"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["s", "fi"], ["y_out"]),
+             helper.make_node("Add", ["y_out", "one"], ["scan"])]
+    if data_cond:
+        nodes += [helper.make_node("ReduceSum", ["y_out"], ["tot"], keepdims=0),
+                  helper.make_node("Less", ["tot", "hundred"], ["c_out"])]
+    else:
+        nodes.append(helper.make_node("Identity", ["c_in"], ["c_out"]))
+    body = helper.make_graph(
+        nodes, "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+         _vi("y_in", [4])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), _vi("y_out", [4]), _vi("scan", [4])])
+    loop = helper.make_node("Loop", ["trip", "cond", "y0"], ["y_T", "ys"], name="loop", body=body)
+    inputs = [tensor("y0", [4]), tensor("x", [8, 4]), helper.make_tensor_value_info("trip", TensorProto.INT64, []),
+              helper.make_tensor_value_info("cond", TensorProto.BOOL, [])]
+    inits = [const("half", np.float32(0.5)), const("one", np.float32(1.0)), const("hundred", np.float32(100.0))]
+    return make_model([loop], inputs, [tensor("y_T", None), tensor("ys", None)], inits, opset=opset)
+
+
+def _loop_feeds(trip: int) -> dict:
+    return {"y0": RNG.uniform(-1, 1, 4).astype(np.float32), "x": RNG.uniform(-1, 1, (8, 4)).astype(np.float32),
+            "trip": np.array(trip, np.int64), "cond": np.array(True)}
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_loop_unrolls_per_trip_count(opset):
+    """Trip count and condition given as graph inputs: each trip count compiles a variant in
+    which the Loop is unrolled (value specialization makes them constants), natively, equal to
+    onnxruntime at 1 and 2 threads."""
+    model = _loop_model(opset=opset)
+    for threads in (1, 2):
+        cm = smelt.compile(model, threads=threads)
+        for trip in (3, 8, 1):
+            feeds = _loop_feeds(trip)
+            assert_close(cm.run(feeds), ort_run(model, feeds))
+            assert cm.fallback_nodes == [], cm.fallback_report
+        cm.close()
+
+
+def test_loop_with_a_data_condition_is_not_unrolled():
+    """A body whose condition output depends on data may stop early: the Loop stays whole (on the
+    fallback) and is still right, including when it stops before the trip count."""
+    model = _loop_model(data_cond=True)
+    cm = smelt.compile(model)
+    for scale, steps in ((1.0, 6), (40.0, 2)):  # the second stops early
+        feeds = _loop_feeds(6)
+        feeds["x"] = np.abs(feeds["x"]) * scale + 0.5 * (scale > 1)
+        want = ort_run(model, feeds)
+        assert len(want[1]) == steps
+        assert_close(cm.run(feeds), want)
+        assert [f["op"] for f in cm.fallback_report] == ["Loop"]
