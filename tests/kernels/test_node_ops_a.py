@@ -8,6 +8,9 @@ import numpy as np
 import pytest
 from kernel_models import force_isa
 from node_cases import Cases, check
+from onnx import TensorProto, helper
+
+import smelt
 
 ISAS = ["native", "avx2", "scalar"]
 RNG = np.random.default_rng(20261126)
@@ -181,8 +184,6 @@ def test_cast_float_to_int(isa, monkeypatch, cache):
     in-range, halfway, out-of-range, +-Inf and NaN values at shuffled positions (onnxruntime
     converts its vector body and scalar tail alike for these types), ragged and large lengths."""
     force_isa(isa, monkeypatch, cache)
-    from onnx import TensorProto
-
     cases = Cases()
     to = {"int8": TensorProto.INT8, "uint8": TensorProto.UINT8, "int16": TensorProto.INT16,
           "uint16": TensorProto.UINT16, "int32": TensorProto.INT32, "int64": TensorProto.INT64}
@@ -197,3 +198,31 @@ def test_cast_float_to_int(isa, monkeypatch, cache):
     cases.add("Cast", ["big"], to=TensorProto.INT16)
     with np.errstate(invalid="ignore"):
         check(cases, feeds, opset=17)
+
+
+def test_dropout_with_run_time_ratio_and_mode():
+    """Dropout's ratio and training_mode given as graph inputs are specialized per value
+    (frontend/value_guards.py): not training, or training at ratio 0, is a native copy with an
+    all-true mask; training at a nonzero ratio stays random (the fallback), with its output
+    consistent with its mask."""
+    node = helper.make_node("Dropout", ["x", "r", "t"], ["y", "mask"], seed=0)
+    model = helper.make_model(helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4, 5]),
+         helper.make_tensor_value_info("r", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("t", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("mask", TensorProto.BOOL, None)]),
+        opset_imports=[helper.make_opsetid("", 22)])
+    x = _f(3, 4, 5)
+    for threads in (1, 2):
+        cm = smelt.compile(model, threads=threads)
+        for ratio, training in ((0.0, True), (0.5, False), (0.0, False)):
+            y, mask = cm.run({"x": x, "r": np.array(ratio, np.float32), "t": np.array(training)})
+            np.testing.assert_array_equal(y, x)
+            assert mask.dtype == bool and mask.all()
+            assert cm.fallback_nodes == [], cm.fallback_report
+        y, mask = cm.run({"x": x, "r": np.array(0.5, np.float32), "t": np.array(True)})
+        np.testing.assert_allclose(y, np.where(mask, x * 2, 0), rtol=1e-6)
+        assert [f["op"] for f in cm.fallback_report] == ["Dropout"]
+        cm.close()
