@@ -226,3 +226,23 @@ def test_dropout_with_run_time_ratio_and_mode():
         np.testing.assert_allclose(y, np.where(mask, x * 2, 0), rtol=1e-6)
         assert [f["op"] for f in cm.fallback_report] == ["Dropout"]
         cm.close()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_batchnorm_training_mode(isa, monkeypatch, cache):
+    """training_mode=1: batch statistics per channel over 2-D, 4-D and 5-D inputs (odd sizes) with
+    the running-statistics outputs (onnx requires all three in training), a non-default momentum
+    and epsilon, float64, and a large input split over threads by channel."""
+    force_isa(isa, monkeypatch, cache)
+    cases, feeds = Cases(), {}
+
+    def params(c: int, dt=np.float32) -> tuple:
+        return (_f(c).astype(dt), _f(c).astype(dt), _f(c).astype(dt), _f(c, lo=0.5, hi=2).astype(dt))
+
+    for k, shape in enumerate([(2, 3, 4, 5), (5, 7), (1, 3, 2, 5, 3), (4, 32, 33, 31)]):
+        feeds[f"b{k}"] = _f(*shape, lo=-2, hi=3)
+        cases.add("BatchNormalization", [f"b{k}"], params(shape[1]), n_out=3, training_mode=1)
+    cases.add("BatchNormalization", ["b0"], params(3), n_out=3, training_mode=1, momentum=0.7, epsilon=0.01)
+    feeds["bd"] = RNG.uniform(-2, 2, (3, 4, 6))
+    cases.add("BatchNormalization", ["bd"], params(4, np.float64), n_out=3, training_mode=1)
+    check(cases, feeds, opset=15)
