@@ -246,3 +246,25 @@ def test_batchnorm_training_mode(isa, monkeypatch, cache):
     feeds["bd"] = RNG.uniform(-2, 2, (3, 4, 6))
     cases.add("BatchNormalization", ["bd"], params(4, np.float64), n_out=3, training_mode=1)
     check(cases, feeds, opset=15)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_det(isa, monkeypatch, cache):
+    """Det of 1x1 to 7x7 matrices, batched in one and two leading dims, a matrix with a zero
+    column and a rank-deficient one (determinant 0 up to rounding), float64, and a batch large
+    enough to split over threads."""
+    force_isa(isa, monkeypatch, cache)
+    cases, feeds = Cases(), {}
+    for k, shape in enumerate([(2, 2), (3, 3), (4, 4), (1, 1), (7, 7), (2, 3, 6, 6), (3, 2, 2), (200, 8, 8)]):
+        feeds[f"m{k}"] = _f(*shape, lo=-2, hi=2)
+        cases.add("Det", [f"m{k}"])
+    z = _f(3, 5, 5)
+    z[0, :, 2] = 0.0
+    z[1, 4] = z[1, 0] * 2 - z[1, 3]
+    z[2] = np.eye(5, dtype=np.float32)[[1, 0, 2, 4, 3]]  # a permutation: det +1, two swaps
+    feeds["z"] = z
+    cases.add("Det", ["z"])
+    check(cases, feeds, opset=11)
+    cases = Cases()  # onnxruntime has no float64 Det: against onnx.reference (numpy's LU)
+    cases.add("Det", ["d"])
+    check(cases, {"d": RNG.uniform(-1, 1, (4, 5, 5))}, opset=11, kind="reference")
