@@ -23,8 +23,10 @@ whole); scan outputs stack along a new leading axis.
 
 As ``expand_functions``, only when the whole unrolled graph, folded and inferred in a scratch
 graph, leaves no node to the fallback, and only up to ``MAX_UNROLLED_NODES`` body nodes in all
-(a long sequence stays one fallback node rather than a huge program). Not unrolled: Scan-8 (its
-batch axis and sequence_lens), bodies with subgraphs of their own, zero iterations.
+(a long sequence stays one fallback node rather than a huge program). Scan-8, whose states and
+scan inputs carry a leading batch axis (the sequence on axis 1), unrolls per batch element and
+step when its sequence_lens is absent or all full. Not unrolled: bodies with subgraphs of their
+own, zero iterations, shorter sequence_lens.
 
 Needs: shapes inferred. Runs inside ``pipeline.fold_to_fixpoint`` after ``expand_functions``
 (a function body may hold a Scan or Loop: LinearAttention's and Range's do). Guarantees: the
@@ -157,10 +159,74 @@ def _plain_body(g: Graph, node: Node) -> onnx.GraphProto | None:
     return body
 
 
+def _scan8(g: Graph, node: Node, body: onnx.GraphProto) -> _Builder | None:
+    """Scan-8: every state and scan input carries a leading batch axis, the sequence is axis 1
+    of the scan inputs; each batch element is its own Scan. Unrolled per batch element and step
+    when the optional sequence_lens is absent or a constant equal to the full length."""
+    m = int(node.attr("num_scan_inputs", 0))
+    lens, rest = node.inputs[0], node.inputs[1:]
+    n_state = len(rest) - m
+    k_out = len(body.output) - n_state
+    if m <= 0 or n_state < 0 or k_out < 0 or len(body.input) != n_state + m or not all(rest):
+        return None
+    dirs = _ints(node, "directions", m)
+    shapes = [g.values[x].shape for x in rest]
+    if any(len(s) < 1 for s in shapes) or any(len(s) < 2 for s in shapes[n_state:]):
+        return None
+    batch = {int(s[0]) for s in shapes}
+    steps = {int(s[1]) for s in shapes[n_state:]}
+    if len(batch) != 1 or len(steps) != 1:
+        return None
+    nb, t = batch.pop(), steps.pop()
+    if lens:
+        given = g.values[lens].const
+        if given is None or given.shape != (nb,) or not bool(np.all(given == t)):
+            return None
+    if nb <= 0 or t <= 0 or nb * t * (len(body.node) + 2 * m + 2) > MAX_UNROLLED_NODES:
+        return None
+    b = _Builder(g, node)
+
+    def take(x: str, index: int, axis: int, hint: str) -> str:
+        v = b.names.value(f"{b.prefix}{hint}")
+        b.add("Gather", [x, b.const(f"index{index}", np.array(index, np.int64))], [v], axis=axis)
+        return v
+
+    finals: list[list[str]] = [[] for _ in range(n_state)]
+    outs: list[list[str]] = [[] for _ in range(k_out)]
+    for e in range(nb):
+        state = [take(x, e, 0, f"b{e}/state{s}") for s, x in enumerate(rest[:n_state])]
+        seqs = [take(x, e, 0, f"b{e}/seq{j}") for j, x in enumerate(rest[n_state:])]
+        per_iter: list[list[str]] = [[] for _ in range(k_out)]
+        for i in range(t):
+            bound = {formal.name: state[s] for s, formal in enumerate(body.input[:n_state])}
+            for j, formal in enumerate(body.input[n_state:]):
+                bound[formal.name] = take(seqs[j], t - 1 - i if dirs[j] else i, 0, f"b{e}/{i}/{formal.name}")
+            results = b.iteration(body, e * t + i, bound)
+            state = results[:n_state]
+            for k in range(k_out):
+                per_iter[k].append(results[n_state + k])
+        for s in range(n_state):
+            finals[s].append(state[s])
+        for k in range(k_out):
+            y = b.names.value(f"{b.prefix}b{e}/scan_out{k}")
+            b.stack(per_iter[k], 0, y, k)  # scan outputs in step order, whatever the direction
+            outs[k].append(y)
+    for s in range(n_state):
+        if node.outputs[s]:
+            b.stack(finals[s], 0, node.outputs[s], n_state + k_out + s)
+    for k in range(k_out):
+        y = node.outputs[n_state + k] if n_state + k < len(node.outputs) else ""
+        if y:
+            b.stack(outs[k], 0, y, k)
+    return b
+
+
 def _scan(g: Graph, node: Node) -> _Builder | None:
     body = _plain_body(g, node)
-    if body is None or op_version(g, node) < 9:
+    if body is None or op_version(g, node) < 8:
         return None
+    if op_version(g, node) == 8:
+        return _scan8(g, node, body)
     m = int(node.attr("num_scan_inputs", 0))
     n_state = len(node.inputs) - m
     k_out = len(body.output) - n_state

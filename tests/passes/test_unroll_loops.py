@@ -153,3 +153,24 @@ def test_loop_with_a_data_condition_is_not_unrolled():
         assert len(want[1]) == steps
         assert_close(cm.run(feeds), want)
         assert [f["op"] for f in cm.fallback_report] == ["Loop"]
+
+
+def test_scan8_unrolls_per_batch_element():
+    """Scan-8 (opset 8: a leading batch axis on states and scan inputs, the sequence on axis 1):
+    unrolled per batch element and step, one scan input reversed, against onnxruntime."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "a_t"], ["s1"]),
+         helper.make_node("Mul", ["s1", "b_t"], ["s_out"]),
+         helper.make_node("Identity", ["s_out"], ["y_t"])],
+        "body", [_vi("s_in", [3]), _vi("a_t", [3]), _vi("b_t", [3])], [_vi("s_out", [3]), _vi("y_t", [3])])
+    scan = helper.make_node("Scan", ["", "s0", "a", "b"], ["s_T", "ys"], name="scan8", num_scan_inputs=2,
+                            body=body, directions=[0, 1])
+    model = make_model([scan], [tensor("s0", [2, 3]), tensor("a", [2, 4, 3]), tensor("b", [2, 4, 3])],
+                       [tensor("s_T", None), tensor("ys", None)], opset=8)
+    feeds = {"s0": RNG.uniform(-1, 1, (2, 3)).astype(np.float32), "a": RNG.uniform(-1, 1, (2, 4, 3)).astype(np.float32),
+             "b": RNG.uniform(0.5, 1.5, (2, 4, 3)).astype(np.float32)}
+    for threads in (1, 2):
+        cm = smelt.compile(model, threads=threads)
+        assert cm.fallback_nodes == [], cm.fallback_report
+        assert_close(cm.run(feeds), ort_run(model, feeds))
+        cm.close()
