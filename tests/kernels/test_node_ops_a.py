@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kernel_models import force_isa
-from node_cases import Cases, check
+from node_cases import Cases, build_model, check
 from onnx import TensorProto, helper
 
 import smelt
@@ -268,3 +268,27 @@ def test_det(isa, monkeypatch, cache):
     cases = Cases()  # onnxruntime has no float64 Det: against onnx.reference (numpy's LU)
     cases.add("Det", ["d"])
     check(cases, {"d": RNG.uniform(-1, 1, (4, 5, 5))}, opset=11, kind="reference")
+
+
+MATMUL_EINSUMS = [  # contractions with a batched-MatMul form, large enough to take it
+    ("bhqd,bhkd->bhqk", [(2, 3, 33, 16), (2, 3, 40, 16)]),
+    ("bsd,df->bsf", [(2, 17, 64), (64, 48)]),
+    ("ij,kj->ki", [(37, 50), (29, 50)]),         # output transposed
+    ("abc,cbd->da", [(19, 7, 11), (11, 7, 23)]),  # two contracted labels, output transposed
+    ("bij,bjk", [(4, 64, 48), (4, 48, 40)]),     # implicit output
+]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_einsum_contractions_run_as_matmul(isa, monkeypatch, cache):
+    """float32 contractions with a batched-MatMul form run as Transpose/Reshape + MatMul (the
+    GEMM), not the loop nest: the compiled nodes hold a MatMul per such Einsum and no Einsum."""
+    force_isa(isa, monkeypatch, cache)
+    cases, feeds = Cases(), {}
+    for k, (eq, shapes) in enumerate(MATMUL_EINSUMS):
+        for j, s in enumerate(shapes):
+            feeds[f"g{k}_{j}"] = RNG.uniform(-1, 1, s).astype(np.float32)
+        cases.add("Einsum", [f"g{k}_{j}" for j in range(len(shapes))], equation=eq)
+    check(cases, feeds, opset=12)
+    ops = [op for _, op in smelt.compile(build_model(cases, feeds, 12)).native_nodes]
+    assert "Einsum" not in ops and ops.count("MatMul") == len(MATMUL_EINSUMS), ops

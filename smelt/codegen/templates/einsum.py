@@ -1,15 +1,18 @@
 """Einsum: any equation (explicit or implicit output, repeated labels = diagonals, ``...``
 broadcasting) as one loop nest over the output with the contracted labels summed inside.
 
-The equation is resolved at compile time into, per label, its extent and per input the element
-stride it advances (a label repeated within one input adds its dims' strides: the diagonal; a
-broadcast ``...`` dim of extent 1 advances 0). Each output element is then
+float32 contractions with a batched-MatMul form (``ir.einsum.matmul_form``: two operands, each
+label once, enough work) are refused here: ``passes/einsum_matmul.py`` runs them as Transpose +
+Reshape + MatMul, on the GEMM (30-100x faster than this loop nest on attention-sized ones).
+
+The equation (``ir.einsum.parse``) is resolved at compile time into, per label, its extent and
+per input the element stride it advances (a label repeated within one input adds its dims'
+strides: the diagonal; a broadcast ``...`` dim of extent 1 advances 0). Each output element is then
 ``sum over the contracted labels of prod_k X_k[offset_k]``, the contracted labels as nested
 loops with constant strides (innermost the last label, which the compiler can vectorize when
 its strides are 1), accumulated in the input type (float32, float64; int32/int64 in unsigned
 arithmetic, wrapping as onnxruntime's integer Einsum does). Output elements are split over the
-threads. Implicit mode (no ``->``) outputs the ``...`` dims, then the labels seen once, in
-alphabetical order (numpy's and onnxruntime's rule). Spaces in the equation are ignored.
+threads.
 """
 
 from __future__ import annotations
@@ -19,72 +22,19 @@ import numpy as np
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS
 from smelt.codegen.registry import register
+from smelt.ir.einsum import matmul_form, parse
 from smelt.ir.graph import PLAIN, Graph, Node
 from smelt.ir.types import c_type
 
 TYPES = ("float32", "float64", "int32", "int64")
-ELLIPSIS = "."  # the label of an ellipsis dim is "." + its position from the right
 
 
 def _dtype(g: Graph, name: str) -> str:
     return np.dtype(g.values[name].dtype).name
 
 
-def _equation(node: Node) -> str:
-    eq = node.attr("equation", "")
-    return (eq.decode() if isinstance(eq, bytes) else str(eq)).replace(" ", "")
-
-
-def _labels(term: str, rank: int) -> list[str] | None:
-    """The labels of one operand's dims, its ``...`` expanded to as many dims as its rank leaves
-    (named by position from the right, so they align across operands as broadcasting does)."""
-    if term.count("...") > 1:
-        return None
-    if "..." in term:
-        head, tail = term.split("...")
-        n = rank - len(head) - len(tail)
-        if n < 0 or not (head + tail).isalpha():
-            return None
-        return list(head) + [f"{ELLIPSIS}{n - 1 - i}" for i in range(n)] + list(tail)
-    if len(term) != rank or (term and not term.isalpha()):
-        return None
-    return list(term)
-
-
-def resolve(node: Node, g: Graph) -> tuple[list[str], list[str], dict[str, int], list[list[str]]] | str:
-    """(output labels, contracted labels, extents, each input's labels), or why not."""
-    eq = _equation(node)
-    lhs, arrow, rhs = eq.partition("->")
-    terms = lhs.split(",")
-    if len(terms) != len(node.inputs):
-        return f"equation {eq!r} names {len(terms)} operands, the node has {len(node.inputs)}"
-    ins: list[list[str]] = []
-    sizes: dict[str, int] = {}
-    for term, name in zip(terms, node.inputs, strict=True):
-        shape = [int(d) for d in g.values[name].shape]
-        labels = _labels(term, len(shape))
-        if labels is None:
-            return f"operand term {term!r} does not fit shape {shape}"
-        for lab, d in zip(labels, shape, strict=True):
-            prev = sizes.get(lab)
-            if prev is None or prev == 1:
-                sizes[lab] = d
-            elif d not in (prev, 1) or (d == 1 and prev != 1 and not lab.startswith(ELLIPSIS)):
-                return f"label {lab!r} has extents {prev} and {d}"
-        ins.append(labels)
-    ell = sorted((lab for lab in sizes if lab.startswith(ELLIPSIS)), key=lambda s: -int(s[1:]))
-    if arrow:
-        out = _labels(rhs, len(rhs.replace("...", "")) + len(ell)) if "..." in rhs else _labels(rhs, len(rhs))
-        if out is None or len(set(out)) != len(out) or any(lab not in sizes for lab in out):
-            return f"output term {rhs!r} is not valid for {eq!r}"
-    else:
-        counts: dict[str, int] = {}
-        for labels in ins:
-            for lab in labels:
-                counts[lab] = counts.get(lab, 0) + 1
-        out = ell + sorted(lab for lab, c in counts.items() if c == 1 and not lab.startswith(ELLIPSIS))
-    contracted = [lab for lab in sizes if lab not in out]
-    return out, contracted, sizes, ins
+def _shapes(node: Node, g: Graph) -> list[list[int]]:
+    return [[int(d) for d in g.values[x].shape] for x in node.inputs]
 
 
 def _strides(labels: list[str], shape: list[int], sizes: dict[str, int]) -> dict[str, int]:
@@ -107,24 +57,27 @@ def _check(node: Node, g: Graph) -> str | None:
         return f"native Einsum takes one of {TYPES} for every operand"
     if any(g.values[n].layout != PLAIN for n in names):
         return "Einsum reads plain layouts only"
-    r = resolve(node, g)
-    if isinstance(r, str):
-        return r
-    out, _, sizes, _ = r
-    if [sizes[lab] for lab in out] != [int(d) for d in g.values[node.outputs[0]].shape]:
+    spec = parse(node.attr("equation", ""), _shapes(node, g))
+    if isinstance(spec, str):
+        return spec
+    if [spec.sizes[lab] for lab in spec.out] != [int(d) for d in g.values[node.outputs[0]].shape]:
         return "output shape does not match the equation"
+    if dt == "float32" and matmul_form(spec, _shapes(node, g)) is not None:
+        return "a contraction that runs as one batched MatMul (passes/einsum_matmul.py)"
     return None
 
 
 @register("Einsum", check=_check, name="einsum")
 def emit_einsum(node: Node, g: Graph, em: BlockEmitter) -> None:
-    out, contracted, sizes, ins = resolve(node, g)  # type: ignore[misc]
+    spec = parse(node.attr("equation", ""), _shapes(node, g))
+    assert not isinstance(spec, str)
+    out, contracted, sizes, ins = spec.out, spec.contracted, spec.sizes, spec.operands
     y = node.outputs[0]
     dt = _dtype(g, y)
     t = c_type(dt)
     integer = dt.startswith("int")
     u = "uint64_t" if dt == "int64" else "uint32_t"
-    strides = [_strides(labels, [int(d) for d in g.values[x].shape], sizes)
+    strides = [_strides(list(labels), [int(d) for d in g.values[x].shape], sizes)
                for labels, x in zip(ins, node.inputs, strict=True)]
     total = int(np.prod([sizes[lab] for lab in out], dtype=np.int64))
     inner = int(np.prod([sizes[lab] for lab in contracted], dtype=np.int64))
@@ -153,7 +106,7 @@ def emit_einsum(node: Node, g: Graph, em: BlockEmitter) -> None:
         lines.append(f"{depth}}}")
     lines.append(f"    Y[o] = ({t})acc;")
     lines.append("}")
-    eq = _equation(node)
+    eq = str(node.attr("equation", "")).replace(" ", "")
     em.step("\n".join(lines), name=f"einsum_{dt}", doc=f"Einsum {eq}")
     em.schedule(algorithm=f"loop nest over {len(out)} output and {len(contracted)} contracted labels",
                 threads="output elements")
