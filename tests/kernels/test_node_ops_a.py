@@ -77,7 +77,8 @@ def _f(*shape: int, lo: float = -1.0, hi: float = 1.0) -> np.ndarray:
 def test_causal_conv_with_state(isa, monkeypatch, cache):
     """Kernel 4 with and without bias, past state and SiLU; an input shorter than k - 1 (the
     present state reaches into the past); k = 1 (empty state); k = 3 with run-time weights;
-    float16; and a large case split over threads."""
+    float16; SiLU of NaN, +-Inf, +-0 and large values (k = 1 passes them through the taps); and a
+    large case split over threads."""
     force_isa(isa, monkeypatch, cache)
     cases = Cases()
     b, c, n, k = 2, 5, 7, 4
@@ -92,7 +93,8 @@ def test_causal_conv_with_state(isa, monkeypatch, cache):
     cases.add("CausalConvWithState", ["xh"], (w.astype(np.float16), bias.astype(np.float16),
                                               past.astype(np.float16)), n_out=2, activation="silu")
     cases.add("CausalConvWithState", ["big"], (_f(64, 1, k), _f(64)), n_out=2, activation="silu")
-    feeds = {"x": _f(b, c, n, lo=-3, hi=3), "short": _f(b, c, 2), "w3": _f(c, 1, 3), "b3": _f(c),
+    cases.add("CausalConvWithState", ["sp"], (np.ones((1, 1, 1), np.float32),), n_out=2, activation="silu")
+    feeds = {"sp": np.concatenate([SPECIALS, -SPECIALS, _f(11) * 30]).reshape(1, 1, -1),"x": _f(b, c, n, lo=-3, hi=3), "short": _f(b, c, 2), "w3": _f(c, 1, 3), "b3": _f(c),
              "p3": _f(b, c, 2), "xh": _f(b, c, n).astype(np.float16), "big": _f(2, 64, 301, lo=-4, hi=4)}
     check(cases, feeds, opset=27)
 

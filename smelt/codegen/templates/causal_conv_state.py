@@ -4,7 +4,9 @@ and Mamba blocks.
 output[b, c, l] = act(bias[c] + sum_j w[c, 0, j] * padded[b, c, l + j]) over the sequence
 ``padded = concat(past_state or zeros (k - 1 positions), input)``, and present_state is
 padded's last k - 1 positions (which reach into past_state when the input is shorter than k - 1).
-act is none or SiLU (``swish`` is its alias): x * (1 / (1 + e^-x)), the reference's spelling.
+act is none or SiLU (``swish`` is its alias): x * sigmoid(x), the reference's spelling; in
+float32 on a vector target the whole row goes through the vector sigmoid (``smelt_vsigmoid*``,
+the one the fused epilogues use) once it is computed, else libm's expf per element.
 
 One (batch, channel) row per work item, rows split over the threads; the kernel length is a
 compile-time constant, so the tap loop unrolls. Float32 and float16 (computed in float, one
@@ -19,6 +21,7 @@ import numpy as np
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels import half
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS
+from smelt.codegen.kernels.isa import vector_isa
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node
 
@@ -82,7 +85,12 @@ def emit_causal_conv_state(node: Node, g: Graph, em: BlockEmitter) -> None:
     before = f"P[r * {k - 1} + (J)]" if past else "0"
     pad_read = f"((J) < {k - 1} ? {ld(before) if past else '0.0f'} : {ld(f'X[r * {length} + (J) - {k - 1}]')})"
     act = _activation(node)
-    out_expr = "a * (1.0f / (1.0f + expf(-a)))" if act in ("silu", "swish") else "a"
+    silu = act in ("silu", "swish")
+    v = vector_isa(em.target)
+    # float32 SiLU over each finished row with the target's vector sigmoid (csrc/smelt_vec.h):
+    # libm's expf per element cost more than the convolution itself
+    vector_silu = silu and dt == "float32" and v.vector
+    out_expr = "a * (1.0f / (1.0f + expf(-a)))" if silu and not vector_silu else "a"
     lines = [
         f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};",
         f"const __typeof__(*{em.ptr(w)}) *restrict Wt = {em.ptr(w)};",
@@ -118,6 +126,17 @@ def emit_causal_conv_state(node: Node, g: Graph, em: BlockEmitter) -> None:
         f"        Y[r * {length} + l] = {half.store(dt, out_expr)};",
         "    }",
     ]
+    if vector_silu:
+        lanes = v.lanes
+        silu_v = v.op("mul", "xv", f"{v.sigmoid_fn}(xv)")
+        lines += [
+            f"    float *yr = Y + r * {length};",
+            f"    for (long o = 0; o < {length}; o += {lanes}) {{",
+            f"        if (o + {lanes} <= {length}) {{ const {v.vtype} xv = {v.loadu('yr + o')}; {v.storeu('yr + o', silu_v)} }}",
+            f"        else {{ const {v.mask_type} m = {v.lane_mask(f'{length} - o')};",
+            f"               const {v.vtype} xv = {v.masked_load('yr + o', 'm')}; {v.masked_store('yr + o', silu_v, 'm')} }}",
+            "    }",
+        ]
     if write_state:  # present[i] = padded[L + i]
         lines += [
             f"    for (long i = 0; i < {k - 1}; ++i) {{",
@@ -127,6 +146,6 @@ def emit_causal_conv_state(node: Node, g: Graph, em: BlockEmitter) -> None:
             "    }",
         ]
     lines.append("}")
-    em.step("\n".join(lines), name=f"causal_conv_state_{dt}",
+    em.step("\n".join(lines), name=f"causal_conv_state_{dt}_{v.name if vector_silu else 'scalar'}",
             doc=f"CausalConvWithState, kernel {k}, activation {act}")
     em.schedule(algorithm="direct causal depthwise taps", threads="(batch, channel) rows")
