@@ -7,7 +7,7 @@ once per operand, no broadcast dim, nothing summed inside one operand) is
     B' = Reshape(Transpose(B, [batch, k, n]), [B, K, N])
     C  = Transpose(Reshape(MatMul(A', B'), [batch..., m..., n...]), output order)
 
-(identity transposes and reshapes left out), so the GEMM runs it instead of the Einsum
+(identity transposes and reshapes left out: ``bij,bjk->bik`` is the MatMul alone), so the GEMM runs it instead of the Einsum
 template's loop nest, which is 30-100x slower on attention- or projection-sized contractions
 (``tests/kernels/test_node_ops_a.py``; onnxruntime's Einsum does the same). The sum runs in the
 GEMM's order: results differ from a sequential sum by rounding only.
@@ -48,6 +48,8 @@ def einsum_matmul(g: Graph, node: Node, opset: int) -> onnx.FunctionProto | None
         if perm != list(range(len(perm))):
             nodes.append(helper.make_node("Transpose", [x], [f"{tag}_t"], perm=perm))
             x = f"{tag}_t"
+        if [spec.sizes[lab] for lab in order] == shape:  # already [B, rows, cols]
+            return x
         nodes.append(helper.make_node("Reshape", [x, const(f"{tag}_shape", shape)], [f"{tag}_3d"]))
         return f"{tag}_3d"
 
@@ -59,7 +61,9 @@ def einsum_matmul(g: Graph, node: Node, opset: int) -> onnx.FunctionProto | None
     grouped = form.batch + form.m + form.n
     perm = [grouped.index(lab) for lab in spec.out]
     full = [spec.sizes[lab] for lab in grouped]
-    if perm == list(range(len(perm))):
+    if perm == list(range(len(perm))) and full == [bt, m, n]:
+        nodes.append(helper.make_node("Identity", ["c_3d"], ["Output"]))
+    elif perm == list(range(len(perm))):
         nodes.append(helper.make_node("Reshape", ["c_3d", const("c_shape", full)], ["Output"]))
     else:
         nodes.append(helper.make_node("Reshape", ["c_3d", const("c_shape", full)], ["c_full"]))
