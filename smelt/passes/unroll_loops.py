@@ -344,6 +344,37 @@ def _runs_natively(g: Graph, node: Node, b: _Builder) -> bool:
 
 UNROLL = {"Scan": _scan, "Loop": _loop}
 
+# verdicts of _runs_natively by _signature: the fold rounds ask again for every node they leave,
+# and a refused body would otherwise be unrolled, folded and inferred in scratch every round
+_VERDICTS: dict[tuple, bool] = {}
+MAX_VERDICTS = 1024
+SMALL_CONST = 64
+
+
+def _signature(g: Graph, node: Node, b: _Builder) -> tuple:
+    """What decides the verdict: the opset, the node's op and attributes (its body included),
+    and each value the unrolled nodes read from outside: dtype, shape, and small constants'
+    bytes (trip counts, indices)."""
+    reads = []
+    for name in _outer_reads(b.nodes):
+        v = b.consts.get(name) or g.values.get(name)
+        if v is None:
+            reads.append((name, None))
+            continue
+        data = v.const.tobytes() if v.const is not None and v.const.size <= SMALL_CONST else None
+        reads.append((str(v.dtype), v.shape, v.const is not None, data))
+    attrs = tuple(a.SerializeToString() for a in node.attr_protos)
+    return (tuple(sorted(g.opset.items())), node.op, attrs, tuple(reads), tuple(bool(o) for o in node.outputs))
+
+
+def _verdict(g: Graph, node: Node, b: _Builder) -> bool:
+    key = _signature(g, node, b)
+    if key not in _VERDICTS:
+        if len(_VERDICTS) >= MAX_VERDICTS:
+            _VERDICTS.clear()
+        _VERDICTS[key] = _runs_natively(g, node, b)
+    return _VERDICTS[key]
+
 
 def unroll_loops(g: Graph) -> Graph:
     """Unroll every Scan and Loop whose unrolled body runs natively (module docstring)."""
@@ -353,7 +384,7 @@ def unroll_loops(g: Graph) -> Graph:
     changed = False
     for node in g.nodes:
         b = UNROLL[node.op](g, node) if node.op in UNROLL and node.domain in ("", "ai.onnx") else None
-        if b is None or not _runs_natively(g, node, b):
+        if b is None or not _verdict(g, node, b):
             out.append(node)
             continue
         for v in b.consts.values():
