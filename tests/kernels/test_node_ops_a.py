@@ -316,3 +316,26 @@ def test_inverse_trig_accuracy(isa, monkeypatch, cache):
         ulps = np.abs(cm.run({"x": x})[0] - want) / np.spacing(np.abs(want).astype(np.float32)).astype(np.float64)
         assert ulps.max() <= 3.0, (op, float(ulps.max()), float(x[ulps.argmax()]))
         cm.close()
+
+
+def test_compress_with_a_constant_condition():
+    """A constant condition (the output shape known at compile time) runs natively, as a Gather
+    (passes/compress_gather.py): every axis, a negative one, no axis (flattened), a condition
+    shorter than the axis, int64 data, a large input split over threads; a run-time condition
+    stays with the fallback."""
+    cases, feeds = Cases(), {}
+    feeds["x"] = _f(4, 5, 6)
+    feeds["big"] = _f(64, 40, 33)
+    feeds["n"] = RNG.integers(-9, 9, (7, 3)).astype(np.int64)
+    for axis in (0, 1, 2, -1, None):
+        dim = 120 if axis is None else feeds["x"].shape[axis]
+        cond = RNG.integers(0, 2, dim).astype(bool)
+        cond[0] = True
+        cases.add("Compress", ["x"], (cond,), **({} if axis is None else {"axis": axis}))
+    cases.add("Compress", ["x"], (np.array([False, True, True]),), axis=1)  # shorter than the axis
+    cases.add("Compress", ["n"], (np.array([1, 0, 1, 1, 0, 0, 1], bool),), axis=0)
+    cases.add("Compress", ["big"], (RNG.integers(0, 2, 40).astype(bool),), axis=1)
+    check(cases, feeds, opset=11)
+    cases = Cases()
+    cases.add("Compress", ["x", "c"], axis=1)
+    check(cases, {"x": _f(4, 5, 6), "c": np.array([1, 0, 1, 1, 0], bool)}, opset=11, fallback=("Compress_0",))
