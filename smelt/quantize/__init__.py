@@ -145,11 +145,11 @@ def quantize(model: onnx.ModelProto | str | Path,
     if bound is None:
         return quantize_with(set())
     by_name = {node_name(n): n for n in nodes}
-    reports: dict[int, QuantizeReport] = {}
+    last: list[QuantizeReport] = []  # the report of the latest round: the model returned is its model
 
     def io_of(floats: set[str]) -> tuple[onnx.ModelProto, dict[str, tuple[str, str]]]:
         out, report = quantize_with(floats)
-        reports[id(out)] = report
+        last[:] = [report]
         io = {}
         for name in report.quantized_nodes:
             n = by_name[name]
@@ -160,7 +160,7 @@ def quantize(model: onnx.ModelProto | str | Path,
     evaluation = feeds[:eval_samples]
     out, moved, log = keep_until_bound(io_of, lambda m: debug_report(m, evaluation, float_model=folded,
                                                                       threads=threads), bound, set())
-    report = reports[id(out)]
+    report = last[0]
     report.accuracy = log
     report.skipped = [(n, "moved to float: accuracy" if n in moved else why) for n, why in report.skipped]
     return out, report

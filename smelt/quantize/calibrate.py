@@ -113,9 +113,11 @@ def kl_threshold(hist: np.ndarray, levels: int) -> int:
 
 def collect_ranges(model: onnx.ModelProto, tensors: list[str], feeds: list[dict[str, np.ndarray]], *,
                    method: str = "minmax", percentile: float = 99.99, threads: int | None = None,
-                   levels: Mapping[str, int] | None = None) -> dict[str, tuple[float, float]]:
-    """Per tensor the calibrated range [lo, hi] (including 0). ``levels``: per tensor the code
-    count of its positive side, for entropy (default 128: a signed 8-bit tensor)."""
+                   bits: Mapping[str, tuple[int, bool]] | None = None) -> dict[str, tuple[float, float]]:
+    """Per tensor the calibrated range [lo, hi] (including 0). ``bits``: per tensor its (bits,
+    symmetric), for entropy's level count (default (8, False)): a tensor that is never negative,
+    quantized asymmetrically, spends all 2^bits codes on [0, T]; otherwise 2^(bits-1) codes cover
+    each side."""
     if method not in METHODS:
         raise SmeltError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
     if not feeds:
@@ -149,6 +151,8 @@ def collect_ranges(model: onnx.ModelProto, tensors: list[str], feeds: list[dict[
         _over_samples(model, tensors, feeds, threads, histogram)
         for t in tensors:
             if amax[t] > 0:
-                edge = kl_threshold(hists[t], (levels or {}).get(t, 128)) * amax[t] / BINS
+                width, symmetric = (bits or {}).get(t, (8, False))
+                levels = 2**width if ranges[t][0] >= 0 and not symmetric else 2 ** (width - 1)
+                edge = kl_threshold(hists[t], min(levels, BINS)) * amax[t] / BINS
                 ranges[t] = (max(ranges[t][0], -edge), min(ranges[t][1], edge))
     return {t: (min(0.0, a), max(0.0, b)) for t, (a, b) in ranges.items()}

@@ -12,7 +12,8 @@ What onnxruntime's ``quantize_dynamic`` writes (QOperator format), so both runti
 - LSTM with constant W and R becomes ``com.microsoft:DynamicQuantizeLSTM``: W and R transposed to
   [directions, input|hidden, 4*hidden] int8, scales and zero points per direction ([dirs]) or per
   gate column ([dirs, 4*hidden]), as onnxruntime's LSTM quantizer writes; smelt runs it natively
-  (template ``dq_lstm``). LSTMs with attributes that template refuses (other activations, clip,
+  (template ``dq_lstm``). Its weights are always symmetric (onnxruntime's kernel requires zero
+  weight zero points; an asymmetric request is reported as symmetric for these). LSTMs with attributes that template refuses (other activations, clip,
   input_forget, a sequence_lens input) stay fp32.
 
 Activations are uint8 (DynamicQuantizeLinear's type), so the activation scheme is fixed at 8-bit
@@ -108,9 +109,9 @@ def quantize_dynamic(src: onnx.ModelProto, configs: Mapping[str, NodeConfig], sk
     inits = {i.name: i for i in out.graph.initializer}
     new_inits: list[onnx.TensorProto] = []
     dql: dict[str, onnx.NodeProto] = {}  # tensor -> its one DynamicQuantizeLinear
-    replaced: dict[int, list[onnx.NodeProto]] = {}  # id(node) -> what replaces it
+    replaced: dict[int, list[onnx.NodeProto]] = {}  # node index -> what replaces it
     quantized, schemes, acc_bits = [], {}, {}
-    for n in list(out.graph.node):
+    for index, n in enumerate(out.graph.node):
         base = node_name(n)
         if base not in configs:
             continue
@@ -118,9 +119,13 @@ def quantize_dynamic(src: onnx.ModelProto, configs: Mapping[str, NodeConfig], sk
         axis = _weight_axis(cfg.weight, base)
         desc = f"w{cfg.weight.bits} {'sym' if cfg.weight.symmetric else 'asym'} per {cfg.weight.granularity}, a8 dynamic"
         if n.op_type == "LSTM":
-            replaced[id(n)] = [_lstm(n, inits, cfg.weight, axis, base, new_inits, acc_bits)]
+            # onnxruntime's DynamicQuantizeLSTM requires zero weight zero points
+            w_scheme = Scheme(cfg.weight.bits, True, cfg.weight.granularity)
+            if not cfg.weight.symmetric:
+                desc = desc.replace("asym", "sym (DynamicQuantizeLSTM takes zero weight zero points only)")
+            replaced[index] = [_lstm(n, inits, w_scheme, axis, base, new_inits, acc_bits)]
         else:
-            replaced[id(n)] = _matmul(n, inits, cfg.weight, axis, base, new_inits, dql, acc_bits)
+            replaced[index] = _matmul(n, inits, cfg.weight, axis, base, new_inits, dql, acc_bits)
         quantized.append(base)
         schemes[base] = desc
     ordered: list[onnx.NodeProto] = []
@@ -130,8 +135,8 @@ def quantize_dynamic(src: onnx.ModelProto, configs: Mapping[str, NodeConfig], sk
         if t not in producers:
             ordered.append(q)
             placed.add(t)
-    for n in out.graph.node:
-        ordered += replaced.get(id(n), [n])
+    for index, n in enumerate(out.graph.node):
+        ordered += replaced.get(index, [n])
         for o in n.output:
             if o in dql and o not in placed:
                 ordered.append(dql[o])

@@ -212,9 +212,8 @@ def quantize_static(src: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], co
             skipped.append((node_name(n), "its input is a model output (kept fp32)"))
     acts = sorted(act_scheme)
     if ranges is None or any(t not in ranges for t in acts):
-        levels = {t: 2 ** (s.bits - 1) for t, s in act_scheme.items()}
         ranges = collect_ranges(src, acts, feeds, method=method, percentile=percentile, threads=threads,
-                                levels=levels)
+                                bits={t: (s.bits, s.symmetric) for t, s in act_scheme.items()})
     inits = {i.name: i for i in out.graph.initializer}
     new_inits: list[onnx.TensorProto] = []
     a_params: dict[str, tuple[np.ndarray, np.ndarray]] = {}
