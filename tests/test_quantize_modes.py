@@ -23,11 +23,21 @@ from smelt.errors import SmeltError
 from smelt.options import CompileOptions
 from smelt.quantize import AccumulatorOverflow, debug_report, quantize
 from smelt.quantize.calibrate import kl_threshold
-from tests.test_quantize_tool import _cnn, _feeds, _sqnr
+from tests.test_quantize_tool import _cnn as _shared_cnn
+from tests.test_quantize_tool import _feeds as _shared_feeds
+from tests.test_quantize_tool import _sqnr
 
 ort = pytest.importorskip("onnxruntime")
 
 RNG = np.random.default_rng(20261126)
+
+
+def _cnn() -> onnx.ModelProto:  # the tool test's model, from this module's generator (theirs stays theirs)
+    return _shared_cnn(RNG)
+
+
+def _feeds(n: int) -> list[dict[str, np.ndarray]]:
+    return _shared_feeds(n, RNG)
 
 
 def _w(*shape: int) -> np.ndarray:
@@ -261,16 +271,16 @@ def test_accuracy_driven_mixed_precision_moves_harmful_nodes_to_float_until_the_
         pairs = [(ref.run(None, f)[0].astype(np.float64), c.run(f)[0]) for f in feeds]
         return float(10 * np.log10(sum(np.sum(r**2) for r, _ in pairs) / sum(np.sum((r - g) ** 2) for r, g in pairs)))
 
-    target = aggregate_sqnr(compiled) + 4.0
+    target = aggregate_sqnr(compiled) + 2.0
     model, report = quantize(fp32, feeds, max_error=f"{target}dB")
     moved = [n for n, why in report.skipped if "accuracy" in why]
     assert moved and len(report.quantized_nodes) == 4 - len(moved), report.format_text()
-    assert "holds" in report.accuracy[-1], report.format_text()
+    assert "holds with" in report.accuracy[-1], report.format_text()
     compiled = smelt.compile(model, threads=2)
     assert aggregate_sqnr(compiled) >= target
     # relative error bound; and a bound nothing quantized can meet leaves the model float
     _, report = quantize(fp32, feeds, max_error=1e-9)
-    assert report.quantized_nodes == [] and "not met" in report.accuracy[-1], report.format_text()
+    assert report.quantized_nodes == [] and "every node in float" in report.accuracy[-1], report.format_text()
 
 
 def test_compile_numeric_debug_runs_the_integer_kernels_beside_float_and_ranks_a_planted_layer() -> None:
@@ -283,14 +293,18 @@ def test_compile_numeric_debug_runs_the_integer_kernels_beside_float_and_ranks_a
     for feed in _feeds(3):
         np.testing.assert_array_equal(debug.run(feed)[0], plain.run(feed)[0])  # it answers as the quantized model
     report = debug.report()
-    assert report.samples == 3 and report.tensors[0].name == "r1", report.format_text()
-    assert report.tensors[0].saturated > 0.2 * report.tensors[0].elements
+    # every tensor downstream of r1 inherits its error (their SQNR is as bad); the noise each
+    # adds itself points at r1, which the kernel saturated
+    worst = report.most_harmful()[0]
+    assert report.samples == 3 and worst.name == "r1", report.format_text()
+    assert worst.saturated > 0.2 * worst.elements and worst.sqnr_db < 10
+    assert all(t.added_db > worst.added_db + 10 for t in report.tensors if t.name != "r1"), report.format_text()
     assert [t.sqnr_db for t in report.tensors] == sorted(t.sqnr_db for t in report.tensors)
     assert debug.fallback_nodes == []  # the quantized compiled model's attributes
     # True: the float reference is the model without its activation Q/DQ pairs
     alone = smelt.compile(model, threads=1, numeric_debug=True)
     alone.run(_feeds(1)[0])
-    assert alone.report().tensors[0].name == "r1"
+    assert alone.report().most_harmful()[0].name == "r1"
 
 
 def test_cli_dynamic_mode_overrides_and_max_error(tmp_path, capsys) -> None:

@@ -5,8 +5,8 @@ Each round quantizes with the current float set (the calibrated ranges are reuse
 runs once), measures the model outputs against the float model on the calibration inputs (the
 numeric debug run: the real integer kernels), and, while the bound is missed, moves the most
 harmful still-quantized node to float. Harm is the noise a node *adds*: the noise-to-signal
-power of its quantized output (10^(-SQNR/10)) less that of its quantized input, from the same
-debug table. Ranking by the plain SQNR would always blame the last layers, which inherit every
+power of its quantized output (10^(-SQNR/10)) less that of its quantized input, plus the noise
+the input's own quantization adds (``TensorError.added_db``), from the same debug table. Ranking by the plain SQNR would always blame the last layers, which inherit every
 earlier layer's error; the added noise points at the layer that creates it. A node whose output
 is a model output (not quantized) is measured on that output.
 
@@ -55,10 +55,13 @@ class ErrorBound:
 
 def added_noise(report: DebugReport, node_io: dict[str, tuple[str, str]]) -> dict[str, float]:
     """Per node (input tensor, output tensor): the noise-to-signal power its output adds over its
-    input's (a missing input entry: a float input, no noise)."""
+    input's, plus what its input's own quantization adds (the debug table's ``added_db``; a
+    missing entry: a float tensor, no noise)."""
     nsr = {t.name: 10 ** (-t.sqnr_db / 10) if np.isfinite(t.sqnr_db) else 0.0
            for t in report.tensors + report.outputs}
-    return {node: nsr.get(y, 0.0) - nsr.get(x, 0.0) for node, (x, y) in node_io.items() if y in nsr}
+    own = {t.name: 10 ** (-t.added_db / 10) if np.isfinite(t.added_db) else 0.0 for t in report.tensors}
+    return {node: nsr.get(y, 0.0) - nsr.get(x, 0.0) + own.get(x, 0.0)
+            for node, (x, y) in node_io.items() if y in nsr}
 
 
 def keep_until_bound(quantize_with: Callable[[set[str]], tuple[onnx.ModelProto, dict[str, tuple[str, str]]]],
@@ -71,8 +74,8 @@ def keep_until_bound(quantize_with: Callable[[set[str]], tuple[onnx.ModelProto, 
     log: list[str] = []
     while True:
         model, io = quantize_with(keep | moved)
-        if not io:
-            log.append(f"no node left to quantize: {len(moved)} node(s) moved to float, the bound is not met")
+        if not io:  # the float model: no quantization error, the bound holds trivially
+            log.append(f"holds only with every node in float ({len(moved)} moved): the model is not quantized")
             return model, moved, log
         report = measure(model)
         status = bound.describe(report.outputs)

@@ -42,6 +42,10 @@ class TensorError:
     saturated: int  # elements the integer kernel clamped, counted inside it
     elements: int
     ref_max: float = 0.0  # max |float value|: the scale a relative error is taken against
+    # the noise this tensor's own quantization adds: its noise-to-signal power less the largest of
+    # the quantized tensors it is computed from, as dB below the signal (inf: adds none). SQNR
+    # alone blames every tensor downstream of a bad one; this points at the one that creates it
+    added_db: float = float("inf")
 
 
 @dataclasses.dataclass
@@ -52,14 +56,19 @@ class DebugReport:
     outputs: list[TensorError]
     samples: int
 
+    def most_harmful(self) -> list[TensorError]:
+        """The tensors by the noise they add themselves, most first (then by saturation)."""
+        return sorted(self.tensors, key=lambda t: (t.added_db, -t.saturated))
+
     def format_text(self, top: int | None = None) -> str:
-        rows = [("tensor", "SQNR dB", "max abs", "mean abs", "saturated", "of")]
+        rows = [("tensor", "SQNR dB", "adds dB", "max abs", "mean abs", "saturated", "of")]
         for t in (self.tensors[:top] if top else self.tensors):
-            rows.append((t.name, f"{t.sqnr_db:.1f}", f"{t.max_abs:.3g}", f"{t.mean_abs:.3g}", str(t.saturated),
-                         str(t.elements)))
+            rows.append((t.name, f"{t.sqnr_db:.1f}", f"{t.added_db:.1f}", f"{t.max_abs:.3g}", f"{t.mean_abs:.3g}",
+                         str(t.saturated), str(t.elements)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = [f"numeric debug over {self.samples} input(s): quantized tensors, worst SQNR first "
-                 "(saturated: elements the integer kernel clamped, counted inside it)"]
+        lines = [f"numeric debug over {self.samples} input(s): quantized tensors, worst SQNR first (adds dB: "
+                 "the noise its own quantization adds, below the signal; saturated: elements the integer kernel "
+                 "clamped, counted inside it)"]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
         lines += [f"  model output {t.name}: SQNR {t.sqnr_db:.1f} dB, max abs {t.max_abs:.3g}" for t in self.outputs]
         return "\n".join(lines)
@@ -168,6 +177,32 @@ def debug_probes(quantized: onnx.ModelProto, float_model: onnx.ModelProto | None
     return q_probe, f_probe, compared
 
 
+def upstream(model: onnx.ModelProto, compared: list[tuple[str, str | None, str]]) -> dict[str, set[str]]:
+    """Per compared tensor (float name), the compared tensors it is computed from nearest
+    upstream in the quantized ``model`` (through any ops, Q/DQ pairs included)."""
+    producer = {o: n for n in model.graph.node for o in n.output if o}
+    # a name in the quantized model -> the compared tensor (float name) it carries
+    carries = {q: f for f, _, q in compared} | {f: f for f, _, _ in compared}
+    memo: dict[str, set[str]] = {}
+
+    def sources(name: str, start: bool) -> set[str]:
+        if not start and name in carries:
+            return {carries[name]}
+        if name in memo:
+            return memo[name]
+        memo[name] = set()  # cycles cannot occur in a valid graph; this guards the recursion
+        node = producer.get(name)
+        found: set[str] = set()
+        if node is not None:
+            for i in node.input:
+                if i:
+                    found |= sources(i, False)
+        memo[name] = found
+        return found
+
+    return {f: sources(f, True) - {f} for f, _, _ in compared}
+
+
 class NumericDebugModel:
     """A quantized model compiled beside its float counterpart: ``run`` returns the quantized
     model's outputs (as its own compiled model would) and accumulates the per-tensor errors;
@@ -184,6 +219,7 @@ class NumericDebugModel:
                         if q and f in {n.output[0] for n in quantized.graph.node if n.op_type == "Relu"}}
         self._inputs = [i.name for i in quantized.graph.input
                         if i.name not in {t.name for t in quantized.graph.initializer}]
+        self._upstream = upstream(quantized, self._compared)
         self.quantized = make(q_probe)
         self.reference = make(f_probe)
         self._acc: dict[str, list[float]] = {}  # name -> [sum ref^2, sum err^2, max abs, sum abs, count, max |ref|]
@@ -238,7 +274,12 @@ class NumericDebugModel:
             return TensorError(name, mx, s_abs / max(count, 1), float(sqnr),
                                saturated.get(q_out, 0) if q_out else 0, int(count), peak)
 
-        tensors = sorted((entry(f, q) for f, q, _ in self._compared), key=lambda t: (t.sqnr_db, -t.saturated))
+        tensors = [entry(f, q) for f, q, _ in self._compared]
+        nsr = {t.name: 10 ** (-t.sqnr_db / 10) for t in tensors}
+        for t in tensors:
+            added = nsr[t.name] - max((nsr[u] for u in self._upstream[t.name] if u in nsr), default=0.0)
+            t.added_db = float("inf") if added <= 0 else float(-10 * np.log10(added))
+        tensors.sort(key=lambda t: (t.sqnr_db, -t.saturated))
         outputs = [entry(o, None) for o in self._outputs if o in self._acc]
         return DebugReport(tensors, outputs, self._samples)
 
