@@ -92,6 +92,18 @@ class DebugReport:
         plt.close(fig)
 
 
+def _clip_source(model: onnx.ModelProto) -> dict[str, tuple[str, str]]:
+    """Per Clip output read by a QuantizeLinear alone (the static writer's own-width saturation of
+    a 9..15-bit activation): (the Clip's input, the Clip's name)."""
+    readers: dict[str, int] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    q_inputs = {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    return {n.output[0]: (n.input[0], n.name) for n in model.graph.node
+            if n.op_type == "Clip" and n.output[0] in q_inputs and readers.get(n.output[0]) == 1}
+
+
 def strip_activation_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with each activation's QuantizeLinear -> DequantizeLinear pair removed (its
     readers read the float tensor again); weights stay dequantized. The float reference of a QDQ
@@ -100,12 +112,16 @@ def strip_activation_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     inits = {i.name for i in out.graph.initializer}
-    q_in = {n.output[0]: n.input[0] for n in out.graph.node if n.op_type == "QuantizeLinear" and n.input[0] not in inits}
+    clipped = _clip_source(out)
+    q_in = {n.output[0]: clipped.get(n.input[0], (n.input[0], ""))[0] for n in out.graph.node
+            if n.op_type == "QuantizeLinear" and n.input[0] not in inits}
     dq_to_float = {n.output[0]: q_in[n.input[0]] for n in out.graph.node
                    if n.op_type == "DequantizeLinear" and n.input[0] in q_in}
+    clip_names = {name for _, name in clipped.values()}
     kept = [n for n in out.graph.node
             if not (n.op_type == "QuantizeLinear" and n.output[0] in q_in)
-            and not (n.op_type == "DequantizeLinear" and n.output[0] in dq_to_float)]
+            and not (n.op_type == "DequantizeLinear" and n.output[0] in dq_to_float)
+            and not (n.op_type == "Clip" and n.name in clip_names and n.output[0] in clipped)]
     for n in kept:
         n.input[:] = [dq_to_float.get(i, i) for i in n.input]
     for o in out.graph.output:
@@ -116,10 +132,13 @@ def strip_activation_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def qdq_pairs(model: onnx.ModelProto) -> list[tuple[str, str, str]]:
-    """(float tensor, quantized tensor, dequantized tensor) of every activation Q -> DQ pair."""
+    """(float tensor, quantized tensor, dequantized tensor) of every activation Q -> DQ pair (the
+    float tensor before a Clip that only feeds the Q: the writer's own-width saturation)."""
     inits = {i.name for i in model.graph.initializer}
     dq_of = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "DequantizeLinear"}
-    return [(n.input[0], n.output[0], dq_of[n.output[0]]) for n in model.graph.node
+    clipped = _clip_source(model)
+    return [(clipped.get(n.input[0], (n.input[0], ""))[0], n.output[0], dq_of[n.output[0]])
+            for n in model.graph.node
             if n.op_type == "QuantizeLinear" and n.input[0] not in inits and n.output[0] in dq_of]
 
 

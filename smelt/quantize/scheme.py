@@ -14,9 +14,10 @@ native 8/16-bit arithmetic: a 4-bit signed weight is an int8 whose values lie in
 
 The accumulator bound of an integer product over K terms is K * max|a - a_zero| * max|w - w_zero|
 (ModelCompiler tracks this width per node): the weights' term is exact (they are constants), the
-activations' the largest code distance the stored type allows on either side of the zero point,
-because a value beyond the calibrated range saturates at the *storage* type's limits (ONNX's
-QuantizeLinear has no narrower saturation). A configuration whose bound exceeds 2^31 - 1 could
+activations' the largest code distance on either side of the zero point: a value beyond the
+calibrated range saturates at the *storage* type's limits (ONNX's QuantizeLinear has no narrower
+saturation), except for 9..15-bit activations, which the static writer clips to their own codes
+first (``clips``) so that their effective width is what the bound counts. A configuration whose bound exceeds 2^31 - 1 could
 overflow int32 and is refused (``AccumulatorOverflow``), naming the node and the bound.
 """
 
@@ -116,11 +117,24 @@ def quantize_weight(w: np.ndarray, scheme: Scheme, axis: int | None, signed: boo
     return np.clip(codes, qmin, qmax).astype(scheme.storage(signed)), scale, zero
 
 
+def clips(scheme: Scheme) -> bool:
+    """Whether the static writer puts a Clip before this activation's QuantizeLinear so that it
+    saturates at its own width: 9..15 bits (stored in 16, which the accumulator bound would
+    otherwise have to assume). Below 8 bits the 8-bit storage bound is small anyway, and a Clip
+    between an op and its Q would keep smelt from lowering the group to the integer kernels."""
+    return 8 < scheme.bits < 16
+
+
 def activation_reach(scheme: Scheme, zero: np.ndarray, signed: bool) -> int:
-    """The largest |a - a_zero| a stored activation can reach (saturation at the storage type)."""
-    info = np.iinfo(scheme.storage(signed))
+    """The largest |a - a_zero| a stored activation can reach: its code range when ``clips``,
+    else the storage type's (a value beyond the calibrated range saturates there)."""
+    if clips(scheme):
+        lo, hi = scheme.code_range(signed)
+    else:
+        info = np.iinfo(scheme.storage(signed))
+        lo, hi = int(info.min), int(info.max)
     z = np.asarray(zero, np.int64)
-    return int(max(np.max(info.max - z), np.max(z - info.min)))
+    return int(max(np.max(hi - z), np.max(z - lo)))
 
 
 def accumulator_bound(k: int, a_reach: int, w_codes: np.ndarray, w_zero: np.ndarray, axis: int | None) -> int:

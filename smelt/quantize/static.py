@@ -12,7 +12,8 @@ it). Per quantized node:
 - a Conv's bias as int32 ``DequantizeLinear(b_q, x_scale * w_scale)``.
 
 A tensor read or written by several quantized nodes gets the widest activation scheme any of them
-asks for. The model's outputs stay fp32. 16-bit Q/DQ needs opset 21; an older model is converted
+asks for. The model's outputs stay fp32. A 9..15-bit activation is clipped to its own codes before
+its QuantizeLinear (``scheme.clips``). 16-bit Q/DQ needs opset 21; an older model is converted
 with onnx's version converter first (an error says so when that fails). Each node's int32
 accumulator bound is checked (``scheme.check_accumulator``): an overflow is refused.
 
@@ -36,6 +37,7 @@ from smelt.quantize.scheme import (
     Scheme,
     activation_reach,
     check_accumulator,
+    clips,
     params,
     quantize_weight,
     weight_axis,
@@ -227,9 +229,19 @@ def quantize_static(src: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], co
     qdq_nodes: dict[str, list[onnx.NodeProto]] = {}
     for t in acts:
         s, z = f"{t}_scale", f"{t}_zero_point"
-        qdq_nodes[t] = [helper.make_node("QuantizeLinear", [t, s, z], [f"{t}_q"], name=f"{t}_QuantizeLinear"),
-                        helper.make_node("DequantizeLinear", [f"{t}_q", s, z], [renamed[t]],
-                                         name=f"{t}_DequantizeLinear")]
+        q_in, pre_q = t, []
+        if clips(act_scheme[t]):  # saturate at the scheme's own codes, not the 16-bit storage's
+            scale, zero = a_params[t]
+            qmin, qmax = act_scheme[t].code_range(act_scheme[t].symmetric)
+            lo = np.float32((qmin - int(zero)) * np.float32(scale))
+            hi = np.float32((qmax - int(zero)) * np.float32(scale))
+            new_inits += [numpy_helper.from_array(np.array(lo, np.float32), f"{t}_clip_min"),
+                          numpy_helper.from_array(np.array(hi, np.float32), f"{t}_clip_max")]
+            q_in = f"{t}_clipped"
+            pre_q = [helper.make_node("Clip", [t, f"{t}_clip_min", f"{t}_clip_max"], [q_in], name=f"{t}_Clip")]
+        qdq_nodes[t] = pre_q + [
+            helper.make_node("QuantizeLinear", [q_in, s, z], [f"{t}_q"], name=f"{t}_QuantizeLinear"),
+            helper.make_node("DequantizeLinear", [f"{t}_q", s, z], [renamed[t]], name=f"{t}_DequantizeLinear")]
     quantized, schemes, acc_bits = [], {}, {}
     for n in nodes:
         base = node_name(n)
