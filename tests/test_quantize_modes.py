@@ -348,3 +348,25 @@ def test_cli_help_describes_every_quantize_option() -> None:
     parser = sub.choices["quantize"]
     for action in parser._actions:
         assert action.help and len(action.help) > 10, action.option_strings
+
+
+@pytest.mark.parametrize("granularity", ["channel", "tensor", "row"])
+def test_static_gemm_folds_alpha_and_beta_and_equals_onnxruntime(granularity: str) -> None:
+    """Gemm (transB, alpha, beta, a 1-D C) in QDQ: alpha goes into the weights, beta into the
+    int32 bias (float when the scales lie along K); onnxruntime runs it as QGemm."""
+    fp32 = _mlp()
+    feeds = [{"x": RNG.standard_normal((3, 24)).astype(np.float32)} for _ in range(8)]
+    model, report = quantize(fp32, feeds, granularity=granularity, keep=["MatMul"])
+    assert report.quantized_nodes == ["fc2"]
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    attrs = {a.name: helper.get_attribute_value(a) for a in gemm.attribute}
+    assert attrs["alpha"] == 1.0 and attrs["beta"] == 1.0 and attrs["transB"] == 1
+    assert gemm.input[2] == ("fc2_B_float" if granularity == "row" else "fc2_B_dq")
+    onnx.checker.check_model(model)
+    compiled, ref32 = smelt.compile(model, threads=1), _sessions(fp32)
+    sess = _sessions(model, optimize=granularity != "row")  # see the per-row test: onnxruntime's fusion
+    for feed in feeds[:3]:
+        got = compiled.run(feed)
+        for g, w, f in zip(got, sess.run(None, feed), ref32.run(None, feed), strict=True):
+            np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * max(1.0, float(np.abs(w).max())))
+            assert _sqnr(f, g) > 25

@@ -1,4 +1,4 @@
-"""Static quantization: every Conv and MatMul with constant weights written in QDQ.
+"""Static quantization: every Conv, MatMul and Gemm (transA = 0) with constant weights in QDQ.
 
 The output is the QDQ format onnxruntime's ``quantize_static`` writes (any ONNX runtime loads
 it). Per quantized node:
@@ -9,7 +9,9 @@ it). Per quantized node:
   ones signed with zero point 0;
 - its weights as ``DequantizeLinear(W_q, w_scale, w_zero[, axis])`` in the weight scheme (per
   tensor, per output channel, per row or per column);
-- a Conv's bias as int32 ``DequantizeLinear(b_q, x_scale * w_scale)``.
+- a Conv's or Gemm's constant bias as int32 ``DequantizeLinear(b_q, x_scale * w_scale)`` (Gemm's
+  alpha folded into the weights, beta into the bias; a bias the weight scales cannot carry —
+  per-row scales, a 2-D C — stays float).
 
 A tensor read or written by several quantized nodes gets the widest activation scheme any of them
 asks for. The model's outputs stay fp32. A 9..15-bit activation is clipped to its own codes before
@@ -17,8 +19,8 @@ its QuantizeLinear (``scheme.clips``). 16-bit Q/DQ needs opset 21; an older mode
 with onnx's version converter first (an error says so when that fails). Each node's int32
 accumulator bound is checked (``scheme.check_accumulator``): an overflow is refused.
 
-smelt's ``lower_qdq`` runs each 8-bit group as QLinearConv/QLinearMatMul on the integer kernels, as
-onnxruntime does with the same file; 16-bit groups, and weights scaled along the reduction axis
+smelt's ``lower_qdq`` runs each 8-bit Conv/MatMul group as QLinearConv/QLinearMatMul on the
+integer kernels, as onnxruntime does with the same file; Gemm groups (onnxruntime: QGemm), 16-bit groups, and weights scaled along the reduction axis
 ("row" of a MatMul weight), run as dequantize + float op + quantize in both.
 """
 
@@ -43,7 +45,7 @@ from smelt.quantize.scheme import (
     weight_axis,
 )
 
-TARGET_OPS = ("Conv", "MatMul")
+TARGET_OPS = ("Conv", "MatMul", "Gemm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,9 +147,24 @@ def targets(model: onnx.ModelProto, ops: Iterable[str] = TARGET_OPS
             skipped.append((node_name(n), "only 2-D convolutions are quantized"))
         elif n.op_type in ("MatMul", "Gemm") and len(w.dims) != 2:
             skipped.append((node_name(n), f"only {n.op_type} with a 2-D weight is quantized"))
+        elif n.op_type == "Gemm" and _attr(n, "transA", 0):
+            skipped.append((node_name(n), "Gemm with transA"))
         else:
             chosen.append(n)
     return chosen, skipped
+
+
+def _attr(n: onnx.NodeProto, name: str, default: float) -> float:
+    a = next((a for a in n.attribute if a.name == name), None)
+    return default if a is None else helper.get_attribute_value(a)
+
+
+def _set_attr(n: onnx.NodeProto, name: str, value: float) -> None:
+    for a in n.attribute:
+        if a.name == name:
+            n.attribute.remove(a)
+            break
+    n.attribute.append(helper.make_attribute(name, value))
 
 
 def output_tensor(model: onnx.ModelProto, node: onnx.NodeProto) -> str:
@@ -247,9 +264,20 @@ def quantize_static(src: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], co
         base = node_name(n)
         cfg = configs[base]
         w = numpy_helper.to_array(inits[n.input[1]]).astype(np.float32)
-        axis = weight_axis(n.op_type, cfg.weight.granularity, w.ndim)
+        trans_b = n.op_type == "Gemm" and bool(_attr(n, "transB", 0))
+        bias = n.input[2] if len(n.input) > 2 and n.input[2] in inits else ""
+        b_float = numpy_helper.to_array(inits[bias]).astype(np.float64) if bias else None
+        if n.op_type == "Gemm":  # alpha into the weights, beta into C: the integer op has neither
+            w = (w.astype(np.float64) * float(_attr(n, "alpha", 1.0))).astype(np.float32)
+            if b_float is not None:
+                b_float = b_float * float(_attr(n, "beta", 1.0))
+            _set_attr(n, "alpha", 1.0)
+            if b_float is not None:  # a C computed at run time keeps its beta
+                _set_attr(n, "beta", 1.0)
+        axis = weight_axis(n.op_type, cfg.weight.granularity, w.ndim, trans_b)
         w_q, w_scale, w_zero = quantize_weight(w, cfg.weight, axis, signed=True)
-        k = int(np.prod(w.shape[1:])) if n.op_type == "Conv" else int(w.shape[0])
+        n_axis = 0 if n.op_type == "Conv" or trans_b else 1
+        k = int(np.prod(w.shape[1:])) if n.op_type == "Conv" else int(w.shape[1 if trans_b else 0])
         x_scheme = act_scheme[n.input[0]]
         bound = check_accumulator(base, k, activation_reach(x_scheme, a_params[n.input[0]][1], x_scheme.symmetric),
                                   w_q, w_zero, axis)
@@ -261,18 +289,21 @@ def quantize_static(src: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], co
         pre = [helper.make_node("DequantizeLinear", [wq_name, ws_name, wz_name], [f"{base}_W_dq"],
                                 name=f"{base}_W_DequantizeLinear", **attrs)]
         new_inputs = [renamed[n.input[0]], f"{base}_W_dq"]
-        if n.op_type == "Conv" and len(n.input) > 2 and n.input[2] and n.input[2] in inits:
-            # x_scale * w_scale exactly as the integer op's requantization multiplies them
+        # the bias as int32 at x_scale * w_scale when that scale is per output channel (or one):
+        # exactly as the integer op's requantization multiplies them
+        if b_float is not None and b_float.size == w.shape[n_axis] and axis in (None, n_axis):
             b_scale = (np.float32(a_params[n.input[0]][0]) * w_scale).astype(np.float32)
-            b = numpy_helper.to_array(inits[n.input[2]]).astype(np.float64).reshape(-1)
-            b_q = np.clip(np.rint(b / b_scale.astype(np.float64)), -(2**31), 2**31 - 1).astype(np.int32)
-            new_inits += [numpy_helper.from_array(b_q, f"{base}_B_quantized"),
+            b_q = np.clip(np.rint(b_float.reshape(-1) / b_scale.astype(np.float64)), -(2**31), 2**31 - 1)
+            new_inits += [numpy_helper.from_array(b_q.astype(np.int32), f"{base}_B_quantized"),
                           numpy_helper.from_array(b_scale, f"{base}_B_scale"),
                           numpy_helper.from_array(np.zeros(b_scale.shape, np.int32), f"{base}_B_zero_point")]
             pre.append(helper.make_node("DequantizeLinear", [f"{base}_B_quantized", f"{base}_B_scale",
                                                              f"{base}_B_zero_point"], [f"{base}_B_dq"],
                                         name=f"{base}_B_DequantizeLinear", **({"axis": 0} if axis is not None else {})))
             new_inputs.append(f"{base}_B_dq")
+        elif b_float is not None:  # a bias the scales cannot carry stays float (beta applied)
+            new_inits.append(numpy_helper.from_array(b_float.astype(np.float32), f"{base}_B_float"))
+            new_inputs.append(f"{base}_B_float")
         elif len(n.input) > 2:
             new_inputs += list(n.input[2:])
         del n.input[:]
