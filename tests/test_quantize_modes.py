@@ -132,6 +132,15 @@ def test_dynamic_lstm_is_onnxruntimes_dynamic_quantize_lstm(direction: str, per_
     assert {t.name for t in debug.tensors} == {"y", "yh"}
 
 
+def test_smelt_quantize_is_callable_and_takes_a_generator_of_arrays() -> None:
+    fp32 = _cnn()
+    feeds = _feeds(4)
+    model, report = smelt.quantize(fp32, (f["x"] for f in feeds))  # a generator of bare arrays
+    same, _ = quantize(fp32, feeds)
+    assert report.samples == 4 and model.SerializeToString() == same.SerializeToString()
+    assert smelt.quantize.debug_report is debug_report
+
+
 def test_kl_threshold_clips_outliers_and_keeps_a_dense_range() -> None:
     dense = np.histogram(np.abs(RNG.standard_normal(200_000)), bins=2048, range=(0, 4.0))[0].astype(float)
     # the same mass plus a few far outliers stretching the range 10x: the threshold ignores them
@@ -334,6 +343,11 @@ def test_cli_dynamic_mode_overrides_and_max_error(tmp_path, capsys) -> None:
     assert "SQNR dB" in text
     model = onnx.load(str(out))
     _sessions(model)
+    pytest.importorskip("matplotlib")
+    chart = tmp_path / "debug.png"
+    assert main(["quantize", str(src), "-o", str(out), "--mode", "dynamic", "--calibration", str(calib), "--debug",
+                 "--debug-chart", str(chart)]) == 0
+    assert chart.stat().st_size > 1000
     assert main(["quantize", str(src), "-o", str(out), "--mode", "dynamic", "--calibration", str(calib),
                  "--max-error", "80dB"]) == 0
     assert "accuracy:" in capsys.readouterr().out

@@ -31,10 +31,11 @@ METHODS = ("minmax", "percentile", "entropy")
 BINS = 2048
 
 
-def calibration_inputs(source: str | Path | Iterable[Mapping[str, np.ndarray]], input_names: list[str]
-                       ) -> Iterator[dict[str, np.ndarray]]:
+def calibration_inputs(source: str | Path | Iterable[Mapping[str, np.ndarray] | np.ndarray],
+                       input_names: list[str]) -> Iterator[dict[str, np.ndarray]]:
     """Calibration feeds from a folder of .npz files (arrays by input name) or .npy files (the
-    model's single input), or from an iterable of feed dicts."""
+    model's single input), or from an iterable (a list, a generator, a data loader) of feed dicts
+    or, for a single-input model, of arrays."""
     if isinstance(source, (str, Path)):
         folder = Path(source)
         files = sorted(p for p in folder.iterdir() if p.suffix in (".npz", ".npy")) if folder.is_dir() else []
@@ -50,7 +51,14 @@ def calibration_inputs(source: str | Path | Iterable[Mapping[str, np.ndarray]], 
                 raise SmeltError(f"{path.name}: a .npy file feeds a single-input model; this one has inputs "
                                  f"{input_names}: use .npz files with one array per input name")
         return
-    yield from ({k: np.asarray(v) for k, v in feed.items()} for feed in source)
+    for feed in source:
+        if isinstance(feed, Mapping):
+            yield {k: np.asarray(v) for k, v in feed.items()}
+        elif len(input_names) == 1:  # a bare array (or array-like) feeds a single-input model
+            yield {input_names[0]: np.asarray(feed)}
+        else:
+            raise SmeltError(f"a calibration item of type {type(feed).__name__} feeds a single-input model; this "
+                             f"one has inputs {input_names}: yield dicts of arrays by input name")
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[str]:
