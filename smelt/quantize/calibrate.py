@@ -9,7 +9,8 @@ compiled by smelt, with the tensors to calibrate added as outputs; the statistic
 - ``percentile``: per sample the given percentile of each side, averaged over samples (trims
   outliers that a single sample carries).
 - ``entropy``: TensorRT's KL-divergence threshold: a 2048-bin histogram of |x| over all samples
-  (a first pass finds max|x|, a second fills the histogram), then the clipping threshold T whose
+  (a first pass finds max|x|, a second fills the histogram; exact zeros left out, see
+  ``collect_ranges``), then the clipping threshold T whose
   quantized histogram (``levels`` bins) is closest in KL divergence to the clipped reference;
   the range is [max(min, -T), min(max, T)].
 
@@ -153,8 +154,9 @@ def collect_ranges(model: onnx.ModelProto, tensors: list[str], feeds: list[dict[
         hists = {t: np.zeros(BINS, np.float64) for t in tensors}
 
         def histogram(t: str, a: np.ndarray) -> None:
-            if a.size and amax[t] > 0:
-                hists[t] += np.histogram(np.abs(a), bins=BINS, range=(0.0, amax[t]))[0]
+            a = np.abs(a[a != 0])  # exact zeros (a Relu's half) are exact at any scale; left in, that
+            if a.size and amax[t] > 0:  # spike smears into its chunk and drags the threshold down
+                hists[t] += np.histogram(a, bins=BINS, range=(0.0, amax[t]))[0]
 
         _over_samples(model, tensors, feeds, threads, histogram)
         for t in tensors:
