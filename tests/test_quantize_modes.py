@@ -141,6 +141,19 @@ def test_smelt_quantize_is_callable_and_takes_a_generator_of_arrays() -> None:
     assert smelt.quantize.debug_report is debug_report
 
 
+def test_dynamic_mode_refuses_what_its_ops_cannot_carry() -> None:
+    with pytest.raises(SmeltError, match="12 bits needs static"):
+        quantize(_mlp(), mode="dynamic", weight_bits=12)
+    with pytest.raises(SmeltError, match="uint8 asymmetric"):
+        quantize(_mlp(), mode="dynamic", activation_bits=16)
+    with pytest.raises(SmeltError, match="reduction axis"):
+        quantize(_mlp(), mode="dynamic", granularity="row")
+    with pytest.raises(SmeltError, match="needs calibration"):
+        quantize(_mlp(), mode="dynamic", max_error="30dB")
+    with pytest.raises(SmeltError, match="static quantization needs calibration"):
+        quantize(_mlp())
+
+
 def test_kl_threshold_clips_outliers_and_keeps_a_dense_range() -> None:
     dense = np.histogram(np.abs(RNG.standard_normal(200_000)), bins=2048, range=(0, 4.0))[0].astype(float)
     # the same mass plus a few far outliers stretching the range 10x: the threshold ignores them
@@ -184,11 +197,18 @@ def test_static_schemes_lower_to_the_integer_kernels_and_equal_onnxruntime(kw: d
     assert all(f"w{wb}" in s and f"a{ab}" in s for s in report.schemes.values())
     ops = [n.op for n in lower(model, CompileOptions(threads=1)).nodes]
     assert ops.count("QLinearConv") == 3, ops
+    # the integer codes every quantized layer writes are onnxruntime's, bit for bit; the model
+    # output (a float MatMul on dequantized codes) within float rounding
+    codes = ["r1_q", "r2_q", "c3_q", "f_q"]
+    model.graph.output.extend(helper.make_empty_tensor_value_info(t) for t in codes)
     sess, compiled = _sessions(model), smelt.compile(model, threads=2)
     assert compiled.fallback_nodes == []
     for feed in _feeds(3):
-        got, want = compiled.run(feed)[0], sess.run(None, feed)[0]
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+        got, want = compiled.run(feed), sess.run(None, feed)
+        np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-5 * max(1.0, float(np.abs(want[0]).max())))
+        for g, w in zip(got[1:], want[1:], strict=True):
+            assert g.dtype == w.dtype
+            np.testing.assert_array_equal(g, w)
 
 
 @pytest.mark.parametrize("bits", [16, 12])
