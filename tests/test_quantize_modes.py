@@ -64,7 +64,7 @@ def _mlp() -> onnx.ModelProto:
 def _lstm(direction: str = "forward") -> onnx.ModelProto:
     hidden, dirs = 16, 2 if direction == "bidirectional" else 1
     nodes = [helper.make_node("LSTM", ["x", "W", "R", "B", "", "h0"], ["y", "yh"], name="rnn", hidden_size=hidden,
-                              direction=direction)]
+                              direction=direction, layout=0)]  # layout: DynamicQuantizeLSTM has none
     inits = [numpy_helper.from_array(a, n) for n, a in (
         ("W", _w(dirs, 4 * hidden, 12)), ("R", _w(dirs, 4 * hidden, hidden)), ("B", _w(dirs, 8 * hidden)),
         ("h0", _w(dirs, 2, hidden)))]
@@ -152,6 +152,22 @@ def test_dynamic_mode_refuses_what_its_ops_cannot_carry() -> None:
         quantize(_mlp(), mode="dynamic", max_error="30dB")
     with pytest.raises(SmeltError, match="static quantization needs calibration"):
         quantize(_mlp())
+
+
+def test_dynamic_stacked_lstms_run_native() -> None:
+    """Three dynamically quantized LSTM layers with a Squeeze between each (the zoo's stacked
+    LSTM, ModelCompiler Fig. 4(a)'s shape): every layer typed and native, onnxruntime's answer."""
+    from smelt.frontend.zoo import get_model
+
+    fp32 = get_model("lstm-E32-H32-B1-T5-L3", batch=1, seed=0)
+    model, report = quantize(fp32, mode="dynamic")
+    assert len(report.quantized_nodes) == 3
+    compiled = smelt.compile(model, threads=2)
+    assert compiled.fallback_nodes == []
+    name = fp32.graph.input[0].name
+    feed = {name: RNG.standard_normal((5, 1, 32)).astype(np.float32)}
+    for g, w in zip(compiled.run(feed), _sessions(model).run(None, feed), strict=True):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-6)
 
 
 def test_kl_threshold_clips_outliers_and_keeps_a_dense_range() -> None:

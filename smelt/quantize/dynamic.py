@@ -213,6 +213,8 @@ def _lstm(n: onnx.NodeProto, inits: dict[str, onnx.TensorProto], scheme: Scheme,
     acc_bits[base] = bound.bit_length() + 1
     ins = list(n.input) + [""] * (8 - len(n.input))
     inputs = [ins[0], f"{base}_W_quantized", f"{base}_R_quantized"] + ins[3:8] + extra
-    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    # DynamicQuantizeLSTM has no layout attribute (onnxruntime refuses the model if it is there);
+    # layout = 1 was left fp32 by dynamic_targets, so 0 is dropped
+    attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute if a.name != "layout"}
     return helper.make_node("DynamicQuantizeLSTM", inputs, list(n.output), name=f"{base}_quant",
                             domain=MS_DOMAIN, **attrs)
