@@ -81,7 +81,7 @@ def _configs(nodes: list[onnx.NodeProto], weight: Scheme, act: Scheme, keep: Ite
 
 
 def quantize(model: onnx.ModelProto | str | Path,
-             calibration: str | Path | Iterable[Mapping[str, np.ndarray]] | None = None, *,
+             calibration: str | Path | Iterable[Mapping[str, np.ndarray] | np.ndarray] | None = None, *,
              mode: str = "static", method: str = "minmax", percentile: float = 99.99,
              per_channel: bool = True, granularity: str | None = None,
              weight_bits: int = 8, activation_bits: int = 8,
@@ -94,8 +94,8 @@ def quantize(model: onnx.ModelProto | str | Path,
     ``mode``: "static" (QDQ, activation ranges from ``calibration``) or "dynamic" (weights
     offline, activations quantized at run time; ``calibration`` only needed with ``max_error``).
     ``calibration``: a folder of .npz (arrays by input name) or .npy files (single-input model), or
-    an iterable of feed dicts. ``method``: "minmax", "percentile" (``percentile`` of each side) or
-    "entropy" (KL threshold). Weights: ``weight_bits`` (2..16), ``symmetric_weights``,
+    an iterable of feed dicts (or of arrays, single-input model). ``method``: "minmax",
+    "percentile" (``percentile`` of each side) or "entropy" (KL threshold). Weights: ``weight_bits`` (2..16), ``symmetric_weights``,
     ``granularity`` "tensor", "channel" (output channel), "row" or "column" (default "channel",
     or "tensor" when ``per_channel`` is False). Activations: ``activation_bits``,
     ``symmetric_activations`` (per tensor). ``keep`` / ``overrides``: mixed precision by hand
