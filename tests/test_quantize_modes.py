@@ -420,3 +420,36 @@ def test_static_gemm_folds_alpha_and_beta_and_equals_onnxruntime(granularity: st
         for g, w, f in zip(got, sess.run(None, feed), ref32.run(None, feed), strict=True):
             np.testing.assert_allclose(g, w, rtol=0, atol=1e-5 * max(1.0, float(np.abs(w).max())))
             assert _sqnr(f, g) > 25
+
+
+def test_sensitivity_switches_simulate_the_integer_kernels_and_rank_a_planted_layer_first() -> None:
+    """One compiled float simulation with a switch per node: all switches on gives the integer
+    kernels' output error (to 0.2 dB), all off the float model; a layer given 2-bit weights is the
+    most harmful by its own contribution at the output, and the accuracy loop moves it first."""
+    from smelt.quantize.sensitivity import SwitchModel
+    from smelt.quantize.static import fold_batchnorms, output_tensor
+
+    fp32 = _cnn()
+    feeds = _feeds(8)
+    model, report = quantize(fp32, feeds, overrides={"c2": "w2"})
+    folded = onnx.ModelProto()
+    folded.CopyFrom(fp32)
+    fold_batchnorms(folded)
+    nodes = {n.name or n.output[0]: n for n in folded.graph.node}
+    inits = {i.name: numpy_helper.to_array(i) for i in folded.graph.initializer}
+    sim = SwitchModel(model, {n: inits[nodes[n].input[1]] for n in report.quantized_nodes},
+                      {n: (nodes[n].input[0], output_tensor(folded, nodes[n])) for n in report.quantized_nodes},
+                      feeds, lambda p: smelt.compile(p, threads=2, input_shapes={"x": [1, 3, 12, 10]} | {
+                          i.name: [] for i in p.graph.input if i.name.startswith("qswitch_")}))
+    try:
+        real = debug_report(model, feeds, float_model=folded).outputs[0].sqnr_db
+        simulated = sim.errors(set(report.quantized_nodes))[0].sqnr_db
+        assert abs(real - simulated) < 0.2, (real, simulated)
+        assert sim.errors(set())[0].max_abs == 0.0
+        harm = sim.contributions()
+        assert max(harm, key=lambda n: harm[n]) == "c2", harm
+    finally:
+        sim.close()
+    _, report = quantize(fp32, feeds, overrides={"c2": "w2"}, max_error=f"{real + 3.0}dB")
+    assert "c2" in {n for n, why in report.skipped if "accuracy" in why}, report.format_text()
+    assert "most harmful first: c2" in report.accuracy[0], report.format_text()

@@ -9,7 +9,8 @@ One module per job:
 - ``dynamic``: the writer of onnxruntime's dynamic format (weights offline, activations at run
   time: DynamicQuantizeLinear + MatMulInteger, DynamicQuantizeLSTM);
 - ``numeric``/``debug``: the numeric debug table (real integer kernels beside the float model);
-- ``accuracy``: accuracy-driven mixed precision (nodes back to float until an error bound holds).
+- ``accuracy``: accuracy-driven mixed precision (nodes back to float until an error bound holds);
+- ``sensitivity``: each node's harm at the output, from one compiled switchable simulation.
 
 Mixed precision by hand: ``keep`` names nodes or op types that stay float; ``overrides`` maps a
 node name or op type to "float" or a width spelling "w4", "a16", "w4a16" (weights 4 bits,
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from smelt.errors import SmeltError
 from smelt.quantize.accuracy import ErrorBound, keep_until_bound
@@ -38,6 +40,7 @@ from smelt.quantize.debug import debug_report
 from smelt.quantize.dynamic import dynamic_targets, quantize_dynamic
 from smelt.quantize.numeric import DebugReport, NumericDebugModel, TensorError, strip_activation_qdq
 from smelt.quantize.scheme import AccumulatorOverflow, Scheme
+from smelt.quantize.sensitivity import SwitchModel
 from smelt.quantize.static import (
     NodeConfig,
     QuantizeReport,
@@ -158,12 +161,58 @@ def quantize(model: onnx.ModelProto | str | Path,
         return out, io
 
     evaluation = feeds[:eval_samples]
+    start, order, sim_log = (_by_sensitivity(folded, quantize_with(set())[0], by_name, bound, evaluation, threads)
+                             if mode == "static" else (set(), None, []))
     out, moved, log = keep_until_bound(io_of, lambda m: debug_report(m, evaluation, float_model=folded,
-                                                                      threads=threads), bound, set())
+                                                                      threads=threads), bound, set(), start, order)
+    log = sim_log + log
     report = last[0]
     report.accuracy = log
     report.skipped = [(n, "moved to float: accuracy" if n in moved else why) for n, why in report.skipped]
     return out, report
+
+
+def _by_sensitivity(folded: onnx.ModelProto, quantized: onnx.ModelProto, by_name: dict[str, onnx.NodeProto],
+                    bound: ErrorBound, feeds: list[dict[str, np.ndarray]], threads: int | None
+                    ) -> tuple[set[str], list[str], list[str]]:
+    """The nodes to start in float, the nodes most harmful first, and a log line: from one
+    compiled switchable simulation (``sensitivity``) of the fully quantized static model."""
+    from smelt.api import compile as smelt_compile
+
+    inits = {i.name: i for i in folded.graph.initializer}
+    nodes = [n for n in by_name if f"{n}_W_dq" in {o for node in quantized.graph.node for o in node.output}]
+    if not nodes:
+        return set(), [], []
+    weights, acts = {}, {}
+    for name in nodes:
+        n = by_name[name]
+        w = numpy_helper.to_array(inits[n.input[1]]).astype(np.float64)
+        if n.op_type == "Gemm":
+            alpha = next((a.f for a in n.attribute if a.name == "alpha"), 1.0)
+            w = w * alpha
+        weights[name] = w.astype(np.float32)
+        acts[name] = (n.input[0], output_tensor(folded, n))
+    shapes = {k: list(np.shape(v)) for k, v in feeds[0].items()}
+    sim = SwitchModel(quantized, weights, acts, feeds,
+                      lambda proto: smelt_compile(proto, threads=threads,
+                                                  input_shapes=shapes | {i.name: [] for i in proto.graph.input
+                                                                         if i.name.startswith("qswitch_")}))
+    try:
+        harm = sim.contributions()
+        order = sorted(harm, key=lambda n: -harm[n])
+        on = set(order)
+        start: set[str] = set()
+        for n in order:
+            if bound.holds(sim.errors(on)):
+                break
+            on.discard(n)
+            start.add(n)
+        line = (f"simulation (one compiled float model, {len(order)} node switches): "
+                f"{bound.describe(sim.errors(on))} with {len(start)} node(s) in float, "
+                f"most harmful first: {', '.join(order[:5])}")
+    finally:
+        sim.close()
+    return start, order, [line]
 
 
 class _CallableModule(types.ModuleType):

@@ -10,6 +10,12 @@ the input's own quantization adds (``TensorError.added_db``), from the same debu
 earlier layer's error; the added noise points at the layer that creates it. A node whose output
 is a model output (not quantized) is measured on that output.
 
+Static models first rank their nodes by output sensitivity (``sensitivity.SwitchModel``: each
+node alone quantized in one compiled float simulation) and move nodes in that order in the
+simulation until the bound holds there (runs only, no compile); the integer kernels then confirm,
+and while they miss the bound the next node in that order moves. Dynamic models rank by the
+debug table each round.
+
 The bound is ``min_sqnr_db`` (every model output's SQNR against fp32, in dB) or ``max_rel_error``
 (every output's max |q - f| / max |f|).
 """
@@ -65,12 +71,15 @@ def added_noise(report: DebugReport, node_io: dict[str, tuple[str, str]]) -> dic
 
 
 def keep_until_bound(quantize_with: Callable[[set[str]], tuple[onnx.ModelProto, dict[str, tuple[str, str]]]],
-                     measure: Callable[[onnx.ModelProto], DebugReport], bound: ErrorBound, keep: set[str]
+                     measure: Callable[[onnx.ModelProto], DebugReport], bound: ErrorBound, keep: set[str],
+                     start: set[str] | None = None, order: list[str] | None = None
                      ) -> tuple[onnx.ModelProto, set[str], list[str]]:
     """The loop. ``quantize_with(float set)`` gives the model and, per quantized node, its
-    (input, output) tensors; ``measure`` its debug table. Returns the model, the nodes moved to
-    float, and a line per round."""
-    moved: set[str] = set()
+    (input, output) tensors; ``measure`` its debug table (the real integer kernels). ``start``:
+    the nodes to begin with in float; ``order``: the nodes most harmful first (the sensitivity
+    ranking), else each round ranks by ``added_noise`` of its own debug table. Returns the model,
+    the nodes moved to float, and a line per round."""
+    moved: set[str] = set(start or ())
     log: list[str] = []
     while True:
         model, io = quantize_with(keep | moved)
@@ -80,9 +89,13 @@ def keep_until_bound(quantize_with: Callable[[set[str]], tuple[onnx.ModelProto, 
         report = measure(model)
         status = bound.describe(report.outputs)
         if bound.holds(report.outputs):
-            log.append(f"{status}: holds with {len(moved)} node(s) moved to float")
+            log.append(f"{status} on the integer kernels: holds with {len(moved)} node(s) moved to float")
             return model, moved, log
-        harm = added_noise(report, io)
-        worst = max(harm, key=lambda n: harm[n]) if harm else sorted(io)[0]
-        log.append(f"{status}: {worst} back to float (adds noise/signal {harm.get(worst, 0.0):.3g})")
-        moved.add(worst)
+        nxt = next((n for n in order if n in io and n not in moved), None) if order else None
+        if nxt is not None:
+            log.append(f"{status} on the integer kernels: {nxt} back to float (next by output sensitivity)")
+        else:
+            harm = added_noise(report, io)
+            nxt = max(harm, key=lambda n: harm[n]) if harm else sorted(io)[0]
+            log.append(f"{status}: {nxt} back to float (adds noise/signal {harm.get(nxt, 0.0):.3g})")
+        moved.add(nxt)
