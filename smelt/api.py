@@ -601,7 +601,7 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
             return CompiledModel(proto, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
                                  input_shapes=input_shapes, force_fallback=force_fallback, progress=progress,
                                  layout=layout, use_tuning_db=use_tuning_db, dynamic=dynamic, max_dims=max_dims,
-                                 winograd=winograd, schedule=schedule, isa=isa)
+                                 winograd=winograd, schedule=schedule, isa=isa, share_shapes=share_shapes)
 
         reference = None if numeric_debug is True else load_model(numeric_debug)
         return NumericDebugModel(load_model(model), reference, make)  # type: ignore[return-value]
