@@ -506,7 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-error", metavar="BOUND",
                    help="accuracy-driven mixed precision on the --calibration inputs: '30dB' (each output's SQNR "
                    "against fp32 at least 30 dB) or a relative error such as 0.01 (max|q-f| / max|f|); the nodes "
-                   "adding the most noise go back to float one by one until it holds")
+                   "that hurt the output most go back to float one by one until it holds on the integer kernels "
+                   "(static models: ranked by each node's own harm at the output on one compiled float simulation)")
     p.add_argument("--eval-samples", type=int, default=16, metavar="N",
                    help="with --max-error: measure on the first N calibration inputs (default 16)")
     p.add_argument("--threads", type=int, default=None, help="threads for the calibration and measuring runs")
