@@ -20,8 +20,9 @@ def _w(*shape, scale=0.3):
 
 
 def ocr_model():
-    """An OCR recognizer in miniature: convs (padded, strided, depthwise, 1x1, a residual), a
-    pool, the width becoming the sequence, an LSTM over it and a classifier per column."""
+    """An OCR recognizer in miniature: convs (padded, strided, depthwise, 3x3 on 32 channels for
+    Winograd, 1x1, a residual), a pool, the width becoming the sequence, an LSTM over it and a
+    classifier per column."""
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r1"]),
@@ -30,7 +31,9 @@ def ocr_model():
         helper.make_node("Mul", ["c2", "s2"], ["a2"]),
         helper.make_node("Conv", ["a2", "wd", "bd"], ["cd"], pads=[1, 1, 1, 1], group=32),
         helper.make_node("Add", ["cd", "a2"], ["res"]),
-        helper.make_node("Conv", ["res", "w3", "b3"], ["c3"]),
+        helper.make_node("Conv", ["res", "w4", "b4"], ["c4"], pads=[1, 1, 1, 1]),  # Winograd where it may
+        helper.make_node("Relu", ["c4"], ["r4"]),
+        helper.make_node("Conv", ["r4", "w3", "b3"], ["c3"]),
         helper.make_node("MaxPool", ["c3"], ["p3"], kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("Transpose", ["p3"], ["t3"], perm=[0, 3, 1, 2]),
         helper.make_node("Reshape", ["t3", "shape3"], ["seq"]),
@@ -45,6 +48,7 @@ def ocr_model():
     inits = [const("w1", _w(16, 3, 3, 3)), const("b1", _w(16)), const("w2", _w(32, 16, 3, 3, scale=0.1)),
              const("b2", _w(32)), const("wd", _w(32, 1, 3, 3)), const("bd", _w(32)),
              const("w3", _w(48, 32, 1, 1, scale=0.2)), const("b3", _w(48)),
+             const("w4", _w(32, 32, 3, 3, scale=0.1)), const("b4", _w(32)),
              const("shape3", np.array([0, 0, -1], np.int64)), const("wc", _w(48 * 4, 20, scale=0.1)),
              const("bc", _w(20)), const("lw", _w(1, 48, 48 * 4, scale=0.1)), const("lr", _w(1, 48, 12)),
              const("lb", _w(1, 96)), const("ax1", np.array([1], np.int64)), const("lo", _w(12, 7))]
@@ -60,7 +64,7 @@ def test_widths_share_one_library(isa, threads, monkeypatch, tmp_path):
     monkeypatch.setattr(toolchain, "_compile", lambda *a, **k: compiles.append(1) or real_compile(*a, **k))
     model = ocr_model()
     compiled = smelt.compile(model, threads=threads)
-    libs = set()
+    libs, algorithms = set(), set()
     # below and above the decision width (the first call's 64), odd, at a tile's edge, tiny
     for width in (64, 65, 100, 37, 129, 8):
         x = RNG.standard_normal((1, 3, 16, width)).astype(np.float32)
@@ -68,7 +72,10 @@ def test_widths_share_one_library(isa, threads, monkeypatch, tmp_path):
         art = compiled._variants[compiled._last]
         assert art.plan.slots is not None, f"width {width} did not share a library"
         libs.add(art.lib_path)
+        algorithms |= {info.schedule.get("algorithm", "") for info in art.plan.step_infos()}
     assert len(libs) == 1
+    if isa != "scalar":  # the 32-channel 3x3 conv runs Winograd in a shape class too
+        assert any("Winograd" in a for a in algorithms), algorithms
     assert len(compiles) == 1, f"{len(compiles)} compiles for 6 widths"
 
 
