@@ -225,8 +225,13 @@ class BlockEmitter:
 
     # -- code ------------------------------------------------------------------------
     def function(self, base: str, code: str, doc: str = "") -> str:
-        """Define a kernel function once; ``code`` names it FNAME. Returns its C name."""
-        digest = hashlib.sha256(code.encode()).hexdigest()[:10]
+        """Define a kernel function once; ``code`` names it FNAME. Returns its C name.
+
+        Functions with the same code are one function. In a shape class's graph
+        (``Graph.shape_generic``) only within a node: two nodes' code may coincide at one shape
+        and differ at another, and the library's structure must not change with the shape."""
+        salt = f"\x00{self._node.name}" if self.g.shape_generic and self._node is not None else ""
+        digest = hashlib.sha256((code + salt).encode()).hexdigest()[:10]
         fname = f"{c_identifier(base)}_{digest}"
         if fname not in self._functions:
             header = f"/* template: {c_comment_text(base)}\n * {c_comment_text(doc)} */\n" if doc else ""
