@@ -119,6 +119,9 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
             f"d[xp * {ib} + l] = (bi * {ib} + l) < {c} ? {xz} : 0;",
             f"    for (long xp = {geo.pl + geo.w}; xp < {wsz}; ++xp) for (long l = 0; l < {ib}; ++l) "
             f"d[xp * {ib} + l] = (bi * {ib} + l) < {c} ? {xz} : 0;",
+            *([f"    __builtin_memcpy(d + {geo.pl * ib}, X + ((ni * {c // xb} + bi) * {geo.h} + iy) * {geo.w * ib}L, "
+               f"{geo.w * ib});  /* same block: one row copy */",
+               "    continue;"] if xb == ib else []),
             f"    for (long l = 0; l < {ib}; ++l) {{",
             f"        const long ch = bi * {ib} + l;",
             f"        uint8_t *restrict dl = d + {geo.pl * ib} + l;",
