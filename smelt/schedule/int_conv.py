@@ -142,8 +142,8 @@ def int_nchwc_reason(node: Node, g: Graph, target: Target) -> str | None:
     ins = list(node.inputs) + [""] * 9
     if _dtype(g, ins[0]) != "uint8" or _dtype(g, ins[3]) != "int8":
         return "uint8 input and int8 weights only"
-    if _dtype(g, node.outputs[0]) not in ("uint8", "int8"):
-        return "8-bit output only"
+    if _dtype(g, node.outputs[0]) != "uint8":
+        return "uint8 output only (what u8 x s8 quantizers write; onnxruntime has no u8-in s8-out kernel)"
     w = _const(g, ins[3])
     if w is None:
         return "weights must be constant"

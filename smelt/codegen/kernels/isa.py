@@ -231,9 +231,8 @@ AVX512 = VectorIsa(
            ("f32_to_i32", "_mm512_cvttps_epi32({a})"),
            ("f32_count_nge", "__builtin_popcount(_mm512_cmp_ps_mask({a}, {b}, _CMP_NGE_UQ))"),
            ("f32_count_gt", "__builtin_popcount(_mm512_cmp_ps_mask({a}, {b}, _CMP_GT_OQ))"),
-           # int32 lanes already within [0, 255] / [-128, 127] stored as bytes at {p}
-           ("i32_store_u8", "_mm_storeu_si128((__m128i *)({p}), _mm512_cvtepi32_epi8({a}));"),
-           ("i32_store_s8", "_mm_storeu_si128((__m128i *)({p}), _mm512_cvtepi32_epi8({a}));")))
+           # int32 lanes already within [0, 255] stored as bytes at {p}
+           ("i32_store_u8", "_mm_storeu_si128((__m128i *)({p}), _mm512_cvtepi32_epi8({a}));")))
 
 AVX2 = VectorIsa(
     rnn_header="rnn_vec_avx2.h",
@@ -262,9 +261,6 @@ AVX2 = VectorIsa(
            ("f32_count_gt", "__builtin_popcount(_mm256_movemask_ps(_mm256_cmp_ps({a}, {b}, _CMP_GT_OQ)))"),
            # no vpmovdb before AVX-512: saturating packs (exact for in-range lanes), two dwords out
            ("i32_store_u8", "{{ __m256i t_ = _mm256_packs_epi32({a}, {a}); t_ = _mm256_packus_epi16(t_, t_); "
-                            "int32_t l_ = _mm256_cvtsi256_si32(t_), h_ = _mm256_extract_epi32(t_, 4); "
-                            "__builtin_memcpy({p}, &l_, 4); __builtin_memcpy((char *)({p}) + 4, &h_, 4); }}"),
-           ("i32_store_s8", "{{ __m256i t_ = _mm256_packs_epi32({a}, {a}); t_ = _mm256_packs_epi16(t_, t_); "
                             "int32_t l_ = _mm256_cvtsi256_si32(t_), h_ = _mm256_extract_epi32(t_, 4); "
                             "__builtin_memcpy({p}, &l_, 4); __builtin_memcpy((char *)({p}) + 4, &h_, 4); }}")))
 

@@ -93,7 +93,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     info = np.iinfo(np.dtype(ydt))
     yz = int(np.asarray(g.values[ins[7]].const).reshape(-1)[0]) if ins[7] else 0
     lo_clamp = max(int(info.min), yz) if s.relu else int(info.min)
-    yt = "uint8_t" if ydt == "uint8" else "int8_t"
+    yt = "uint8_t"
     wt = "int8_t" if gk == QUAD else "int16_t"
 
     # -- the input the kernel reads ----------------------------------------------------------
@@ -145,7 +145,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     yb = layout_block(g.values[y].layout)
     dot = "u8s8_dot_acc" if gk == QUAD else "i16_dot_acc"
     bcast = "u8_quad_set1" if gk == QUAD else "u8_pair_set1"
-    store = "i32_store_u8" if yt == "uint8_t" else "i32_store_s8"
+    store = "i32_store_u8"
 
     def tile(width: int) -> list[str]:
         acc = [f"c{r}_{j}" for r in range(width) for j in range(nv)]
