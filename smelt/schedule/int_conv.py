@@ -27,7 +27,7 @@ multiplier ``(x_scale * w_scale[o]) / y_scale`` are folded at compile time by th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -79,6 +79,9 @@ class IntConvSchedule:
     nv: int  # output-channel vectors per register tile
     rw: int  # output pixels (along a row) per register tile
     relu: bool  # Max(y, y_zero_point) fused: clamp at the zero point
+    # a 1x1, stride-1, unpadded conv runs over its plane as one row of H * W pixels (the pixels of
+    # an NCHW<b>c plane are contiguous): no ragged tile per row (56 = 9 x 6 + 2; 3136 = 522 x 6 + 4)
+    flat: bool = False
 
     def describe(self) -> str:
         form = "u8s8 quads" if self.group_k == QUAD else "int16 pairs"
@@ -131,6 +134,16 @@ def geometry(node: Node, g: Graph) -> IntConvGeometry | str:
     return IntConvGeometry(n=int(x[0]), c=int(x[1]), h=int(x[2]), w=int(x[3]), oc=int(w[0]), kh=int(w[2]),
                            kw=int(w[3]), oh=int(y[2]), ow=int(y[3]), sh=int(sh), sw=int(sw), dh=int(dh), dw=int(dw),
                            pt=int(pads[0]), pl=int(pads[1]), pb=int(pads[2]), pr=int(pads[3]))
+
+
+def is_flat(geo: IntConvGeometry) -> bool:
+    """1x1, stride 1, no padding: output pixel p reads input pixel p."""
+    return (geo.kh, geo.kw, geo.sh, geo.sw, geo.pt, geo.pl, geo.pb, geo.pr) == (1, 1, 1, 1, 0, 0, 0, 0)
+
+
+def flattened(geo: IntConvGeometry) -> IntConvGeometry:
+    """``geo`` seen as one row of all its pixels (``is_flat`` convs)."""
+    return replace(geo, h=1, w=geo.h * geo.w, oh=1, ow=geo.oh * geo.ow)
 
 
 def int_nchwc_reason(node: Node, g: Graph, target: Target) -> str | None:
@@ -218,5 +231,7 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     padded = any((geo.pt, geo.pl, geo.pb, geo.pr))
     direct = in_block == block and not padded
     ib = block if direct else min(block, -(-geo.c // group_k) * group_k)
-    nv, rw = choose_tile(geo, block, v.registers)
-    return IntConvSchedule(block=block, group_k=group_k, ib=ib, copy_input=not direct, nv=nv, rw=rw, relu=relu)
+    flat = is_flat(geo)
+    nv, rw = choose_tile(flattened(geo) if flat else geo, block, v.registers)
+    return IntConvSchedule(block=block, group_k=group_k, ib=ib, copy_input=not direct, nv=nv, rw=rw, relu=relu,
+                           flat=flat)

@@ -156,3 +156,24 @@ def test_tile_choice_fits_registers() -> None:
                                       dw=1, pt=0, pl=0, pb=0, pr=0)
                 nv, rw = choose_tile(geo, lanes, registers)
                 assert nv * rw + nv + 1 <= registers and 1 <= rw <= ow and nv * lanes <= max(lanes, -(-oc // lanes) * lanes)
+
+
+def test_saturation_counters_match_nchw(monkeypatch, cache) -> None:
+    """The numeric debug counters of the blocked kernel (per lane, in vectors) count what the
+    NCHW kernel's scalar counters count: the elements clamped low and high, summed over the
+    model (a fused ReLU's clamp at the zero point is not a saturation)."""
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    m = _cases()
+    model = m.build()
+    totals = {}
+    for isa in ("native", "scalar"):
+        target = _isa_target(isa)
+        monkeypatch.setattr("smelt.compiler.detect", lambda target=target: target)
+        compiled = smelt.compile(model, threads=2)
+        compiled.run(m.feeds)
+        counts = compiled.saturation_counts()
+        totals[isa] = tuple(sum(c[i] for c in counts.values()) for i in (0, 1))
+        compiled.close()
+    assert totals["native"] == totals["scalar"] and min(totals["scalar"]) > 0, totals

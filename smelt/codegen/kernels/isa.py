@@ -229,8 +229,11 @@ AVX512 = VectorIsa(
            ("i32_to_f32", "_mm512_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm512_roundscale_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm512_cvttps_epi32({a})"),
-           ("f32_count_nge", "__builtin_popcount(_mm512_cmp_ps_mask({a}, {b}, _CMP_NGE_UQ))"),
-           ("f32_count_gt", "__builtin_popcount(_mm512_cmp_ps_mask({a}, {b}, _CMP_GT_OQ))"),
+           # int32 lane counters {c} plus one where {a} is not >= {b} (NaN counts) / where {a} > {b}
+           ("f32_nge_count", "_mm512_mask_add_epi32({c}, _mm512_cmp_ps_mask({a}, {b}, _CMP_NGE_UQ), {c}, "
+                             "_mm512_set1_epi32(1))"),
+           ("f32_gt_count", "_mm512_mask_add_epi32({c}, _mm512_cmp_ps_mask({a}, {b}, _CMP_GT_OQ), {c}, "
+                            "_mm512_set1_epi32(1))"),
            # int32 lanes already within [0, 255] stored as bytes at {p}
            ("i32_store_u8", "_mm_storeu_si128((__m128i *)({p}), _mm512_cvtepi32_epi8({a}));")))
 
@@ -257,8 +260,9 @@ AVX2 = VectorIsa(
            ("i32_to_f32", "_mm256_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm256_round_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm256_cvttps_epi32({a})"),
-           ("f32_count_nge", "__builtin_popcount(_mm256_movemask_ps(_mm256_cmp_ps({a}, {b}, _CMP_NGE_UQ)))"),
-           ("f32_count_gt", "__builtin_popcount(_mm256_movemask_ps(_mm256_cmp_ps({a}, {b}, _CMP_GT_OQ)))"),
+           # a true compare lane is all ones (-1): subtracting it counts one
+           ("f32_nge_count", "_mm256_sub_epi32({c}, _mm256_castps_si256(_mm256_cmp_ps({a}, {b}, _CMP_NGE_UQ)))"),
+           ("f32_gt_count", "_mm256_sub_epi32({c}, _mm256_castps_si256(_mm256_cmp_ps({a}, {b}, _CMP_GT_OQ)))"),
            # no vpmovdb before AVX-512: saturating packs (exact for in-range lanes), two dwords out
            ("i32_store_u8", "{{ __m256i t_ = _mm256_packs_epi32({a}, {a}); t_ = _mm256_packus_epi16(t_, t_); "
                             "int32_t l_ = _mm256_cvtsi256_si32(t_), h_ = _mm256_extract_epi32(t_, 4); "

@@ -32,7 +32,7 @@ from smelt.codegen.kernels.int_gemm import flush_counters
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node, layout_block
 from smelt.schedule.gemm import PARALLEL_MIN_MACS
-from smelt.schedule.int_conv import QUAD, IntConvSchedule, geometry, int_isa, int_nchwc_reason
+from smelt.schedule.int_conv import QUAD, IntConvSchedule, flattened, geometry, int_isa, int_nchwc_reason
 
 
 def _check(node: Node, g: Graph) -> str | None:
@@ -62,6 +62,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     s: IntConvSchedule = node.schedule
     geo = geometry(node, g)
     assert not isinstance(geo, str) and int_nchwc_reason(node, g, em.target) is None
+    if s.flat:  # one row of H * W pixels
+        geo = flattened(geo)
     v = int_isa(em.target)
     it, L, gk, ib, nv, rw = v.x("itype"), s.block, s.group_k, s.ib, s.nv, s.rw
     ins = list(node.inputs) + [""] * 9
@@ -148,8 +150,9 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     store = "i32_store_u8"
 
     def tile(width: int) -> list[str]:
-        acc = [f"c{r}_{j}" for r in range(width) for j in range(nv)]
-        out = [f"{it} " + ", ".join(f"{a} = {v.x('i32_set1', a='0')}" for a in acc) + ";",
+        # the accumulators start at the folded bias (bias - x_zero * sum(W)): no add afterwards
+        out = [f"const {it} bv{j} = {v.x('i32_loadu', p=f'BI + (og * {nv} + {j}) * {L}')};" for j in range(nv)]
+        out += [f"{it} " + ", ".join(f"c{r}_{j} = bv{j}" for r in range(width) for j in range(nv)) + ";",
                f"for (long bi = 0; bi < {cb}; ++bi) {{",
                f"  const uint8_t *restrict sc = s0 + bi * {hs_ * ws_ * ib}L;",
                f"  const {wt} *restrict wc = w0 + bi * {kh * kw * q_words * nv * word}L;",
@@ -167,13 +170,13 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         out += ["      }", "    }", "  }", "}"]
         for j in range(nv):
             out.append(f"if (og * {nv} + {j} < {-(-oc // L)}) {{")
-            out.append(f"  const {it} bv = {v.x('i32_loadu', p=f'BI + (og * {nv} + {j}) * {L}')};")
             out.append(f"  const {v.t} mv = {v.loadu(f'MU + (og * {nv} + {j}) * {L}')};")
             for r in range(width):
-                out += [f"  {{ {v.t} f = {v.x('i32_to_f32', a=v.x('i32_add', a=f'c{r}_{j}', b='bv'))};",
+                out += [f"  {{ {v.t} f = {v.x('i32_to_f32', a=f'c{r}_{j}')};",
                         f"    f = {v.x('f32_round_even', a=v.op('mul', 'f', 'mv'))};",
                         f"    f = {v.op('add', 'f', 'yzv')};",
-                        f"    nlo += {v.x('f32_count_nge', a='f', b='lov')}; nhi += {v.x('f32_count_gt', a='f', b='hiv')};",
+                        f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; "
+                        f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};",
                         f"    f = {v.op('min', v.op('max', 'f', 'clv'), 'hiv')};  /* NaN: max gives the low clamp */"]
                 if yb > 1:
                     dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}) * {L}"
@@ -192,7 +195,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              f"{yt} *restrict Y = (void *){em.ptr(y)};",
              f"const {v.t} yzv = {v.set1(f'{float(yz)!r}f')}, lov = {v.set1(f'{float(info.min)!r}f')}, "
              f"hiv = {v.set1(f'{float(info.max)!r}f')}, clv = {v.set1(f'{float(lo_clamp)!r}f')};",
-             "long nlo = 0, nhi = 0;",
+             f"{it} vlo = {v.x('i32_set1', a='0')}, vhi = vlo;  /* clamps per lane (numeric debug counters) */",
              "long wb, we; " + split,
              "for (long item = wb; item < we; ++item) {",
              f"  const long t = item % {owt}, oy = (item / {owt}) % {geo.oh}, og = (item / {owt * geo.oh}) % {ocg},"
@@ -206,6 +209,9 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     else:
         lines += ["  " + ln for ln in tile(rw)]
     lines.append("}")
+    lines += [f"int32_t cl[{L}], ch[{L}]; {v.x('i32_storeu', p='cl', a='vlo')} {v.x('i32_storeu', p='ch', a='vhi')}",
+              "long nlo = 0, nhi = 0;",
+              f"for (int l = 0; l < {L}; ++l) {{ nlo += cl[l]; nhi += ch[l]; }}"]
     lines.append(flush_counters(em.saturation_counter(y)))
     em.schedule(algorithm=f"direct NCHW{L}c int8 conv ({s.describe()})", kernel="int_conv_nchwc",
                 layout=f"in {'plain' if xb == 1 else f'NCHW{xb}c'} -> out {'plain' if yb == 1 else f'NCHW{yb}c'}",
