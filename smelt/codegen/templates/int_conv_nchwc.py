@@ -32,7 +32,14 @@ from smelt.codegen.kernels.int_gemm import flush_counters
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node, layout_block
 from smelt.schedule.gemm import PARALLEL_MIN_MACS
-from smelt.schedule.int_conv import QUAD, IntConvSchedule, flattened, geometry, int_isa, int_nchwc_reason
+from smelt.schedule.int_conv import (
+    QUAD,
+    IntConvSchedule,
+    flattened,
+    geometry,
+    int_isa,
+    int_nchwc_reason,
+)
 
 
 def _check(node: Node, g: Graph) -> str | None:
