@@ -75,7 +75,7 @@ class IntConvSchedule:
     block: int  # output layout block (= int32 lanes of the ISA's vector)
     group_k: int  # input channels per int32 word: 4 (u8 quads, vpdpbusd) or 2 (int16 pairs)
     ib: int  # input channels per block of the buffer the kernel reads
-    copy_input: bool  # the input is first copied into a zero-point-padded NCHW<ib>c buffer
+    copy_input: bool  # the input is first copied into a zero-point-padded NCHW<ib>c buffer (uint16 for pairs)
     nv: int  # output-channel vectors per register tile
     rw: int  # output pixels (along a row) per register tile
     relu: bool  # Max(y, y_zero_point) fused: clamp at the zero point
@@ -97,7 +97,7 @@ def int_isa(target: Target) -> VectorIsa:
 def int_block(target: Target) -> int | None:
     """The blocked int8 layout's channel block on ``target`` (None: no blocked int8 kernel)."""
     v = int_isa(target)
-    if not v.vector or not all(v.has(k) for k in ("i16_dot_acc", "i32_add", "u8_quad_set1", "u8_pair_set1", "i32_to_f32")):
+    if not v.vector or not all(v.has(k) for k in ("i16_dot_acc", "i32_add", "word_set1", "i32_to_f32")):
         return None
     return v.lanes
 
@@ -229,7 +229,9 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     block = v.lanes
     group_k = QUAD if v.has("u8s8_dot_acc") else PAIR
     padded = any((geo.pt, geo.pl, geo.pb, geo.pr))
-    direct = in_block == block and not padded
+    # the pair form always reads a copy, widened to uint16: one 32-bit broadcast is then a pair
+    # (bytes would need a broadcast and a zero-extension per pixel and word)
+    direct = in_block == block and not padded and group_k == QUAD
     ib = block if direct else min(block, -(-geo.c // group_k) * group_k)
     flat = is_flat(geo)
     nv, rw = choose_tile(flattened(geo) if flat else geo, block, v.registers)

@@ -185,10 +185,10 @@ class VectorIsa:
         return ""
 
 
-# byte-operand spellings of the integer kernels (int_conv_nchwc): the int32 word of four bytes at
-# {p} (any alignment: through memcpy, which gcc turns into one load), put in every lane
+# the integer kernels' operand broadcast (``word_set1``, int_conv_nchwc): the four bytes at {p} (u8
+# quads, or two int16 of a pair; any alignment: through memcpy, which gcc turns into one load) as
+# the int32 of every lane
 _LOAD32 = "({{ int32_t w_; __builtin_memcpy(&w_, (const void *)({p}), 4); w_; }})"
-_LOAD16 = "({{ int16_t w_; __builtin_memcpy(&w_, (const void *)({p}), 2); w_; }})"
 
 
 AVX512 = VectorIsa(
@@ -223,9 +223,7 @@ AVX512 = VectorIsa(
            # {c} + per int32 lane the two int16 products of {a} and {b} summed (exact: no
            # saturation); VNNI hosts fuse it (``with_int_dot``)
            ("i16_dot_acc", "_mm512_add_epi32({c}, _mm512_madd_epi16({a}, {b}))"),
-           ("u8_quad_set1", "_mm512_set1_epi32(" + _LOAD32 + ")"),
-           # the two bytes at {p} zero-extended to int16, as the pair of every int32 lane
-           ("u8_pair_set1", f"_mm512_cvtepu8_epi16(_mm256_set1_epi16({_LOAD16}))"),
+           ("word_set1", "_mm512_set1_epi32(" + _LOAD32 + ")"),
            ("i32_to_f32", "_mm512_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm512_roundscale_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm512_cvttps_epi32({a})"),
@@ -255,8 +253,7 @@ AVX2 = VectorIsa(
            ("i32_add", "_mm256_add_epi32({a}, {b})"),
            ("i32_storeu", "_mm256_storeu_si256((__m256i *)({p}), {a});"),
            ("i16_dot_acc", "_mm256_add_epi32({c}, _mm256_madd_epi16({a}, {b}))"),
-           ("u8_quad_set1", "_mm256_set1_epi32(" + _LOAD32 + ")"),
-           ("u8_pair_set1", f"_mm256_cvtepu8_epi16(_mm_set1_epi16({_LOAD16}))"),
+           ("word_set1", "_mm256_set1_epi32(" + _LOAD32 + ")"),
            ("i32_to_f32", "_mm256_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm256_round_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm256_cvttps_epi32({a})"),

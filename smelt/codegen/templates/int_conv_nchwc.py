@@ -11,8 +11,8 @@ Renders the ``IntConvSchedule`` the layout planner wrote (``schedule/int_conv.py
   output pixels) an nv x rw register tile of int32 sums over (input block, ky, kx, word): for
   each word, nv weight vectors (lanes = output channels, each lane holding the word's group_k
   input channels) and one broadcast of the pixel's group_k input bytes per output pixel, then
-  the ISA's dot: vpdpbusd (u8 x s8 quads, VNNI) or vpmaddwd (u8 zero-extended x s8 as int16
-  pairs). Raw input bytes go in; the input zero point comes off as ``x_zero * sum(W[o])``,
+  the ISA's dot: vpdpbusd (u8 x s8 quads, VNNI) or vpmaddwd (int16 pairs: the copy widens the
+  input bytes to uint16 so one 32-bit broadcast is a pair; the weights are int16). Raw input bytes go in; the input zero point comes off as ``x_zero * sum(W[o])``,
   folded with the int32 bias into one per-channel constant at compile time;
 - **epilogue**: ``(float)(acc + bias') * m[o]``, m[o] = (x_scale * w_scale[o]) / y_scale
   computed in float32 at compile time exactly as the scalar rule does (``requantize`` in
@@ -103,6 +103,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     yz = int(np.asarray(g.values[ins[7]].const).reshape(-1)[0]) if ins[7] else 0
     lo_clamp = max(int(info.min), yz) if s.relu else int(info.min)
     yt = "uint8_t"
+    # what the kernel reads: bytes for quads; for pairs each byte widened to uint16 by the copy
+    st, esize = ("uint8_t", 1) if gk == QUAD else ("uint16_t", 2)
     wt = "int8_t" if gk == QUAD else "int16_t"
 
     # -- the input the kernel reads ----------------------------------------------------------
@@ -110,16 +112,16 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     if s.copy_input:
         hs = max(geo.h + geo.pt + geo.pb, (geo.oh - 1) * geo.sh + (kh - 1) * geo.dh + 1)
         wsz = max(geo.w + geo.pl + geo.pr, (geo.ow - 1) * geo.sw + (kw - 1) * geo.dw + 1)
-        src = em.scratch(geo.n * cb * hs * wsz * ib, "uint8")
+        src = em.scratch(geo.n * cb * hs * wsz * ib * esize, "uint8" if gk == QUAD else "uint16")
         rows = geo.n * cb * hs
         xin = (f"X[(((ni * {c // xb} + ch / {xb}) * {geo.h} + iy) * {geo.w}L + ix) * {xb} + ch % {xb}]"
                if xb > 1 else f"X[((ni * {c} + ch) * {geo.h} + iy) * {geo.w}L + ix]")
         em.step("\n".join([
-            f"const uint8_t *restrict X = {em.ptr(x)}; uint8_t *restrict P = {src};",
+            f"const uint8_t *restrict X = {em.ptr(x)}; {st} *restrict P = {src};",
             f"long lo, hi; smelt_range({rows}, tid, nt, &lo, &hi);",
             "for (long r = lo; r < hi; ++r) {",
             f"    const long yp = r % {hs}, bi = (r / {hs}) % {cb}, ni = r / {hs * cb}, iy = yp - {geo.pt};",
-            f"    uint8_t *restrict d = P + r * {wsz * ib}L;",
+            f"    {st} *restrict d = P + r * {wsz * ib}L;",
             f"    if (iy < 0 || iy >= {geo.h}) {{",
             f"        for (long j = 0; j < {wsz * ib}; ++j) d[j] = (bi * {ib} + j % {ib}) < {c} ? {xz} : 0;",
             "        continue;",
@@ -130,15 +132,18 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
             f"d[xp * {ib} + l] = (bi * {ib} + l) < {c} ? {xz} : 0;",
             *([f"    __builtin_memcpy(d + {geo.pl * ib}, X + ((ni * {c // xb} + bi) * {geo.h} + iy) * {geo.w * ib}L, "
                f"{geo.w * ib});  /* same block: one row copy */",
-               "    continue;"] if xb == ib else []),
+               "    continue;"] if xb == ib and gk == QUAD else []),
+            *([f"    {{ const uint8_t *restrict xr = X + ((ni * {c // xb} + bi) * {geo.h} + iy) * {geo.w * ib}L;",
+               f"      for (long j = 0; j < {geo.w * ib}; ++j) d[{geo.pl * ib} + j] = xr[j]; }}  /* widened */",
+               "    continue;"] if xb == ib and gk != QUAD else []),
             f"    for (long l = 0; l < {ib}; ++l) {{",
             f"        const long ch = bi * {ib} + l;",
-            f"        uint8_t *restrict dl = d + {geo.pl * ib} + l;",
+            f"        {st} *restrict dl = d + {geo.pl * ib} + l;",
             f"        if (ch >= {c}) {{ for (long ix = 0; ix < {geo.w}; ++ix) dl[ix * {ib}] = 0; continue; }}",
             f"        for (long ix = 0; ix < {geo.w}; ++ix) dl[ix * {ib}] = {xin};",
             "    }",
             "}"]), name=f"int_conv_pad_{ib}c",
-            doc=f"input {'plain' if xb == 1 else f'NCHW{xb}c'} -> zero-point padded NCHW{ib}c")
+            doc=f"input {'plain' if xb == 1 else f'NCHW{xb}c'} -> zero-point padded NCHW{ib}c {st}")
         hs_, ws_, sptr = hs, wsz, src
     else:
         hs_, ws_, sptr = geo.h, geo.w, em.ptr(x)
@@ -153,7 +158,6 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              else f"wb = 0; we = tid == 0 ? {total} : 0;")
     yb = layout_block(g.values[y].layout)
     dot = "u8s8_dot_acc" if gk == QUAD else "i16_dot_acc"
-    bcast = "u8_quad_set1" if gk == QUAD else "u8_pair_set1"
     store = "i32_store_u8"
 
     def tile(width: int) -> list[str]:
@@ -161,17 +165,17 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         out = [f"const {it} bv{j} = {v.x('i32_loadu', p=f'BI + (og * {nv} + {j}) * {L}')};" for j in range(nv)]
         out += [f"{it} " + ", ".join(f"c{r}_{j} = bv{j}" for r in range(width) for j in range(nv)) + ";",
                f"for (long bi = 0; bi < {cb}; ++bi) {{",
-               f"  const uint8_t *restrict sc = s0 + bi * {hs_ * ws_ * ib}L;",
+               f"  const {st} *restrict sc = s0 + bi * {hs_ * ws_ * ib}L;",
                f"  const {wt} *restrict wc = w0 + bi * {kh * kw * q_words * nv * word}L;",
                f"  for (long ky = 0; ky < {kh}; ++ky) {{",
                f"    for (long kx = 0; kx < {kw}; ++kx) {{",
-               f"      const uint8_t *restrict sp = sc + (ky * {geo.dh * ws_} + kx * {geo.dw}) * {ib}L;",
+               f"      const {st} *restrict sp = sc + (ky * {geo.dh * ws_} + kx * {geo.dw}) * {ib}L;",
                f"      const {wt} *restrict wq = wc + (ky * {kw} + kx) * {q_words * nv * word}L;",
                f"      for (long q = 0; q < {q_words}; ++q) {{"]
         out += [f"        const {it} b{j} = {v.x('i32_loadu', p=f'wq + q * {nv * word} + {j * word}')};"
                 for j in range(nv)]
         for r in range(width):
-            out.append(f"        {{ const {it} a = {v.x(bcast, p=f'sp + {r * geo.sw * ib} + q * {gk}')};")
+            out.append(f"        {{ const {it} a = {v.x('word_set1', p=f'sp + {r * geo.sw * ib} + q * {gk}')};")
             out += [f"          c{r}_{j} = {v.x(dot, a='a', b=f'b{j}', c=f'c{r}_{j}')};" for j in range(nv)]
             out.append("        }")
         out += ["      }", "    }", "  }", "}"]
@@ -198,7 +202,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     lines = [f"const {wt} *restrict Wp = {em.weight(packed)};",
              f"const int32_t *restrict BI = {em.weight(bias.astype(np.int32))};",
              f"const float *restrict MU = {em.weight(mult)};",
-             f"const uint8_t *restrict S = {sptr};",
+             f"const {st} *restrict S = {sptr};",
              f"{yt} *restrict Y = (void *){em.ptr(y)};",
              f"const {v.t} yzv = {v.set1(f'{float(yz)!r}f')}, lov = {v.set1(f'{float(info.min)!r}f')}, "
              f"hiv = {v.set1(f'{float(info.max)!r}f')}, clv = {v.set1(f'{float(lo_clamp)!r}f')};",
@@ -208,7 +212,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              f"  const long t = item % {owt}, oy = (item / {owt}) % {geo.oh}, og = (item / {owt * geo.oh}) % {ocg},"
              f" ni = item / {owt * geo.oh * ocg};",
              f"  const long ox0 = t * {rw};",
-             f"  const uint8_t *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};",
+             f"  const {st} *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};",
              f"  const {wt} *restrict w0 = Wp + og * {cb * kh * kw * q_words * nv * word}L;"]
     if rem:
         lines += [f"  if (t < {full}) {{"] + ["    " + ln for ln in tile(rw)] + ["  } else {"]
