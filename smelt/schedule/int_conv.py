@@ -5,11 +5,13 @@ Everything about how such a conv runs is decided here, once, and written on the 
 - whether the node runs blocked at all (``int_nchwc_reason``): uint8 input with a constant
   scalar zero point, int8 weights with zero point 0 (symmetric, what static quantizers write),
   constant scales, 2-D, group 1, an ISA with an integer dot product;
-- the **dot form**: VNNI's u8 x s8 quads (``u8s8_dot_acc``, vpdpbusd, exact) where the host has
-  it, else int16 pairs (``i16_dot_acc``, vpmaddwd, exact). Never AVX2's vpmaddubsw: it sums two
-  u8 x s8 products into a saturating int16 (255 * 127 * 2 > 32767), which would clip silently
-  unless the weights were limited to 7 bits, and the QDQ files smelt and onnxruntime write
-  carry full-range int8 weights;
+- the **dot form**, always exact: VNNI's u8 x s8 quads (``u8s8_dot_acc``, vpdpbusd) where the
+  host has it; else, when every weight lies in [-64, 63] (7-bit weights, what quantizers write
+  with ``reduce_range`` for CPUs without VNNI: checked on the constant weights here),
+  vpmaddubsw + vpmaddwd quads (``u8s7_dot_acc``): vpmaddubsw sums two u8 x s8 products into a
+  saturating int16, which 2 * 255 * 64 <= 32767 keeps exact; else int16 pairs
+  (``i16_dot_acc``, vpmaddwd, exact for any int8 weights). vpmaddubsw is never used on full-range
+  weights, where 2 * 255 * 128 > 32767 would clip silently;
 - the **layout block** (the ISA's int32 lanes: 16 on AVX-512, 8 on AVX2) — the layout planner
   names it ``NCHW<b>c`` like the float blocks (same indexing: [N][C/b][H][W][b] bytes);
 - the **input block** the kernel reads (``ib``): the producer's block, or for a copied input
@@ -73,7 +75,8 @@ class IntConvSchedule:
     """How one QLinearConv runs on the blocked int8 kernel (see the module docstring)."""
 
     block: int  # output layout block (= int32 lanes of the ISA's vector)
-    group_k: int  # input channels per int32 word: 4 (u8 quads, vpdpbusd) or 2 (int16 pairs)
+    group_k: int  # input channels per int32 word: 4 (u8 quads) or 2 (int16 pairs)
+    dot: str  # the ISA's dot (``VectorIsa.x``): u8s8_dot_acc, u8s7_dot_acc (quads) or i16_dot_acc (pairs)
     ib: int  # input channels per block of the buffer the kernel reads
     copy_input: bool  # the input is first copied into a zero-point-padded NCHW<ib>c buffer (uint16 for pairs)
     nv: int  # output-channel vectors per register tile
@@ -84,7 +87,7 @@ class IntConvSchedule:
     flat: bool = False
 
     def describe(self) -> str:
-        form = "u8s8 quads" if self.group_k == QUAD else "int16 pairs"
+        form = {"u8s8_dot_acc": "u8s8 quads", "u8s7_dot_acc": "u8 x 7-bit quads"}.get(self.dot, "int16 pairs")
         return (f"{form}, block {self.block}, input block {self.ib}{' (copied, padded)' if self.copy_input else ''}, "
                 f"tile {self.rw} px x {self.nv * self.block} oc{', relu' if self.relu else ''}")
 
@@ -227,7 +230,14 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     assert isinstance(geo, IntConvGeometry)
     v = int_isa(target)
     block = v.lanes
-    group_k = QUAD if v.has("u8s8_dot_acc") else PAIR
+    w = _const(g, node.inputs[3])
+    if v.has("u8s8_dot_acc"):
+        dot = "u8s8_dot_acc"
+    elif v.has("u8s7_dot_acc") and w is not None and int(w.min()) >= -64 and int(w.max()) <= 63:
+        dot = "u8s7_dot_acc"  # vpmaddubsw cannot saturate on these weights (checked here, on the constants)
+    else:
+        dot = "i16_dot_acc"
+    group_k = PAIR if dot == "i16_dot_acc" else QUAD
     padded = any((geo.pt, geo.pl, geo.pb, geo.pr))
     # the pair form always reads a copy, widened to uint16: one 32-bit broadcast is then a pair
     # (bytes would need a broadcast and a zero-extension per pixel and word)
@@ -235,5 +245,5 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     ib = block if direct else min(block, -(-geo.c // group_k) * group_k)
     flat = is_flat(geo)
     nv, rw = choose_tile(flattened(geo) if flat else geo, block, v.registers)
-    return IntConvSchedule(block=block, group_k=group_k, ib=ib, copy_input=not direct, nv=nv, rw=rw, relu=relu,
+    return IntConvSchedule(block=block, group_k=group_k, dot=dot, ib=ib, copy_input=not direct, nv=nv, rw=rw, relu=relu,
                            flat=flat)

@@ -58,9 +58,12 @@ class _Model:
         return x
 
     def conv(self, x: str, c: int, oc: int, k: int, s: int, pads, d: int, *, xz: int, yz: int, y_scale: float,
-             per_channel: bool, bias: bool, relu: bool, out_type=np.uint8) -> str:
+             per_channel: bool, bias: bool, relu: bool, out_type=np.uint8, seven_bit: bool = False) -> str:
         n = self.name("c")
-        w = RNG.integers(-128, 128, (oc, c, k, k)).astype(np.int8)
+        lo, hi = (-64, 64) if seven_bit else (-128, 128)  # 7-bit weights: the vpmaddubsw form without VNNI
+        w = RNG.integers(lo, hi, (oc, c, k, k)).astype(np.int8)
+        if seven_bit:
+            w.reshape(-1)[:2] = (-64, 63)  # both ends of the range that form is exact on
         ws = (RNG.uniform(0.5, 2.0, oc if per_channel else 1) * 2e-3).astype(np.float32)
         names = [x, f"{n}_xs", f"{n}_xz", f"{n}_w", f"{n}_ws", f"{n}_wz", f"{n}_ys", f"{n}_yz"]
         self.inits += [_const(names[1], np.float32(0.02)), _const(names[2], np.uint8(xz)), _const(names[3], w),
@@ -110,6 +113,9 @@ def _cases() -> _Model:
         y2 = m.conv(y1, oc, 16 + 16 * (i % 3), 3 if i % 2 else 1, 1, (1, 1, 1, 1) if i % 2 else (0, 0, 0, 0), 1,
                     xz=yz, yz=(5, 250)[i % 2], y_scale=0.08, per_channel=i % 2 == 1, bias=True, relu=i % 3 == 0)
         m.output(m.dequantize(y2, (5, 250)[i % 2]), np.float32)
+        if i % 2 == 0:  # the same with 7-bit weights, at full-scale inputs (the saturating-int16 worst case)
+            m.output(m.conv(x, c, oc, k, s, pads, d, xz=xz, yz=yz, y_scale=0.05, per_channel=True, bias=True,
+                            relu=True, seven_bit=True))
     return m
 
 
@@ -135,6 +141,9 @@ def test_qlinear_conv_blocked(isa: str, monkeypatch, cache) -> None:
             assert not any(op == "Max" for _, op in compiled.native_nodes)
             layouts = " ".join(s.schedule.get("layout", "") for s in compiled.plan.step_infos())
             assert "-> out NCHW" in layouts and "in NCHW" in layouts  # blocked values flow between convs
+            forms = " ".join(s.schedule.get("algorithm", "") for s in compiled.plan.step_infos())
+            if isa == "avx2":  # no VNNI: 7-bit weights take vpmaddubsw quads, the others int16 pairs
+                assert "u8 x 7-bit quads" in forms and "int16 pairs" in forms, forms
         else:
             assert "int_conv_nchwc" not in templates
         got = compiled.run(m.feeds)

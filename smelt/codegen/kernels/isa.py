@@ -223,6 +223,8 @@ AVX512 = VectorIsa(
            # {c} + per int32 lane the two int16 products of {a} and {b} summed (exact: no
            # saturation); VNNI hosts fuse it (``with_int_dot``)
            ("i16_dot_acc", "_mm512_add_epi32({c}, _mm512_madd_epi16({a}, {b}))"),
+           ("u8s7_dot_acc", "_mm512_add_epi32({c}, _mm512_madd_epi16(_mm512_maddubs_epi16({a}, {b}), "
+                            "_mm512_set1_epi16(1)))"),
            ("word_set1", "_mm512_set1_epi32(" + _LOAD32 + ")"),
            ("i32_to_f32", "_mm512_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm512_roundscale_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
@@ -253,6 +255,10 @@ AVX2 = VectorIsa(
            ("i32_add", "_mm256_add_epi32({a}, {b})"),
            ("i32_storeu", "_mm256_storeu_si256((__m256i *)({p}), {a});"),
            ("i16_dot_acc", "_mm256_add_epi32({c}, _mm256_madd_epi16({a}, {b}))"),
+           # u8 x s8 quads through vpmaddubsw, whose int16 pair sums saturate: exact ONLY for
+           # weights in [-64, 63] (2 * 255 * 64 <= 32767); the schedule checks the constant weights
+           ("u8s7_dot_acc", "_mm256_add_epi32({c}, _mm256_madd_epi16(_mm256_maddubs_epi16({a}, {b}), "
+                            "_mm256_set1_epi16(1)))"),
            ("word_set1", "_mm256_set1_epi32(" + _LOAD32 + ")"),
            ("i32_to_f32", "_mm256_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm256_round_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),

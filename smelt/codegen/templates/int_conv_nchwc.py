@@ -11,7 +11,8 @@ Renders the ``IntConvSchedule`` the layout planner wrote (``schedule/int_conv.py
   output pixels) an nv x rw register tile of int32 sums over (input block, ky, kx, word): for
   each word, nv weight vectors (lanes = output channels, each lane holding the word's group_k
   input channels) and one broadcast of the pixel's group_k input bytes per output pixel, then
-  the ISA's dot: vpdpbusd (u8 x s8 quads, VNNI) or vpmaddwd (int16 pairs: the copy widens the
+  the ISA's dot the schedule chose: vpdpbusd (u8 x s8 quads, VNNI), vpmaddubsw + vpmaddwd (u8 x
+  7-bit quads, exact on weights in [-64, 63]) or vpmaddwd (int16 pairs: the copy widens the
   input bytes to uint16 so one 32-bit broadcast is a pair; the weights are int16). Raw input bytes go in; the input zero point comes off as ``x_zero * sum(W[o])``,
   folded with the int32 bias into one per-channel constant at compile time;
 - **epilogue**: ``(float)(acc + bias') * m[o]``, m[o] = (x_scale * w_scale[o]) / y_scale
@@ -157,7 +158,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     split = (f"smelt_range({total}, tid, nt, &wb, &we);" if macs >= PARALLEL_MIN_MACS
              else f"wb = 0; we = tid == 0 ? {total} : 0;")
     yb = layout_block(g.values[y].layout)
-    dot = "u8s8_dot_acc" if gk == QUAD else "i16_dot_acc"
+    dot = s.dot
     store = "i32_store_u8"
 
     def tile(width: int) -> list[str]:
@@ -227,5 +228,5 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     em.schedule(algorithm=f"direct NCHW{L}c int8 conv ({s.describe()})", kernel="int_conv_nchwc",
                 layout=f"in {'plain' if xb == 1 else f'NCHW{xb}c'} -> out {'plain' if yb == 1 else f'NCHW{yb}c'}",
                 micro_kernel=f"{rw}x{nv * L} {v.name} {v.x(dot, a='a', b='b', c='c')}")
-    em.step("\n".join(lines), name=f"int_conv_nchwc_{rw}x{nv * L}_{v.name}{'_u8s8' if gk == QUAD else '_i16'}",
+    em.step("\n".join(lines), name=f"int_conv_nchwc_{rw}x{nv * L}_{v.name}_{dot.split('_')[0]}",
             doc=f"QLinearConv {c}->{oc} {kh}x{kw} s{geo.sh}, {geo.oh}x{geo.ow} out, {s.describe()}")
