@@ -91,6 +91,15 @@ class _Model:
         self.nodes.append(helper.make_node("DequantizeLinear", [y, s, z], [out]))
         return out
 
+    def add_residual(self, u: str, v: str, scale: float, zero: int) -> str:
+        """Add, Relu, QuantizeLinear to uint8: the float residual join of a quantized ResNet."""
+        t, r, q = self.name("add"), self.name("relu"), self.name("q")
+        s, z = self.name("qs"), self.name("qz")
+        self.inits += [_const(s, np.float32(scale)), _const(z, np.uint8(zero))]
+        self.nodes += [helper.make_node("Add", [u, v], [t]), helper.make_node("Relu", [t], [r]),
+                       helper.make_node("QuantizeLinear", [r, s, z], [q])]
+        return q
+
     def build(self):
         g = helper.make_graph(self.nodes, "int_conv_nchwc", self.inputs, self.outputs, self.inits)
         m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
@@ -186,3 +195,39 @@ def test_saturation_counters_match_nchw(monkeypatch, cache) -> None:
         totals[isa] = tuple(sum(c[i] for c in counts.values()) for i in (0, 1))
         compiled.close()
     assert totals["native"] == totals["scalar"] and min(totals["scalar"]) > 0, totals
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_residual_path_stays_blocked(isa: str, monkeypatch, cache) -> None:
+    """A ResNet block as onnxruntime's quantizer writes it: two int8 convs, DequantizeLinear of
+    each, a float Add and Relu, QuantizeLinear, and the next int8 conv. Every value between the
+    convs stays NCHW<b>c (per-tensor Q/DQ run on any layout), so no LayoutTransform is needed;
+    the last conv writes plain for its DequantizeLinear into the graph output. Equal to onnxruntime running the same nodes one by one (graph optimizations off, so it
+    does not fuse DQ -> Add -> Q into its own QLinearAdd, which rounds differently)."""
+    import onnxruntime as ort
+
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    m = _Model()
+    x = m.input((1, 32, 10, 12))
+    a = m.conv(x, 32, 32, 1, 1, (0, 0, 0, 0), 1, xz=9, yz=0, y_scale=0.05, per_channel=True, bias=True, relu=True)
+    b = m.conv(a, 32, 64, 3, 1, (1, 1, 1, 1), 1, xz=0, yz=130, y_scale=0.08, per_channel=True, bias=True,
+               relu=False)
+    c = m.conv(x, 32, 64, 1, 1, (0, 0, 0, 0), 1, xz=9, yz=120, y_scale=0.06, per_channel=True, bias=True,
+               relu=False)
+    s = m.add_residual(m.dequantize(b, 130), m.dequantize(c, 120), 0.07, 0)
+    d = m.conv(s, 64, 32, 3, 2, (1, 1, 1, 1), 1, xz=0, yz=4, y_scale=0.1, per_channel=True, bias=True, relu=True)
+    m.output(m.dequantize(d, 4), np.float32)
+    model = m.build()
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, m.feeds)
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        ops = [op for _, op in compiled.native_nodes]
+        assert compiled.fallback_nodes == [] and "LayoutTransform" not in ops and "Max" not in ops, ops
+        np.testing.assert_array_equal(compiled.run(m.feeds)[0], want[0])
+        compiled.close()
