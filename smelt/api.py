@@ -57,7 +57,7 @@ from smelt.check import (
     check_compiled,
 )
 from smelt.codegen.toolchain import sanitize_enabled, source_path_for
-from smelt.compiler import BuildResult, build
+from smelt.compiler import BuildResult, ShapeClass, build
 from smelt.frontend.control_flow import Decisions, guards, specialize
 from smelt.frontend.onnx_import import ModelLike, load_model, model_input_specs, model_output_specs
 from smelt.ir.ops import ops_where
@@ -140,8 +140,14 @@ class CompiledModel:
                  force_fallback: Sequence[str] = (), profile: bool = False, progress: bool = False,
                  layout: str = "propagate", use_tuning_db: bool = True, dynamic: bool | None = None,
                  max_dims: Mapping[str, int] | None = None, winograd: bool | str = True,
-                 schedule: Mapping[str, object] | None = None, isa: str | None = None) -> None:
+                 schedule: Mapping[str, object] | None = None, isa: str | None = None,
+                 share_shapes: bool = True) -> None:
         self.progress = progress  # a progress bar on stderr while a variant compiles
+        # symbolic input dimensions: shapes share decisions and, where the code allows, one
+        # library (compiler.ShapeClass); the sizes they are decided at, fixed by the first call
+        self.share_shapes = share_shapes
+        self._class_sizes: dict[str, int] | None = None
+        self._max_dims_given = {k: int(v) for k, v in (max_dims or {}).items()}
         self.proto: onnx.ModelProto = load_model(model)
         self.threads = _resolve_threads(threads)
         self.options = _options(self.threads, opt_level=opt_level, allow_fallback=allow_fallback,
@@ -324,18 +330,39 @@ class CompiledModel:
                 continue  # built: look again (it may have been evicted meanwhile)
             shapes = {k: v for k, v in key if k != GUARD_KEY}
             proto = specialize(self.proto, self._guards, dict(key)[GUARD_KEY]) if self._guards else self.proto
-            art = self._build_variant(key, pending, proto, shapes, self.options)
+            art = self._build_variant(key, pending, proto, shapes, self.options,
+                                      shape_class=self._shape_class(shapes))
             if art is not None:
                 return art
 
+    def _shape_class(self, shapes: Mapping[str, Sequence[int]]) -> ShapeClass | None:
+        """The shape class of a model with symbolic input dimensions (None: none, or sharing
+        is off). Its decision sizes are ``max_dims`` or the first call's sizes rounded up to a
+        power of two, and stay fixed, so every later shape gets the same decisions."""
+        declared = tuple((n, tuple(shp)) for n, _, shp in self._inputs
+                         if shp is not None and any(isinstance(d, str) for d in shp))
+        if not self.share_shapes or not declared:
+            return None
+        with self._lock:
+            if self._class_sizes is None:
+                sizes: dict[str, int] = {}
+                for name, dims in declared:
+                    for want, got in zip(dims, shapes.get(name, ()), strict=False):
+                        if isinstance(want, str):
+                            given = self._max_dims_given.get(want)
+                            sizes[want] = given if given else 1 << max(0, int(got) - 1).bit_length()
+                self._class_sizes = sizes
+            decide = tuple(sorted(self._class_sizes.items()))
+        return ShapeClass(declared, decide)
+
     def _build_variant(self, pkey: tuple, pending: _PendingBuild, proto: onnx.ModelProto,
-                       shapes: Mapping[str, Sequence[int]], options: CompileOptions, dynamic: bool = False
-                       ) -> LoadedArtifact | None:
+                       shapes: Mapping[str, Sequence[int]], options: CompileOptions, dynamic: bool = False,
+                       shape_class: ShapeClass | None = None) -> LoadedArtifact | None:
         """Build and load a variant (no lock held), install it and wake whoever waits on
         ``pending``. Returns it acquired for the builder, or None when a larger dynamic variant
         was installed meanwhile (this one is dropped; the caller looks again)."""
         try:
-            result = build(proto, shapes, options, progress=self.progress)
+            result = build(proto, shapes, options, progress=self.progress, shape_class=shape_class)
             art = LoadedArtifact(result.directory, result.lib_path, self.threads, list(detect().core_cpus),
                                  dynamic=dynamic)
         except BaseException as err:
@@ -524,7 +551,7 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
             layout: str = "propagate", use_tuning_db: bool = True, dynamic: bool | None = None,
             max_dims: Mapping[str, int] | None = None, winograd: bool | str = True,
             schedule: Mapping[str, object] | None = None, isa: str | None = None,
-            check: bool | str = False) -> CompiledModel:
+            check: bool | str = False, share_shapes: bool = True) -> CompiledModel:
     """Compile an ONNX model (path, bytes or ModelProto) for this CPU.
 
     ``threads``: worker threads including the caller (default: physical cores).
@@ -553,13 +580,19 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     else onnx.reference) on seeded random inputs (``input_shapes`` sizes symbolic dimensions) and
     compare (``smelt.check``). True: a disagreement raises ``smelt.CheckError`` naming the first
     diverging node; "warn": the same as a ``smelt.CheckWarning``; False (default): no check.
+    ``share_shapes``: a model with symbolic input dimensions (not recurrent-only: those are
+    ``dynamic``) decides its layouts and schedules once, at ``max_dims`` or the first call's sizes
+    rounded up to a power of two, and serves each new shape from a library already compiled for
+    the same code structure, rendering its C in Python but not compiling it (see the module doc);
+    False compiles every shape for itself.
     """
     if check not in (False, True, "warn"):
         raise ValueError(f"check must be False, True or 'warn'; given {check!r}")
     compiled = CompiledModel(model, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
                              input_shapes=input_shapes, force_fallback=force_fallback, profile=profile,
                              progress=progress, layout=layout, use_tuning_db=use_tuning_db, dynamic=dynamic,
-                             max_dims=max_dims, winograd=winograd, schedule=schedule, isa=isa)
+                             max_dims=max_dims, winograd=winograd, schedule=schedule, isa=isa,
+                             share_shapes=share_shapes)
     if check:
         report = check_compiled(compiled, shapes=input_shapes, progress=progress)
         if not report.ok:

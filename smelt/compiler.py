@@ -10,8 +10,10 @@ size bound (``smelt.cache``).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
+import gzip
 import hashlib
 import json
 import os
@@ -28,10 +30,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from smelt import cache, settings
-from smelt.codegen import toolchain
+from smelt.cache import atomic_write
+from smelt.codegen import shape_slots, toolchain
 from smelt.codegen.emit import epilogue_ops, generate
 from smelt.codegen.plan import ExecutionPlan, FallbackStep, NativeBlock, build_plan
-from smelt.errors import ArtifactError, SmeltError, UnsupportedOpError
+from smelt.errors import ArtifactError, CompileError, SmeltError, UnsupportedOpError
 from smelt.frontend.onnx_import import node_to_onnx, specialize_inputs, to_ir
 from smelt.frontend.validate import check_model
 from smelt.ir.epilogue import EpilogueBinary
@@ -138,14 +141,63 @@ def _expand_epilogue(node) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]
     return nodes, inits
 
 
-def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None = None) -> Graph:
-    """Validate, import and optimize: the IR graph the code generator consumes."""
+def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None = None,
+          *, decide_at: onnx.ModelProto | None = None) -> Graph:
+    """Validate, import and optimize: the IR graph the code generator consumes.
+
+    ``decide_at``: the same model specialized to other input shapes (the *decision shapes*):
+    layouts and schedules are decided as for those shapes and then rendered at ``proto``'s, so
+    every shape of a model gets the same decisions (a precondition of sharing one library,
+    ``codegen.shape_slots``). Raises ``ShapeClassError`` when the passes turn the two into
+    different graphs (a pass decided something from a shape)."""
     check_model(proto)  # InvalidModelError before anything trusts the model (frontend/validate.py)
-    g = to_ir(proto)
-    g = run_passes(g, options.opt_level)
+    g = run_passes(to_ir(proto), options.opt_level)
+    actual: dict[str, object] = {}
+    if decide_at is not None:
+        ref = run_passes(to_ir(decide_at), options.opt_level)
+        _same_graph(g, ref)
+        actual = {name: v.shape for name, v in g.values.items()}
+        for name, v in g.values.items():
+            if name in ref.values:
+                v.shape = ref.values[name].shape
+        g.shape_generic = True
+        for node in g.nodes:  # recurrent kernels whose code is the same for every T and B
+            if node.op in ("LSTM", "GRU", "RNN") and node.domain in ("", "ai.onnx"):
+                node.attrs["smelt_dynamic"] = 1
     g = schedule_graph(g, (target or detect()).narrowed(options.isa), options)
+    if decide_at is not None:
+        # back to the actual shapes; a layout transform the schedule inserted has its input's
+        for node in g.nodes:
+            for out in node.outputs:
+                if out in actual:
+                    g.values[out].shape = actual[out]
+                elif node.op == "LayoutTransform":
+                    g.values[out].shape = g.values[node.inputs[0]].shape
+        for name, shape in actual.items():
+            if name in g.values:
+                g.values[name].shape = shape
     verify(g, "schedule")  # the graph codegen reads: invariants hold (cheap: linear)
     return g
+
+
+class ShapeClassError(Exception):
+    """Two shapes of one model lower to different graphs: they cannot share decisions."""
+
+
+def _same_graph(a: Graph, b: Graph) -> None:
+    """Raise ``ShapeClassError`` unless ``a`` and ``b`` have the same nodes (op, name, inputs,
+    outputs, attributes, fused epilogue), values (dtype, rank, constness) and graph outputs."""
+    if [n.name for n in a.nodes] != [n.name for n in b.nodes] or a.outputs != b.outputs or a.inputs != b.inputs:
+        raise ShapeClassError("the graph passes leave different nodes at the two shapes")
+    for x, y in zip(a.nodes, b.nodes, strict=True):
+        if (x.op, x.domain, x.inputs, x.outputs, repr(x.attrs), repr(x.epilogue)) != \
+                (y.op, y.domain, y.inputs, y.outputs, repr(y.attrs), repr(y.epilogue)):
+            raise ShapeClassError(f"node {x.name!r} ({x.op}) differs between the two shapes")
+    for name, v in a.values.items():
+        w = b.values.get(name)
+        if w is None or v.dtype != w.dtype or (v.shape is None) != (w.shape is None) \
+                or (v.shape is not None and len(v.shape) != len(w.shape)) or v.is_const != w.is_const:
+            raise ShapeClassError(f"value {name!r} differs between the two shapes")
 
 
 def _check_fallbacks(plan: ExecutionPlan, options: CompileOptions) -> None:
@@ -161,8 +213,14 @@ def _check_fallbacks(plan: ExecutionPlan, options: CompileOptions) -> None:
 
 
 def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: CompileOptions,
-          *, target: Target | None = None, progress: bool = False) -> BuildResult:
-    """Compile ``proto`` specialized to ``shapes``; reuse a cached artifact when one exists."""
+          *, target: Target | None = None, progress: bool = False,
+          shape_class: ShapeClass | None = None) -> BuildResult:
+    """Compile ``proto`` specialized to ``shapes``; reuse a cached artifact when one exists.
+
+    ``shape_class`` (a model with symbolic input dimensions): decide layouts and schedules at the
+    class's decision shapes and serve ``shapes`` from a library shared by every shape whose
+    generated C has the same structure (``codegen.shape_slots``), compiling only when no such
+    library exists yet; where sharing is impossible, build as for a fixed shape."""
     settings.check_all()  # a bad SMELT_* value fails here, before any work (or any thread pool)
     # the ISA cap (options.isa) narrows the host description every later stage reads
     target = (target or detect()).narrowed(options.isa)
@@ -171,6 +229,7 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
     key = toolchain.artifact_key(
         hashlib.sha256(model_bytes).hexdigest(), json.dumps({k: list(v) for k, v in sorted(shapes.items())}),
         options.key(target), fingerprint_for(options, target), smelt_source_digest(), target.key(), compiler.identity,
+        shape_class.key() if shape_class is not None else "",
     )
     directory = toolchain.cache_dir() / "models" / key[:2] / key
     cached = _load_cached(directory)
@@ -180,6 +239,10 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
     # a miss, or the generated C is wanted and was not kept: generate it again (the library and
     # artifact already cached are verified and reused, not rebuilt)
     start = time.perf_counter()
+    if shape_class is not None and not options.profile:
+        shared = _build_shared(proto, shapes, options, target, shape_class, directory, start)
+        if shared is not None:
+            return shared
     with Phases(f"compiling {proto.graph.name or 'model'}", ["graph passes", "execution plan", "generating C",
                                                              "C compiler", "writing artifact"],
                 enabled=progress) as phases:
@@ -358,4 +421,155 @@ def _loaded(directory: Path) -> BuildResult:
     if result is None:
         raise SmeltError(f"the compiled artifact at {directory} failed its checksum right after it was written "
                          "(is something else writing to the cache directory?)")
+    return result
+
+
+# -- one library for many shapes (codegen/shape_slots.py) -------------------------------------
+@dataclass(frozen=True)
+class ShapeClass:
+    """The shapes of a model with symbolic input dimensions that share decisions and, where
+    their generated C allows, one library.
+
+    ``declared``: each input's dimensions as the model declares them (ints, symbol names;
+    ``unk_`` names are each their own symbol). ``decide``: the size every symbol is decided at
+    (layouts, schedules): fixed for the life of a compiled model, so all its shapes get the
+    same decisions."""
+
+    declared: tuple[tuple[str, tuple[int | str, ...]], ...]
+    decide: tuple[tuple[str, int], ...]
+
+    def key(self) -> str:
+        return json.dumps([self.declared, self.decide])
+
+    def symbols(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+        """Each symbol's size in ``shapes``."""
+        out: dict[str, int] = {}
+        for name, dims in self.declared:
+            for want, got in zip(dims, shapes.get(name, ()), strict=False):
+                if isinstance(want, str):
+                    out[want] = int(got)
+        return out
+
+    def shapes_for(self, shapes: Mapping[str, Sequence[int]], sizes: Mapping[str, int]) -> dict[str, list[int]]:
+        """``shapes`` with each symbol named in ``sizes`` set to that size."""
+        out = {k: list(v) for k, v in shapes.items()}
+        for name, dims in self.declared:
+            if name in out:
+                out[name] = [sizes.get(d, got) if isinstance(d, str) else got
+                             for d, got in zip(dims, out[name], strict=False)]
+        return out
+
+
+def _class_dir(proto_digest: str, options: CompileOptions, target: Target, shape_class: ShapeClass) -> Path:
+    key = toolchain.artifact_key(proto_digest, shape_class.key(), options.key(target), fingerprint_for(options, target),
+                                 smelt_source_digest(), target.key(), toolchain.find_compiler().identity)
+    return toolchain.cache_dir() / "shapeclass" / key[:2] / key
+
+
+def _render(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: CompileOptions, target: Target,
+            decide: Mapping[str, Sequence[int]]) -> tuple[Graph, ExecutionPlan, object]:
+    g = lower(specialize_inputs(proto, shapes), options, target, decide_at=specialize_inputs(proto, decide))
+    plan = build_plan(g, options.force_fallback, concat_views=options.concat_views)
+    _check_fallbacks(plan, options)
+    return g, plan, generate(g, plan, target, options.codegen_threads(target))
+
+
+def _read_json_gz(path: Path) -> dict | None:
+    try:
+        return json.loads(gzip.decompress(path.read_bytes()))
+    except (OSError, ValueError, EOFError):
+        return None
+
+
+def _build_shared(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: CompileOptions,
+                  target: Target, shape_class: ShapeClass, directory: Path, start: float) -> BuildResult | None:
+    """``build`` for a shape of a shape class: its render served by the class's library for its
+    structure (compiled on the first shape of that structure). None: this shape cannot share
+    (the caller builds it alone); the reason is kept in the class directory (``why.txt``)."""
+    model_digest = hashlib.sha256(proto.SerializeToString()).hexdigest()
+    cdir = _class_dir(model_digest, options, target, shape_class)
+    cdir.mkdir(parents=True, exist_ok=True)
+    sizes = shape_class.symbols(shapes)
+    keyed_file = cdir / "keyed.json"
+    try:
+        keyed = set(json.loads(keyed_file.read_text())["keyed"])
+    except (OSError, ValueError, KeyError, TypeError):
+        keyed = None
+    decide_sizes = dict(shape_class.decide)
+
+    def decision(sz: Mapping[str, int], keyed_now: set[str]) -> dict[str, list[int]]:
+        return shape_class.shapes_for(shapes, {k: (sz[k] if k in keyed_now else decide_sizes.get(k, sz[k]))
+                                               for k in sz})
+
+    try:
+        g, plan, module = _render(proto, shapes, options, target, decision(sizes, keyed or set()))
+        if not plan.native_blocks():
+            return None
+        rendered = shape_slots.tokenize(module.source)
+        if keyed is None:
+            # the class's first shape: render each symbol at other sizes. One larger decides
+            # whether the symbol can vary at all (else each of its sizes is its own class);
+            # the others (other parities and magnitudes, past the size thresholds of serial
+            # or split loops) only teach more slots up front, so fewer later shapes need a
+            # recompile to add one
+            keyed, probes = set(), []
+            for sym in sorted(sizes):
+                v = sizes[sym]
+                for k, size in enumerate(dict.fromkeys((v + 1, 2 * v + 3, v // 2 + 2, 8 * v + 5, v // 8 + 1))):
+                    bumped = dict(sizes, **{sym: size})
+                    _, _, pm = _render(proto, shape_class.shapes_for(shapes, bumped), options, target,
+                                       decision(bumped, set()))
+                    pr = shape_slots.tokenize(pm.source)
+                    if pr.structure == rendered.structure:
+                        probes.append(pr)
+                    elif k == 0:
+                        keyed.add(sym)
+                        atomic_write(cdir / "why.txt",
+                                     f"{sym}: {shape_slots.first_difference(rendered, pr)}\n".encode())
+                        break
+            atomic_write(keyed_file, json.dumps({"keyed": sorted(keyed)}).encode())
+            if keyed:  # decided at another shape: render again with the keyed symbols' own sizes
+                g, plan, module = _render(proto, shapes, options, target, decision(sizes, keyed))
+                rendered = shape_slots.tokenize(module.source)
+        else:
+            probes = []
+    except ShapeClassError as exc:
+        atomic_write(cdir / "keyed.json", json.dumps({"keyed": sorted(sizes)}).encode())
+        atomic_write(cdir / "why.txt", f"{exc}\n".encode())
+        return None
+    if set(sizes) <= keyed:
+        return None
+    sub = hashlib.sha256(json.dumps([sorted((k, sizes[k]) for k in keyed), rendered.structure_digest]).encode())
+    map_file = cdir / f"{sub.hexdigest()[:32]}.json.gz"
+    stored = _read_json_gz(map_file)
+    changed = True
+    if stored is not None:
+        ref, slots = shape_slots.tokenize(stored["reference"]), tuple(stored["slots"])
+        smap = shape_slots.slot_map(ref, [], slots)
+        if smap is not None and smap.values(rendered) is not None:
+            changed = False
+        else:  # same structure, but a number the library fixed differs here: make it a slot too
+            smap = shape_slots.slot_map(ref, [rendered], slots)
+    else:
+        smap = shape_slots.slot_map(rendered, probes)
+    values = smap.values(rendered) if smap is not None else None
+    if smap is None or values is None:
+        return None
+    if changed:
+        atomic_write(map_file, gzip.compress(json.dumps({"reference": (ref if stored is not None else rendered).text,
+                                                         "slots": list(smap.slots)}).encode()))
+    try:
+        lib_path, lib_pin = toolchain.shared_library(smap.source, name=g.name, target=target, sanitize=options.sanitize)
+    except CompileError as exc:  # a slot in a constant expression: this class builds per shape
+        atomic_write(cdir / "why.txt", f"the slotted C does not compile: {str(exc)[:2000]}\n".encode())
+        return None
+    fallbacks = _fallback_models(g, plan)
+    meta = _artifact_plan(g, plan, module, lib_path, options, target, fallbacks, round(time.perf_counter() - start, 3))
+    meta = dataclasses.replace(meta, slots=(tuple(values[0]), tuple(values[1])))
+    written = _write_artifact(directory, g, meta, fallbacks, module.weights)
+    result = _loaded(directory)
+    del written, lib_pin
+    cache.enforce_bound()
+    result.compile_seconds = time.perf_counter() - start
+    result.from_cache = False
     return result

@@ -309,7 +309,7 @@ def generate(g: Graph, plan: ExecutionPlan, target: Target, n_threads: int,
                 block_sync.update(range(first, len(em.source.steps)))
             scratch = max(scratch, em.scratch_bytes)
         blocks.append(em.source)
-        sync.append(frozenset(block_sync))
+        sync.append(frozenset(block_sync | em.source.sync_steps))
     parts = [PRELUDE.format(
         model=c_comment_text(g.name), n_blocks=len(blocks), threads=n_threads, target=c_comment_text(target.isa),
         variant="; instrumented (per-step timing)" if profile else "",

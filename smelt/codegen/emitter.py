@@ -165,6 +165,8 @@ class BlockSource:
     steps: list[Step] = field(default_factory=list)
     dynamic: list[DynamicDims] = field(default_factory=list)  # see BlockEmitter.dynamic_dims
     counters: list[SaturationCounter] = field(default_factory=list)  # see BlockEmitter.saturation_counter
+    # steps whose shares synchronize with each other (``BlockEmitter.step(synchronize=True)``)
+    sync_steps: set[int] = field(default_factory=set)
 
 
 class BlockEmitter:
@@ -231,13 +233,15 @@ class BlockEmitter:
             self._functions[fname] = (fname, header + code.replace("FNAME", fname))
         return fname
 
-    def step(self, code: str, name: str = "", doc: str = "", attributes: str = "") -> None:
+    def step(self, code: str, name: str = "", doc: str = "", attributes: str = "", synchronize: bool = False) -> None:
         """Statements run by every thread (``tid``, ``nt`` and the buffers of ``ptr``, ``weight``
         and ``scratch`` in scope); a barrier follows. They become a step function shared with
         every step whose code differs only in its buffers, named ``name`` (a kernel's name, e.g.
         ``f32_gemm_...``; default ``step_<template>``) plus a digest of the code. ``doc`` goes
         into its header comment and must not depend on the buffers; ``attributes`` are C
-        function attributes (e.g. the preferred vector width)."""
+        function attributes (e.g. the preferred vector width). ``synchronize``: this step's
+        shares meet inside it (a barrier), so they run at once, one per thread, as all steps of
+        a ``shares_synchronize`` template do; the node's other steps stay shareable."""
         assert self._node is not None
         lifted, refs = lift_refs(code)
         body = lifted.strip().replace("\n", "\n    ")
@@ -246,6 +250,8 @@ class BlockEmitter:
             f"static {attributes}__attribute__((noinline)) void FNAME({STEP_PARAMS}) {{\n"
             f"    {STEP_LOCALS}\n    {{ {body} }}\n}}\n",
             doc or " ".join([self._node.op] + [str(list(self.g.values[o].shape)) for o in self._node.outputs[:1] if o]))
+        if synchronize:
+            self.source.sync_steps.add(len(self.source.steps))
         self.source.steps.append(Step(self._node, fn, refs, self._schedule))
 
     def schedule(self, **fields: str) -> None:

@@ -51,7 +51,7 @@ STRUCTURAL_OPERANDS: dict[str, tuple[int, ...]] = {
     "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "Pad": (1, 3), "Split": (1,),
     "Squeeze": (1,), "Unsqueeze": (1,), "Resize": (1, 2, 3), "Upsample": (1,), "ConstantOfShape": (0,),
     "Range": (0, 1, 2), "TopK": (1,), "OneHot": (1,), "CenterCropPad": (1,), "CumSum": (1,), "Trilu": (1,),
-    "Col2Im": (1, 2), "MaxUnpool": (2,), "HannWindow": (0,),
+    "Col2Im": (1, 2), "MaxUnpool": (2,), "HannWindow": (0,), "AffineGrid": (1,),
     "HammingWindow": (0,), "BlackmanWindow": (0,), "MelWeightMatrix": (0, 1, 2, 3, 4),
     **{op: (1,) for op in REDUCE_OPS},
 }

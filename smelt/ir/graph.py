@@ -129,6 +129,9 @@ class Graph:
         # an If branch was inlined (passes/inline_if.py): shape inference is as lenient with the
         # graph as it was while the branch was a subgraph
         self.inlined_branches = False
+        # lowered for a shape class (compiler.ShapeClass): one library serves several input
+        # shapes, so kernels whose code would otherwise depend on a size lay it out at run time
+        self.shape_generic = False
         # (dtype, shape) the model *declares* for values it does not feed (graph outputs,
         # value_info): checked against inference (smelt.frontend.validate), never used to size
         # a buffer, since a model's declaration can be wrong

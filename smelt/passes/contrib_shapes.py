@@ -32,8 +32,109 @@ def _dynamic_quantize_lstm(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] 
     return [(f32, (seq, dirs, batch, hidden)), (f32, (dirs, batch, hidden)), (f32, (dirs, batch, hidden))]
 
 
+def _broadcast(*shapes: tuple) -> tuple | None:
+    """numpy's broadcast of static shapes, None when a dim is symbolic or they do not broadcast."""
+    if any(s is None or not all(isinstance(d, int) for d in s) for s in shapes):
+        return None
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    except ValueError:
+        return None
+
+
+def _qlinear_binary(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """QLinearAdd / QLinearMul: A's type, A and B broadcast."""
+    a, b = g.values[node.inputs[0]], g.values[node.inputs[3]]
+    shape = _broadcast(a.shape, b.shape)
+    return [None if shape is None or a.dtype is None else (np.dtype(a.dtype), shape)]
+
+
+def _same_as_input(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """QLinearSigmoid / QLinearLeakyRelu: X's type and shape."""
+    x = g.values[node.inputs[0]]
+    return [None if x.shape is None or x.dtype is None else (np.dtype(x.dtype), tuple(x.shape))]
+
+
+def _qlinear_gap(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """QLinearGlobalAveragePool: the spatial dims become 1 (NCHW, or NHWC with channels_last)."""
+    x = g.values[node.inputs[0]]
+    if x.shape is None or x.dtype is None or len(x.shape) < 3:
+        return [None]
+    s = list(x.shape)
+    shape = [s[0]] + [1] * (len(s) - 2) + [s[-1]] if int(node.attr("channels_last", 0)) else s[:2] + [1] * (len(s) - 2)
+    return [(np.dtype(x.dtype), tuple(shape))]
+
+
+def _qlinear_average_pool(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """QLinearAveragePool with explicit pads in floor mode (NCHW, or NHWC with channels_last);
+    other forms stay untyped (and off the native path)."""
+    x = g.values[node.inputs[0]]
+    kernel = [int(k) for k in node.attr("kernel_shape", [])]
+    if (x.shape is None or x.dtype is None or len(x.shape) != len(kernel) + 2
+            or not all(isinstance(d, int) for d in x.shape) or int(node.attr("ceil_mode", 0))
+            or str(node.attr("auto_pad", "NOTSET")) not in ("NOTSET", "VALID")):
+        return [None]
+    last = int(node.attr("channels_last", 0))
+    spatial = list(x.shape[1:-1] if last else x.shape[2:])
+    strides = [int(s) for s in node.attr("strides", [1] * len(kernel))]
+    pads = [int(p) for p in node.attr("pads", [0] * 2 * len(kernel))]
+    if str(node.attr("auto_pad", "NOTSET")) == "VALID":
+        pads = [0] * 2 * len(kernel)
+    k = len(kernel)
+    outs = [(spatial[d] + pads[d] + pads[d + k] - kernel[d]) // strides[d] + 1 for d in range(k)]
+    shape = [x.shape[0], *outs, x.shape[-1]] if last else [x.shape[0], x.shape[1], *outs]
+    return [(np.dtype(x.dtype), tuple(shape))]
+
+
+def _qlinear_concat(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """QLinearConcat: inputs 2, 5, 8, ... joined along ``axis``."""
+    vals = [g.values[node.inputs[i]] for i in range(2, len(node.inputs), 3)]
+    if not vals or any(v.shape is None or v.dtype is None for v in vals):
+        return [None]
+    rank = len(vals[0].shape)
+    axis = int(node.attr("axis", 0)) % max(1, rank)
+    dims = [v.shape[axis] for v in vals]
+    if not all(isinstance(d, int) for d in dims):
+        return [None]
+    shape = list(vals[0].shape)
+    shape[axis] = sum(dims)
+    return [(np.dtype(vals[0].dtype), tuple(shape))]
+
+
+def _matmul_to_float(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """DynamicQuantizeMatMul / MatMulIntegerToFloat: float32 A[..., M, K] @ B[K, N]."""
+    a, b = g.values[node.inputs[0]], g.values[node.inputs[1]]
+    if a.shape is None or b.shape is None or len(a.shape) < 1 or len(b.shape) != 2:
+        return [None]
+    return [(np.dtype(np.float32), tuple(a.shape[:-1]) + (b.shape[1],))]
+
+
+def _qgemm(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """QGemm: [M, N]; float32 without y_scale, else y_zero_point's type (A's when absent)."""
+    ins = list(node.inputs) + [""] * 9
+    a, b = g.values[ins[0]], g.values[ins[3]]
+    if a.shape is None or b.shape is None or len(a.shape) != 2 or len(b.shape) != 2:
+        return [None]
+    m = a.shape[1] if int(node.attr("transA", 0)) else a.shape[0]
+    n = b.shape[0] if int(node.attr("transB", 0)) else b.shape[1]
+    if not ins[7]:
+        return [(np.dtype(np.float32), (m, n))]
+    typed = g.values[ins[8]] if ins[8] else a
+    return [None if typed.dtype is None else (np.dtype(typed.dtype), (m, n))]
+
+
 RULES: dict[str, Callable[[Node, Graph], list[tuple[np.dtype, tuple] | None]]] = {
     "DynamicQuantizeLSTM": _dynamic_quantize_lstm,
+    "QLinearAdd": _qlinear_binary,
+    "QLinearMul": _qlinear_binary,
+    "QLinearSigmoid": _same_as_input,
+    "QLinearLeakyRelu": _same_as_input,
+    "QLinearGlobalAveragePool": _qlinear_gap,
+    "QLinearConcat": _qlinear_concat,
+    "QLinearAveragePool": _qlinear_average_pool,
+    "DynamicQuantizeMatMul": _matmul_to_float,
+    "MatMulIntegerToFloat": _matmul_to_float,
+    "QGemm": _qgemm,
 }
 
 

@@ -6,9 +6,24 @@ Guarantees: ``Q(op(DQ(x), DQ(W)[, DQ(bias)]))`` — the "QDQ" format onnxruntime
 ``quantize_static`` writes, optionally with a Relu before the Q — becomes ``QLinearConv`` /
 ``QLinearMatMul`` on the integer tensors, as onnxruntime's own QDQ transformer does, so the
 model runs on the integer kernels and answers what onnxruntime answers (it runs the same integer
-op, not the float graph). A Relu between the op and the Q becomes ``Max(q, y_zero_point)``: the
+op, not the float graph). A Relu between the op and the Q is dropped where the Q's zero point is its type's minimum (the
+requantization's saturation is then the Relu, and onnxruntime drops it too), else becomes
+``Max(q, y_zero_point)``: the
 quantization is monotonic, so quantizing ``max(v, 0)`` is the max of the quantized value and the
 quantized 0 (exact).
+
+The same holds for the other patterns onnxruntime's QDQ transformer rewrites (its selectors and
+actions, checked against onnxruntime running the same QDQ file in tests/test_lower_qdq_more.py):
+``Q(Add|Mul(DQ(a), DQ(b)))`` becomes ``com.microsoft`` QLinearAdd/QLinearMul,
+``Q(Sigmoid|LeakyRelu|GlobalAveragePool|AveragePool(DQ(x)))`` QLinearSigmoid/QLinearLeakyRelu/
+QLinearGlobalAveragePool/QLinearAveragePool, ``Q(Concat(DQ(x_i)...))`` QLinearConcat; a Relu between the op and
+its Q is dropped where the Q's zero point is its type's minimum (onnxruntime's ReluQuantFusion:
+the Q's saturation is then the Relu). And ops that do not change values (MaxPool, Reshape,
+Flatten, Transpose, Squeeze, Unsqueeze, Slice) between a DQ and a Q of the same scale and zero
+point run on the 8-bit tensor itself, as onnxruntime's DropQDQ rules make them: the pair is
+``Q(op(DQ(x)))`` = ``op(x)`` exactly, since DQ is monotonic and Q inverts it on its image.
+``Q(Clip|Relu(DQ(x)))`` (smelt's quantizer writes it for Relu6) becomes smelt's own
+``ai.smelt`` QLinearClip: a table of the float graph over the 256 codes, so exact too.
 
 Only what is exact is lowered: per-tensor activation scales and zero points, weights constant
 (per tensor, or per output channel on the axis onnxruntime uses), a bias only when it is the
@@ -124,6 +139,9 @@ def _finish(g: Graph, node: Node, q: Node, relu: Node | None, op: str, inputs: l
     inputs[5] = _zero_point(g, inputs[5], inputs[3])
     out = q.outputs[0]
     node.op, node.inputs = op, inputs
+    if relu is not None and _type_min_zero(g, q):  # the requantization's saturation is the Relu
+        dead.append(relu)
+        relu = None
     if relu is None:
         node.outputs = [out]
     else:
@@ -136,11 +154,192 @@ def _finish(g: Graph, node: Node, q: Node, relu: Node | None, op: str, inputs: l
     dead.append(q)
 
 
+MS_DOMAIN = "com.microsoft"
+SMELT_DOMAIN = "ai.smelt"  # smelt's own ops
+# value-preserving ops onnxruntime runs on the integer tensor between a DQ and a Q of equal
+# parameters (its DropQDQNodes selector), with their data input
+MOVEMENT = ("MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Slice")
+UNARY = {"Sigmoid": "QLinearSigmoid", "LeakyRelu": "QLinearLeakyRelu",
+         "GlobalAveragePool": "QLinearGlobalAveragePool", "AveragePool": "QLinearAveragePool"}
+BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}
+
+
+def _type_min_zero(g: Graph, q: Node) -> bool:
+    """Whether ``q``'s zero point is its output type's minimum (0 for uint8, -128 for int8)."""
+    zero = g.const(q.inputs[2]) if len(q.inputs) > 2 and q.inputs[2] else None
+    info = np.iinfo(np.dtype(g.values[q.outputs[0]].dtype))
+    return zero is not None and int(zero.reshape(-1)[0]) == int(info.min)
+
+
+def _q_after(g: Graph, consumers: dict[str, list[Node]], y: str) -> tuple[Node, Node | None] | None:
+    """The QuantizeLinear after ``y`` (through a Relu only where the Q's zero point makes the
+    Relu a no-op, which onnxruntime then removes)."""
+    out = _output_q(g, consumers, y)
+    if out is None or (out[1] is not None and not _type_min_zero(g, out[0])):
+        return None
+    return out
+
+
+def _same_params(g: Graph, a: tuple[str, str, str], q: Node) -> bool:
+    """Whether activation ``a`` (x_q, scale, zero point) and ``q`` quantize alike."""
+    qz = q.inputs[2] if len(q.inputs) > 2 else ""
+    if _dtype(g, a[0]) != _dtype(g, q.outputs[0]):
+        return False
+    if not np.array_equal(g.const(a[1]).reshape(-1), g.const(q.inputs[1]).reshape(-1)):
+        return False
+    za = g.const(a[2]).reshape(-1) if a[2] else np.zeros(1)
+    zq = g.const(qz).reshape(-1) if qz else np.zeros(1)
+    return bool(np.array_equal(za.astype(np.int64), zq.astype(np.int64)))
+
+
+def _retarget(g: Graph, node: Node, q: Node, relu: Node | None, dead: list[Node]) -> None:
+    """``node`` writes what ``q`` wrote; ``q`` (and the no-op Relu) go."""
+    node.outputs = [q.outputs[0]]
+    dead.append(q)
+    if relu is not None:
+        dead.append(relu)
+
+
+def _clip_bounds(g: Graph, node: Node) -> tuple[float, float] | None:
+    """(min, max) of a Clip or Relu with constant bounds, else None."""
+    if node.op == "Relu":
+        return 0.0, float("inf")
+    if "min" in node.attrs or "max" in node.attrs:  # opset < 11
+        return float(node.attr("min", float("-inf"))), float(node.attr("max", float("inf")))
+    bounds = []
+    for i, default in ((1, float("-inf")), (2, float("inf"))):
+        name = node.inputs[i] if len(node.inputs) > i else ""
+        c = g.const(name) if name else None
+        if name and (c is None or c.size != 1 or _dtype(g, name) != "float32"):
+            return None
+        bounds.append(float(c.reshape(-1)[0]) if name else default)
+    return bounds[0], bounds[1]
+
+
+def _plain_average_pool(node: Node) -> bool:
+    """An AveragePool the native QLinearAveragePool computes: 1-D or 2-D, explicit pads, floor
+    mode, no dilation."""
+    kernel = node.attr("kernel_shape", [])
+    return (len(kernel) in (1, 2) and not int(node.attr("ceil_mode", 0))
+            and str(node.attr("auto_pad", "NOTSET")) in ("NOTSET", "VALID")
+            and all(int(d) == 1 for d in node.attr("dilations", [1] * len(kernel))))
+
+
+def _lower_elementwise(g: Graph, producers: dict[str, Node], consumers: dict[str, list[Node]],
+                       dead: list[Node]) -> None:
+    """The element-wise, pooling, concatenation and value-preserving patterns (module doc)."""
+    gone = {id(n) for n in dead}
+    for node in list(g.nodes):
+        if id(node) in gone or node.domain not in ("", "ai.onnx") or node.epilogue:
+            continue
+        op = node.op
+        if op not in BINARY and op not in UNARY and op not in MOVEMENT and op not in ("Concat", "Clip", "Relu"):
+            continue
+        if op in ("Clip", "Relu"):
+            _lower_clip(g, producers, consumers, node, dead, gone)
+            continue
+        if op in MOVEMENT and (len([o for o in node.outputs if o]) != 1
+                               or (op == "MaxPool" and g.opset.get("", 0) < 12)):
+            continue
+        out = _q_after(g, consumers, node.outputs[0])
+        if out is None:
+            continue
+        q, relu = out
+        if op in MOVEMENT and relu is not None:
+            continue
+        if op == "AveragePool" and not _plain_average_pool(node):
+            continue
+        data = node.present_inputs() if op in BINARY or op == "Concat" else [node.inputs[0]]
+        acts = [_activation(g, _dq(g, producers, x)) for x in data]
+        if any(a is None for a in acts) or any(_dtype(g, a[0]) != _dtype(g, q.outputs[0]) for a in acts):
+            continue
+        ys, yz = q.inputs[1], q.inputs[2]
+        if op in MOVEMENT:
+            if not _same_params(g, acts[0], q):
+                continue
+            node.inputs = [acts[0][0]] + node.inputs[1:]
+        elif op in BINARY:
+            (a, sa, za), (b, sb, zb) = acts
+            node.inputs = [a, sa, _zero_point(g, za, a), b, sb, _zero_point(g, zb, b), ys, yz]
+            node.op, node.domain = BINARY[op], MS_DOMAIN
+        elif op in UNARY:
+            x, xs, xz = acts[0]
+            node.inputs = [x, xs, _zero_point(g, xz, x), ys, yz]
+            node.op, node.domain = UNARY[op], MS_DOMAIN
+            if op == "GlobalAveragePool":
+                node.attrs, node.attr_protos = {"channels_last": 0}, []
+            elif op == "AveragePool":
+                node.attrs = {k: node.attr(k) for k in ("kernel_shape", "strides", "pads", "count_include_pad",
+                                                        "ceil_mode", "auto_pad") if node.attr(k) is not None}
+                node.attrs["channels_last"] = 0
+                node.attr_protos = []
+            elif op == "LeakyRelu":
+                node.attrs = {"alpha": float(node.attr("alpha", 0.01))}
+                node.attr_protos = []
+        else:
+            node.inputs = [ys, yz] + [n for x, s, z in acts for n in (x, s, _zero_point(g, z, x))]
+            node.op, node.domain = "QLinearConcat", MS_DOMAIN
+        if node.domain == MS_DOMAIN:
+            g.opset.setdefault(MS_DOMAIN, 1)
+        _retarget(g, node, q, relu, dead)
+        gone.update({id(q), id(relu)})
+
+
+def _lower_gemm(g: Graph, producers: dict[str, Node], node: Node, x: tuple[str, str, str], q: Node,
+                relu: Node | None, dead: list[Node]) -> None:
+    """``Q(Gemm(DQ(a), DQ(W)[, DQ(bias)]))`` → ``com.microsoft`` QGemm, as onnxruntime's QDQ
+    transformer rewrites it: weights per tensor or per output column, the bias only as the int32
+    ``DQ(bias_q, a_scale * w_scale)`` (with beta 1)."""
+    bv = g.values.get(node.inputs[1])
+    if bv is None or bv.shape is None or len(bv.shape) != 2 or int(node.attr("transA", 0)):
+        return
+    trans_b = int(node.attr("transB", 0))
+    w = _weights(g, _dq(g, producers, node.inputs[1]), int(bv.shape[0 if trans_b else 1]), 0 if trans_b else 1)
+    if w is None or _dtype(g, q.outputs[0]) != _dtype(g, x[0]):
+        return
+    c = node.inputs[2] if len(node.inputs) > 2 else ""
+    if c and float(node.attr("beta", 1.0)) != 1.0:
+        return
+    bias = _bias(g, producers, c, x[1], w[1])
+    if bias is None:
+        return
+    ys, yz = q.inputs[1], q.inputs[2]
+    node.attrs = {"alpha": float(node.attr("alpha", 1.0)), "transA": 0, "transB": trans_b}
+    node.attr_protos = []
+    node.domain = MS_DOMAIN
+    g.opset.setdefault(MS_DOMAIN, 1)
+    _finish(g, node, q, relu, "QGemm", [x[0], x[1], x[2], w[0], w[1], w[2], bias, ys, yz], dead)
+
+
+def _lower_clip(g: Graph, producers: dict[str, Node], consumers: dict[str, list[Node]], node: Node,
+                dead: list[Node], gone: set[int]) -> None:
+    """``Q(Clip|Relu(DQ(x)))`` → smelt's ``QLinearClip``: each of the 256 codes through the float
+    graph (dequantize, clamp, quantize) at compile time, so a byte lookup at run time answers
+    what the float DQ, Clip and Q kernels answer, element by element (what smelt's own quantizer
+    writes around MobileNet's Relu6)."""
+    bounds = _clip_bounds(g, node)
+    readers = consumers.get(node.outputs[0], [])
+    if bounds is None or node.outputs[0] in g.outputs or len(readers) != 1 or readers[0].op != "QuantizeLinear":
+        return
+    q = readers[0]
+    out = _output_q(g, consumers, node.outputs[0])
+    act = _activation(g, _dq(g, producers, node.inputs[0]))
+    if out is None or out[1] is not None or act is None or _dtype(g, act[0]) != _dtype(g, q.outputs[0]):
+        return
+    x, xs, xz = act
+    node.inputs = [x, xs, _zero_point(g, xz, x), q.inputs[1], q.inputs[2]]
+    node.op, node.domain = "QLinearClip", SMELT_DOMAIN
+    node.attrs, node.attr_protos = {"min": bounds[0], "max": bounds[1]}, []
+    g.opset.setdefault(SMELT_DOMAIN, 1)
+    _retarget(g, node, q, None, dead)
+    gone.add(id(q))
+
+
 def lower_qdq(g: Graph) -> Graph:
     producers = g.producers()
     consumers = g.consumers()
     dead: list[Node] = []
-    for node in g.iter_op("Conv", "MatMul"):
+    for node in g.iter_op("Conv", "MatMul", "Gemm"):
         if node.epilogue:
             continue
         out = _output_q(g, consumers, node.outputs[0])
@@ -161,6 +360,8 @@ def lower_qdq(g: Graph) -> Graph:
                 continue
             _finish(g, node, q, relu, "QLinearConv", [x[0], x[1], x[2], w[0], w[1], w[2], ys, yz]
                     + ([bias] if bias else []), dead)
+        elif node.op == "Gemm":
+            _lower_gemm(g, producers, node, x, q, relu, dead)
         else:
             bv = g.values.get(node.inputs[1])
             if bv is None or bv.shape is None or len(bv.shape) != 2:
@@ -169,6 +370,7 @@ def lower_qdq(g: Graph) -> Graph:
             if w is None:
                 continue
             _finish(g, node, q, relu, "QLinearMatMul", [x[0], x[1], x[2], w[0], w[1], w[2], ys, yz], dead)
+    _lower_elementwise(g, producers, consumers, dead)
     g.remove_nodes(dead)
     g.prune_values()
     return g

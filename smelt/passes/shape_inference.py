@@ -170,7 +170,12 @@ def _infer(model: onnx.ModelProto, after_inlining: bool = False) -> onnx.ModelPr
 
 def infer_shapes(g: Graph) -> Graph:
     _infer_onnx(g)
-    if apply_contrib_shapes(g):  # onnxruntime's contrib ops: then what follows them
+    # onnxruntime's contrib ops, then what follows them; again while that types another contrib
+    # node's inputs (stacked DynamicQuantizeLSTMs joined by Squeezes: one layer per round; a
+    # single round left the third layer untyped and refused)
+    for _ in range(1 + sum(n.domain == "com.microsoft" for n in g.nodes)):
+        if not apply_contrib_shapes(g):
+            break
         _infer_onnx(g)
     return g
 

@@ -29,7 +29,7 @@ from smelt.errors import ArtifactError, SmeltError
 # v1: the schema of smelt before this module (unversioned) had the same fields but carried a
 # recurrent node's run-time dims as a JSON string in its schedule; such a file fails the version
 # check and is rebuilt.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 PLAN_FILE = "plan.json"
 
 Dim = int | str  # a concrete size, or the name of a symbolic dimension ("T", "B", ...)
@@ -180,6 +180,9 @@ class ArtifactPlan:
     codegen_threads: int  # threads the generated code is sized for
     profile: bool  # an instrumented build (per-step timing)
     compile_seconds: float  # what building it cost (kept for reports on a cached build)
+    # a library shared by every shape of one code structure (codegen/shape_slots.py): the integer
+    # and floating-point numbers this shape's code reads at run time; None: a library of its own
+    slots: tuple[tuple[int, ...], tuple[float, ...]] | None = None
 
     @property
     def native_blocks(self) -> tuple[NativeBlockEntry, ...]:
@@ -207,7 +210,8 @@ class ArtifactPlan:
                 "outputs": [s.to_json() for s in self.outputs], "steps": [s.to_json() for s in self.steps],
                 "arena_bytes": self.arena_bytes, "scratch_bytes": self.scratch_bytes,
                 "weights_bytes": self.weights_bytes, "lib": self.lib, "codegen_threads": self.codegen_threads,
-                "profile": self.profile, "compile_seconds": self.compile_seconds}
+                "profile": self.profile, "compile_seconds": self.compile_seconds,
+                "slots": None if self.slots is None else [list(self.slots[0]), list(self.slots[1])]}
 
 
 # -- the one writer and the one reader ---------------------------------------------------------
@@ -247,6 +251,7 @@ def from_json(data: Any, path: Path) -> ArtifactPlan:
         codegen_threads=r.get(data, "codegen_threads", "", int),
         profile=r.get(data, "profile", "", bool),
         compile_seconds=float(r.get(data, "compile_seconds", "", (int, float))),
+        slots=r.slots(data),
     )
 
 
@@ -260,6 +265,16 @@ class _Reader:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+
+    def slots(self, data: Any) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+        value = self.get(data, "slots", "", list, optional=True)
+        if value is None:
+            return None
+        if len(value) != 2 or not all(isinstance(v, list) for v in value) \
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in value[0]) \
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value[1]):
+            raise self.fail("slots", "expected [[integers], [numbers]]")
+        return tuple(value[0]), tuple(float(x) for x in value[1])
 
     def fail(self, where: str, message: str) -> ArtifactError:
         return ArtifactError(self.path, where or None, message)

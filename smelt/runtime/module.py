@@ -39,6 +39,7 @@ import _ctypes
 import ctypes
 import math
 import os
+import tempfile
 import threading
 import time
 import weakref
@@ -214,6 +215,25 @@ class _FallbackRunner:
             env[name.name] = arr
 
 
+def _open_private(lib_path: Path, slots: tuple[tuple[int, ...], tuple[float, ...]]) -> ctypes.CDLL:
+    """A library shared by several shapes (``codegen.shape_slots``), loaded as a private copy
+    (dlopen maps one file once per process, and each shape needs its own slot values) with this
+    shape's slot values set. The copy is unlinked at once: the mapping keeps it alive."""
+    fd, tmp = tempfile.mkstemp(suffix=".so", prefix=".slots-", dir=Path(lib_path).parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(Path(lib_path).read_bytes())
+        lib = ctypes.CDLL(tmp)
+    finally:
+        os.unlink(tmp)
+    ints, floats = slots
+    lib.smelt_set_slots.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    si = (ctypes.c_long * max(1, len(ints)))(*ints)
+    sf = (ctypes.c_double * max(1, len(floats)))(*floats)
+    lib.smelt_set_slots(si, sf)
+    return lib
+
+
 class LoadedArtifact:
     """A compiled variant in memory: library, pool, weights, arena, instance state and plan.
 
@@ -235,7 +255,8 @@ class LoadedArtifact:
         self._refs = 0  # calls in flight
         self._closed = False  # no new calls; freed when _refs drops to 0
         self._freed = False
-        self.lib = ctypes.CDLL(str(lib_path)) if meta.native_blocks else None
+        self.lib = (_open_private(lib_path, meta.slots) if meta.slots is not None
+                    else ctypes.CDLL(str(lib_path)) if meta.native_blocks else None)
         self.weights = aligned_empty(max(1, meta.weights_bytes))
         if meta.weights_bytes:
             raw = np.fromfile(directory / "weights.bin", dtype=np.uint8)
@@ -251,6 +272,13 @@ class LoadedArtifact:
             self.state = aligned_empty(max(64, self.lib.smelt_state_bytes()))
             self.lib.smelt_state_init(self.state.ctypes.data)
         self._state_ptr = ctypes.c_void_p(self.state.ctypes.data)
+        if meta.slots is not None and self.lib is not None:
+            # a shape class's artifact is for one shape: its recurrent nodes' run-time (T, B)
+            # are the sizes it was rendered at, set once
+            pairs = self.state[: self.state.size // 8 * 8].view(np.int64)
+            for step in meta.native_blocks:
+                for d in step.dynamic:
+                    pairs[d.state // 8], pairs[d.state // 8 + 1] = d.max_t, d.max_b
         self.n_threads = n_threads
         self._cpus = list(cpus)
         self.native_calls = 0

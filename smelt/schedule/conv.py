@@ -129,6 +129,9 @@ class DirectKernel:
     # tile (reading its own band of the input, which the previous layer's same split left in
     # its own L2) instead of oc tiles first; taken when the weights fit L2 / ROW_SPLIT_L2_FRACTION
     row_split: bool
+    # the output row's tail and right edge are laid out at run time (a shape class's graph,
+    # ``Graph.shape_generic``): the code is the same for every width, so one library serves them
+    runtime_width: bool = False
 
 
 @dataclass(frozen=True)
@@ -387,6 +390,10 @@ def winograd_choice(node: Node, g: Graph, target: Target, options: CompileOption
     lanes = vector_lanes(target)
     if not options.winograd or lanes not in NCHWC_BLOCKS:
         return ""
+    if g.shape_generic and options.winograd != "always":
+        # the Winograd kernels' code depends on the plane's size (ragged transform tiles, the
+        # GEMM's tail), so a shape class runs the direct kernel, whose code does not
+        return ""
     geo = ConvGeometry(node, g)
     ib = layout_block(g.values[node.inputs[0]].layout)
     ob = layout_block(g.values[node.outputs[0]].layout)
@@ -442,7 +449,7 @@ def ic_outer_blocks(geo: ConvGeometry, s: NchwcSchedule, ib: int) -> int:
 
 
 def direct_kernel(geo: ConvGeometry, s: NchwcSchedule, ib: int, target: Target,
-                  options: CompileOptions) -> DirectKernel:
+                  options: CompileOptions, runtime_width: bool = False) -> DirectKernel:
     """The direct kernel's prefetches and work split for tile ``s`` on ``ib``-channel input
     blocks (``DirectKernel``)."""
     dw = is_depthwise(geo)
@@ -451,7 +458,8 @@ def direct_kernel(geo: ConvGeometry, s: NchwcSchedule, ib: int, target: Target,
                  and wbytes <= target.l2_bytes // ROW_SPLIT_L2_FRACTION)
     return DirectKernel(prefetch_input=options.conv_prefetch_input,
                         prefetch_weights=options.conv_prefetch_weights and not dw and not row_split,
-                        weight_distance=WEIGHT_PREFETCH_DISTANCE, row_split=row_split)
+                        weight_distance=WEIGHT_PREFETCH_DISTANCE, row_split=row_split,
+                        runtime_width=runtime_width)
 
 
 def forced_direct(node: Node, g: Graph, s: NchwcSchedule, target: Target, options: CompileOptions) -> ConvSchedule:
@@ -489,7 +497,7 @@ def finish(node: Node, g: Graph, target: Target, options: CompileOptions) -> Non
         # conv.py: the NCHW GEMM (or its depthwise kernel); a conv no native kernel takes (the
         # fallback runs it) has no geometry to schedule
         geo = ConvGeometry(node, g) if check_conv(node, g) is None else None
-        node.schedule = ConvSchedule("gemm", gemm=gemm_schedule(options),
+        node.schedule = ConvSchedule("gemm", gemm=gemm_schedule(options, g.shape_generic),
                                      depthwise=depthwise_kernel(geo, target) if geo and geo.is_depthwise else None)
         return
     assert isinstance(sched, ConvSchedule) and sched.tile is not None, f"conv {node.name} blocked without a tile"
@@ -502,5 +510,5 @@ def finish(node: Node, g: Graph, target: Target, options: CompileOptions) -> Non
     ib = layout_block(g.values[node.inputs[0]].layout)
     node.schedule = replace(sched, algorithm="winograd" if order else "direct", tile=tile,
                             winograd_order=order, inplace_operand=inplace,
-                            direct=None if order else direct_kernel(geo, tile, ib, target, options),
+                            direct=None if order else direct_kernel(geo, tile, ib, target, options, g.shape_generic),
                             winograd_tile=winograd_tile(target) if order else (0, 0))

@@ -35,25 +35,31 @@ class GemmSchedule:
     prefetch_c: bool
     # fewer multiply-adds than this: thread 0 alone (``PARALLEL_MIN_MACS``)
     parallel_min_macs: int
+    # code that is the same for every M and N (a shape class's graph, ``Graph.shape_generic``):
+    # every row and column tail kernel present and picked at run time, the threads always split
+    # the grid, no size-dependent packing choice
+    runtime_shape: bool = False
 
     def problem_args(self) -> dict:
         """The kernel library's ``GemmProblem`` fields this schedule sets (kernels/gemm.py)."""
         return {"direct_b": self.read_b_in_place, "direct_a": self.read_a_in_place,
-                "prefetch_c": self.prefetch_c, "parallel_min_macs": self.parallel_min_macs}
+                "prefetch_c": self.prefetch_c, "parallel_min_macs": self.parallel_min_macs,
+                "runtime_shape": self.runtime_shape}
 
 
-def gemm_schedule(options: CompileOptions) -> GemmSchedule:
+def gemm_schedule(options: CompileOptions, runtime_shape: bool = False) -> GemmSchedule:
     """The schedule every GEMM gets under ``options`` (nothing here depends on the shape)."""
     return GemmSchedule(read_b_in_place=options.gemm_read_b_in_place,
                         read_a_in_place=options.gemm_read_a_in_place,
-                        prefetch_c=options.gemm_prefetch_c, parallel_min_macs=PARALLEL_MIN_MACS)
+                        prefetch_c=options.gemm_prefetch_c, parallel_min_macs=PARALLEL_MIN_MACS,
+                        runtime_shape=runtime_shape)
 
 
 def decide_gemm_graph(g: Graph, options: CompileOptions) -> None:
     """``node.schedule = GemmSchedule(...)`` for every Gemm and MatMul."""
     for node in g.nodes:
         if node.op in GEMM_OPS and node.domain in ("", "ai.onnx"):
-            node.schedule = gemm_schedule(options)
+            node.schedule = gemm_schedule(options, g.shape_generic)
 
 
 def int_dot_tile(registers: int) -> tuple[int, int]:

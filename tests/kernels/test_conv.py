@@ -185,12 +185,17 @@ def test_kernel_header_comments(monkeypatch, cache):
     assert "template: f32_conv2d_depthwise_direct" in src
 
 
-def test_runtime_weights_fall_back(monkeypatch, cache):
+def test_runtime_weights_run_natively(monkeypatch, cache):
+    """Weights given as a graph input take the direct kernel of templates/conv_runtime.py (more
+    shapes in tests/kernels/test_node_ops_b.py); constant ones never do."""
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
     model = make_model([helper.make_node("Conv", ["x", "w"], ["y"])],
                        [tensor("x", [1, 2, 5, 5]), tensor("w", [3, 2, 3, 3])], [tensor("y", [1, 3, 3, 3])])
     compiled = smelt.compile(model, threads=1)
-    assert compiled.fallback_nodes
+    assert compiled.fallback_nodes == []
+    infos = list(compiled.plan.step_infos())
+    assert {i.schedule.get("template") for i in infos} == {"f32_conv_runtime_weights"}, infos
+    assert "GEMM" in infos[-1].schedule.get("algorithm", ""), infos[-1].schedule
     feeds = {"x": _rand(1, 2, 5, 5), "w": _rand(3, 2, 3, 3)}
     np.testing.assert_allclose(compiled.run(feeds)[0], ort_run(model, feeds)[0], atol=1e-5)
 

@@ -67,13 +67,13 @@ def elementwise_loop(out_shape: Sequence[int], in_shapes: Sequence[Sequence[int]
     inner = dims[-1]
     outer = dims[:-1]
     rows = int(np.prod(outer, dtype=np.int64)) if outer else 1
-    rng = "long rb, re, ib, ie;"
-    if total < PARALLEL_MIN_ELEMS:
-        rng += f" if (tid == 0) {{ rb = 0; re = {rows}; }} else {{ rb = re = 0; }} ib = 0; ie = {inner};"
-    elif rows >= 2 * 2:
-        rng += f" smelt_range({rows}, tid, nt, &rb, &re); ib = 0; ie = {inner};"
-    else:
-        rng += f" rb = 0; re = {rows}; smelt_range({inner}, tid, nt, &ib, &ie);"
+    # serial, rows split, or the inner run split: literal conditions (gcc folds them), so the code
+    # is the same whichever way the sizes decide (loops.work_range)
+    serial, by_rows = total < PARALLEL_MIN_ELEMS, rows >= 2 * 2
+    rng = (f"long rb = 0, re = {rows}, ib = 0, ie = {inner}; "
+           f"if ({int(serial)}) {{ if (tid != 0) re = 0; }} "
+           f"else if ({int(by_rows)}) smelt_range({rows}, tid, nt, &rb, &re); "
+           f"else smelt_range({inner}, tid, nt, &ib, &ie);")
     lines = [rng]
     lines.append("for (long r = rb; r < re; ++r) {")
     # decompose r over the outer dims (row-major), accumulating each operand's offset

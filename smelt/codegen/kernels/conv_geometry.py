@@ -65,15 +65,16 @@ class ConvGeometry:
                 f"pads={self.pads} d={self.dils} group={self.group} auto_pad={self.auto_pad}")
 
 
-def check_conv(node: Node, g: Graph) -> str | None:
+def check_conv(node: Node, g: Graph, runtime_weights: bool = False) -> str | None:
     """None when every native conv kernel can take this node (float32, constant weights, 1-D to
-    3-D, consistent attributes), else why not."""
+    3-D, consistent attributes), else why not. ``runtime_weights``: the weights need not be a
+    constant (templates/conv_runtime.py, which reads them in ONNX's order)."""
     ins = node.present_inputs()
     for name in ins + [node.outputs[0]]:
         v = g.values[name]
         if v.dtype is None or np.dtype(v.dtype) != np.float32:
             return f"native Conv is float32 only ({name!r} is {np.dtype(v.dtype).name if v.dtype else '?'})"
-    if g.const(node.inputs[1]) is None:
+    if g.const(node.inputs[1]) is None and not runtime_weights:
         return "native Conv needs constant weights (they are packed at compile time)"
     for name in (node.inputs[0], node.inputs[1], node.outputs[0]):
         if not g.values[name].is_static:  # a symbolic or unknown dim (the layout pass asks early)

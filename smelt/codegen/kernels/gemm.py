@@ -551,6 +551,8 @@ class GemmProblem:
     prefetch_c: bool = False
     # fewer multiply-adds than this (all items): thread 0 alone
     parallel_min_macs: int = 0
+    # the same code for every M and N (``GemmSchedule.runtime_shape``)
+    runtime_shape: bool = False
 
 
 def pack_const_a(a: np.ndarray, mr: int) -> np.ndarray:
@@ -578,7 +580,7 @@ def _split(total: int, parts: int) -> list[int]:
 
 def choose_partition(p: GemmProblem, blk: Blocking, nt: int) -> tuple[str, int]:
     """("single"|"items"|"grid", pn): how threads divide the work (pn: grid columns)."""
-    if nt <= 1 or p.items * p.M * p.N * p.K < p.parallel_min_macs:
+    if nt <= 1 or (p.items * p.M * p.N * p.K < p.parallel_min_macs and not p.runtime_shape):
         return "single", 1
     mp, np_ = -(-p.M // blk.mr), -(-p.N // blk.nr)
     pack_b = not isinstance(p.b, ConstPacked) and not (p.direct_b and isinstance(p.b, Strided) and p.b.s1 == 1)
@@ -611,7 +613,7 @@ def choose_partition(p: GemmProblem, blk: Blocking, nt: int) -> tuple[str, int]:
     if best is None:
         best = (1.0 / nt, nt if np_ >= nt else 1)
     grid_eff, pn = best
-    if p.items >= nt:
+    if p.items >= nt and not p.runtime_shape:
         items_eff = p.items / (nt * -(-p.items // nt))
         if items_eff >= grid_eff - 1e-9:
             return "items", 1
@@ -646,6 +648,16 @@ def _dispatch(em: BlockEmitter, blk: Blocking, p: GemmProblem, direct_a: bool,
         return f"if (cols == {blk.nr}) {call(rows, blk.nr)} else {call(rows, n_tail)}"
 
     del nv
+    if p.runtime_shape:  # every tail kernel, picked by the run-time rows and vectors of columns
+        def by_vectors(rows: int) -> str:
+            cases = []
+            for vecs in range(1, blk.nv + 1):
+                fn = microkernel(em, blk, rows, vecs, direct_a, p.prefetch_c)
+                cases.append(f"case {vecs}: {fn}(kb, ap, lda, bp, ldb, cp, {p.ldc}, pc > 0, "
+                             f"(int)(cols - {(vecs - 1) * blk.vec}), {eargs}); break;")
+            return f"switch ((cols + {blk.vec - 1}) / {blk.vec}) {{ {' '.join(cases)} }}"
+        return ("switch (rows) { "
+                + " ".join(f"case {r}: {{ {by_vectors(r)} }} break;" for r in range(blk.mr, 0, -1)) + " }")
     if not m_tail:
         return by_cols(blk.mr)
     return f"if (rows == {blk.mr}) {{ {by_cols(blk.mr)} }} else {{ {by_cols(m_tail)} }}"
@@ -721,7 +733,7 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
     direct_a = p.direct_a and blk.vx.vector and isinstance(p.a, Strided) and p.a.s1 == 1
     pack_a = pack_a and not direct_a
     # a run-time A small enough is packed whole, once per item, instead of per (jc, pc) block
-    prepack_a = pack_a and mp * mr * p.K * 4 <= PREPACK_A_BYTES
+    prepack_a = pack_a and mp * mr * p.K * 4 <= PREPACK_A_BYTES and not p.runtime_shape
     mc = p.M if not pack_a or prepack_a else min(blk.mc, mp * mr)
     # per-thread scratch
     ncr = min(blk.nc, np_ * nr)
@@ -751,7 +763,10 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
     if mode == "items":
         lines.append(f"smelt_range({p.items}, tid, nu, &it0, &it1);")
     elif mode == "grid":
-        lines += [f"{{ const int pn = nu == {nt} ? {pn} : 1; const int pm = nu / pn;",
+        # the same code for every size (runtime_shape): the grid splits the longer side, decided
+        # in C from the panel counts, which are slots there, instead of by the cost model
+        grid_pn = f"({np_} >= {mp} ? {nt} : 1)" if p.runtime_shape else str(pn)
+        lines += [f"{{ const int pn = nu == {nt} ? {grid_pn} : 1; const int pm = nu / pn;",
                   f"  smelt_range({mp}, tid / pn, pm, &pm0, &pm1); smelt_range({np_}, tid % pn, pn, &pn0, &pn1); }}"]
     else:
         lines.append("if (tid != 0) return; (void)nu;")
@@ -798,7 +813,8 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
         inner.append(f"    const float *restrict aptr = Abase + ao + (ic / {mr}) * {p.K * mr}L + pc * {mr};")
         inner.append(f"    const long aps = {p.K * mr}L, lda = 0;")
     epi = tile_epilogue_code(p.epilogue, em, blk, p.ldc)
-    ct = None if direct_a else col_tail(blk, p.N)  # the column kernel reads packed A panels
+    # the column kernel reads packed A panels; its use depends on N
+    ct = None if direct_a or p.runtime_shape else col_tail(blk, p.N)
     inner.append("    (void)lda;")
     inner += [f"    for (long ir = 0; ir < mb; ir += {mr}) {{",
               f"        const long rows = SMELT_MIN({mr}, mb - ir); (void)rows;",

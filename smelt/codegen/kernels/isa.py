@@ -301,9 +301,13 @@ def vector_isa(target: Target, lanes: int | None = None) -> VectorIsa:
 
 # AVX512-VNNI: vpdpwssd (the int16 pair dot product and the accumulation in one instruction) and
 # vpdpbusd (four unsigned-by-signed byte products summed into each int32 lane, exact: no
-# saturation, unlike AVX2's vpmaddubsw, which is why hosts without VNNI have no u8s8_dot_acc)
-_VNNI_DOTS = (("i16_dot_acc", "_mm512_dpwssd_epi32({c}, {a}, {b})"),
-              ("u8s8_dot_acc", "_mm512_dpbusd_epi32({c}, {a}, {b})"))
+# saturation, unlike AVX2's vpmaddubsw, which is why hosts without VNNI have no u8s8_dot_acc).
+# As inline asm, not the _mm512_dpwssd/dpbusd_epi32 builtins: gcc 12 stored every accumulator of
+# a register tile built on those builtins to the stack after each dot product (a 6x4 tile: 24
+# stores per 24 products, the integer GEMM 1.5x slower); the asm keeps them in registers.
+_VNNI_ASM = '({{{{ __m512i acc_ = {{c}}; __asm__("{op} %2, %1, %0" : "+v"(acc_) : "v"({{a}}), "vm"({{b}})); acc_; }}}})'
+_VNNI_DOTS = (("i16_dot_acc", _VNNI_ASM.format(op="vpdpwssd")),
+              ("u8s8_dot_acc", _VNNI_ASM.format(op="vpdpbusd")))
 
 
 def with_int_dot(d: VectorIsa, target: Target) -> VectorIsa:

@@ -30,10 +30,13 @@ def unsigned_of(dtype: str) -> str:
 
 
 def work_range(total: int, parallel: bool, lo: str = "wb", hi: str = "we") -> str:
-    """C declaring [lo, hi): this thread's share of ``total`` items (all of it on tid 0 if serial)."""
-    if parallel:
-        return f"long {lo}, {hi}; smelt_range({total}, tid, nt, &{lo}, &{hi});"
-    return f"long {lo} = 0, {hi} = tid == 0 ? {total} : 0;"
+    """C declaring [lo, hi): this thread's share of ``total`` items (all of it on tid 0 if serial).
+
+    The choice is a literal in a C condition, not two spellings: gcc folds it, and the code is
+    the same whichever way a size decides it, so shapes that differ only in sizes can share one
+    library (``codegen.shape_slots``)."""
+    return (f"long {lo} = 0, {hi} = tid == 0 ? {total} : 0; "
+            f"if ({int(parallel)}) smelt_range({total}, tid, nt, &{lo}, &{hi});")
 
 
 def decompose(index: str, dims: list[tuple[int, int]], acc: str, indent: str = "    ") -> list[str]:
@@ -81,9 +84,10 @@ def inner_chunks(rows: int, inner: int, n_threads: int) -> int:
 
 def copy_step(em: BlockEmitter, src: str, dst: str, nbytes: int) -> str:
     """A (parallel, when large) memcpy of ``nbytes`` from ``src`` to ``dst`` pointer expressions."""
-    if nbytes < PARALLEL_COPY_BYTES:
-        return f"if (tid == 0) memcpy((void *){dst}, (const void *){src}, {nbytes});"
+    # serial or split: a literal condition, so the code does not change with the size (see
+    # work_range)
     lines = 64
-    return (f"long b, e; smelt_range({-(-nbytes // lines)}, tid, nt, &b, &e);\n"
+    return (f"long b = 0, e = tid == 0 ? {-(-nbytes // lines)} : 0;\n"
+            f"if ({int(nbytes >= PARALLEL_COPY_BYTES)}) smelt_range({-(-nbytes // lines)}, tid, nt, &b, &e);\n"
             f"long lo = b * {lines}, hi = SMELT_MIN(e * {lines}, {nbytes});\n"
             f"if (hi > lo) memcpy((char *){dst} + lo, (const char *){src} + lo, (size_t)(hi - lo));")

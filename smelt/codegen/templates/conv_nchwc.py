@@ -195,15 +195,17 @@ class _Gen:
             lines.append(f"for (int l = 0; l < {ob}; ++l) y[{flat} + l] = {expr};")
         return lines
 
-    def tile_fn(self, width: int, jt: int, ow0: int | None) -> str:
-        """A J x width tile; ``ow0`` known (an edge tile, padding taps dropped) or None (body)."""
+    def tile_fn(self, width: int, jt: int, ow0: int | None, checked: bool = False) -> str:
+        """A J x width tile; ``ow0`` known (an edge tile, padding taps dropped) or None (body);
+        ``checked``: one column whose input column ``iw0`` is known at run time only, each
+        kernel column tested against the image (the right edge of a run-time width)."""
         v, ob, ib = self.v, self.s.oc_bn, self.ib
         sw_ib, dw_ib = self.SW * ib, self.DW * ib
         icbs = self.geo.cg // ib
         tile = RegisterTile(v, jt, width)
         L = [f"static inline __attribute__((always_inline)) void FNAME(const float *restrict x, long xo, "
              f"const float *restrict w, float *{self.yq}y, long yo, long ch, int kh_lo, int kh_hi"
-             f"{self.icparams}{self.eparams}) {{"]
+             f"{', long iw0' if checked else ''}{self.icparams}{self.eparams}) {{"]
         if self.chunked:
             # ic-outer order: the first chunk starts from zero, later ones from the partial sums
             L += ["    " + x for x in tile.declare(None)]
@@ -218,7 +220,7 @@ class _Gen:
             L += ["    " + x for x in tile.declare()]
             L.append(f"    for (int icb = 0; icb < {icbs}; ++icb) {{")
             icb_end = str(icbs)
-        unroll = self.s.unroll_ker or ow0 is not None
+        unroll = self.s.unroll_ker or ow0 is not None or checked
         if self.dk.prefetch_input and icbs > 1:
             # the next channel block's first input row of this tile: its lines would otherwise
             # miss L1 at the start of every block (the input plane rarely fits L1)
@@ -242,7 +244,9 @@ class _Gen:
                 if not rows:
                     continue
                 kwx, kww = str(kw * dw_ib), str(kw * ib * jt * ob)
-                L.append(f"{ind}{{")
+                # checked: this kernel column only where it falls inside the image
+                L.append(f"{ind}if ((unsigned long)(iw0 + {kw * self.DW}) < (unsigned long){self.IW}) {{"
+                         if checked else f"{ind}{{")
                 ind += "    "
             L.append(f"{ind}for (int i = 0; i < {ib}; ++i) {{")
             L += tile.fma_step(lambda j, kww=kww: v.load(f"wr + {kww} + i * {jt * ob} + {j * ob}"),
@@ -252,7 +256,8 @@ class _Gen:
                 icb0 = "(icb - icb_lo)" if self.chunked else "icb"
                 tap = f"({icb0} * {self.KH} + kh) * {self.KW} + {kw if kw is not None else 'kw'}"
                 taps = (self.chunk if self.chunked else icbs) * self.KH * self.KW
-                guard = f"if ({tap} < {self.pf_taps}) " if self.pf_taps < taps else ""
+                # (a run-time width: always tested, so the code does not change with the rows)
+                guard = f"if ({tap} < {self.pf_taps}) " if self.pf_taps < taps or self.dk.runtime_width else ""
                 L.append(f"{ind}{guard}{{ const char *pq = pf + (long)({tap}) * {self.pf_lines * 64};")
                 L.append(f"{ind}  for (int q = 0; q < {self.pf_lines * 64}; q += 64) _mm_prefetch(pq + q, _MM_HINT_T1); }}")
             L.append(f'{ind}__asm__ volatile("" ::: "memory"); /* no broadcast reuse across kernel columns */')
@@ -270,14 +275,17 @@ class _Gen:
             L += finish
         L.append("}")
         doc = (f"tile {jt}x{width} of oc_bn={ob} ic_bn={ib}{', ic-outer (partial sums in y)' if self.chunked else ''}, "
-               + ("body (no bounds checks)" if ow0 is None else f"edge at ow={ow0} (padding taps dropped)"))
+               + ("right edge, kernel columns checked at run time" if checked else
+                  "body (no bounds checks)" if ow0 is None else f"edge at ow={ow0} (padding taps dropped)"))
         return define(self.em, f"f32_conv2d_nchw{ob}c_tile_{jt}x{width}__{self.blk.isa}", "\n".join(L), doc)
 
-    def dw_tile_fn(self, width: int, ow0: int | None) -> str:
-        """Depthwise: ``width`` columns of one channel block; taps are vector loads."""
+    def dw_tile_fn(self, width: int, ow0: int | None, checked: bool = False) -> str:
+        """Depthwise: ``width`` columns of one channel block; taps are vector loads
+        (``checked``: as in ``tile_fn``)."""
         v, ob = self.v, self.s.oc_bn
         L = [f"static inline __attribute__((always_inline)) void FNAME(const float *restrict x, long xo, "
-             f"const float *restrict w, float *{self.yq}y, long yo, long ch, int kh_lo, int kh_hi{self.eparams}) {{",
+             f"const float *restrict w, float *{self.yq}y, long yo, long ch, int kh_lo, int kh_hi"
+             f"{', long iw0' if checked else ''}{self.eparams}) {{",
              f"    {v.t} " + ", ".join(f"a0_{r} = {v.zero()}" for r in range(width)) + ";",
              "    for (int kh = kh_lo; kh < kh_hi; ++kh) {",
              f"        const float *xr = x + xo + (long)kh * {self.DH * self.IW * ob};",
@@ -286,6 +294,8 @@ class _Gen:
             rows = [r for r in range(width) if ow0 is None or self.col_ok(ow0 + r, kw)]
             if not rows:
                 continue
+            if checked:
+                L.append(f"        if ((unsigned long)(iw0 + {kw * self.DW}) < (unsigned long){self.IW})")
             L.append(f"        {{ const {v.t} wk = {v.load(f'wr + {kw * ob}')};")
             for r in rows:
                 off = kw * self.DW * ob + r * self.SW * ob
@@ -296,7 +306,8 @@ class _Gen:
             L += ["    " + x for x in self.store_lines(0, r, f"a0_{r}")]
         L.append("}")
         doc = (f"depthwise tile {width} of block {ob}, "
-               + ("body" if ow0 is None else f"edge at ow={ow0} (padding taps dropped)"))
+               + ("right edge, taps checked at run time" if checked else
+                  "body" if ow0 is None else f"edge at ow={ow0} (padding taps dropped)"))
         return define(self.em, f"f32_dwconv2d_nchw{ob}c_tile_{width}__{self.blk.isa}", "\n".join(L), doc)
 
     # -- the row --------------------------------------------------------------------------
@@ -305,6 +316,10 @@ class _Gen:
         of ``reg_n`` columns."""
         r_n = self.s.reg_n
         row = self.P if row is None else row
+        if self.dk.runtime_width:
+            stable = self.runtime_row_calls(jt, row)
+            if stable is not None:
+                return stable
         lo, hi = self.body_range()
         tiles = [(c, min(r_n, row - c)) for c in range(0, row, r_n)]
         calls: list[str] = []
@@ -330,6 +345,41 @@ class _Gen:
             calls.append(f"{fn}(x, xo + {(c0 * self.SW - self.PL) * self.ib}, wt, y, yo + {c0 * self.s.oc_bn}, "
                          f"ch, kh_lo, kh_hi{self.icargs}{self.eargs});")
         flush()
+        return calls
+
+    def _call(self, fn: str, c0: str, checked: bool = False) -> str:
+        iw0 = f"{c0} * {self.SW} - {self.PL}"
+        return (f"{fn}(x, xo + ({iw0}) * {self.ib}, wt, y, yo + {c0} * {self.s.oc_bn}, ch, kh_lo, kh_hi"
+                f"{', ' + iw0 if checked else ''}{self.icargs}{self.eargs});")
+
+    def runtime_row_calls(self, jt: int, row: int) -> list[str] | None:
+        """One output row in code that is the same for every width (``DirectKernel.runtime_width``):
+        the left edge's columns one at a time with each kernel column checked, a loop of full
+        body tiles, the body's last (< reg_n) columns as tiles of 2^k columns picked by the bits
+        of their count, and the right edge one checked column at a time. Only numbers change
+        with the width. None when the row has no body (narrower than the kernel)."""
+        r_n = self.s.reg_n
+        lo, hi = self.body_range()
+        hi = min(hi, row)  # a flat 1x1's pseudo-row: all body
+        if hi <= lo:
+            return None
+        tile = (lambda w: self.dw_tile_fn(w, None)) if self.dw else (lambda w: self.tile_fn(w, jt, None))
+        checked = (self.dw_tile_fn(1, None, checked=True) if self.dw
+                   else self.tile_fn(1, jt, None, checked=True))
+        calls: list[str] = []
+        if self.PL > 0:  # columns whose taps reach the left padding
+            calls.append(f"for (long c0 = 0; c0 < {lo}; ++c0) {self._call(checked, 'c0', checked=True)}")
+        end = lo + (hi - lo) // r_n * r_n
+        calls.append(f"for (long c0 = {lo}; c0 < {end}; c0 += {r_n}) {self._call(tile(r_n), 'c0')}")
+        w = 1 << max(0, (r_n - 1).bit_length() - 1) if r_n > 1 else 0
+        if w:
+            calls.append(f"{{ long c0 = {end}; const long rem = {hi - end};")
+            while w:
+                calls.append(f"  if (rem & {w}) {{ {self._call(tile(w), 'c0')} c0 += {w}; }}")
+                w //= 2
+            calls.append("}")
+        if self.geo.pads[3] > 0 and not self.flat:  # columns whose taps reach the right padding
+            calls.append(f"for (long c0 = {hi}; c0 < {row}; ++c0) {self._call(checked, 'c0', checked=True)}")
         return calls
 
     def kernel(self) -> str:
@@ -408,7 +458,7 @@ class _Gen:
                          f"* {self.IW * ib};")
 
         def row(jt: int, ind: str) -> list[str]:
-            if self.last == self.P:
+            if self.last == self.P and not self.dk.runtime_width:
                 return [ind + c for c in self.row_calls(jt)]
             return ([f"{ind}if (oh == {rows - 1}) {{"] + [ind + "    " + c for c in self.row_calls(jt, self.last)]
                     + [f"{ind}}} else {{"] + [ind + "    " + c for c in self.row_calls(jt)] + [f"{ind}}}"])

@@ -12,6 +12,17 @@ Pads: explicit (auto_pad NOTSET or VALID), or, with ``output_shape`` or SAME_UPP
 the total padding split as onnxruntime splits it; the inferred output shape must agree with
 what that gives (``s*(i-1) + output_padding + (k-1)*d + 1 - pads``), else the node falls back
 naming why.
+
+Weights and bias may be constants or run-time values (graph inputs, computed tensors): the
+kernels read both in ONNX's layout, so nothing is reordered at compile time.
+
+GEMM + col2im (when there is work enough for it, ``GEMM_MIN_MACS``, at least
+``GEMM_MIN_CHANNELS`` input channels per group, and its column matrix fits ``COL_LIMIT_BYTES``
+of scratch): per (image, group), col[(o, tap)][pixel] = W^T . X on the kernel
+library's GEMM (W [C/G][OC/G * taps] is a transposed run-time A operand, packed inside the
+generated code; the image rows are B), then per (image, output channel) plane the same
+output-stationary pass as above adds col's rows, one per tap, onto the plane started at the bias.
+The scatter pass with the weights inside is kept for small convolutions.
 """
 
 from __future__ import annotations
@@ -19,11 +30,18 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.gemm import GemmProblem, Strided, TileEpilogue, blocking_for, render_gemm
 from smelt.codegen.kernels.loops import work_range
 from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
+from smelt.schedule import gemm as gemm_schedule
 
 PARALLEL_MIN_MACS = 1 << 15  # below this one thread does the node (a barrier costs more)
+GEMM_MIN_MACS = 1 << 16  # from here the GEMM + col2im form beats the scatter with weights inside
+# ... given this many input channels per group: the GEMM's K; below it (depthwise-like) the
+# column matrix costs more memory traffic than the multiply-adds it organizes
+GEMM_MIN_CHANNELS = 4
+COL_LIMIT_BYTES = 64 << 20  # the GEMM form's column matrix (all images and groups) in scratch
 
 
 def _geometry(node: Node, g: Graph):
@@ -72,8 +90,6 @@ def _check(node: Node, g: Graph) -> str | None:
     for name in ins + [node.outputs[0]]:
         if g.values[name].dtype is None or np.dtype(g.values[name].dtype) != np.float32:
             return "ConvTranspose is native for float32"
-    if g.values[node.inputs[1]].const is None or (len(ins) > 2 and g.values[node.inputs[2]].const is None):
-        return "ConvTranspose weights and bias must be constants"
     x, w = g.values[node.inputs[0]], g.values[node.inputs[1]]
     group = int(node.attr("group", 1))
     if group < 1 or x.shape[1] % group or x.shape[1] != w.shape[0]:
@@ -101,11 +117,18 @@ def emit_conv_transpose(node: Node, g: Graph, em: BlockEmitter) -> None:
     group = int(node.attr("group", 1))
     icg, ocg = c // group, w.shape[1]
     oc = ocg * group
-    weights = em.weight(np.asarray(w.const, np.float32).reshape(c, ocg, k_d * k_h * k_w))
+    # the kernel reads W in ONNX's own order [C][OC/G][k...], so run-time weights (a graph input
+    # or a computed value) need no packing: the same pointer either way
+    weights = em.ptr(node.inputs[1])
     ins = node.present_inputs()
-    bias = em.weight(np.asarray(g.values[ins[2]].const, np.float32)) if len(ins) > 2 else None
+    bias = em.ptr(ins[2]) if len(ins) > 2 else None
     in_plane, out_plane = i_d * i_h * i_w, o_d * o_h * o_w
     macs = n * c * ocg * in_plane * k_d * k_h * k_w
+    taps = k_d * k_h * k_w
+    if (macs >= GEMM_MIN_MACS and icg >= GEMM_MIN_CHANNELS
+            and n * group * ocg * taps * in_plane * 4 <= COL_LIMIT_BYTES):
+        _emit_gemm_col2im(node, g, em)
+        return
     L = [f"const float *restrict X = {em.ptr(node.inputs[0])};",
          f"float *restrict Y = {em.ptr(node.outputs[0])};",
          f"const float *restrict Wt = {weights};",
@@ -144,3 +167,63 @@ def emit_conv_transpose(node: Node, g: Graph, em: BlockEmitter) -> None:
                 kernel="f32_conv_transpose", layout="NCHW",
                 shape=f"kernel {[k_d, k_h, k_w]}, stride {[s_d, s_h, s_w]}, group {group}")
     em.step("\n".join(L), name="f32_conv_transpose")
+
+
+def _emit_gemm_col2im(node: Node, g: Graph, em: BlockEmitter) -> None:
+    """col = W^T . X per (image, group) on the GEMM library, then col2im onto the bias per plane."""
+    (i_d, i_h, i_w), (o_d, o_h, o_w), (k_d, k_h, k_w), (s_d, s_h, s_w), (d_d, d_h, d_w), (p_d, p_h, p_w) = \
+        _geometry(node, g)  # type: ignore[misc]
+    x, w = g.values[node.inputs[0]], g.values[node.inputs[1]]
+    n, c = x.shape[0], x.shape[1]
+    group = int(node.attr("group", 1))
+    icg, ocg = c // group, w.shape[1]
+    oc = ocg * group
+    taps = k_d * k_h * k_w
+    in_plane, out_plane = i_d * i_h * i_w, o_d * o_h * o_w
+    rows = ocg * taps  # the GEMM's M: (output channel of the group, tap)
+    items = n * group
+    col = em.scratch(items * rows * in_plane * 4)
+    item_code = (f"const long bi = it / {group}, gi = it % {group};\n"
+                 f"const long ao = gi * {icg * rows}L, bo = (bi * {c} + gi * {icg}) * {in_plane}L;\n"
+                 f"const long co = it * {rows * in_plane}L, grow0 = 0; (void)grow0;")
+    p = GemmProblem(rows, in_plane, icg, Strided(em.ptr(node.inputs[1]), 1, rows), Strided(em.ptr(node.inputs[0]),
+                    in_plane, 1), col, in_plane, TileEpilogue([]), items=items, item_code=item_code,
+                    name="f32_conv_transpose_gemm", parallel_min_macs=gemm_schedule.PARALLEL_MIN_MACS,
+                    doc=f"ConvTranspose W^T . X, {rows}x{in_plane}x{icg}")
+    render_gemm(em, p, blocking_for(em.target))
+    ins = node.present_inputs()
+    bias = em.ptr(ins[2]) if len(ins) > 2 else None
+    L = [f"const float *restrict Cl = {col};",
+         f"float *restrict Y = {em.ptr(node.outputs[0])};",
+         work_range(n * oc, n * oc * taps * in_plane >= PARALLEL_MIN_MACS),
+         "for (long p = wb; p < we; ++p) {",
+         f"    const long b = p / {oc}, o = p % {oc}, grp = o / {ocg}, ol = o % {ocg};",
+         f"    float *restrict y = Y + p * {out_plane}L;",
+         f"    const float init = {f'{bias}[o]' if bias else '0.0f'};",
+         f"    for (long i = 0; i < {out_plane}; ++i) y[i] = init;",
+         f"    const float *restrict cp = Cl + ((b * {group} + grp) * {rows} + ol * {taps}) * {in_plane}L;"]
+    for kd in range(k_d):
+        d0, d1 = _tap_range(i_d, o_d, s_d, kd * d_d - p_d)
+        for kh in range(k_h):
+            h0, h1 = _tap_range(i_h, o_h, s_h, kh * d_h - p_h)
+            if d1 <= d0 or h1 <= h0:
+                continue
+            for kw in range(k_w):
+                off = kw * d_w - p_w
+                w0, w1 = _tap_range(i_w, o_w, s_w, off)
+                if w1 <= w0:
+                    continue
+                tap = (kd * k_h + kh) * k_w + kw
+                L += [f"    {{ const float *restrict ct = cp + {tap * in_plane}L;",
+                      f"      for (long id = {d0}; id < {d1}; ++id)",
+                      f"      for (long ih = {h0}; ih < {h1}; ++ih) {{",
+                      f"        const float *restrict cr = ct + (id * {i_h} + ih) * {i_w};",
+                      f"        float *restrict yr = y + ((id * {s_d} + {kd * d_d - p_d}) * {o_h}"
+                      f" + ih * {s_h} + {kh * d_h - p_h}) * {o_w} + ({off});",
+                      f"        for (long iw = {w0}; iw < {w1}; ++iw) yr[iw * {s_w}] += cr[iw];",
+                      "      } }"]
+    L.append("}")
+    em.schedule(algorithm="GEMM (W^T . X per image and group) into scratch, then col2im per output plane",
+                kernel="f32_conv_transpose", layout="NCHW",
+                shape=f"kernel {[k_d, k_h, k_w]}, stride {[s_d, s_h, s_w]}, group {group}")
+    em.step("\n".join(L), name="f32_conv_transpose_col2im")

@@ -62,9 +62,9 @@ def emit_transpose(node: Node, g: Graph, em: BlockEmitter) -> None:
     total = int(np.prod(out_shape, dtype=np.int64)) if rank else 1
     outer, inner = dims[:-1], dims[-1]
     rows = int(np.prod([d for d, _ in outer], dtype=np.int64)) if outer else 1
-    body = ["long rb, re;"]
-    body.append(f"smelt_range({rows}, tid, nt, &rb, &re);" if total >= (1 << 15) else
-                f"if (tid == 0) {{ rb = 0; re = {rows}; }} else {{ rb = re = 0; }}")
+    # split or serial: a literal condition, the same code either way (kernels/loops.work_range)
+    body = [f"long rb = 0, re = tid == 0 ? {rows} : 0;",
+            f"if ({int(total >= (1 << 15))}) smelt_range({rows}, tid, nt, &rb, &re);"]
     body.append("for (long r = rb; r < re; ++r) {")
     body.append("    long rem = r, src = 0;")
     for d, s in reversed(outer):
