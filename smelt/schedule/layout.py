@@ -186,9 +186,9 @@ class _Planner:
 
     def _int8_readers_take(self, name: str, layout: str) -> bool:
         """Every reader of ``name`` runs natively with it in ``layout``: another blocked int8
-        conv, or a node whose template accepts it with its other inputs and outputs of the same
-        shape in that layout too (an element-wise int8 op on two such inputs, a per-tensor
-        DequantizeLinear; tried, then undone)."""
+        conv, or a node whose template accepts it with its other inputs of the same shape and
+        its 4-D outputs in that layout too (an element-wise int8 op on two such inputs, a
+        per-tensor DequantizeLinear, an 8-bit MaxPool; tried, then undone)."""
         g = self.g
         readers = self.consumers.get(name, [])
         if not readers:
@@ -201,9 +201,8 @@ class _Planner:
             shape = g.values[name].shape
             same = [i for i in r.all_inputs() if i in g.values and g.values[i].const is None
                     and g.values[i].shape == shape and self.can_block(i, layout)]
-            # its outputs of that shape too (an element-wise reader keeps the layout)
-            same += [o for o in r.outputs if o and g.values[o].shape == shape and o not in g.outputs
-                     and self.can_block(o, layout)]
+            # and its outputs that can hold the layout (an element-wise reader or a pool keeps it)
+            same += [o for o in r.outputs if o and o not in g.outputs and self.can_block(o, layout)]
             saved = {i: g.values[i].layout for i in same}
             for i in same:
                 g.values[i].layout = layout
