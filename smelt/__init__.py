@@ -9,6 +9,7 @@
 
 # ``check`` the function shadows the module smelt.check (loaded by smelt.api first, so the name
 # stays the function): import the module's names with ``from smelt.check import ...``
+from smelt import quantize  # a callable package: smelt.quantize(model, calibration, ...)
 from smelt.api import CompiledModel, InferenceSession, NodeArg, SessionOptions, check, compile
 from smelt.check import CheckError, CheckReport, CheckWarning
 from smelt.errors import (
@@ -24,5 +25,5 @@ __version__ = "0.1.0"
 __all__ = [
     "CheckError", "CheckReport", "CheckWarning", "CompiledModel", "InferenceSession", "NodeArg",
     "SessionOptions", "check", "compile", "CompileError",
-    "CompilerNotFoundError", "ModelLoadError", "SmeltError", "UnsupportedOpError", "__version__",
+    "CompilerNotFoundError", "ModelLoadError", "SmeltError", "UnsupportedOpError", "__version__", "quantize",
 ]

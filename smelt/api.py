@@ -551,7 +551,8 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
             layout: str = "propagate", use_tuning_db: bool = True, dynamic: bool | None = None,
             max_dims: Mapping[str, int] | None = None, winograd: bool | str = True,
             schedule: Mapping[str, object] | None = None, isa: str | None = None,
-            check: bool | str = False, share_shapes: bool = True) -> CompiledModel:
+            check: bool | str = False, share_shapes: bool = True,
+            numeric_debug: bool | ModelLike = False) -> CompiledModel:
     """Compile an ONNX model (path, bytes or ModelProto) for this CPU.
 
     ``threads``: worker threads including the caller (default: physical cores).
@@ -585,9 +586,25 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     rounded up to a power of two, and serves each new shape from a library already compiled for
     the same code structure, rendering its C in Python but not compiling it (see the module doc);
     False compiles every shape for itself.
+    ``numeric_debug``: for a quantized model, True (or its float model) compiles it beside its
+    float counterpart (the given float model, else the model without its activation Q/DQ pairs)
+    and returns a ``smelt.quantize.NumericDebugModel``: it answers as the quantized model and
+    ``report()`` tabulates per quantized tensor the error, SQNR and saturations counted inside
+    the integer kernels, worst first (``smelt.quantize.numeric``).
     """
     if check not in (False, True, "warn"):
         raise ValueError(f"check must be False, True or 'warn'; given {check!r}")
+    if numeric_debug is not False:
+        from smelt.quantize.numeric import NumericDebugModel
+
+        def make(proto: onnx.ModelProto) -> CompiledModel:
+            return CompiledModel(proto, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
+                                 input_shapes=input_shapes, force_fallback=force_fallback, progress=progress,
+                                 layout=layout, use_tuning_db=use_tuning_db, dynamic=dynamic, max_dims=max_dims,
+                                 winograd=winograd, schedule=schedule, isa=isa, share_shapes=share_shapes)
+
+        reference = None if numeric_debug is True else load_model(numeric_debug)
+        return NumericDebugModel(load_model(model), reference, make)  # type: ignore[return-value]
     compiled = CompiledModel(model, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
                              input_shapes=input_shapes, force_fallback=force_fallback, profile=profile,
                              progress=progress, layout=layout, use_tuning_db=use_tuning_db, dynamic=dynamic,

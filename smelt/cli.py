@@ -132,16 +132,33 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from smelt.quantize import quantize
 
     proto, _ = load_model_arg(args.model)
-    model, report = quantize(proto, args.calibration, method=args.method, percentile=args.percentile,
-                             per_channel=not args.per_tensor, threads=args.threads)
+    overrides = {}
+    for item in args.override:
+        name, sep, spec = item.rpartition("=")
+        if not sep or not name:
+            raise SystemExit(f"smelt quantize: --override {item!r}: write NAME=SPEC (SPEC: float, w4, a16, w4a16)")
+        overrides[name] = spec
+    if args.mode == "static" and not args.calibration:
+        raise SystemExit("smelt quantize: --mode static needs --calibration DIR")
+    model, report = quantize(proto, args.calibration, mode=args.mode, method=args.method,
+                             percentile=args.percentile, granularity=args.granularity or
+                             ("tensor" if args.per_tensor else "channel"),
+                             weight_bits=args.weight_bits, activation_bits=args.activation_bits,
+                             symmetric_weights=not args.asymmetric_weights,
+                             symmetric_activations=args.symmetric_activations, keep=args.keep,
+                             overrides=overrides, max_error=args.max_error, eval_samples=args.eval_samples,
+                             threads=args.threads)
     onnx.save(model, args.output)
     print(report.format_text())
-    print(f"wrote {args.output} (QDQ: onnxruntime and other ONNX runtimes load it too)")
+    fmt = "QDQ" if args.mode == "static" else "MatMulInteger/DynamicQuantizeLSTM"
+    print(f"wrote {args.output} ({fmt}: onnxruntime loads it too)")
     if args.debug:  # the integer kernels beside the fp32 model on (up to 8 of) the calibration inputs
         import itertools
 
         from smelt.quantize import calibration_inputs, debug_report
 
+        if not args.calibration:
+            raise SystemExit("smelt quantize: --debug runs on the --calibration inputs; give --calibration DIR")
         names = [i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
         feeds = list(itertools.islice(calibration_inputs(args.calibration, names), 8))
         debug = debug_report(model, feeds, float_model=proto, threads=args.threads)
@@ -447,20 +464,53 @@ def build_parser() -> argparse.ArgumentParser:
     _isa_arg(p)
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("quantize", help="write a statically quantized (int8 QDQ) model from calibration data",
-                       description="Calibrate MODEL's Conv and MatMul activations on --calibration inputs (a folder "
-                       "of .npz files with one array per input name, or .npy files for a single-input model), "
-                       "then write OUT.onnx in the QDQ format: uint8 asymmetric activations per tensor, int8 "
-                       "symmetric weights per output channel (or per tensor), int32 biases. smelt runs the "
-                       "quantized Conv/MatMul on its integer kernels; onnxruntime loads the same file.")
+    p = sub.add_parser("quantize", help="write a quantized model (static QDQ or dynamic) that onnxruntime also loads",
+                       description="Quantize MODEL's Conv/MatMul (static) or MatMul/Gemm/LSTM (dynamic) and write "
+                       "OUT.onnx. Static: activation ranges from --calibration inputs (a folder of .npz files with "
+                       "one array per input name, or .npy files for a single-input model), written in the QDQ "
+                       "format (default: uint8 asymmetric activations per tensor, int8 symmetric weights per output "
+                       "channel, int32 biases); smelt runs 8-bit groups on its integer kernels. Dynamic: weights "
+                       "quantized offline, activations at run time (DynamicQuantizeLinear + MatMulInteger, "
+                       "com.microsoft DynamicQuantizeLSTM), as onnxruntime's quantize_dynamic writes. A node whose "
+                       "int32 accumulator could overflow (K x max|a| x max|w| > 2^31-1) is refused.")
     p.add_argument("model", help="path to an fp32 .onnx file, or zoo:NAME")
     p.add_argument("-o", "--output", required=True, metavar="OUT.onnx", help="where to write the quantized model")
-    p.add_argument("--calibration", required=True, metavar="DIR", help="folder of .npz/.npy calibration inputs")
-    p.add_argument("--method", choices=["minmax", "percentile"], default="minmax",
-                   help="activation range: the extremes seen, or --percentile of each side (default minmax)")
+    p.add_argument("--mode", choices=["static", "dynamic"], default="static",
+                   help="static: calibrated activation ranges, QDQ; dynamic: activations quantized at run time "
+                   "(default static)")
+    p.add_argument("--calibration", metavar="DIR",
+                   help="folder of .npz/.npy inputs: calibration (static), the error measure of --max-error, "
+                   "and the --debug inputs")
+    p.add_argument("--method", choices=["minmax", "percentile", "entropy"], default="minmax",
+                   help="activation range: the extremes seen, --percentile of each side, or the KL-divergence "
+                   "(entropy) threshold (default minmax)")
     p.add_argument("--percentile", type=float, default=99.99, help="with --method percentile (default 99.99)")
-    p.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor (default: per channel)")
-    p.add_argument("--threads", type=int, default=None, help="threads for the calibration runs")
+    p.add_argument("--weight-bits", type=int, default=8, metavar="N",
+                   help="weight bits 2..16, stored in int8 up to 8 and int16 above (default 8)")
+    p.add_argument("--activation-bits", type=int, default=8, metavar="N",
+                   help="activation bits 2..16 (static), stored in (u)int8 up to 8 and (u)int16 above; 16-bit "
+                   "Q/DQ needs opset 21, an older model is converted (default 8)")
+    p.add_argument("--asymmetric-weights", action="store_true",
+                   help="weights with a zero point over [min, max] (default symmetric, zero point 0)")
+    p.add_argument("--symmetric-activations", action="store_true",
+                   help="signed activations with zero point 0 (default asymmetric, unsigned)")
+    p.add_argument("--granularity", choices=["tensor", "channel", "row", "column"],
+                   help="weight scales: one per tensor, per output channel, per row or per column of a MatMul "
+                   "weight (default channel)")
+    p.add_argument("--per-tensor", action="store_true", help="the same as --granularity tensor")
+    p.add_argument("--keep", action="append", default=[], metavar="NAME|OP",
+                   help="keep this node (by name) or every node of this op type in float; repeatable")
+    p.add_argument("--override", action="append", default=[], metavar="NAME|OP=SPEC",
+                   help="per node or op type: float, wN (weight bits), aN (activation bits) or wNaM; a node name "
+                   "wins over its op type; repeatable (e.g. --override Conv=w4 --override fc=float)")
+    p.add_argument("--max-error", metavar="BOUND",
+                   help="accuracy-driven mixed precision on the --calibration inputs: '30dB' (each output's SQNR "
+                   "against fp32 at least 30 dB) or a relative error such as 0.01 (max|q-f| / max|f|); the nodes "
+                   "that hurt the output most go back to float one by one until it holds on the integer kernels "
+                   "(static models: ranked by each node's own harm at the output on one compiled float simulation)")
+    p.add_argument("--eval-samples", type=int, default=16, metavar="N",
+                   help="with --max-error: measure on the first N calibration inputs (default 16)")
+    p.add_argument("--threads", type=int, default=None, help="threads for the calibration and measuring runs")
     p.add_argument("--debug", action="store_true",
                    help="then run the integer kernels beside the fp32 model on the calibration inputs: per quantized "
                    "tensor the error, SQNR and the elements the kernels saturated (counted inside them), worst first")

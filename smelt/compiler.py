@@ -226,8 +226,9 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
     target = (target or detect()).narrowed(options.isa)
     compiler = toolchain.find_compiler()
     model_bytes = proto.SerializeToString()
+    model_digest = hashlib.sha256(model_bytes).hexdigest()
     key = toolchain.artifact_key(
-        hashlib.sha256(model_bytes).hexdigest(), json.dumps({k: list(v) for k, v in sorted(shapes.items())}),
+        model_digest, json.dumps({k: list(v) for k, v in sorted(shapes.items())}),
         options.key(target), fingerprint_for(options, target), smelt_source_digest(), target.key(), compiler.identity,
         shape_class.key() if shape_class is not None else "",
     )
@@ -240,7 +241,7 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
     # artifact already cached are verified and reused, not rebuilt)
     start = time.perf_counter()
     if shape_class is not None and not options.profile:
-        shared = _build_shared(proto, shapes, options, target, shape_class, directory, start)
+        shared = _build_shared(proto, model_digest, shapes, options, target, shape_class, directory, start)
         if shared is not None:
             return shared
     with Phases(f"compiling {proto.graph.name or 'model'}", ["graph passes", "execution plan", "generating C",
@@ -481,12 +482,12 @@ def _read_json_gz(path: Path) -> dict | None:
         return None
 
 
-def _build_shared(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: CompileOptions,
+def _build_shared(proto: onnx.ModelProto, model_digest: str, shapes: Mapping[str, Sequence[int]],
+                  options: CompileOptions,
                   target: Target, shape_class: ShapeClass, directory: Path, start: float) -> BuildResult | None:
     """``build`` for a shape of a shape class: its render served by the class's library for its
     structure (compiled on the first shape of that structure). None: this shape cannot share
     (the caller builds it alone); the reason is kept in the class directory (``why.txt``)."""
-    model_digest = hashlib.sha256(proto.SerializeToString()).hexdigest()
     cdir = _class_dir(model_digest, options, target, shape_class)
     cdir.mkdir(parents=True, exist_ok=True)
     sizes = shape_class.symbols(shapes)
@@ -542,22 +543,28 @@ def _build_shared(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], o
     sub = hashlib.sha256(json.dumps([sorted((k, sizes[k]) for k in keyed), rendered.structure_digest]).encode())
     map_file = cdir / f"{sub.hexdigest()[:32]}.json.gz"
     stored = _read_json_gz(map_file)
-    changed = True
+    smap = values = None
     if stored is not None:
-        ref, slots = shape_slots.tokenize(stored["reference"]), tuple(stored["slots"])
-        smap = shape_slots.slot_map(ref, [], slots)
-        if smap is not None and smap.values(rendered) is not None:
-            changed = False
-        else:  # same structure, but a number the library fixed differs here: make it a slot too
-            smap = shape_slots.slot_map(ref, [rendered], slots)
+        try:
+            smap = shape_slots.SlotMap(stored["digest"], tuple(stored["slots"]), tuple(stored["fixed"]),
+                                       stored["source"])
+        except (KeyError, TypeError):
+            stored = None
+        else:
+            values = smap.values(rendered)
+            if values is None:  # same structure, but a number the library fixed differs here: a slot too
+                smap = shape_slots.slot_map(shape_slots.tokenize(stored["reference"]), [rendered], smap.slots)
     else:
         smap = shape_slots.slot_map(rendered, probes)
-    values = smap.values(rendered) if smap is not None else None
+    if smap is not None and values is None:
+        values = smap.values(rendered)
+        if values is not None:
+            reference = stored["reference"] if stored is not None else rendered.text
+            atomic_write(map_file, gzip.compress(json.dumps({
+                "digest": smap.structure_digest, "slots": list(smap.slots), "fixed": list(smap.fixed),
+                "source": smap.source, "reference": reference}).encode(), compresslevel=1))
     if smap is None or values is None:
         return None
-    if changed:
-        atomic_write(map_file, gzip.compress(json.dumps({"reference": (ref if stored is not None else rendered).text,
-                                                         "slots": list(smap.slots)}).encode()))
     try:
         lib_path, lib_pin = toolchain.shared_library(smap.source, name=g.name, target=target, sanitize=options.sanitize)
     except CompileError as exc:  # a slot in a constant expression: this class builds per shape

@@ -25,8 +25,8 @@ ort = pytest.importorskip("onnxruntime")
 RNG = np.random.default_rng(20261130)
 
 
-def _cnn() -> onnx.ModelProto:
-    w = lambda *s: (RNG.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
+def _cnn(rng: np.random.Generator = RNG) -> onnx.ModelProto:
+    w = lambda *s: (rng.standard_normal(s) * 0.3).astype(np.float32)  # noqa: E731
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c0"], pads=[1, 1, 1, 1]),
              helper.make_node("BatchNormalization", ["c0", "g", "be", "mu", "var"], ["c1"]),  # folded first
              helper.make_node("Relu", ["c1"], ["r1"]),
@@ -47,8 +47,8 @@ def _cnn() -> onnx.ModelProto:
     return model
 
 
-def _feeds(n: int) -> list[dict[str, np.ndarray]]:
-    return [{"x": RNG.standard_normal((1, 3, 12, 10)).astype(np.float32)} for _ in range(n)]
+def _feeds(n: int, rng: np.random.Generator = RNG) -> list[dict[str, np.ndarray]]:
+    return [{"x": rng.standard_normal((1, 3, 12, 10)).astype(np.float32)} for _ in range(n)]
 
 
 def _sqnr(ref: np.ndarray, got: np.ndarray) -> float:
@@ -109,8 +109,10 @@ def test_numeric_debug_names_a_planted_saturating_layer() -> None:
     value = numpy_helper.to_array(scale) / 50
     scale.CopyFrom(numpy_helper.from_array(value.astype(np.float32), scale.name))
     report = debug_report(model, _feeds(4), float_model=fp32)
-    worst = report.tensors[0]
+    # the tensors below r2 inherit its error (an SQNR as bad); the noise each adds itself names r2
+    worst = report.most_harmful()[0]
     assert worst.name == planted, report.format_text()
+    assert worst.sqnr_db <= min(t.sqnr_db for t in report.tensors) + 1.0
     assert worst.saturated > 0.2 * worst.elements, report.format_text()
     others = [t for t in report.tensors if t.name != planted]
     assert all(t.saturated < 0.01 * t.elements for t in others), report.format_text()

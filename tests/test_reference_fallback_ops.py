@@ -39,9 +39,14 @@ def test_one_hot_depth_of_one_element_any_rank(depth):
     np.testing.assert_array_equal(got[0], ort_run(model, feeds)[0])
 
 
-def test_one_hot_inside_a_loop_body():
+def test_one_hot_inside_a_loop_body(monkeypatch, tmp_path):
     """SLANet's shape: the OneHot sits in a Loop body, run by the fallback's Loop (here without a
-    condition input: three iterations, not none)."""
+    condition input: three iterations, not none). A constant trip count would unroll the Loop
+    natively (passes/unroll_loops.py): held off so the fallback's Loop is what runs."""
+    from smelt.passes import unroll_loops
+
+    monkeypatch.setattr(unroll_loops, "MAX_UNROLLED_NODES", 0)
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))  # the artifact key does not see the cap
     body = helper.make_graph(
         [helper.make_node("OneHot", ["idx", "depth", "values"], ["oh"], axis=-1),
          helper.make_node("Add", ["acc", "oh"], ["acc_out"]),

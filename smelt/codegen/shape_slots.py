@@ -194,4 +194,12 @@ def _runtime_tables(text: str) -> tuple[str, list[str]]:
                      f"      for (unsigned i = 0; i < {n}u; ++i) {name}[i] = init[i]; }}\n")
         return f"static {ctype} {name}[{n}]; /* filled by smelt_set_slots */"
 
-    return _TABLE.sub(swap, text), fills
+    text = _TABLE.sub(swap, text)
+    # a function's own constant table holding a slot: an automatic array (built per call; such
+    # tables are a kernel's few edge offsets)
+    text = _LOCAL_TABLE.sub(lambda m: m.group().replace("static const ", "const ", 1)
+                            if "smelt_si[" in m.group() or "smelt_sf[" in m.group() else m.group(), text)
+    return text, fills
+
+
+_LOCAL_TABLE = re.compile(r"(?<=[{;\n])[ \t]*static const \w+ \w+\[\d+\] = \{[^;{}]*\};")

@@ -53,6 +53,8 @@ STRUCTURAL_OPERANDS: dict[str, tuple[int, ...]] = {
     "Range": (0, 1, 2), "TopK": (1,), "OneHot": (1,), "CenterCropPad": (1,), "CumSum": (1,), "Trilu": (1,),
     "Col2Im": (1, 2), "MaxUnpool": (2,), "HannWindow": (0,), "AffineGrid": (1,),
     "HammingWindow": (0,), "BlackmanWindow": (0,), "MelWeightMatrix": (0, 1, 2, 3, 4),
+    "Dropout": (1, 2),  # ratio and training_mode: at ratio 0 or not training, a copy (masks.py)
+    "Loop": (0, 1),  # trip count and condition: constant ones let passes/unroll_loops.py unroll it
     **{op: (1,) for op in REDUCE_OPS},
 }
 

@@ -49,7 +49,8 @@ class OpTraits:
 UNARY_ELEMENTWISE = (
     "Relu", "Sigmoid", "Tanh", "Clip", "LeakyRelu", "HardSigmoid", "HardSwish", "Elu", "Selu",
     "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Softplus", "Softsign",
-    "Erf", "Sin", "Cos", "Identity", "Not", "Sign", "Round", "Mish", "Gelu", "Celu", "ThresholdedRelu",
+    "Erf", "Sin", "Cos", "Tan", "Acos", "Asin", "Atan", "Acosh", "Asinh", "Atanh", "Sinh", "Cosh", "Identity",
+    "Not", "Sign", "Round", "Mish", "Gelu", "Celu", "ThresholdedRelu",
 )
 BINARY_BROADCAST = (
     "Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "PRelu", "Equal", "Less", "Greater",

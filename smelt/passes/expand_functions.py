@@ -54,7 +54,9 @@ from smelt.frontend.onnx_import import attribute_value, node_to_onnx, op_version
 from smelt.frontend.validate import check_graph
 from smelt.ir.graph import Graph, Node, Value
 from smelt.ir.types import onnx_from_np_dtype
+from smelt.passes.compress_gather import compress_gather
 from smelt.passes.constant_folding import fold_constants
+from smelt.passes.einsum_matmul import einsum_matmul
 from smelt.passes.eliminate_identity import eliminate_identity
 from smelt.passes.shape_inference import infer_shapes
 
@@ -171,6 +173,9 @@ DECOMPOSITIONS: dict[tuple[str, int], Callable[[Graph, Node, int], onnx.Function
     ("LpNormalization", 22): _lp_normalization,
     ("Shrink", 9): _shrink,
     **{(op, v): _sum_or_mean for op in ("Sum", "Mean") for v in (6, 8, 13)},
+    ("Einsum", 12): einsum_matmul,  # float32 contractions with a batched-MatMul form
+    ("Compress", 9): compress_gather,  # a constant condition: a Gather
+    ("Compress", 11): compress_gather,
 }
 
 

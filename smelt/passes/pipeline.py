@@ -25,6 +25,7 @@ from smelt.passes.fuse_layernorm import fuse_layernorm
 from smelt.passes.inline_if import inline_constant_ifs
 from smelt.passes.lower_qdq import lower_qdq
 from smelt.passes.shape_inference import infer_shapes
+from smelt.passes.unroll_loops import unroll_loops
 
 Pass = Callable[[Graph], Graph]
 
@@ -40,11 +41,12 @@ def fold_to_fixpoint(g: Graph) -> Graph:
     condition is often such a Shape test whose taken branch then needs inference in turn.
     Validation follows each inference, before the next fold evaluates a node. A node no template
     runs is then expanded into its schema's function body where that runs natively (its shapes
-    are known only now; the body is folded and inferred by the next round)."""
+    are known only now; the body is folded and inferred by the next round); so is a Scan or Loop
+    of static length into its body once per iteration (``unroll_loops``)."""
     for _ in range(MAX_FOLD_ROUNDS):
         before = _fold_signature(g)
         g = check_graph(infer_shapes(eliminate_identity(inline_constant_ifs(fold_constants(g)))))
-        g = expand_functions(g)
+        g = unroll_loops(expand_functions(g))
         if _fold_signature(g) == before:
             break
     return g

@@ -163,6 +163,9 @@ class ConvSchedule:
     depthwise: DepthwiseKernel | None = None
     # "winograd": the transform-domain GEMM's register tile (J output blocks, R transform tiles)
     winograd_tile: tuple[int, int] = (0, 0)
+    # Winograd's code the same for every plane size (a shape class's graph, ``Graph.shape_generic``):
+    # the GEMM's tail and the band sizes at run time, edge tiles always checked
+    runtime_size: bool = False
 
     def __post_init__(self) -> None:
         assert self.algorithm in ALGORITHMS, self.algorithm
@@ -390,10 +393,6 @@ def winograd_choice(node: Node, g: Graph, target: Target, options: CompileOption
     lanes = vector_lanes(target)
     if not options.winograd or lanes not in NCHWC_BLOCKS:
         return ""
-    if g.shape_generic and options.winograd != "always":
-        # the Winograd kernels' code depends on the plane's size (ragged transform tiles, the
-        # GEMM's tail), so a shape class runs the direct kernel, whose code does not
-        return ""
     geo = ConvGeometry(node, g)
     ib = layout_block(g.values[node.inputs[0]].layout)
     ob = layout_block(g.values[node.outputs[0]].layout)
@@ -511,4 +510,5 @@ def finish(node: Node, g: Graph, target: Target, options: CompileOptions) -> Non
     node.schedule = replace(sched, algorithm="winograd" if order else "direct", tile=tile,
                             winograd_order=order, inplace_operand=inplace,
                             direct=None if order else direct_kernel(geo, tile, ib, target, options, g.shape_generic),
-                            winograd_tile=winograd_tile(target) if order else (0, 0))
+                            winograd_tile=winograd_tile(target) if order else (0, 0),
+                            runtime_size=bool(order) and g.shape_generic)

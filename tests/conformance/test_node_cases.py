@@ -40,7 +40,6 @@ def test_zoo_op_case(case: NodeCase) -> None:
 # docs/conformance.md). strict: when onnx.reference is fixed, the xfail turns into a failure.
 FALLBACK_ORACLE_BUGS = {
     "test_if_opt": "onnx.reference nests the If's optional(sequence) output in an extra list",
-    "test_scan_sum": "onnx.reference cannot run opset-8 Scan (and upgrading it changes the inputs)",
 }
 
 

@@ -143,8 +143,17 @@ def _all_nan_windows(out: str, b: int, scan: list[str], ind: str, any_inf: str |
     return [ind + line for line in body]
 
 
-def _c_ints(name: str, values: list[int]) -> str:
-    return f"static const int {name}[{len(values)}] = {{{', '.join(str(v) for v in values)}}};"
+def _tap_range(o: str, name: str, stride: int, pad: int, dil: int, size: int, kernel: int,
+               pad_end: int | None = None) -> str:
+    """C declaring ``{name}l`` / ``{name}h``: the taps [lo, hi) of output index ``o`` inside
+    [0, size) (``Geometry.valid_range``), or with ``pad_end`` inside the explicitly padded
+    extent [-pad, size + pad_end) (``Geometry.padded_count``). Computed, not tabled: the code is
+    the same for every size (codegen/shape_slots.py)."""
+    lo_edge, hi_edge = (0, size) if pad_end is None else (-pad, size + pad_end)
+    return (f"const long {name}s = (long){o} * {stride} - {pad}; "
+            f"const int {name}l = {name}s >= {lo_edge} ? 0 : (int)(({lo_edge} - {name}s + {dil - 1}) / {dil}); "
+            f"const long {name}e = {hi_edge} - {name}s <= 0 ? 0 : ({hi_edge} - {name}s + {dil - 1}) / {dil}; "
+            f"const int {name}h = {name}e < {name}l ? {name}l : {name}e > {kernel} ? {kernel} : (int){name}e;")
 
 
 @register(("MaxPool", "AveragePool"), versions=(10, 11, 12, 19, 22), check=_check_pool, name="pool_nchwc",
@@ -159,32 +168,38 @@ def emit_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     oh, ow = geo.outs
     is_max = node.op == "MaxPool"
     include_pad = bool(node.attr("count_include_pad", 0))
-    rows = [geo.valid_range(0, o) for o in range(oh)]
-    cols = [geo.valid_range(1, o) for o in range(ow)]
-    cnt_h = [geo.padded_count(0, o) if include_pad else hi - lo for o, (lo, hi) in enumerate(rows)]
-    cnt_w = [geo.padded_count(1, o) if include_pad else hi - lo for o, (lo, hi) in enumerate(cols)]
     sh, sw = geo.strides
     dh, dw = geo.dilations
     ph, pw = geo.pads_begin
+    kh_n, kw_n = geo.kernel
     total = n * (c // b) * oh
     init = "-INFINITY" if is_max else "0.0f"
     upd = "a[l] = v > a[l] ? v : a[l];" if is_max else "a[l] += v;"
-    fin = "" if is_max else "const float inv = 1.0f / (float)(CH[oy] * CW[ox]);"
-    store = "a[l]" if is_max else "a[l] * inv"
-    if not is_max:  # a true division, as onnxruntime does (x * (1/n) can differ in the last bit)
-        fin, store = "const float cnt = (float)(CH[oy] * CW[ox]);", "a[l] / cnt"
-    L = [f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};",
-         _c_ints("KHL", [lo for lo, _ in rows]), _c_ints("KHH", [hi for _, hi in rows]),
-         _c_ints("KWL", [lo for lo, _ in cols]), _c_ints("KWH", [hi for _, hi in cols])]
+    # a true division, as onnxruntime does (x * (1/n) can differ in the last bit)
+    fin = "" if is_max else "const float cnt = (float)(CH * CW);"
+    store = "a[l]" if is_max else "a[l] / cnt"
+    # each row's and column's taps inside the image (and, for an average, the divisor: taps
+    # inside the image, or inside the explicit padding with count_include_pad)
+    row_taps = _tap_range("oy", "KH", sh, ph, dh, ih, kh_n)
+    col_taps = _tap_range("ox", "KW", sw, pw, dw, iw, kw_n)
+    counts = ""
     if not is_max:
-        L += [_c_ints("CH", cnt_h), _c_ints("CW", cnt_w)]
+        if include_pad:
+            counts = (_tap_range("ox", "PW", sw, pw, dw, iw, kw_n, geo.pads_end[1])
+                      + " const int CH = PHh - PHl, CW = PWh - PWl;")
+        else:
+            counts = "const int CH = KHh - KHl, CW = KWh - KWl;"
+    L = [f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};"]
     L += [work_range(total, total > 1 and total * ow * b >= 4096, "lo", "hi"),
           "for (long it = lo; it < hi; ++it) {",
           f"    const long oy = it % {oh}, cbn = it / {oh};",
+          f"    {row_taps}",
           f"    const float *restrict xb = X + cbn * {ih * iw * b}L;",
           f"    float *restrict yr = Y + it * {ow * b}L;"]
-    window_scan = ["for (int kh = KHL[oy]; kh < KHH[oy]; ++kh)",
-                   "    for (int kw = KWL[ox]; kw < KWH[ox]; ++kw) {",
+    if not is_max and include_pad:
+        L.append("    " + _tap_range("oy", "PH", sh, ph, dh, ih, kh_n, geo.pads_end[0]))
+    window_scan = ["for (int kh = KHl; kh < KHh; ++kh)",
+                   "    for (int kw = KWl; kw < KWh; ++kw) {",
                    f"        const float *xp = xb + (oy * {sh} - {ph} + kh * {dh}) * {iw * b}L + (ox * {sw} - {pw} + kw * {dw}) * {b};",
                    f"        for (int l = 0; l < {b}; ++l) num[l] |= xp[l] == xp[l];",
                    "    }"]
@@ -199,8 +214,9 @@ def emit_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         kw_full = geo.kernel[1]
         L += [f"    for (int ox = 0; ox < {ow}; ++ox) {{",
               f"        {v.t} a = {v.set1('-INFINITY') if is_max else v.zero()};",
-              "        const int kwl = KWL[ox], kwh = KWH[ox];",
-              "        for (int kh = KHL[oy]; kh < KHH[oy]; ++kh) {",
+              f"        {col_taps} const int kwl = KWl, kwh = KWh;",
+              f"        {counts}",
+              "        for (int kh = KHl; kh < KHh; ++kh) {",
               f"            const float *xr = xb + (oy * {sh} - {ph} + kh * {dh}) * {iw * b}L + (ox * {sw} - {pw}) * {b};",
               f"            if (kwl == 0 && kwh == {kw_full}) {{",
               f"                for (int kw = 0; kw < {kw_full}; ++kw) a = {acc(v.load(f'xr + kw * {dw * b}'))};",
@@ -212,15 +228,17 @@ def emit_pool_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
             L.append(f"        {v.store(f'yr + ox * {b}', 'a')}")
             L += _all_nan_windows(f"yr + ox * {b}", b, window_scan, "        ", any_inf)
         else:  # a true division, as onnxruntime does
-            L.append(f"        {v.store(f'yr + ox * {b}', v.op('div', 'a', v.set1('(float)(CH[oy] * CW[ox])')))}")
+            L.append(f"        {v.store(f'yr + ox * {b}', v.op('div', 'a', v.set1('(float)(CH * CW)')))}")
         L += ["    }", "}"]
     else:
         L += [f"    for (int ox = 0; ox < {ow}; ++ox) {{",
               f"        float a[{b}];",
+              f"        {col_taps}",
+              f"        {counts}",
               f"        for (int l = 0; l < {b}; ++l) a[l] = {init};",
-              "        for (int kh = KHL[oy]; kh < KHH[oy]; ++kh) {",
+              "        for (int kh = KHl; kh < KHh; ++kh) {",
               f"            const float *xr = xb + (oy * {sh} - {ph} + kh * {dh}) * {iw * b}L;",
-              "            for (int kw = KWL[ox]; kw < KWH[ox]; ++kw) {",
+              "            for (int kw = KWl; kw < KWh; ++kw) {",
               f"                const float *xp = xr + (ox * {sw} - {pw} + kw * {dw}) * {b};",
               f"                for (int l = 0; l < {b}; ++l) {{ const float v = xp[l]; {upd} }}",
               "            }",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter, c_literal
-from smelt.codegen.kernels import half
+from smelt.codegen.kernels import half, vtrig
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS, broadcast_strides, elementwise_loop
 from smelt.codegen.kernels.epilogue import (
     ACTIVATIONS,
@@ -112,6 +112,16 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
         "Sin": f"{f('sin')}({x})",
         "Cos": f"{f('cos')}({x})",
         "Tan": f"{f('tan')}({x})",
+        # inverse and hyperbolic trigonometry: libm, correctly rounded to < 1 ulp, NaN outside
+        # the domain (acos(2), acosh(0.5), atanh(2)) and +-Inf at atanh(+-1), as onnxruntime
+        "Acos": f"{f('acos')}({x})",
+        "Asin": f"{f('asin')}({x})",
+        "Atan": f"{f('atan')}({x})",
+        "Acosh": f"{f('acosh')}({x})",
+        "Asinh": f"{f('asinh')}({x})",
+        "Atanh": f"{f('atanh')}({x})",
+        "Sinh": f"{f('sinh')}({x})",
+        "Cosh": f"{f('cosh')}({x})",
         "Softplus": f"({x} > {_lit(20, dtype)} ? {x} : {f('log1p')}({f('exp')}({x})))",
         "Softsign": f"({x} / ({one} + {f('fabs')}({x})))",
         "Elu": f"({x} >= {zero} ? {x} : {a('alpha', 1.0)} * ({f('exp')}({x}) - {one}))",
@@ -129,7 +139,8 @@ def _unary_expr(node: Node, g: Graph, x: str, dtype: str) -> str | None:
 
 
 UNARY_OPS = ("Identity", "Relu", "Neg", "Abs", "Sign", "Not", "BitwiseNot", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt",
-             "Reciprocal", "Floor", "Ceil", "Round", "Erf", "Sin", "Cos", "Tan", "Softplus", "Softsign",
+             "Reciprocal", "Floor", "Ceil", "Round", "Erf", "Sin", "Cos", "Tan", "Acos", "Asin",
+             "Atan", "Acosh", "Asinh", "Atanh", "Sinh", "Cosh", "Softplus", "Softsign",
              "LeakyRelu", "Elu", "Celu", "Selu", "ThresholdedRelu", "HardSigmoid", "HardSwish", "Mish", "Gelu")
 
 
@@ -152,7 +163,9 @@ def _check_unary(node: Node, g: Graph) -> str | None:
 # float32 activations computed with the target's vector math (csrc/smelt_vec.h, the functions
 # the fused epilogues and the RNN call): glibc's tanhf costs ~95 ns an element against ~3 for
 # a vector lane, which was a quarter of a file-type classifier's time (magika)
-VECTOR_MATH_OPS = ("Sigmoid", "Tanh", "Exp", "Gelu")
+VECTOR_MATH_OPS = ("Sigmoid", "Tanh", "Exp", "Gelu", "Asin", "Acos", "Atan")
+# inverse trigonometry: kernels/vtrig.py (libm's were 20-40x slower than onnxruntime's Eigen ones)
+VTRIG_OPS = {"Asin": "asin", "Acos": "acos", "Atan": "atan"}
 
 
 def _vector_math(node: Node, g: Graph, em: BlockEmitter) -> str | None:
@@ -165,6 +178,9 @@ def _vector_math(node: Node, g: Graph, em: BlockEmitter) -> str | None:
         return None
     if node.op == "Exp":
         return f"{v.exp_fn}(xv)"
+    if node.op in VTRIG_OPS:
+        em.function(f"vtrig_{v.name}", vtrig.source(v))
+        return f"{vtrig.fn_name(VTRIG_OPS[node.op], v)}(xv)"
     return vector_unary_expr(v, activation_step(node), "xv")
 
 

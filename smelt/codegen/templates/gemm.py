@@ -98,7 +98,8 @@ def emit_gemm(node: Node, g: Graph, em: BlockEmitter) -> None:
     a_shape, b_shape = _shape(g, a_name), _shape(g, b_name)
     m, k = (a_shape[1], a_shape[0]) if ta else a_shape
     n = b_shape[0] if tb else b_shape[1]
-    blk = blocking_for(em.target, m, n, 1, em.n_threads)
+    # a shape class's GEMM: the same blocking for every M (no matrix-vector special case)
+    blk = blocking_for(em.target, None if _schedule(node).runtime_shape else m, n, 1, em.n_threads)
     y = node.outputs[0]
     ops: list[TileOp] = []
     if alpha != 1.0:
@@ -187,7 +188,7 @@ def emit_matmul(node: Node, g: Graph, em: BlockEmitter) -> None:
     n = sb2[-1]
     batch = tuple(int(d) for d in np.broadcast_shapes(sa2[:-2], sb2[:-2]))
     items = int(np.prod(batch, dtype=np.int64)) if batch else 1
-    blk = blocking_for(em.target, m, n, items, em.n_threads)
+    blk = blocking_for(em.target, None if _schedule(node).runtime_shape else m, n, items, em.n_threads)
     a_bs = _batch_strides(sa2[:-2], batch, m * k)
     b_bs = _batch_strides(sb2[:-2], batch, k * n)
     b_const = g.const(b_name)

@@ -319,7 +319,9 @@ def _check_gather(node: Node, g: Graph) -> str | None:
     return None
 
 
-@register("Gather", versions=(11, 13), check=_check_gather, name="gather")
+# Gather-1 differs from 11 only in leaving negative indices unspecified (onnxruntime's one kernel
+# serves both and wraps them, as here); it appears where a model stays below opset 11 (Scan-8)
+@register("Gather", versions=(1, 11, 13), check=_check_gather, name="gather")
 def emit_gather(node: Node, g: Graph, em: BlockEmitter) -> None:
     data, idx = node.inputs
     y = node.outputs[0]

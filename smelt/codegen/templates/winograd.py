@@ -104,6 +104,7 @@ class _Gen:
         l2 = em.target.l2_bytes
         tile_bytes = 16 * (geo.c + geo.oc) * 4  # V and M bytes per transform tile
         self.banded = sched.winograd_order == "banded"
+        self.runtime_size = sched.runtime_size
         if self.banded:
             # bands of whole tile rows, a multiple of the thread count per image (balanced split),
             # each band's V and M within a quarter of L2
@@ -182,7 +183,7 @@ class _Gen:
                   f"        {v.t} y{k}1 = {v.op('sub', v.op('sub', f's{k}1', f's{k}2'), f's{k}3')};"]
         offs = {(k, m): str(k * self.OW * L16 + m * L16) for k in range(2) for m in range(2)}
         body = [x for km, off in offs.items() for x in self._store(f"y{km[0]}{km[1]}", off)]
-        if self.OH % 2 == 0 and self.OW % 2 == 0:
+        if self.OH % 2 == 0 and self.OW % 2 == 0 and not self.runtime_size:
             L += ["        " + x for x in body]
         else:  # odd planes: the last tile row / column stores only what lies inside
             L.append(f"        const int full_cols = tx * 2 + 1 < {self.OW};")
@@ -228,9 +229,22 @@ class _Gen:
                       f"Winograd GEMM tile {jt} output blocks x {width} transform tiles; C={self.geo.c}, "
                       f"buffer of {self.TB} tiles")
 
-    def gemm_calls(self, jt: int, count: int) -> list[str]:
-        """Micro-tiles over ``count`` transform tiles (full register tiles, then the rest)."""
+    def gemm_calls(self, jt: int, count: int | str) -> list[str]:
+        """Micro-tiles over ``count`` transform tiles (full register tiles, then the rest); with
+        ``runtime_size`` ``count`` may be a C expression and the rest is cut into tiles of 2^k
+        columns by its bits, so the code is the same for every count."""
         R, L16 = self.R, self.L
+        if self.runtime_size:
+            calls = [f"{{ const long cnt = {count}; long t0 = 0;",
+                     f"  for (; t0 + {R} <= cnt; t0 += {R}) {self.gemm_tile(jt, R)}(vb + t0 * {L16}, u, m + t0 * {L16});",
+                     "  const long rem = cnt - t0;"]
+            w = 1 << max(0, (R - 1).bit_length() - 1) if R > 1 else 0
+            while w:
+                calls.append(f"  if (rem & {w}) {{ {self.gemm_tile(jt, w)}(vb + t0 * {L16}, u, m + t0 * {L16}); "
+                             f"t0 += {w}; }}")
+                w //= 2
+            return calls + ["}"]
+        assert isinstance(count, int)
         calls = []
         full = count // R * R
         if full:
@@ -241,7 +255,7 @@ class _Gen:
             calls.append(f"{fn}(vb + {full * L16}, u, m + {full * L16});")
         return calls
 
-    def gemm_item(self, count: int) -> list[str]:
+    def gemm_item(self, count: int | str) -> list[str]:
         """One (e, oc tile) GEMM over ``count`` tiles, ``t``/``vb``/``u``/``m`` in scope."""
         oct_ = -(-self.OCB // self.J)
         ragged = self.OCB % self.J
@@ -319,7 +333,9 @@ class _Gen:
              f"        for (long e = 0; e < 16; ++e) for (long t = 0; t < {oct_}; ++t) {{"]
         L += self.gemm_pointers("            ")
         rows = self.band_rows
-        if len(rows) == 1:
+        if self.runtime_size:  # the band's tile count at run time (one code for every band size)
+            L += ["            " + x for x in self.gemm_item(f"(ty1 - ty0) * {self.TW}")]
+        elif len(rows) == 1:
             L += ["            " + x for x in self.gemm_item(rows[0] * self.TW)]
         else:
             for i, r in enumerate(rows):
