@@ -44,7 +44,12 @@ from smelt.schedule.conv import (
     prefers_gemm,
     vector_lanes,
 )
+from smelt.schedule.int_conv import int_block, int_conv_schedule, int_nchwc_reason, relu_zero_point
 from smelt.target import Target
+
+# dtypes a value may be blocked in: float32, and the 8-bit activations between blocked int8
+# convolutions (``int_block``'s layout, same NCHW<b>c indexing, one byte per element)
+BLOCKED_DTYPES = ("float32", "uint8", "int8")
 
 # a conv's tile for the input block that arrives, and where it came from ("forced", "tuned"), or None
 ScheduleFn = Callable[[Node, Graph, int], "tuple[NchwcSchedule, str] | None"]
@@ -59,6 +64,8 @@ class _Planner:
         self.out: list[Node] = []
         self.converted: dict[tuple[str, str], str] = {}
         self.pending: list[tuple[tuple[str, str], Node, Value]] = []
+        self.consumers = g.consumers()
+        self.skip: set[str] = set()  # nodes fused away while planning (a quantized ReLU's Max)
 
     # -- transforms --------------------------------------------------------------------
     def convert(self, name: str, layout: str) -> str:
@@ -94,7 +101,7 @@ class _Planner:
     def can_block(self, name: str, layout: str) -> bool:
         v = self.g.values[name]
         return (v.shape is not None and len(v.shape) == 4 and v.is_static and v.const is None
-                and v.dtype is not None and np.dtype(v.dtype) == np.float32
+                and v.dtype is not None and np.dtype(v.dtype).name in BLOCKED_DTYPES
                 and int(v.shape[1]) % layout_block(layout) == 0)
 
     # -- nodes ----------------------------------------------------------------------------
@@ -145,6 +152,67 @@ class _Planner:
         self.commit()
         return True
 
+    def int_conv(self, node: Node) -> bool:
+        """QLinearConv on the blocked int8 kernel (schedule/int_conv.py): it reads its input in
+        whatever layout arrives (copying it when it must), fuses a following quantized ReLU
+        (``Max(y, y_zero_point)``), and writes NCHW<b>c when every reader takes that layout,
+        else plain (so no int8 LayoutTransform is needed before a plain-only reader)."""
+        g = self.g
+        if node.name in self.force_fallback or int_nchwc_reason(node, g, self.target) is not None:
+            return False
+        y = node.outputs[0]
+        readers = self.consumers.get(y, [])
+        relu = (len(readers) == 1 and readers[0].name not in self.force_fallback
+                and relu_zero_point(node, g, readers[0]))
+        out = readers[0].outputs[0] if relu else y
+        block = int_block(self.target)
+        assert block is not None
+        in_block = layout_block(g.values[node.inputs[0]].layout)
+        node.schedule = int_conv_schedule(node, g, self.target, in_block, relu)
+        blocked = (int(g.values[out].shape[1]) % block == 0 and out not in g.outputs
+                   and self._int8_readers_take(out, blocked_layout(block)))
+        node.outputs = [out]
+        g.values[out].layout = blocked_layout(block) if blocked else PLAIN
+        tpl, _ = find_template(node, g)
+        if tpl is None or tpl.name != "int_conv_nchwc":  # should not happen: stay on the NCHW kernel
+            node.outputs = [y]
+            g.values[out].layout = PLAIN
+            node.schedule = None
+            return False
+        if relu:
+            self.skip.add(readers[0].name)
+            g.values.pop(y, None)
+        return True
+
+    def _int8_readers_take(self, name: str, layout: str) -> bool:
+        """Every reader of ``name`` runs natively with it in ``layout``: another blocked int8
+        conv, or a node whose template accepts it with its other inputs of the same shape and
+        its 4-D outputs in that layout too (an element-wise int8 op on two such inputs, a
+        per-tensor DequantizeLinear, an 8-bit MaxPool; tried, then undone)."""
+        g = self.g
+        readers = self.consumers.get(name, [])
+        if not readers:
+            return False
+        for r in readers:
+            if r.name in self.force_fallback:
+                return False
+            if r.op == "QLinearConv" and r.inputs[0] == name and int_nchwc_reason(r, g, self.target) is None:
+                continue
+            shape = g.values[name].shape
+            same = [i for i in r.all_inputs() if i in g.values and g.values[i].const is None
+                    and g.values[i].shape == shape and self.can_block(i, layout)]
+            # and its outputs that can hold the layout (an element-wise reader or a pool keeps it)
+            same += [o for o in r.outputs if o and o not in g.outputs and self.can_block(o, layout)]
+            saved = {i: g.values[i].layout for i in same}
+            for i in same:
+                g.values[i].layout = layout
+            tpl, _ = find_template(r, g)
+            for i, lay in saved.items():
+                g.values[i].layout = lay
+            if tpl is None:
+                return False
+        return True
+
     def try_layouts(self, node: Node, in_layout: str | None, out_layout: str | None) -> bool:
         """Convert data inputs to ``in_layout`` (None: keep), give outputs ``out_layout`` where
         they can hold it; keep it if some template accepts the result."""
@@ -189,6 +257,11 @@ class _Planner:
 
     def run(self) -> Graph:
         for node in list(self.g.nodes):
+            if node.name in self.skip:
+                continue
+            if node.op == "QLinearConv" and self.int_conv(node):
+                self.out.append(node)
+                continue
             if node.op == "Conv" and node.domain in ("", "ai.onnx") and node.name not in self.force_fallback:
                 if prefers_gemm(node, self.g, self.target, self.options):  # the per-layer algorithm choice
                     self.all_plain(node)

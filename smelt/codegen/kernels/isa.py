@@ -185,6 +185,12 @@ class VectorIsa:
         return ""
 
 
+# the integer kernels' operand broadcast (``word_set1``, int_conv_nchwc): the four bytes at {p} (u8
+# quads, or two int16 of a pair; any alignment: through memcpy, which gcc turns into one load) as
+# the int32 of every lane
+_LOAD32 = "({{ int32_t w_; __builtin_memcpy(&w_, (const void *)({p}), 4); w_; }})"
+
+
 AVX512 = VectorIsa(
     rnn_header="rnn_vec_avx512.h",
     name="avx512", lanes=16, registers=32, vtype="__m512", prefix="_mm512", mask_type="__mmask16",
@@ -216,7 +222,20 @@ AVX512 = VectorIsa(
            ("gather", "_mm512_mask_i32gather_ps({a}, {m}, {i}, {p}, 4)"),  # {p}[{i}] in lanes {m}, else {a}
            # {c} + per int32 lane the two int16 products of {a} and {b} summed (exact: no
            # saturation); VNNI hosts fuse it (``with_int_dot``)
-           ("i16_dot_acc", "_mm512_add_epi32({c}, _mm512_madd_epi16({a}, {b}))")))
+           ("i16_dot_acc", "_mm512_add_epi32({c}, _mm512_madd_epi16({a}, {b}))"),
+           ("u8s7_dot_acc", "_mm512_add_epi32({c}, _mm512_madd_epi16(_mm512_maddubs_epi16({a}, {b}), "
+                            "_mm512_set1_epi16(1)))"),
+           ("word_set1", "_mm512_set1_epi32(" + _LOAD32 + ")"),
+           ("i32_to_f32", "_mm512_cvtepi32_ps({a})"),
+           ("f32_round_even", "_mm512_roundscale_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
+           ("f32_to_i32", "_mm512_cvttps_epi32({a})"),
+           # int32 lane counters {c} plus one where {a} is not >= {b} (NaN counts) / where {a} > {b}
+           ("f32_nge_count", "_mm512_mask_add_epi32({c}, _mm512_cmp_ps_mask({a}, {b}, _CMP_NGE_UQ), {c}, "
+                             "_mm512_set1_epi32(1))"),
+           ("f32_gt_count", "_mm512_mask_add_epi32({c}, _mm512_cmp_ps_mask({a}, {b}, _CMP_GT_OQ), {c}, "
+                            "_mm512_set1_epi32(1))"),
+           # int32 lanes already within [0, 255] stored as bytes at {p}
+           ("i32_store_u8", "_mm_storeu_si128((__m128i *)({p}), _mm512_cvtepi32_epi8({a}));")))
 
 AVX2 = VectorIsa(
     rnn_header="rnn_vec_avx2.h",
@@ -233,8 +252,24 @@ AVX2 = VectorIsa(
     extra=(("itype", "__m256i"),
            ("i32_set1", "_mm256_set1_epi32({a})"),
            ("i32_loadu", "_mm256_loadu_si256((const __m256i *)({p}))"),
+           ("i32_add", "_mm256_add_epi32({a}, {b})"),
            ("i32_storeu", "_mm256_storeu_si256((__m256i *)({p}), {a});"),
-           ("i16_dot_acc", "_mm256_add_epi32({c}, _mm256_madd_epi16({a}, {b}))")))
+           ("i16_dot_acc", "_mm256_add_epi32({c}, _mm256_madd_epi16({a}, {b}))"),
+           # u8 x s8 quads through vpmaddubsw, whose int16 pair sums saturate: exact ONLY for
+           # weights in [-64, 63] (2 * 255 * 64 <= 32767); the schedule checks the constant weights
+           ("u8s7_dot_acc", "_mm256_add_epi32({c}, _mm256_madd_epi16(_mm256_maddubs_epi16({a}, {b}), "
+                            "_mm256_set1_epi16(1)))"),
+           ("word_set1", "_mm256_set1_epi32(" + _LOAD32 + ")"),
+           ("i32_to_f32", "_mm256_cvtepi32_ps({a})"),
+           ("f32_round_even", "_mm256_round_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
+           ("f32_to_i32", "_mm256_cvttps_epi32({a})"),
+           # a true compare lane is all ones (-1): subtracting it counts one
+           ("f32_nge_count", "_mm256_sub_epi32({c}, _mm256_castps_si256(_mm256_cmp_ps({a}, {b}, _CMP_NGE_UQ)))"),
+           ("f32_gt_count", "_mm256_sub_epi32({c}, _mm256_castps_si256(_mm256_cmp_ps({a}, {b}, _CMP_GT_OQ)))"),
+           # no vpmovdb before AVX-512: saturating packs (exact for in-range lanes), two dwords out
+           ("i32_store_u8", "{{ __m256i t_ = _mm256_packs_epi32({a}, {a}); t_ = _mm256_packus_epi16(t_, t_); "
+                            "int32_t l_ = _mm256_cvtsi256_si32(t_), h_ = _mm256_extract_epi32(t_, 4); "
+                            "__builtin_memcpy({p}, &l_, 4); __builtin_memcpy((char *)({p}) + 4, &h_, 4); }}")))
 
 # AVX-512 hosts running 8-channel (ymm) blocks: the AVX2 spelling (vector masks, blendv: the code
 # those blocks always had) with AVX-512's 32 registers and embedded broadcast

@@ -2,7 +2,7 @@
 pooling, global pooling and BatchNormalization.
 
 - ``LayoutTransform`` (domain ai.smelt, attributes ``src``/``dst`` layout names): re-blocks a
-  4-D float32 value between plain NCHW and NCHW<b>c (or between two block sizes). Work items are
+  4-D float32 (or 8-bit integer) value between plain NCHW and NCHW<b>c (or between two block sizes). Work items are
   (image, output channel block, run of 64 positions); the inner loops move a b x 64 tile so
   reads and writes both stay within a few cache lines.
 - ``MaxPool`` / ``AveragePool`` (2-D, float32): one output row per work item; per output the
@@ -36,6 +36,7 @@ from smelt.codegen.kernels.pool_geometry import geometry
 from smelt.codegen.registry import SMELT_DOMAIN, register
 from smelt.ir.graph import PLAIN, Graph, Node
 from smelt.ir.graph import layout_block as block_of
+from smelt.ir.types import c_type
 from smelt.target import Target
 
 
@@ -50,10 +51,15 @@ def _dims(g: Graph, name: str) -> list[int]:
 # ------------------------------------------------------------------------------------------
 # LayoutTransform
 # ------------------------------------------------------------------------------------------
+# float32, and the 8-bit activations of the blocked int8 convolution (int_conv_nchwc.py)
+TRANSFORM_DTYPES = ("float32", "uint8", "int8")
+
+
 def _check_transform(node: Node, g: Graph) -> str | None:
     x, y = node.inputs[0], node.outputs[0]
-    if not _f32(g, x, y):
-        return "LayoutTransform is float32 only"
+    dtypes = {np.dtype(g.values[n].dtype).name if g.values[n].dtype is not None else None for n in (x, y)}
+    if len(dtypes) != 1 or not dtypes <= set(TRANSFORM_DTYPES):
+        return f"LayoutTransform moves one dtype of {TRANSFORM_DTYPES}"
     xs, ys = _dims(g, x), _dims(g, y)
     if xs != ys or len(xs) != 4:
         return f"LayoutTransform needs one 4-D shape ({xs} -> {ys})"
@@ -69,6 +75,7 @@ def emit_layout_transform(node: Node, g: Graph, em: BlockEmitter) -> None:
     n, c, h, w = _dims(g, x)
     hw = h * w
     bi, bo = block_of(g.values[x].layout), block_of(g.values[y].layout)
+    ct = c_type(g.values[x].dtype)
     P = 64
     chunks = -(-hw // P)
     total = n * (c // bo) * chunks
@@ -76,7 +83,7 @@ def emit_layout_transform(node: Node, g: Graph, em: BlockEmitter) -> None:
     src = f"((nn * {c // bi} + ch / {bi}) * {hw}L + p) * {bi} + ch % {bi}"
     dst = f"((nn * {c // bo} + cb) * {hw}L + p) * {bo} + l"
     code = "\n".join([
-        f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};",
+        f"const {ct} *restrict X = {em.ptr(x)}; {ct} *restrict Y = {em.ptr(y)};",
         work_range(total, total > 1 and n * c * hw >= 4096, "lo", "hi"),
         "for (long it = lo; it < hi; ++it) {",
         f"    const long q = it % {chunks}, cb = (it / {chunks}) % {c // bo}, nn = it / {chunks * (c // bo)};",

@@ -37,6 +37,7 @@ from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node
 from smelt.ir.types import c_type
 from smelt.schedule.gemm import PARALLEL_MIN_MACS, int_dot_tile
+from smelt.schedule.int_conv import IntConvSchedule
 
 EIGHT_BIT = ("int8", "uint8")
 
@@ -74,6 +75,8 @@ def _geometry(node: Node, g: Graph, io: dict[str, str]) -> dict | str:
 
 
 def _check(node: Node, g: Graph) -> str | None:
+    if isinstance(node.schedule, IntConvSchedule):  # the layout planner gave it to int_conv_nchwc
+        return "scheduled for the blocked int8 kernel (int_conv_nchwc)"
     io = _io(node)
     names = [n for n in node.inputs + node.outputs if n]
     if any(g.values[n].layout != PLAIN for n in names):

@@ -58,9 +58,14 @@ def _operand_shape(node: Node, g: Graph, name: str, data_rank: int) -> list[int]
 
 
 def _common_reason(node: Node, g: Graph, data: str, out: str) -> str | None:
-    names = [n for n in node.inputs + node.outputs if n]
+    names = [n for n in node.inputs[1:] if n]
     if any(g.values[n].layout != PLAIN for n in names):
-        return f"{node.op} reads plain layouts only"
+        return f"{node.op} takes plain scales and zero points"
+    if g.values[data].layout != g.values[out].layout:
+        return f"{node.op} keeps its data's layout"
+    if g.values[data].layout != PLAIN and any(int(np.prod(g.values[n].shape, dtype=np.int64)) != 1 for n in names):
+        # per tensor, the op is element by element: any layout, as long as both sides share it
+        return f"{node.op} on a blocked layout is per-tensor only"
     if int(node.attr("block_size", 0)) != 0:
         return "blocked quantization (block_size > 0) is not native"
     scale = node.inputs[1]
@@ -75,7 +80,6 @@ def _common_reason(node: Node, g: Graph, data: str, out: str) -> str | None:
     if len(node.inputs) > 2 and node.inputs[2] and (
             _operand_shape(node, g, node.inputs[2], rank) != _operand_shape(node, g, scale, rank)):
         return "zero point and scale have different shapes"
-    del out
     return None
 
 
@@ -110,7 +114,7 @@ def _operands(node: Node, g: Graph) -> tuple[list[list[int]], str, str]:
     return shapes, "S[{1}]", "(int32_t)Z[{2}]" if has_zp else "0"  # type: ignore[return-value]
 
 
-@register("QuantizeLinear", check=_check_quantize, name="quantize_linear")
+@register("QuantizeLinear", check=_check_quantize, name="quantize_linear", blocked=True)
 def emit_quantize(node: Node, g: Graph, em: BlockEmitter) -> None:
     x, s, y = node.inputs[0], node.inputs[1], node.outputs[0]
     lo, hi = _range(dtype_name(g, y))
@@ -133,7 +137,7 @@ def emit_quantize(node: Node, g: Graph, em: BlockEmitter) -> None:
             f"{{ int64_t *sat = {counter}; sat[0] += nlo; sat[1] += nhi; }}")
 
 
-@register("DequantizeLinear", check=_check_dequantize, name="dequantize_linear")
+@register("DequantizeLinear", check=_check_dequantize, name="dequantize_linear", blocked=True)
 def emit_dequantize(node: Node, g: Graph, em: BlockEmitter) -> None:
     x, s, y = node.inputs[0], node.inputs[1], node.outputs[0]
     shapes, scale, zp = _operands(node, g)

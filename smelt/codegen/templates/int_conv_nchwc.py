@@ -1,0 +1,232 @@
+"""QLinearConv on the blocked int8 layout: uint8 activations in NCHW<b>c (b = the ISA's int32
+lanes), int8 weights packed at compile time, requantization and a fused ReLU in the epilogue.
+
+Renders the ``IntConvSchedule`` the layout planner wrote (``schedule/int_conv.py``):
+- **input**: read in place when it is already NCHW<b>c and unpadded; else one step first copies
+  it (from plain or any block) into a buffer [N][C/ib][H + pads][W + pads][ib] whose border and
+  padding hold the input zero point (channels past C hold 0; their weights are 0), so the kernel
+  has no bounds checks and padded taps contribute exactly what onnxruntime's zero-point padding
+  does;
+- **kernel**: per work item (image, group of nv output-channel vectors, output row, run of rw
+  output pixels) an nv x rw register tile of int32 sums over (input block, ky, kx, word): for
+  each word, nv weight vectors (lanes = output channels, each lane holding the word's group_k
+  input channels) and one broadcast of the pixel's group_k input bytes per output pixel, then
+  the ISA's dot the schedule chose: vpdpbusd (u8 x s8 quads, VNNI), vpmaddubsw + vpmaddwd (u8 x
+  7-bit quads, exact on weights in [-64, 63]) or vpmaddwd (int16 pairs: the copy widens the
+  input bytes to uint16 so one 32-bit broadcast is a pair; the weights are int16). Raw input bytes go in; the input zero point comes off as ``x_zero * sum(W[o])``,
+  folded with the int32 bias into one per-channel constant at compile time;
+- **epilogue**: ``(float)(acc + bias') * m[o]``, m[o] = (x_scale * w_scale[o]) / y_scale
+  computed in float32 at compile time exactly as the scalar rule does (``requantize`` in
+  kernels/int_gemm.py), rounded half to even, plus the output zero point, clamped to the type's
+  range (NaN low) — and for a fused ReLU at the zero point —; clamps counted for the numeric
+  debug counters; stored as bytes to NCHW<b>c, or scattered to plain NCHW.
+
+Bit-exact with the NCHW template (int_conv.py) and so with onnxruntime's QLinearConv.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels.int_gemm import flush_counters
+from smelt.codegen.registry import register
+from smelt.ir.graph import PLAIN, Graph, Node, layout_block
+from smelt.schedule.gemm import PARALLEL_MIN_MACS
+from smelt.schedule.int_conv import (
+    QUAD,
+    IntConvSchedule,
+    flattened,
+    geometry,
+    int_isa,
+    int_nchwc_reason,
+)
+
+
+def _check(node: Node, g: Graph) -> str | None:
+    s = node.schedule
+    if not isinstance(s, IntConvSchedule):
+        return "not scheduled for the blocked int8 kernel (schedule/int_conv.py)"
+    geo = geometry(node, g)
+    if isinstance(geo, str):
+        return geo
+    xb = layout_block(g.values[node.inputs[0]].layout)
+    yb = layout_block(g.values[node.outputs[0]].layout)
+    if geo.c % xb or (not s.copy_input and xb != s.ib):
+        return f"input block {xb} is not what the schedule reads"
+    if yb not in (1, s.block) or geo.oc % yb:
+        return f"output block {yb} (schedule block {s.block}, {geo.oc} channels)"
+    if any(g.values[n].layout != PLAIN for n in node.inputs[1:] if n):
+        return "parameters must be plain"
+    return None
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32).reshape(-1)
+
+
+@register("QLinearConv", check=_check, name="int_conv_nchwc", blocked=True)
+def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
+    s: IntConvSchedule = node.schedule
+    geo = geometry(node, g)
+    assert not isinstance(geo, str) and int_nchwc_reason(node, g, em.target) is None
+    if s.flat:  # one row of H * W pixels
+        geo = flattened(geo)
+    v = int_isa(em.target)
+    it, L, gk, ib, nv, rw = v.x("itype"), s.block, s.group_k, s.ib, s.nv, s.rw
+    ins = list(node.inputs) + [""] * 9
+    x, y = ins[0], node.outputs[0]
+    c, oc, kh, kw = geo.c, geo.oc, geo.kh, geo.kw
+    cb = -(-c // ib)
+    q_words = ib // gk
+    ocg = -(-oc // (nv * L))
+    ocp, cp = ocg * nv * L, cb * ib
+
+    # -- compile-time constants --------------------------------------------------------------
+    w = np.asarray(g.values[ins[3]].const).astype(np.int8)
+    wpad = np.zeros((ocp, cp, kh, kw), np.int8)
+    wpad[:oc, :c] = w
+    # [ocg][icb][ky][kx][word][vector][lane][group_k]: one vector per (word, vector)
+    packed = wpad.reshape(ocg, nv, L, cb, q_words, gk, kh, kw).transpose(0, 3, 6, 7, 4, 1, 2, 5)
+    packed = np.ascontiguousarray(packed).astype(np.int8 if gk == QUAD else np.int16)
+    xz = int(np.asarray(g.values[ins[2]].const).reshape(-1)[0]) if ins[2] else 0
+    bias = np.zeros(ocp, np.int64)
+    if ins[8]:
+        bias[:oc] = np.asarray(g.values[ins[8]].const).astype(np.int64).reshape(-1)
+    bias[:oc] -= xz * w.astype(np.int64).reshape(oc, -1).sum(axis=1)  # the zero point's share
+    assert np.all(np.abs(bias) < 2**31)
+    ws = _f32(g.values[ins[4]].const)
+    mult = np.zeros(ocp, np.float32)
+    # the scalar rule's (x_scale * w_scale[o]) / y_scale, in float32 step by step
+    mult[:oc] = (_f32(g.values[ins[1]].const)[0] * np.broadcast_to(ws, (oc,))) / _f32(g.values[ins[6]].const)[0]
+    ydt = np.dtype(g.values[y].dtype).name
+    info = np.iinfo(np.dtype(ydt))
+    yz = int(np.asarray(g.values[ins[7]].const).reshape(-1)[0]) if ins[7] else 0
+    lo_clamp = max(int(info.min), yz) if s.relu else int(info.min)
+    yt = "uint8_t"
+    # what the kernel reads: bytes for quads; for pairs each byte widened to uint16 by the copy
+    st, esize = ("uint8_t", 1) if gk == QUAD else ("uint16_t", 2)
+    wt = "int8_t" if gk == QUAD else "int16_t"
+
+    # -- the input the kernel reads ----------------------------------------------------------
+    xb = layout_block(g.values[x].layout)
+    if s.copy_input:
+        hs = max(geo.h + geo.pt + geo.pb, (geo.oh - 1) * geo.sh + (kh - 1) * geo.dh + 1)
+        wsz = max(geo.w + geo.pl + geo.pr, (geo.ow - 1) * geo.sw + (kw - 1) * geo.dw + 1)
+        src = em.scratch(geo.n * cb * hs * wsz * ib * esize, "uint8" if gk == QUAD else "uint16")
+        rows = geo.n * cb * hs
+        xin = (f"X[(((ni * {c // xb} + ch / {xb}) * {geo.h} + iy) * {geo.w}L + ix) * {xb} + ch % {xb}]"
+               if xb > 1 else f"X[((ni * {c} + ch) * {geo.h} + iy) * {geo.w}L + ix]")
+        em.step("\n".join([
+            f"const uint8_t *restrict X = {em.ptr(x)}; {st} *restrict P = {src};",
+            f"long lo, hi; smelt_range({rows}, tid, nt, &lo, &hi);",
+            "for (long r = lo; r < hi; ++r) {",
+            f"    const long yp = r % {hs}, bi = (r / {hs}) % {cb}, ni = r / {hs * cb}, iy = yp - {geo.pt};",
+            f"    {st} *restrict d = P + r * {wsz * ib}L;",
+            f"    if (iy < 0 || iy >= {geo.h}) {{",
+            f"        for (long j = 0; j < {wsz * ib}; ++j) d[j] = (bi * {ib} + j % {ib}) < {c} ? {xz} : 0;",
+            "        continue;",
+            "    }",
+            f"    for (long xp = 0; xp < {geo.pl}; ++xp) for (long l = 0; l < {ib}; ++l) "
+            f"d[xp * {ib} + l] = (bi * {ib} + l) < {c} ? {xz} : 0;",
+            f"    for (long xp = {geo.pl + geo.w}; xp < {wsz}; ++xp) for (long l = 0; l < {ib}; ++l) "
+            f"d[xp * {ib} + l] = (bi * {ib} + l) < {c} ? {xz} : 0;",
+            *([f"    __builtin_memcpy(d + {geo.pl * ib}, X + ((ni * {c // xb} + bi) * {geo.h} + iy) * {geo.w * ib}L, "
+               f"{geo.w * ib});  /* same block: one row copy */",
+               "    continue;"] if xb == ib and gk == QUAD else []),
+            *([f"    {{ const uint8_t *restrict xr = X + ((ni * {c // xb} + bi) * {geo.h} + iy) * {geo.w * ib}L;",
+               f"      for (long j = 0; j < {geo.w * ib}; ++j) d[{geo.pl * ib} + j] = xr[j]; }}  /* widened */",
+               "    continue;"] if xb == ib and gk != QUAD else []),
+            f"    for (long l = 0; l < {ib}; ++l) {{",
+            f"        const long ch = bi * {ib} + l;",
+            f"        {st} *restrict dl = d + {geo.pl * ib} + l;",
+            f"        if (ch >= {c}) {{ for (long ix = 0; ix < {geo.w}; ++ix) dl[ix * {ib}] = 0; continue; }}",
+            f"        for (long ix = 0; ix < {geo.w}; ++ix) dl[ix * {ib}] = {xin};",
+            "    }",
+            "}"]), name=f"int_conv_pad_{ib}c",
+            doc=f"input {'plain' if xb == 1 else f'NCHW{xb}c'} -> zero-point padded NCHW{ib}c {st}")
+        hs_, ws_, sptr = hs, wsz, src
+    else:
+        hs_, ws_, sptr = geo.h, geo.w, em.ptr(x)
+
+    # -- the kernel ----------------------------------------------------------------------------
+    word = L * gk  # weight elements per vector
+    owt = -(-geo.ow // rw)
+    full, rem = divmod(geo.ow, rw)
+    total = geo.n * ocg * geo.oh * owt
+    macs = geo.n * oc * geo.oh * geo.ow * c * kh * kw
+    split = (f"smelt_range({total}, tid, nt, &wb, &we);" if macs >= PARALLEL_MIN_MACS
+             else f"wb = 0; we = tid == 0 ? {total} : 0;")
+    yb = layout_block(g.values[y].layout)
+    dot = s.dot
+    store = "i32_store_u8"
+
+    def tile(width: int) -> list[str]:
+        # the accumulators start at the folded bias (bias - x_zero * sum(W)): no add afterwards
+        out = [f"const {it} bv{j} = {v.x('i32_loadu', p=f'BI + (og * {nv} + {j}) * {L}')};" for j in range(nv)]
+        out += [f"{it} " + ", ".join(f"c{r}_{j} = bv{j}" for r in range(width) for j in range(nv)) + ";",
+               f"for (long bi = 0; bi < {cb}; ++bi) {{",
+               f"  const {st} *restrict sc = s0 + bi * {hs_ * ws_ * ib}L;",
+               f"  const {wt} *restrict wc = w0 + bi * {kh * kw * q_words * nv * word}L;",
+               f"  for (long ky = 0; ky < {kh}; ++ky) {{",
+               f"    for (long kx = 0; kx < {kw}; ++kx) {{",
+               f"      const {st} *restrict sp = sc + (ky * {geo.dh * ws_} + kx * {geo.dw}) * {ib}L;",
+               f"      const {wt} *restrict wq = wc + (ky * {kw} + kx) * {q_words * nv * word}L;",
+               f"      for (long q = 0; q < {q_words}; ++q) {{"]
+        out += [f"        const {it} b{j} = {v.x('i32_loadu', p=f'wq + q * {nv * word} + {j * word}')};"
+                for j in range(nv)]
+        for r in range(width):
+            out.append(f"        {{ const {it} a = {v.x('word_set1', p=f'sp + {r * geo.sw * ib} + q * {gk}')};")
+            out += [f"          c{r}_{j} = {v.x(dot, a='a', b=f'b{j}', c=f'c{r}_{j}')};" for j in range(nv)]
+            out.append("        }")
+        out += ["      }", "    }", "  }", "}"]
+        for j in range(nv):
+            out.append(f"if (og * {nv} + {j} < {-(-oc // L)}) {{")
+            out.append(f"  const {v.t} mv = {v.loadu(f'MU + (og * {nv} + {j}) * {L}')};")
+            for r in range(width):
+                out += [f"  {{ {v.t} f = {v.x('i32_to_f32', a=f'c{r}_{j}')};",
+                        f"    f = {v.x('f32_round_even', a=v.op('mul', 'f', 'mv'))};",
+                        f"    f = {v.op('add', 'f', 'yzv')};",
+                        f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; "
+                        f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};",
+                        f"    f = {v.op('min', v.op('max', 'f', 'clv'), 'hiv')};  /* NaN: max gives the low clamp */"]
+                if yb > 1:
+                    dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}) * {L}"
+                    out.append(f"    {v.x(store, p=dst, a=v.x('f32_to_i32', a='f'))} }}")
+                else:
+                    out += [f"    {yt} tb[{L}]; {v.x(store, p='tb', a=v.x('f32_to_i32', a='f'))}",
+                            f"    const long o0 = (og * {nv} + {j}) * {L}, on = SMELT_MIN({L}, {oc} - o0);",
+                            f"    for (long l = 0; l < on; ++l) Y[((ni * {oc} + o0 + l) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}] = tb[l]; }}"]
+            out.append("}")
+        return out
+
+    lines = [f"const {wt} *restrict Wp = {em.weight(packed)};",
+             f"const int32_t *restrict BI = {em.weight(bias.astype(np.int32))};",
+             f"const float *restrict MU = {em.weight(mult)};",
+             f"const {st} *restrict S = {sptr};",
+             f"{yt} *restrict Y = (void *){em.ptr(y)};",
+             f"const {v.t} yzv = {v.set1(f'{float(yz)!r}f')}, lov = {v.set1(f'{float(info.min)!r}f')}, "
+             f"hiv = {v.set1(f'{float(info.max)!r}f')}, clv = {v.set1(f'{float(lo_clamp)!r}f')};",
+             f"{it} vlo = {v.x('i32_set1', a='0')}, vhi = vlo;  /* clamps per lane (numeric debug counters) */",
+             "long wb, we; " + split,
+             "for (long item = wb; item < we; ++item) {",
+             f"  const long t = item % {owt}, oy = (item / {owt}) % {geo.oh}, og = (item / {owt * geo.oh}) % {ocg},"
+             f" ni = item / {owt * geo.oh * ocg};",
+             f"  const long ox0 = t * {rw};",
+             f"  const {st} *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};",
+             f"  const {wt} *restrict w0 = Wp + og * {cb * kh * kw * q_words * nv * word}L;"]
+    if rem:
+        lines += [f"  if (t < {full}) {{"] + ["    " + ln for ln in tile(rw)] + ["  } else {"]
+        lines += ["    " + ln for ln in tile(rem)] + ["  }"]
+    else:
+        lines += ["  " + ln for ln in tile(rw)]
+    lines.append("}")
+    lines += [f"int32_t cl[{L}], ch[{L}]; {v.x('i32_storeu', p='cl', a='vlo')} {v.x('i32_storeu', p='ch', a='vhi')}",
+              "long nlo = 0, nhi = 0;",
+              f"for (int l = 0; l < {L}; ++l) {{ nlo += cl[l]; nhi += ch[l]; }}"]
+    lines.append(flush_counters(em.saturation_counter(y)))
+    em.schedule(algorithm=f"direct NCHW{L}c int8 conv ({s.describe()})", kernel="int_conv_nchwc",
+                layout=f"in {'plain' if xb == 1 else f'NCHW{xb}c'} -> out {'plain' if yb == 1 else f'NCHW{yb}c'}",
+                micro_kernel=f"{rw}x{nv * L} {v.name} {v.x(dot, a='a', b='b', c='c')}")
+    em.step("\n".join(lines), name=f"int_conv_nchwc_{rw}x{nv * L}_{v.name}_{dot.split('_')[0]}",
+            doc=f"QLinearConv {c}->{oc} {kh}x{kw} s{geo.sh}, {geo.oh}x{geo.ow} out, {s.describe()}")

@@ -1,0 +1,249 @@
+"""Schedules of the blocked int8 convolution (QLinearConv on NCHW<b>c uint8, int_conv_nchwc.py).
+
+Everything about how such a conv runs is decided here, once, and written on the node as an
+``IntConvSchedule``; the template only renders it:
+- whether the node runs blocked at all (``int_nchwc_reason``): uint8 input with a constant
+  scalar zero point, int8 weights with zero point 0 (symmetric, what static quantizers write),
+  constant scales, 2-D, group 1, an ISA with an integer dot product;
+- the **dot form**, always exact: VNNI's u8 x s8 quads (``u8s8_dot_acc``, vpdpbusd) where the
+  host has it; else, when every weight lies in [-64, 63] (7-bit weights, what quantizers write
+  with ``reduce_range`` for CPUs without VNNI: checked on the constant weights here),
+  vpmaddubsw + vpmaddwd quads (``u8s7_dot_acc``): vpmaddubsw sums two u8 x s8 products into a
+  saturating int16, which 2 * 255 * 64 <= 32767 keeps exact; else int16 pairs
+  (``i16_dot_acc``, vpmaddwd, exact for any int8 weights). vpmaddubsw is never used on full-range
+  weights, where 2 * 255 * 128 > 32767 would clip silently;
+- the **layout block** (the ISA's int32 lanes: 16 on AVX-512, 8 on AVX2) — the layout planner
+  names it ``NCHW<b>c`` like the float blocks (same indexing: [N][C/b][H][W][b] bytes);
+- the **input block** the kernel reads (``ib``): the producer's block, or for a copied input
+  the channels rounded up to the dot's group (4 for quads: the 3-channel stem reads 4, not 16);
+- whether the input is first **copied** into a zero-point-padded blocked buffer (padding,
+  plain input, or a block the kernel does not read directly);
+- the **register tile** (``nv`` vectors of output channels x ``rw`` output pixels of one row)
+  from the register count and a small cost model (``choose_tile``);
+- the **fused ReLU** (the ``Max(y, y_zero_point)`` that lower_qdq writes for a Relu before the
+  QuantizeLinear; a clamp at the zero point in the epilogue).
+
+The zero-point compensation (``x_zero * sum(W)`` per output channel) and the requantization
+multiplier ``(x_scale * w_scale[o]) / y_scale`` are folded at compile time by the template.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from smelt.codegen.kernels.isa import VectorIsa, vector_isa, with_int_dot
+from smelt.ir.graph import Graph, Node
+from smelt.target import Target
+
+QUAD, PAIR = 4, 2
+# the int32 sum of raw u8 x s8 products stays exact for up to this many products per output
+# (255 * 128 * K < 2^31)
+MAX_REDUCTION = (1 << 31) // (255 * 128)
+
+
+# the tile model's constants (``choose_tile``): independent accumulators that hide the dot's
+# latency (vpdpbusd: 4-5 cycles at one or two per cycle), and a load's cost in dot products
+LATENCY_CHAINS = 4
+LOAD_COST = 0.25
+
+
+@dataclass(frozen=True)
+class IntConvGeometry:
+    n: int
+    c: int
+    h: int
+    w: int
+    oc: int
+    kh: int
+    kw: int
+    oh: int
+    ow: int
+    sh: int
+    sw: int
+    dh: int
+    dw: int
+    pt: int
+    pl: int
+    pb: int
+    pr: int
+
+
+@dataclass(frozen=True)
+class IntConvSchedule:
+    """How one QLinearConv runs on the blocked int8 kernel (see the module docstring)."""
+
+    block: int  # output layout block (= int32 lanes of the ISA's vector)
+    group_k: int  # input channels per int32 word: 4 (u8 quads) or 2 (int16 pairs)
+    dot: str  # the ISA's dot (``VectorIsa.x``): u8s8_dot_acc, u8s7_dot_acc (quads) or i16_dot_acc (pairs)
+    ib: int  # input channels per block of the buffer the kernel reads
+    copy_input: bool  # the input is first copied into a zero-point-padded NCHW<ib>c buffer (uint16 for pairs)
+    nv: int  # output-channel vectors per register tile
+    rw: int  # output pixels (along a row) per register tile
+    relu: bool  # Max(y, y_zero_point) fused: clamp at the zero point
+    # a 1x1, stride-1, unpadded conv runs over its plane as one row of H * W pixels (the pixels of
+    # an NCHW<b>c plane are contiguous): no ragged tile per row (56 = 9 x 6 + 2; 3136 = 522 x 6 + 4)
+    flat: bool = False
+
+    def describe(self) -> str:
+        form = {"u8s8_dot_acc": "u8s8 quads", "u8s7_dot_acc": "u8 x 7-bit quads"}.get(self.dot, "int16 pairs")
+        return (f"{form}, block {self.block}, input block {self.ib}{' (copied, padded)' if self.copy_input else ''}, "
+                f"tile {self.rw} px x {self.nv * self.block} oc{', relu' if self.relu else ''}")
+
+
+def int_isa(target: Target) -> VectorIsa:
+    """The ISA description the blocked int8 kernel renders for (with VNNI's dots where present)."""
+    return with_int_dot(vector_isa(target), target)
+
+
+def int_block(target: Target) -> int | None:
+    """The blocked int8 layout's channel block on ``target`` (None: no blocked int8 kernel)."""
+    v = int_isa(target)
+    if not v.vector or not all(v.has(k) for k in ("i16_dot_acc", "i32_add", "word_set1", "i32_to_f32")):
+        return None
+    return v.lanes
+
+
+def _const(g: Graph, name: str) -> np.ndarray | None:
+    if not name or name not in g.values or g.values[name].const is None:
+        return None
+    return np.asarray(g.values[name].const)
+
+
+def _dtype(g: Graph, name: str) -> str | None:
+    v = g.values.get(name)
+    return None if v is None or v.dtype is None else np.dtype(v.dtype).name
+
+
+def geometry(node: Node, g: Graph) -> IntConvGeometry | str:
+    """The conv's shape facts, or why the blocked kernel cannot take it."""
+    ins = list(node.inputs) + [""] * 9
+    x, w, y = g.values[ins[0]].shape, g.values[ins[3]].shape, g.values[node.outputs[0]].shape
+    if x is None or w is None or y is None or len(x) != 4 or len(w) != 4 or len(y) != 4:
+        return "2-D only (4-D tensors of known shape)"
+    auto_pad = node.attr("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", "VALID"):
+        return f"auto_pad {auto_pad}"
+    if int(node.attr("group", 1)) != 1:
+        return "grouped convolution"
+    pads = list(node.attr("pads", [0, 0, 0, 0])) if auto_pad == "NOTSET" else [0, 0, 0, 0]
+    (sh, sw), (dh, dw) = list(node.attr("strides", [1, 1])), list(node.attr("dilations", [1, 1]))
+    if x[1] != w[1]:
+        return "channels do not match the weights"
+    if w[1] * w[2] * w[3] > MAX_REDUCTION:
+        return f"receptive field {w[1] * w[2] * w[3]} could overflow int32"
+    return IntConvGeometry(n=int(x[0]), c=int(x[1]), h=int(x[2]), w=int(x[3]), oc=int(w[0]), kh=int(w[2]),
+                           kw=int(w[3]), oh=int(y[2]), ow=int(y[3]), sh=int(sh), sw=int(sw), dh=int(dh), dw=int(dw),
+                           pt=int(pads[0]), pl=int(pads[1]), pb=int(pads[2]), pr=int(pads[3]))
+
+
+def is_flat(geo: IntConvGeometry) -> bool:
+    """1x1, stride 1, no padding: output pixel p reads input pixel p."""
+    return (geo.kh, geo.kw, geo.sh, geo.sw, geo.pt, geo.pl, geo.pb, geo.pr) == (1, 1, 1, 1, 0, 0, 0, 0)
+
+
+def flattened(geo: IntConvGeometry) -> IntConvGeometry:
+    """``geo`` seen as one row of all its pixels (``is_flat`` convs)."""
+    return replace(geo, h=1, w=geo.h * geo.w, oh=1, ow=geo.oh * geo.ow)
+
+
+def int_nchwc_reason(node: Node, g: Graph, target: Target) -> str | None:
+    """None when the blocked int8 kernel can run ``node`` on ``target``, else why not."""
+    if node.op != "QLinearConv" or node.domain not in ("", "ai.onnx"):
+        return "not a QLinearConv"
+    if int_block(target) is None:
+        return "no integer dot product on this ISA"
+    ins = list(node.inputs) + [""] * 9
+    if _dtype(g, ins[0]) != "uint8" or _dtype(g, ins[3]) != "int8":
+        return "uint8 input and int8 weights only"
+    if _dtype(g, node.outputs[0]) != "uint8":
+        return "uint8 output only (what u8 x s8 quantizers write; onnxruntime has no u8-in s8-out kernel)"
+    w = _const(g, ins[3])
+    if w is None:
+        return "weights must be constant"
+    wz = _const(g, ins[5])
+    if ins[5] and (wz is None or np.any(wz != 0)):
+        return "weight zero point must be 0 (symmetric weights)"
+    for role, i in (("x scale", 1), ("w scale", 4), ("y scale", 6)):
+        s = _const(g, ins[i])
+        if s is None or _dtype(g, ins[i]) != "float32":
+            return f"{role} must be a float32 constant"
+    for role, i in (("x zero point", 2), ("y zero point", 7)):
+        if ins[i] and (_const(g, ins[i]) is None or _const(g, ins[i]).size != 1):
+            return f"{role} must be a constant scalar"
+    if _const(g, ins[1]).size != 1 or _const(g, ins[6]).size != 1 or _const(g, ins[4]).size not in (1, w.shape[0]):
+        return "per-tensor activation scales; weight scale per tensor or per output channel"
+    if ins[8] and (_const(g, ins[8]) is None or _dtype(g, ins[8]) != "int32"):
+        return "the bias must be a constant int32"
+    geo = geometry(node, g)
+    if isinstance(geo, str):
+        return geo
+    if not all(g.values[n].is_static for n in (ins[0], node.outputs[0])):
+        return "static shapes only"
+    return None
+
+
+def relu_zero_point(node: Node, g: Graph, reader: Node) -> bool:
+    """``reader`` is ``Max(y, y_zero_point)`` on this conv's output ``y``: the quantized ReLU
+    (exact to fuse as a clamp at the zero point: quantization is monotonic)."""
+    ins = list(node.inputs) + [""] * 9
+    if reader.op != "Max" or reader.domain not in ("", "ai.onnx") or len(reader.inputs) != 2:
+        return False
+    if reader.inputs[0] != node.outputs[0] or node.outputs[0] in g.outputs:
+        return False
+    c, yz = _const(g, reader.inputs[1]), _const(g, ins[7]) if ins[7] else np.zeros(1, np.uint8)
+    return (c is not None and c.size == 1 and _dtype(g, reader.inputs[1]) == _dtype(g, node.outputs[0])
+            and int(c.reshape(-1)[0]) == int(yz.reshape(-1)[0]))
+
+
+def choose_tile(geo: IntConvGeometry, lanes: int, registers: int) -> tuple[int, int]:
+    """(nv, rw): output-channel vectors and output pixels per register tile. All nv * rw
+    accumulators, nv weight vectors and one broadcast fit the registers; among those, the least
+    modelled time per output row and input word: dot products (output channels padded to
+    nv * lanes; a tile of fewer than ``LATENCY_CHAINS`` accumulators waits on the dot's latency)
+    plus ``LOAD_COST`` per load (nv weight vectors and one broadcast per pixel)."""
+    best: tuple[float, int, int] | None = None
+    oc_vectors = -(-geo.oc // lanes)
+    for nv in range(1, 5):
+        if nv > oc_vectors:
+            break
+        groups = -(-oc_vectors // nv)
+        rw_max = min((registers - nv - 1) // nv, geo.ow)
+        for rw in range(1, rw_max + 1):
+            full, rem = divmod(geo.ow, rw)
+            cost = 0.0
+            for count, width in ((full, rw), (1 if rem else 0, rem)):
+                cost += count * (max(nv * width, LATENCY_CHAINS) + LOAD_COST * (nv + width))
+            cost *= groups
+            if best is None or cost < best[0] - 1e-9:
+                best = (cost, nv, rw)
+    assert best is not None
+    return best[1], best[2]
+
+
+def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu: bool) -> IntConvSchedule:
+    """The schedule of ``node`` (``int_nchwc_reason`` is None) reading an input in the layout
+    of block ``in_block`` (1: plain)."""
+    geo = geometry(node, g)
+    assert isinstance(geo, IntConvGeometry)
+    v = int_isa(target)
+    block = v.lanes
+    w = _const(g, node.inputs[3])
+    if v.has("u8s8_dot_acc"):
+        dot = "u8s8_dot_acc"
+    elif v.has("u8s7_dot_acc") and w is not None and int(w.min()) >= -64 and int(w.max()) <= 63:
+        dot = "u8s7_dot_acc"  # vpmaddubsw cannot saturate on these weights (checked here, on the constants)
+    else:
+        dot = "i16_dot_acc"
+    group_k = PAIR if dot == "i16_dot_acc" else QUAD
+    padded = any((geo.pt, geo.pl, geo.pb, geo.pr))
+    # the pair form always reads a copy, widened to uint16: one 32-bit broadcast is then a pair
+    # (bytes would need a broadcast and a zero-extension per pixel and word)
+    direct = in_block == block and not padded and group_k == QUAD
+    ib = block if direct else min(block, -(-geo.c // group_k) * group_k)
+    flat = is_flat(geo)
+    nv, rw = choose_tile(flattened(geo) if flat else geo, block, v.registers)
+    return IntConvSchedule(block=block, group_k=group_k, dot=dot, ib=ib, copy_input=not direct, nv=nv, rw=rw, relu=relu,
+                           flat=flat)

@@ -1,0 +1,263 @@
+"""The blocked int8 convolution (templates/int_conv_nchwc.py, schedule/int_conv.py) against
+onnxruntime's QLinearConv: equal, not close.
+
+Every ISA the host runs (native: AVX-512 with VNNI's u8 x s8 quads where present; avx2: the int16
+pair form; scalar: the NCHW kernel, which the planner keeps there), 1 and 2 threads. Edge shapes:
+channels odd and not multiples of 4 or 16 (in and out), ragged widths against every register
+tile, strides, asymmetric pads, dilation, the 7x7 stride-2 stem, 1x1 stride 2, batch 2; zero
+points at the ends of the range; per-tensor and per-channel weight scales; with and without bias;
+a fused quantized ReLU (Max at the zero point); scales that saturate both ways (onnxruntime has no
+uint8-in, int8-out QLinearConv, and the blocked kernel takes uint8 in and out only). Chains keep activations blocked between convs (NCHW<b>c in, NCHW<b>c out), and a per-tensor
+DequantizeLinear reads a blocked value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import ort_run
+from kernel_models import _isa_target
+from onnx import TensorProto, helper
+from onnx import numpy_helper as nh
+
+pytest.importorskip("onnxruntime")
+
+RNG = np.random.default_rng(20261126)
+ISAS = ["native", "avx2", "scalar"]
+
+# (C, OC, H, W, k, stride, pads (t, l, b, r), dilation)
+GEOMETRIES = [
+    (3, 64, 23, 23, 7, 2, (3, 3, 3, 3), 1),  # the stem: 3 channels read as one quad
+    (16, 32, 9, 11, 3, 1, (1, 1, 1, 1), 1),
+    (5, 17, 7, 13, 3, 2, (1, 0, 2, 1), 1),  # odd channels, asymmetric pads
+    (20, 33, 8, 9, 3, 1, (2, 2, 2, 2), 2),  # dilation, C not a multiple of 16
+    (32, 48, 8, 8, 1, 1, (0, 0, 0, 0), 1),
+    (64, 64, 14, 14, 1, 2, (0, 0, 0, 0), 1),  # 1x1 stride 2 (the projection shortcut)
+    (64, 80, 7, 7, 3, 1, (1, 1, 1, 1), 1),  # width 7 against the tiles
+    (6, 7, 5, 29, 1, 1, (0, 0, 0, 0), 1),  # a wide ragged row, 7 outputs
+]
+
+
+def _const(name: str, value) -> TensorProto:
+    return nh.from_array(np.asarray(value), name)
+
+
+class _Model:
+    def __init__(self) -> None:
+        self.nodes, self.inits, self.inputs, self.outputs, self.feeds = [], [], [], [], {}
+        self.k = 0
+
+    def name(self, what: str) -> str:
+        self.k += 1
+        return f"{what}{self.k}"
+
+    def input(self, shape, dtype=np.uint8) -> str:
+        x = self.name("x")
+        self.inputs.append(helper.make_tensor_value_info(x, TensorProto.UINT8, list(shape)))
+        self.feeds[x] = RNG.integers(0, 256, shape).astype(dtype)
+        return x
+
+    def conv(self, x: str, c: int, oc: int, k: int, s: int, pads, d: int, *, xz: int, yz: int, y_scale: float,
+             per_channel: bool, bias: bool, relu: bool, out_type=np.uint8, seven_bit: bool = False) -> str:
+        n = self.name("c")
+        lo, hi = (-64, 64) if seven_bit else (-128, 128)  # 7-bit weights: the vpmaddubsw form without VNNI
+        w = RNG.integers(lo, hi, (oc, c, k, k)).astype(np.int8)
+        if seven_bit:
+            w.reshape(-1)[:2] = (-64, 63)  # both ends of the range that form is exact on
+        ws = (RNG.uniform(0.5, 2.0, oc if per_channel else 1) * 2e-3).astype(np.float32)
+        names = [x, f"{n}_xs", f"{n}_xz", f"{n}_w", f"{n}_ws", f"{n}_wz", f"{n}_ys", f"{n}_yz"]
+        self.inits += [_const(names[1], np.float32(0.02)), _const(names[2], np.uint8(xz)), _const(names[3], w),
+                       _const(names[4], ws if per_channel else ws[0]), _const(names[5], np.int8(0)),
+                       _const(names[6], np.float32(y_scale)), _const(names[7], out_type(yz))]
+        if bias:
+            names.append(f"{n}_b")
+            self.inits.append(_const(names[-1], RNG.integers(-20000, 20000, oc).astype(np.int32)))
+        y = self.name("y")
+        self.nodes.append(helper.make_node("QLinearConv", names, [y], kernel_shape=[k, k], strides=[s, s],
+                                           pads=[pads[0], pads[1], pads[2], pads[3]], dilations=[d, d]))
+        if relu:
+            r = self.name("r")
+            self.nodes.append(helper.make_node("Max", [y, names[7]], [r]))
+            y = r
+        return y
+
+    def output(self, y: str, dtype=np.uint8) -> None:
+        self.outputs.append(helper.make_tensor_value_info(y, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), None))
+
+    def dequantize(self, y: str, yz: int, out_type=np.uint8) -> str:
+        out = self.name("dq")
+        s, z = self.name("dqs"), self.name("dqz")
+        self.inits += [_const(s, np.float32(0.05)), _const(z, out_type(yz))]
+        self.nodes.append(helper.make_node("DequantizeLinear", [y, s, z], [out]))
+        return out
+
+    def add_residual(self, u: str, v: str, scale: float, zero: int) -> str:
+        """Add, Relu, QuantizeLinear to uint8: the float residual join of a quantized ResNet."""
+        t, r, q = self.name("add"), self.name("relu"), self.name("q")
+        s, z = self.name("qs"), self.name("qz")
+        self.inits += [_const(s, np.float32(scale)), _const(z, np.uint8(zero))]
+        self.nodes += [helper.make_node("Add", [u, v], [t]), helper.make_node("Relu", [t], [r]),
+                       helper.make_node("QuantizeLinear", [r, s, z], [q])]
+        return q
+
+    def build(self):
+        g = helper.make_graph(self.nodes, "int_conv_nchwc", self.inputs, self.outputs, self.inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+        m.ir_version = 8
+        return m
+
+
+def _cases() -> _Model:
+    m = _Model()
+    for i, (c, oc, h, w, k, s, pads, d) in enumerate(GEOMETRIES):
+        batch = 2 if i % 3 == 0 else 1
+        x = m.input((batch, c, h, w))
+        xz, yz = (0, 128, 255, 7)[i % 4], (3, 0, 255, 128)[i % 4]
+        # alone, written as a graph output (plain); y_scale 0.01 saturates many values both ways
+        m.output(m.conv(x, c, oc, k, s, pads, d, xz=xz, yz=yz, y_scale=(0.05, 0.01)[i % 2],
+                        per_channel=i % 2 == 0, bias=i % 3 != 2, relu=i % 2 == 1))
+        # fused ReLU, then a second conv reading the blocked result, then a DequantizeLinear
+        # reading that conv's blocked output
+        y1 = m.conv(x, c, oc, k, s, pads, d, xz=xz, yz=yz, y_scale=0.05, per_channel=True, bias=True, relu=True)
+        y2 = m.conv(y1, oc, 16 + 16 * (i % 3), 3 if i % 2 else 1, 1, (1, 1, 1, 1) if i % 2 else (0, 0, 0, 0), 1,
+                    xz=yz, yz=(5, 250)[i % 2], y_scale=0.08, per_channel=i % 2 == 1, bias=True, relu=i % 3 == 0)
+        m.output(m.dequantize(y2, (5, 250)[i % 2]), np.float32)
+        if i % 2 == 0:  # the same with 7-bit weights, at full-scale inputs (the saturating-int16 worst case)
+            m.output(m.conv(x, c, oc, k, s, pads, d, xz=xz, yz=yz, y_scale=0.05, per_channel=True, bias=True,
+                            relu=True, seven_bit=True))
+    return m
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_qlinear_conv_blocked(isa: str, monkeypatch, cache) -> None:
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    m = _cases()
+    model = m.build()
+    want = ort_run(model, m.feeds)
+    blocked_expected = isa != "scalar"
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        assert compiled.fallback_nodes == []
+        templates = [s.schedule.get("template", "") for s in compiled.plan.step_infos()]
+        convs = sum(op == "QLinearConv" for _, op in compiled.native_nodes)
+        if blocked_expected:
+            # every conv on the blocked kernel and every quantized ReLU fused into its conv
+            assert templates.count("int_conv_nchwc") >= convs > 0, templates
+            assert not any(op == "Max" for _, op in compiled.native_nodes)
+            layouts = " ".join(s.schedule.get("layout", "") for s in compiled.plan.step_infos())
+            assert "-> out NCHW" in layouts and "in NCHW" in layouts  # blocked values flow between convs
+            forms = " ".join(s.schedule.get("algorithm", "") for s in compiled.plan.step_infos())
+            if isa == "avx2":  # no VNNI: 7-bit weights take vpmaddubsw quads, the others int16 pairs
+                assert "u8 x 7-bit quads" in forms and "int16 pairs" in forms, forms
+        else:
+            assert "int_conv_nchwc" not in templates
+        got = compiled.run(m.feeds)
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert g.dtype == w.dtype and g.shape == w.shape, (i, g.dtype, w.dtype, g.shape, w.shape)
+            np.testing.assert_array_equal(g, w, err_msg=f"output {i} ({isa}, {threads} threads)")
+        compiled.close()
+
+
+def test_tile_choice_fits_registers() -> None:
+    """Every tile the model picks fits the register file: nv * rw accumulators, nv weight
+    vectors and one broadcast."""
+    from smelt.schedule.int_conv import IntConvGeometry, choose_tile
+
+    for registers, lanes in ((32, 16), (16, 8)):
+        for oc in (8, 16, 17, 64, 256, 2048):
+            for ow in (1, 3, 7, 14, 28, 56, 112):
+                geo = IntConvGeometry(n=1, c=64, h=ow, w=ow, oc=oc, kh=1, kw=1, oh=ow, ow=ow, sh=1, sw=1, dh=1,
+                                      dw=1, pt=0, pl=0, pb=0, pr=0)
+                nv, rw = choose_tile(geo, lanes, registers)
+                assert nv * rw + nv + 1 <= registers and 1 <= rw <= ow and nv * lanes <= max(lanes, -(-oc // lanes) * lanes)
+
+
+def test_saturation_counters_match_nchw(monkeypatch, cache) -> None:
+    """The numeric debug counters of the blocked kernel (per lane, in vectors) count what the
+    NCHW kernel's scalar counters count: the elements clamped low and high, summed over the
+    model (a fused ReLU's clamp at the zero point is not a saturation)."""
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    m = _cases()
+    model = m.build()
+    totals = {}
+    for isa in ("native", "scalar"):
+        target = _isa_target(isa)
+        monkeypatch.setattr("smelt.compiler.detect", lambda target=target: target)
+        compiled = smelt.compile(model, threads=2)
+        compiled.run(m.feeds)
+        counts = compiled.saturation_counts()
+        totals[isa] = tuple(sum(c[i] for c in counts.values()) for i in (0, 1))
+        compiled.close()
+    assert totals["native"] == totals["scalar"] and min(totals["scalar"]) > 0, totals
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_residual_path_stays_blocked(isa: str, monkeypatch, cache) -> None:
+    """A ResNet block as onnxruntime's quantizer writes it: two int8 convs, DequantizeLinear of
+    each, a float Add and Relu, QuantizeLinear, and the next int8 conv. Every value between the
+    convs stays NCHW<b>c (per-tensor Q/DQ run on any layout), so no LayoutTransform is needed;
+    the last conv writes plain for its DequantizeLinear into the graph output. Equal to onnxruntime running the same nodes one by one (graph optimizations off, so it
+    does not fuse DQ -> Add -> Q into its own QLinearAdd, which rounds differently)."""
+    import onnxruntime as ort
+
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    m = _Model()
+    x = m.input((1, 32, 10, 12))
+    a = m.conv(x, 32, 32, 1, 1, (0, 0, 0, 0), 1, xz=9, yz=0, y_scale=0.05, per_channel=True, bias=True, relu=True)
+    b = m.conv(a, 32, 64, 3, 1, (1, 1, 1, 1), 1, xz=0, yz=130, y_scale=0.08, per_channel=True, bias=True,
+               relu=False)
+    c = m.conv(x, 32, 64, 1, 1, (0, 0, 0, 0), 1, xz=9, yz=120, y_scale=0.06, per_channel=True, bias=True,
+               relu=False)
+    s = m.add_residual(m.dequantize(b, 130), m.dequantize(c, 120), 0.07, 0)
+    d = m.conv(s, 64, 32, 3, 2, (1, 1, 1, 1), 1, xz=0, yz=4, y_scale=0.1, per_channel=True, bias=True, relu=True)
+    m.output(m.dequantize(d, 4), np.float32)
+    model = m.build()
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, m.feeds)
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        ops = [op for _, op in compiled.native_nodes]
+        assert compiled.fallback_nodes == [] and "LayoutTransform" not in ops and "Max" not in ops, ops
+        np.testing.assert_array_equal(compiled.run(m.feeds)[0], want[0])
+        compiled.close()
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_maxpool_between_convs_stays_blocked(isa: str, monkeypatch, cache) -> None:
+    """The quantized stem: conv, 8-bit MaxPool (3x3 stride 2 pad 1, and a ragged 2x2 stride 2
+    ceil_mode one), conv: the pool runs on NCHW<b>c bytes (int_pool_nchwc.py), so nothing
+    between the convs is plain; equal to onnxruntime."""
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    m = _Model()
+    x = m.input((2, 3, 23, 21))
+    a = m.conv(x, 3, 32, 7, 2, (3, 3, 3, 3), 1, xz=5, yz=0, y_scale=0.05, per_channel=True, bias=True, relu=True)
+    p1 = m.name("pool")
+    m.nodes.append(helper.make_node("MaxPool", [a], [p1], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+    p2 = m.name("pool")
+    m.nodes.append(helper.make_node("MaxPool", [p1], [p2], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1))
+    b = m.conv(p2, 32, 16, 3, 1, (1, 1, 1, 1), 1, xz=0, yz=7, y_scale=0.1, per_channel=True, bias=True,
+               relu=False)
+    m.output(b)
+    model = m.build()
+    want = ort_run(model, m.feeds)
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        templates = [s.schedule.get("template", "") for s in compiled.plan.step_infos()]
+        assert templates.count("int_maxpool_nchwc") == 2 and "layout_transform" not in templates, templates
+        np.testing.assert_array_equal(compiled.run(m.feeds)[0], want[0])
+        compiled.close()
