@@ -91,7 +91,7 @@ def main() -> None:
         feeds = feeds_for[w]
         special = smelt.compile(bm.proto, threads=args.threads, share_shapes=False,
                                 input_shapes={k: v.shape for k, v in feeds.items()})
-        engines = {"shared": lambda f=feeds: shared.run(f), "special": lambda f=feeds: special.run(f),
+        engines = {"shared": lambda f=feeds: shared.run(f), "special": lambda f=feeds, s=special: s.run(f),
                    "ort": lambda f=feeds: sess.run(None, f)}
         for run in engines.values():
             run()
