@@ -337,8 +337,9 @@ class CompiledModel:
 
     def _shape_class(self, shapes: Mapping[str, Sequence[int]]) -> ShapeClass | None:
         """The shape class of a model with symbolic input dimensions (None: none, or sharing
-        is off). Its decision sizes are ``max_dims`` or the first call's sizes rounded up to a
-        power of two, and stay fixed, so every later shape gets the same decisions."""
+        is off). Its decision sizes are ``max_dims`` or the first call's sizes (a size the model
+        surely accepts: rounding one up can break a model whose "symbolic" height is fixed in
+        practice) and stay fixed, so every later shape gets the same decisions."""
         declared = tuple((n, tuple(shp)) for n, _, shp in self._inputs
                          if shp is not None and any(isinstance(d, str) for d in shp))
         if not self.share_shapes or not declared:
@@ -350,7 +351,7 @@ class CompiledModel:
                     for want, got in zip(dims, shapes.get(name, ()), strict=False):
                         if isinstance(want, str):
                             given = self._max_dims_given.get(want)
-                            sizes[want] = given if given else 1 << max(0, int(got) - 1).bit_length()
+                            sizes[want] = given if given else int(got)
                 self._class_sizes = sizes
             decide = tuple(sorted(self._class_sizes.items()))
         return ShapeClass(declared, decide)
@@ -566,7 +567,9 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     ``dynamic``: run-time sequence length and batch for recurrent models (default: on when the
     model is eligible and has symbolic input dimensions; see the module doc). ``max_dims``
     bounds those dimensions up front (e.g. ``{"T": 512, "B": 32}``); given for every symbolic
-    dimension, the model compiles before the first call.
+    dimension, the model compiles before the first call. For other models with symbolic
+    dimensions, ``max_dims`` gives the sizes their layouts and schedules are decided at
+    (default: the first call's; see ``share_shapes``).
     ``winograd``: 3x3 stride-1 convolutions on AVX-512 and AVX2 may run as Winograd F(2x2, 3x3) where it is
     faster (still fp32; its rounding differs from the direct sum's by about 1e-6 relative);
     False keeps every convolution on the direct kernels; "always" takes it wherever it is legal.
@@ -582,8 +585,8 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     compare (``smelt.check``). True: a disagreement raises ``smelt.CheckError`` naming the first
     diverging node; "warn": the same as a ``smelt.CheckWarning``; False (default): no check.
     ``share_shapes``: a model with symbolic input dimensions (not recurrent-only: those are
-    ``dynamic``) decides its layouts and schedules once, at ``max_dims`` or the first call's sizes
-    rounded up to a power of two, and serves each new shape from a library already compiled for
+    ``dynamic``) decides its layouts and schedules once, at ``max_dims`` or the first call's
+    sizes, and serves each new shape from a library already compiled for
     the same code structure, rendering its C in Python but not compiling it (see the module doc);
     False compiles every shape for itself.
     ``numeric_debug``: for a quantized model, True (or its float model) compiles it beside its

@@ -176,6 +176,7 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
         for name, shape in actual.items():
             if name in g.values:
                 g.values[name].shape = shape
+        g.decision_shapes = {name: ref.values[name].shape for name in g.values if name in ref.values}
     verify(g, "schedule")  # the graph codegen reads: invariants hold (cheap: linear)
     return g
 
@@ -518,15 +519,18 @@ def _build_shared(proto: onnx.ModelProto, model_digest: str, shapes: Mapping[str
                 v = sizes[sym]
                 for k, size in enumerate(dict.fromkeys((v + 1, 2 * v + 3, v // 2 + 2, 8 * v + 5, v // 8 + 1))):
                     bumped = dict(sizes, **{sym: size})
-                    _, _, pm = _render(proto, shape_class.shapes_for(shapes, bumped), options, target,
-                                       decision(bumped, set()))
-                    pr = shape_slots.tokenize(pm.source)
-                    if pr.structure == rendered.structure:
+                    try:
+                        _, _, pm = _render(proto, shape_class.shapes_for(shapes, bumped), options, target,
+                                           decision(bumped, set()))
+                        pr = shape_slots.tokenize(pm.source)
+                    except SmeltError:  # a size the model does not accept (say, a fixed height)
+                        pr = None
+                    if pr is not None and pr.structure == rendered.structure:
                         probes.append(pr)
                     elif k == 0:
                         keyed.add(sym)
-                        atomic_write(cdir / "why.txt",
-                                     f"{sym}: {shape_slots.first_difference(rendered, pr)}\n".encode())
+                        why = shape_slots.first_difference(rendered, pr) if pr is not None else "not accepted"
+                        atomic_write(cdir / "why.txt", f"{sym}: {why}\n".encode())
                         break
             atomic_write(keyed_file, json.dumps({"keyed": sorted(keyed)}).encode())
             if keyed:  # decided at another shape: render again with the keyed symbols' own sizes
@@ -534,9 +538,11 @@ def _build_shared(proto: onnx.ModelProto, model_digest: str, shapes: Mapping[str
                 rendered = shape_slots.tokenize(module.source)
         else:
             probes = []
-    except ShapeClassError as exc:
+    except ShapeClassError as exc:  # the passes decide something by shape: every shape alone
         atomic_write(cdir / "keyed.json", json.dumps({"keyed": sorted(sizes)}).encode())
         atomic_write(cdir / "why.txt", f"{exc}\n".encode())
+        return None
+    except SmeltError:  # a shape the model refuses: the plain build says why
         return None
     if set(sizes) <= keyed:
         return None

@@ -228,9 +228,14 @@ class BlockEmitter:
         """Define a kernel function once; ``code`` names it FNAME. Returns its C name.
 
         Functions with the same code are one function. In a shape class's graph
-        (``Graph.shape_generic``) only within a node: two nodes' code may coincide at one shape
-        and differ at another, and the library's structure must not change with the shape."""
-        salt = f"\x00{self._node.name}" if self.g.shape_generic and self._node is not None else ""
+        (``Graph.shape_generic``) only for nodes whose values had the same shapes at the
+        decision shapes too: two nodes' code may coincide at one shape and differ at another,
+        and the library's structure should not change with the shape (if it does anyway, the
+        shape gets a library of its own: slower, never wrong)."""
+        salt = ""
+        if self.g.shape_generic and self._node is not None:
+            names = self._node.present_inputs() + [o for o in self._node.outputs if o]
+            salt = repr([self.g.decision_shapes.get(n) for n in names])
         digest = hashlib.sha256((code + salt).encode()).hexdigest()[:10]
         fname = f"{c_identifier(base)}_{digest}"
         if fname not in self._functions:

@@ -132,6 +132,8 @@ class Graph:
         # lowered for a shape class (compiler.ShapeClass): one library serves several input
         # shapes, so kernels whose code would otherwise depend on a size lay it out at run time
         self.shape_generic = False
+        # with shape_generic: each value's shape at the class's decision shapes
+        self.decision_shapes: dict[str, Shape | None] = {}
         # (dtype, shape) the model *declares* for values it does not feed (graph outputs,
         # value_info): checked against inference (smelt.frontend.validate), never used to size
         # a buffer, since a model's declaration can be wrong

@@ -160,14 +160,13 @@ def test_batchnorm_with_fused_epilogues() -> None:
 
 
 @pytest.mark.parametrize("opset", [9, 14])
-def test_batchnorm_older_opsets_and_training_fallback(opset: int) -> None:
+def test_batchnorm_older_opsets_and_training(opset: int) -> None:
     cases = Cases()
     cases.add("BatchNormalization", ["x"], _bn_params(4), epsilon=1e-4)
-    fallback = ()
     if opset >= 14:
+        # training mode runs natively now (templates/batchnorm_training.py)
         cases.add("BatchNormalization", ["x"], _bn_params(4), n_out=3, training_mode=1)
-        fallback = ("BatchNormalization_1",)
-    check(cases, {"x": randn(2, 4, 3, 5)}, opset=opset, fallback=fallback)
+    check(cases, {"x": randn(2, 4, 3, 5)}, opset=opset)
 
 
 def test_layernorm_instancenorm_lrn() -> None:

@@ -34,6 +34,7 @@ from smelt.codegen.kernels.epilogue import (
     vector_unary_expr,
 )
 from smelt.codegen.kernels.isa import vector_isa
+from smelt.codegen.kernels.loops import work_range
 from smelt.codegen.registry import register, same_layout_flat
 from smelt.ir.activations import activation_step, clip_default_bounds
 from smelt.ir.graph import Graph, Node
@@ -190,12 +191,10 @@ def _emit_vector_unary(node: Node, g: Graph, em: BlockEmitter, expr: str) -> Non
     x, y = node.inputs[0], node.outputs[0]
     n = int(np.prod(g.values[y].shape, dtype=np.int64))
     nvec = -(-n // v.lanes)
-    split = (f"smelt_range({nvec}, tid, nt, &wb, &we);" if n >= PARALLEL_MIN_ELEMS
-             else f"wb = 0; we = tid == 0 ? {nvec} : 0;")
     em.step("\n".join([
         f"const float *restrict X = {em.ptr(x)};",
         f"float *restrict Y = {em.ptr(y)};",
-        f"long wb, we; {split}",
+        work_range(nvec, n >= PARALLEL_MIN_ELEMS),
         "for (long i = wb; i < we; ++i) {",
         f"    const long o = i * {v.lanes};",
         f"    if (o + {v.lanes} <= {n}) {{",
