@@ -80,17 +80,18 @@ def test_unknown_custom_op_names_op_and_node():
 
 
 def test_fallback_is_reported_and_correct():
-    # Cosh has no native template (nor a function body to expand): it runs through onnx.reference
-    # between native blocks
+    # ai.onnx.ml's Binarizer has no native template (nor a function body to expand): it runs
+    # through onnx.reference between native blocks
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-             helper.make_node("Cosh", ["r"], ["h"], name="cosh"),
+             helper.make_node("Binarizer", ["r"], ["h"], name="binarizer", domain="ai.onnx.ml", threshold=0.5),
              helper.make_node("Neg", ["h"], ["y"], name="neg")]
     model = make_model(nodes, [tensor("x", [3, 5])], [tensor("y", [3, 5])])
+    model.opset_import.append(helper.make_opsetid("ai.onnx.ml", 3))
     cm = smelt.compile(model, threads=2)
-    assert cm.fallback_nodes == ["cosh"]
+    assert cm.fallback_nodes == ["binarizer"]
     x = np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32)
     assert_close([cm(x)], ort_run(model, {"x": x}))
-    with pytest.raises(smelt.UnsupportedOpError, match=r"cosh.*Cosh"):
+    with pytest.raises(smelt.UnsupportedOpError, match=r"binarizer.*Binarizer"):
         smelt.compile(model, allow_fallback=False)
 
 

@@ -26,8 +26,8 @@ RNG = np.random.default_rng(7)
 
 
 def _tiny() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """3x3 conv (bias + fused Relu), 1x1 conv, Cosh (no native template: a fallback node),
-    then Flatten and Gemm (a second native block)."""
+    """3x3 conv (bias + fused Relu), 1x1 conv, ai.onnx.ml Binarizer (no native template: a
+    fallback node), then Flatten and Gemm (a second native block)."""
 
     def w(*shape):
         return RNG.standard_normal(shape).astype(np.float32) * 0.2
@@ -36,19 +36,20 @@ def _tiny() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], name="conv3x3"),
         helper.make_node("Relu", ["c1"], ["r1"], name="relu"),
         helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv1x1"),
-        helper.make_node("Cosh", ["c2"], ["h"], name="cosh"),
+        helper.make_node("Binarizer", ["c2"], ["h"], name="cosh", domain="ai.onnx.ml", threshold=0.1),
         helper.make_node("Flatten", ["h"], ["f"], name="flatten"),
         helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], transB=1, name="fc"),
     ]
     inits = [const("w1", w(16, 3, 3, 3)), const("b1", w(16)), const("w2", w(8, 16, 1, 1)),
              const("wg", w(10, 8 * 12 * 12)), const("bg", w(10))]
     model = make_model(nodes, [tensor("x", [1, 3, 12, 12])], [tensor("y", [1, 10])], inits, name="tiny")
+    model.opset_import.append(helper.make_opsetid("ai.onnx.ml", 3))
     return model, {"x": RNG.standard_normal((1, 3, 12, 12)).astype(np.float32)}
 
 
 EXPECTED = [("conv3x3", "Conv"), ("conv1x1", "Conv"), ("LayoutTransform", "LayoutTransform"),
-            ("cosh", "Cosh"), ("flatten", "Flatten"), ("fc", "Gemm")]
-# the Relu is fused into conv3x3; the convs write NCHW16c and the fallback Cosh reads plain NCHW,
+            ("cosh", "Binarizer"), ("flatten", "Flatten"), ("fc", "Gemm")]
+# the Relu is fused into conv3x3; the convs write NCHW16c and the fallback Binarizer reads plain NCHW,
 # so the layout pass puts one transform between them (its name is generated: compared by op)
 
 

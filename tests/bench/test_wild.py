@@ -146,18 +146,20 @@ def test_report_names_each_fallback_node_with_its_reason():
     from smelt.bench.engines import ENGINES, BenchModel
 
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-             helper.make_node("Cosh", ["r"], ["y"], name="the_cosh")]  # no template, no function body
+             # no template, no function body
+             helper.make_node("Binarizer", ["r"], ["y"], name="the_cosh", domain="ai.onnx.ml")]
     proto = make_model(nodes, [tensor("x", [2, 5])], [tensor("y", [2, 5])])
+    proto.opset_import.append(helper.make_opsetid("ai.onnx.ml", 3))
     model = BenchModel("fb", proto, {"x": np.random.default_rng(0).standard_normal((2, 5)).astype(np.float32)})
     entry = harness.bench_model(model, [], 1, rounds=2, warmup=0, block=1, factories={"smelt": ENGINES["smelt"]},
                                 progress=False)
     details = entry["engines"]["smelt"]["details"]
     assert details["native_nodes"] == 1
-    assert [(f["node"], f["op"]) for f in details["fallbacks"]] == [("the_cosh", "Cosh")]
+    assert [(f["node"], f["op"]) for f in details["fallbacks"]] == [("the_cosh", "Binarizer")]
     reason = details["fallbacks"][0]["reason"]
     assert reason
     text = report.format_model(entry)
-    assert f"fallback Cosh the_cosh: {reason}" in text and "1 of 2 nodes" in text
+    assert f"fallback Binarizer the_cosh: {reason}" in text and "1 of 2 nodes" in text
     rep = harness.new_report([], {}, {"peers": []})
     rep["models"].append(entry)
     native = {**entry, "model": "clean",
@@ -168,7 +170,7 @@ def test_report_names_each_fallback_node_with_its_reason():
     suite = report.format_suite(rep)
     rows = {line.split()[0]: line.split()[1] for line in suite.splitlines() if line.split()[:1] in (["fb"], ["clean"])}
     assert rows == {"fb": "1", "clean": "native"}
-    assert f"fallback Cosh the_cosh: {reason}" in suite and "clean:" not in suite
+    assert f"fallback Binarizer the_cosh: {reason}" in suite and "clean:" not in suite
     assert "fully native (2 nodes)" in report.format_model(native)
     # one line per (op, reason), every node named
     many = {**entry, "engines": {"smelt": {**entry["engines"]["smelt"], "details": {**details, "fallbacks": [
