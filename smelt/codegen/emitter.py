@@ -239,6 +239,9 @@ class BlockEmitter:
         into its header comment and must not depend on the buffers; ``attributes`` are C
         function attributes (e.g. the preferred vector width)."""
         assert self._node is not None
+        if self._node.guard is not None:  # a run-time If's branch: skipped when not taken (codegen/guards.py)
+            cond, taken = self._node.guard
+            code = f"if ({'!' if taken else ''}*{self.ptr(cond)}) return;\n" + code
         lifted, refs = lift_refs(code)
         body = lifted.strip().replace("\n", "\n    ")
         fn = self.function(

@@ -24,6 +24,7 @@ from smelt.passes.fuse_epilogue import fuse_epilogues
 from smelt.passes.fuse_layernorm import fuse_layernorm
 from smelt.passes.inline_if import inline_constant_ifs
 from smelt.passes.lower_qdq import lower_qdq
+from smelt.passes.runtime_if import convert_runtime_ifs
 from smelt.passes.shape_inference import infer_shapes
 
 Pass = Callable[[Graph], Graph]
@@ -46,7 +47,10 @@ def fold_to_fixpoint(g: Graph) -> Graph:
         g = check_graph(infer_shapes(eliminate_identity(inline_constant_ifs(fold_constants(g)))))
         g = expand_functions(g)
         if _fold_signature(g) == before:
-            break
+            # what folding could not decide is decided at run time: the branches are inlined
+            # under a select (runtime_if.py) and folded like the rest by the next rounds
+            if not convert_runtime_ifs(g):
+                break
     return g
 
 
