@@ -12,12 +12,13 @@ reads only one of its data inputs, so the nodes that only it needs are guarded b
 and skipped at run time inside the generated code, as onnxruntime skips the untaken branch.
 
 Only after the fold fixpoint (an If that folding can still decide is inlined by ``inline_if``, and
-the untaken branch of a shape test may not even be valid for the actual shapes), and only where
-onnx's inference of the If gives every output a static shape and a known dtype (both branches then
-agree, so the Where does not broadcast) and no branch outputs a sequence or an optional. If shape
-inference or validation refuses the inlined branches, the If is restored and stays on the fallback.
+the untaken branch of a shape test may not even be valid for the actual shapes), only where no
+branch outputs a sequence or an optional, and only where, inferred inlined, both branches give each
+output the same static shape and dtype (so the Where neither broadcasts nor converts). Otherwise
+(or if inference or validation refuses the inlined branches) the If is restored whole and stays on
+the fallback.
 
-Needs: shape inference run (the If outputs typed). Guarantees: every converted If is gone; the
+Needs: constant folding and shape inference at their fixpoint. Guarantees: every converted If is gone; the
 branch values are new names; each If output is produced by a Where of the same shape and dtype.
 """
 
@@ -42,8 +43,7 @@ def _eligible(g: Graph, node: Node) -> bool:
     branches = {a.name: a.g for a in node.attr_protos if a.name in TAKEN.values()}
     if len(branches) != 2 or not all(tensor_outputs(b) for b in branches.values()):
         return False
-    outs = [g.values.get(o) for o in node.outputs if o]
-    return bool(outs) and all(v is not None and v.dtype is not None and v.is_static for v in outs)
+    return any(node.outputs)
 
 
 def _convert(g: Graph, node: Node) -> list[Node]:
@@ -82,26 +82,26 @@ def _agrees(g: Graph, selects: list[Node]) -> bool:
 
 
 def convert_runtime_ifs(g: Graph) -> bool:
-    """Convert every eligible run-time If (see the module doc); True if any was."""
-    todo = {id(n) for n in g.nodes if _eligible(g, n)}
-    if not todo:
-        return False
-    names = {n.name for n in g.nodes if id(n) in todo}
-    saved = (list(g.nodes), dict(g.values), g.inlined_branches, {k: (v.dtype, v.shape) for k, v in g.values.items()})
-    out: list[Node] = []
-    for node in g.nodes:
-        out += _convert(g, node) if id(node) in todo else [node]
-    g.nodes = out
-    g.inlined_branches = True
-    try:
-        check_graph(infer_shapes(g))
-        ok = _agrees(g, [n for n in g.nodes if n.op == "Where" and n.name.rsplit("/select_", 1)[0] in names])
-    except SmeltError:
-        ok = False
-    if not ok:  # the If stays whole (on the fallback)
-        g.nodes, g.values, g.inlined_branches, types = saved
+    """Convert every eligible run-time If (see the module doc), one at a time (a refused one stays
+    whole without holding the others back); True if any was."""
+    changed = False
+    for name in [n.name for n in g.nodes if _eligible(g, n)]:
+        node = next(n for n in g.nodes if n.name == name)
+        saved = (list(g.nodes), dict(g.values), g.inlined_branches, {k: (v.dtype, v.shape) for k, v in g.values.items()})
+        at = next(i for i, n in enumerate(g.nodes) if n is node)
+        g.nodes = g.nodes[:at] + _convert(g, node) + g.nodes[at + 1:]
+        g.inlined_branches = True
+        try:
+            check_graph(infer_shapes(g))
+            ok = _agrees(g, [n for n in g.nodes if n.op == "Where" and n.name.rsplit("/select_", 1)[0] == name])
+        except SmeltError:
+            ok = False
+        if ok:
+            changed = True
+            continue
+        g.nodes, g.values, g.inlined_branches, types = saved  # the If stays whole (on the fallback)
         for k, (dtype, shape) in types.items():
             g.values[k].dtype, g.values[k].shape = dtype, shape
-        return False
-    g.prune_values()
-    return True
+    if changed:
+        g.prune_values()
+    return changed
