@@ -299,12 +299,13 @@ def _values(dt: str) -> np.ndarray:
 
 
 def test_cast_matrix() -> None:
-    """Every native pair except float -> integer, which C leaves undefined out of range (fallback)."""
+    """Every pair native except float -> uint32/uint64, whose out-of-range results onnxruntime
+    defines by no single rule (fallback); float -> the other integers: tests/kernels/test_cast_native.py."""
     cases = Cases()
     fallback = []
     for src, dst in itertools.product(CAST_TYPES, CAST_TYPES):
         cases.add("Cast", [f"x_{src}"], to=helper.np_dtype_to_tensor_dtype(np.dtype(dst)))
-        if src.startswith("float") and not dst.startswith("float") and dst != "bool":
+        if src.startswith("float") and dst in ("uint32", "uint64"):
             fallback.append(cases.nodes[-1].name)
     cases.add("CastLike", ["x_int32", "x_float64"])
     cases.add("Cast", ["big"], to=onnx.TensorProto.FLOAT)
