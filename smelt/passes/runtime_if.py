@@ -14,9 +14,10 @@ and skipped at run time inside the generated code, as onnxruntime skips the unta
 Only after the fold fixpoint (an If that folding can still decide is inlined by ``inline_if``, and
 the untaken branch of a shape test may not even be valid for the actual shapes), only where no
 branch outputs a sequence or an optional, and only where, inferred inlined, both branches give each
-output the same static shape and dtype (so the Where neither broadcasts nor converts). Otherwise
-(or if inference or validation refuses the inlined branches) the If is restored whole and stays on
-the fallback.
+output the same static shape and dtype (so the Where neither broadcasts nor converts), and only
+where every branch node has a native template (a fallback step always runs, so it could not be
+skipped). Otherwise (or if inference or validation refuses the inlined branches) the If is
+restored whole and stays on the fallback.
 
 Needs: constant folding and shape inference at their fixpoint. Guarantees: every converted If is gone; the
 branch values are new names; each If output is produced by a Where of the same shape and dtype.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from smelt.codegen.registry import find_template
 from smelt.errors import SmeltError
 from smelt.frontend.control_flow import tensor_outputs
 from smelt.frontend.validate import check_graph
@@ -81,6 +83,25 @@ def _agrees(g: Graph, selects: list[Node]) -> bool:
     return True
 
 
+# what the next fold round removes (so whether a template takes it does not matter), and nested Ifs
+# (converted by the next call in turn; one that stays whole decides its own branch when it runs)
+_FOLDED = ("Constant", "Identity", "Shape", "Size", "If")
+
+
+def _all_native(g: Graph, prefixes: tuple[str, ...]) -> bool:
+    """Every inlined branch node that folding will not remove has a template. A branch node on the
+    fallback could not be skipped (fallback steps always run: codegen/guards.py), so an untaken
+    branch's fallback op would meet values onnxruntime never gives it; such an If stays whole."""
+    for n in g.nodes:
+        if not n.name.startswith(prefixes) or n.op in _FOLDED:
+            continue
+        if all(g.values[i].const is not None for i in n.present_inputs()):
+            continue
+        if find_template(n, g)[0] is None:
+            return False
+    return True
+
+
 def convert_runtime_ifs(g: Graph) -> bool:
     """Convert every eligible run-time If (see the module doc), one at a time (a refused one stays
     whole without holding the others back); True if any was."""
@@ -93,7 +114,8 @@ def convert_runtime_ifs(g: Graph) -> bool:
         g.inlined_branches = True
         try:
             check_graph(infer_shapes(g))
-            ok = _agrees(g, [n for n in g.nodes if n.op == "Where" and n.name.rsplit("/select_", 1)[0] == name])
+            ok = (_agrees(g, [n for n in g.nodes if n.op == "Where" and n.name.rsplit("/select_", 1)[0] == name])
+                  and _all_native(g, (f"{name}/then/", f"{name}/else/")))
         except SmeltError:
             ok = False
         if ok:

@@ -219,3 +219,19 @@ def test_a_branch_value_read_outside_is_not_guarded():
         for a, b in zip(cm.run({"x": x}), ort_run(model, {"x": x}), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
     assert cm.fallback_nodes == []
+
+
+def test_a_branch_with_a_fallback_op_keeps_the_if_whole():
+    """Cosh has no template: a fallback step always runs, so it could not be skipped when its
+    branch is not taken; the If stays on the fallback, and right."""
+    then = _branch("then", [helper.make_node("Cosh", ["x"], ["t"])], ["t"])
+    other = _branch("else", [helper.make_node("Neg", ["x"], ["e"])], ["e"])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["r"], keepdims=0),
+             helper.make_node("Greater", ["r", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], name="pick", then_branch=then, else_branch=other)]
+    model = make_model(nodes, [tensor("x", [70])], [tensor("y", None)], [const("zero", np.float32(0))])
+    cm = smelt.compile(model, threads=1)
+    for sign in (1, -1):
+        x = (np.abs(RNG.standard_normal(70)) * sign).astype(np.float32)
+        np.testing.assert_allclose(cm.run({"x": x})[0], ort_run(model, {"x": x})[0], rtol=1e-6)
+    assert cm.fallback_nodes == ["pick"]
