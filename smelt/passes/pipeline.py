@@ -16,6 +16,7 @@ from smelt.ir.graph import Graph
 from smelt.ir.verify import verify
 from smelt.passes.constant_folding import fold_constants
 from smelt.passes.dead_nodes import eliminate_dead_nodes
+from smelt.passes.deconv_as_conv import deconv_as_conv
 from smelt.passes.eliminate_identity import eliminate_identity
 from smelt.passes.expand_functions import expand_functions
 from smelt.passes.fold_batchnorm import fold_batchnorm
@@ -69,6 +70,8 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("lower_qdq", lower_qdq, 1),
     ("fold_constants", fold_to_fixpoint, 1),
     ("eliminate_dead_nodes", eliminate_dead_nodes, 0),
+    # before BatchNorm folding and epilogue fusion, which then take the ops it moves onto the conv
+    ("deconv_as_conv", deconv_as_conv, 1),
     ("fold_batchnorm", fold_batchnorm, 1),
     ("fuse_layernorm", fuse_layernorm, 1),
     ("fuse_attention", fuse_attention, 1),
