@@ -253,6 +253,9 @@ class BlockEmitter:
         shares meet inside it (a barrier), so they run at once, one per thread, as all steps of
         a ``shares_synchronize`` template do; the node's other steps stay shareable."""
         assert self._node is not None
+        if self._node.guard is not None:  # a run-time If's branch: skipped when not taken (codegen/guards.py)
+            cond, taken = self._node.guard
+            code = f"if ({'!' if taken else ''}*{self.ptr(cond)}) return;\n" + code
         lifted, refs = lift_refs(code)
         body = lifted.strip().replace("\n", "\n    ")
         fn = self.function(

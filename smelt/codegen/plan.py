@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from smelt.codegen.concat_views import plan_concat_views
+from smelt.codegen.guards import assign_guards
 from smelt.codegen.inplace import plan_inplace
 from smelt.codegen.registry import find_template
 from smelt.ir.graph import Graph, Node
@@ -176,6 +177,7 @@ def plan_arena(g: Graph, steps: list[NativeBlock | FallbackStep], concat_views: 
 
 def build_plan(g: Graph, force_fallback: frozenset[str] = frozenset(), *, concat_views: bool = True) -> ExecutionPlan:
     steps = partition(g, force_fallback)
+    assign_guards(g, {id(n) for s in steps if isinstance(s, NativeBlock) for n in s.nodes})
     _block_io(g, steps)
     offsets, total = plan_arena(g, steps, concat_views)
     return ExecutionPlan(steps, offsets, total)

@@ -99,6 +99,10 @@ class Node:
     # convolution's blocking); empty = the template's deterministic default
     # how the node runs, written by the schedule stage (smelt.schedule: ConvSchedule, RnnSchedule); None before it
     schedule: Any = None
+    # (condition value, polarity): the node runs only when the one-element bool condition equals
+    # the polarity (its result is read only then: a branch of a run-time If, codegen/guards.py);
+    # None = always. Set at plan time; the condition counts as an input for liveness.
+    guard: tuple[str, bool] | None = None
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
@@ -109,6 +113,8 @@ class Node:
     def all_inputs(self) -> list[str]:
         """Data inputs, values read by fused epilogues, and outer values read by subgraphs."""
         extra = [e.input for e in self.epilogue if e.input]
+        if self.guard is not None:
+            extra.append(self.guard[0])
         if self.attr_protos:
             for attr in self.attr_protos:
                 if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
@@ -192,6 +198,8 @@ class Graph:
         for n in self.nodes:
             n.inputs = [new if i == old else i for i in n.inputs]
             n.epilogue = [e.with_input(new) if e.input == old else e for e in n.epilogue]
+            if n.guard is not None and n.guard[0] == old:
+                n.guard = (new, n.guard[1])
             if n.attr_protos and any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
                                      for a in n.attr_protos):
                 n.attr_protos = with_outer_renamed(n.attr_protos, {old: new})

@@ -3,7 +3,8 @@
 Needs: shapes inferred; BatchNorm already folded. Guarantees: a chain of element-wise ops
 (bias/residual Add, Sub, Mul, Div with a same-shape, per-channel or scalar operand; Relu, Clip,
 Sigmoid, Tanh, LeakyRelu, HardSigmoid, HardSwish, the SiLU pattern x*sigmoid(x), and the exact
-GELU as exporters spell it, x*0.5*(1+erf(x/sqrt2)): passes/gelu_pattern.py) that
+GELU as exporters spell it, x*0.5*(1+erf(x/sqrt2)): passes/gelu_pattern.py; HardSwish as
+x*Clip(x+3, 0, 6)/6: passes/hardswish_pattern.py) that
 follows a Conv, Gemm, MatMul or BatchNormalization whose output has no other reader becomes
 that producer's ``epilogue`` list (typed steps, smelt/ir/epilogue.py), applied in order to each output element. A Clip step always
 carries both bounds (params ``min``/``max``; absent ones are ONNX's defaults, the float32 range). The
@@ -19,6 +20,7 @@ from smelt.ir.epilogue import BINARY_OPS, EpilogueActivation, EpilogueBinary, Ep
 from smelt.ir.graph import Graph, Node
 from smelt.ir.ops import EPILOGUE_HOSTS, traits
 from smelt.passes.gelu_pattern import match_gelu
+from smelt.passes.hardswish_pattern import match_hardswish
 
 
 def _unary_spec(g: Graph, node: Node) -> EpilogueActivation | None:
@@ -124,6 +126,9 @@ def _fuse_next(g: Graph, host: Node, producers: dict[str, Node], consumers: dict
     elif len(readers) == 2 and (gelu := match_gelu(g, y, consumers)) is not None:
         spec = EpilogueActivation("Gelu")
         absorbed, new_out = gelu
+    elif len(readers) == 2 and (hswish := match_hardswish(g, y, consumers)) is not None:
+        spec = EpilogueActivation("HardSwish")
+        absorbed, new_out = hswish
     if spec is None or g.values[new_out].dtype != np.float32:
         return []
     for n in absorbed:

@@ -16,6 +16,7 @@ from smelt.ir.graph import Graph
 from smelt.ir.verify import verify
 from smelt.passes.constant_folding import fold_constants
 from smelt.passes.dead_nodes import eliminate_dead_nodes
+from smelt.passes.deconv_as_conv import deconv_as_conv
 from smelt.passes.eliminate_identity import eliminate_identity
 from smelt.passes.expand_functions import expand_functions
 from smelt.passes.fold_batchnorm import fold_batchnorm
@@ -24,6 +25,7 @@ from smelt.passes.fuse_epilogue import fuse_epilogues
 from smelt.passes.fuse_layernorm import fuse_layernorm
 from smelt.passes.inline_if import inline_constant_ifs
 from smelt.passes.lower_qdq import lower_qdq
+from smelt.passes.runtime_if import convert_runtime_ifs
 from smelt.passes.shape_inference import infer_shapes
 from smelt.passes.unroll_loops import unroll_loops
 
@@ -48,7 +50,10 @@ def fold_to_fixpoint(g: Graph) -> Graph:
         g = check_graph(infer_shapes(eliminate_identity(inline_constant_ifs(fold_constants(g)))))
         g = unroll_loops(expand_functions(g))
         if _fold_signature(g) == before:
-            break
+            # what folding could not decide is decided at run time: the branches are inlined
+            # under a select (runtime_if.py) and folded like the rest by the next rounds
+            if not convert_runtime_ifs(g):
+                break
     return g
 
 
@@ -67,6 +72,8 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("lower_qdq", lower_qdq, 1),
     ("fold_constants", fold_to_fixpoint, 1),
     ("eliminate_dead_nodes", eliminate_dead_nodes, 0),
+    # before BatchNorm folding and epilogue fusion, which then take the ops it moves onto the conv
+    ("deconv_as_conv", deconv_as_conv, 1),
     ("fold_batchnorm", fold_batchnorm, 1),
     ("fuse_layernorm", fuse_layernorm, 1),
     ("fuse_attention", fuse_attention, 1),

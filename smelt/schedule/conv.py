@@ -47,6 +47,9 @@ IC_OUTER_MAX_PLANE = 196
 # older space (2: ic_chunk added) are not reused, since they never saw the newer choices.
 SCHEDULE_SPACE = 2
 GEMM_MIN_REDUCTION = 256  # input channels x kernel taps (see prefers_gemm)
+# output positions per image below which a narrow-row conv stays direct (narrow_row_bound): the
+# GEMM micro-kernel's column panel is 16-48 wide, so fewer columns leave it as idle as the direct tile
+GEMM_MIN_COLUMNS = 64
 # smallest ic-outer chunk, in input channels (one 16-lane input block)
 MIN_IC_CHUNK = 16
 # the NCHWc kernels are rendered for blocks of 8 and 16 lanes
@@ -223,18 +226,46 @@ def nchwc_reason(node: Node, g: Graph, target: Target) -> str | None:
 
 def prefers_gemm(node: Node, g: Graph, target: Target, options: CompileOptions) -> bool:
     """The per-layer algorithm choice: True when the NCHW GEMM (im2col in packing) beats the
-    NCHWc template. That is the case when the output channels only divide into half-width blocks
+    NCHWc template. That is the case for output rows too narrow for the direct kernel's register
+    tile (``narrow_row_bound``), and when the output channels only divide into half-width blocks
     (8 on AVX-512): the direct kernel then runs at half the vector width, the GEMM's micro-kernel
     at full width (SqueezeNet's 512->1000 classifier, 13x13: 0.94 ms direct, 0.56 ms GEMM).
     The GEMM also costs a layout transform on each side when its neighbours are blocked, which
     only deep reductions repay (MobileNet-v2's 144->24 and 24->144 convs lost 13% as GEMMs).
     Depthwise and grouped convs stay direct (the GEMM runs them group by group)."""
-    if not options.gemm_for_half_width or nchwc_reason(node, g, target) is not None:
+    if nchwc_reason(node, g, target) is not None:
         return False
     geo = ConvGeometry(node, g)
-    half_width_only = geo.oc % vector_lanes(target) != 0
-    return (half_width_only and geo.group == 1
-            and geo.c * geo.ks[0] * geo.ks[1] >= GEMM_MIN_REDUCTION)
+    if geo.group != 1 or geo.c * geo.ks[0] * geo.ks[1] < GEMM_MIN_REDUCTION:
+        return False
+    if narrow_row_bound(geo, target):
+        return True
+    return options.gemm_for_half_width and geo.oc % vector_lanes(target) != 0
+
+
+def direct_accumulators(geo: ConvGeometry, target: Target, columns: int) -> int:
+    """The most accumulators a direct-kernel register tile holds on this conv when a tile row
+    spans at most ``columns`` output columns: J output blocks (at most 4, the candidates' bound)
+    times R columns, within the target's accumulator budget, at its widest block."""
+    blocks = oc_block_choices(geo.oc, target)
+    if not blocks:
+        return 0
+    ocb = geo.oc // blocks[0]
+    budget = accumulator_budget(target, blocks[0])
+    return max(j * min(columns, budget // j) for j in range(1, min(4, ocb) + 1))
+
+
+def narrow_row_bound(geo: ConvGeometry, target: Target) -> bool:
+    """A conv the direct kernel runs FMA-latency-bound for want of columns, while the GEMM has a
+    full panel of them: its register tile spans one output row, and rows this narrow leave fewer
+    than ``FMA_CHAINS`` accumulators where a wider row would give them (a plane of width 1:
+    magika's 256->512 5x1 conv on [512, 1] gets a 4x1 tile, and ran 1.5x faster as the GEMM,
+    interleaved on Zen 4); and at least ``GEMM_MIN_COLUMNS`` output positions per image for the
+    GEMM's columns (an SE block's 1x1 plane has none to offer either way, and stays direct)."""
+    if geo.outs[0] * geo.outs[1] < GEMM_MIN_COLUMNS:
+        return False
+    have = direct_accumulators(geo, target, row_width(geo))
+    return have < FMA_CHAINS <= direct_accumulators(geo, target, accumulator_budget(target, 0))
 
 
 def workload(node: Node, g: Graph, in_block: int, threads: int) -> dict:

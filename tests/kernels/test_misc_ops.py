@@ -300,7 +300,7 @@ def _values(dt: str) -> np.ndarray:
 
 def test_cast_matrix() -> None:
     """Every native pair except float -> uint32/uint64, whose out-of-range results onnxruntime does
-    not give consistently (fallback); float -> the other integers is templates/cast_float_int.py."""
+    not give consistently (fallback); float -> the other integers: tests/kernels/test_cast_native.py."""
     cases = Cases()
     fallback = []
     for src, dst in itertools.product(CAST_TYPES, CAST_TYPES):

@@ -1,6 +1,8 @@
 """If nodes: a condition known at compile time inlines the branch taken (passes/inline_if.py); one
 decided by small graph inputs specializes the model per branch (frontend/control_flow.py); a
-data-dependent one keeps the If on the fallback. Always against onnxruntime."""
+data-dependent one runs both branches natively under a run-time select (passes/runtime_if.py,
+tests/passes/test_runtime_if.py), or stays on the fallback when its branches' shapes differ.
+Always against onnxruntime."""
 
 from __future__ import annotations
 
@@ -69,8 +71,9 @@ def test_input_condition_specializes_per_branch():
     assert cm.compilations == 2
 
 
-def test_data_condition_stays_on_the_fallback():
-    """cond = (sum(x) > 0) depends on the data: the If runs through the fallback, named, and right."""
+def test_data_condition_runs_natively():
+    """cond = (sum(x) > 0) depends on the data: both branches (the nested If inlined) compile
+    natively, the taken one is chosen at run time, and the answer is right for either."""
     nodes = [helper.make_node("ReduceSum", ["x"], ["r"], keepdims=0),
              helper.make_node("Greater", ["r", "zero"], ["c"])]
     model = _two_way_model(nodes, "c", [tensor("x", [2, 4])])
@@ -79,18 +82,18 @@ def test_data_condition_stays_on_the_fallback():
     for sign in (1.0, -1.0):
         x = (np.abs(RNG.standard_normal((2, 4))) * sign).astype(np.float32)
         assert_close([cm(x)], ort_run(model, {"x": x}))
-    assert cm.fallback_nodes == ["choose"]
+    assert cm.fallback_nodes == []
 
 
 def test_fallback_if_reading_an_eliminated_identity():
     """An If left on the fallback reads an outer value that an Identity produced; eliminating the
     Identity renames that read inside the branches too (it used to leave the branch reading a
-    value nothing produced any more)."""
+    value nothing produced any more). Its branches' shapes differ ([3] and []), so it stays whole."""
     x_copy = helper.make_node("Identity", ["x"], ["x_copy"])
     cond = [helper.make_node("ReduceSum", ["x_copy"], ["r"], keepdims=0),
             helper.make_node("Greater", ["r", "zero"], ["c"])]
     then = _branch("then", [helper.make_node("Relu", ["x_copy"], ["t"])], "t")
-    other = _branch("else", [helper.make_node("Neg", ["x_copy"], ["e"])], "e")
+    other = _branch("else", [helper.make_node("ReduceMax", ["x_copy"], ["e"], keepdims=0)], "e")
     model = make_model([x_copy] + cond + [helper.make_node("If", ["c"], ["y"], name="choose", then_branch=then,
                                                            else_branch=other)],
                        [tensor("x", [3])], [tensor("y", None)], [const("zero", np.float32(0))])

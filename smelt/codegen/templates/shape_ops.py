@@ -571,9 +571,36 @@ def emit_depth_space(node: Node, g: Graph, em: BlockEmitter) -> None:
 
 # -- Cast / CastLike -------------------------------------------------------------------------------
 
+# float -> integer: in range, C truncates toward zero as onnxruntime does; out of range (and NaN)
+# C leaves it undefined, while onnxruntime (static_cast on x86: cvttss2si / cvttps2dq) gives the
+# "integer indefinite" INT32_MIN / INT64_MIN, and an 8/16-bit target the low bits of the 32-bit
+# conversion (so 300.7 -> int8 44, NaN -> 0). The expressions below define exactly that, so the
+# result no longer depends on gcc. Unsigned 32/64-bit targets have no such single rule in
+# onnxruntime (its results differ by code path) and stay with the fallback.
+_FLOAT_TO_INT_VIA = {"int8": "int32", "int16": "int32", "uint8": "int32", "uint16": "int32",
+                     "int32": "int32", "int64": "int64"}
+_INT_LIMIT = {"int32": ("2147483648.0", "INT32_MIN"), "int64": ("9223372036854775808.0", "INT64_MIN")}
+
+
+def _float_to_int(src: str, dst: str, v: str) -> str:
+    """``v`` (a float32 or float64 expression) converted as onnxruntime converts it on x86."""
+    via = _FLOAT_TO_INT_VIA[dst]
+    bound, indefinite = _INT_LIMIT[via]
+    t = "double" if src == "float64" else "float"
+    suffix = "" if t == "double" else "f"
+    # -bound is exactly representable and converts to the minimum; NaN fails both compares
+    wide = (f"__extension__ ({{ const {t} smelt_v_ = ({v}); (smelt_v_ >= -{bound}{suffix} && smelt_v_ < {bound}{suffix})"
+            f" ? ({via}_t)smelt_v_ : {indefinite}; }})")
+    if via == dst:
+        return wide
+    return f"({c_type(dst)})(u{via}_t)({wide})"  # the low bits (gcc's narrowing of a signed value is modular too)
+
+
 def cast_expr(src: str, dst: str, v: str) -> str | None:
     """C expression converting ``v`` from dtype ``src`` to ``dst``; None if C's differs from ONNX's.
     float16 converts through float, as onnxruntime does (a double is rounded to float first)."""
+    if src == "float16" and dst in _FLOAT_TO_INT_VIA:
+        return _float_to_int("float32", dst, half.load(src, v))
     if src == "float16" and dst in FLOAT_TYPES + ("float16", "bool"):
         return v if dst == "float16" else f"({c_type(dst)})({half.load(src, v)}{' != 0' if dst == 'bool' else ''})"
     if dst == "float16" and src in FLOAT_TYPES:
@@ -583,7 +610,7 @@ def cast_expr(src: str, dst: str, v: str) -> str | None:
     if dst == "bool":
         return f"({v} != 0)"
     if src in FLOAT_TYPES and dst not in FLOAT_TYPES:
-        return None
+        return _float_to_int(src, dst, v) if dst in _FLOAT_TO_INT_VIA else None
     return f"({c_type(dst)})({v})"
 
 
