@@ -47,7 +47,8 @@ from smelt.passes.pipeline import run_passes
 from smelt.progress import Phases
 from smelt.runtime import artifact
 from smelt.runtime.artifact import ArtifactPlan, FallbackStepEntry, NativeBlockEntry, TensorSpec
-from smelt.schedule.stage import fingerprint_for, schedule_graph
+from smelt.schedule.rnn import decide_rnn_graph
+from smelt.schedule.stage import fingerprint_for, schedule_graph, tuning_db
 from smelt.target import Target, detect
 
 
@@ -177,6 +178,10 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
             if name in g.values:
                 g.values[name].shape = shape
         g.decision_shapes = {name: ref.values[name].shape for name in g.values if name in ref.values}
+        # recurrent nodes are scheduled at their actual sizes: their grid table has a row per
+        # batch size up to B (a larger batch than the decision's would have no row)
+        narrowed = (target or detect()).narrowed(options.isa)
+        decide_rnn_graph(g, narrowed, options.codegen_threads(narrowed), tuning_db(options))
     verify(g, "schedule")  # the graph codegen reads: invariants hold (cheap: linear)
     return g
 

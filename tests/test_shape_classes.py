@@ -56,7 +56,7 @@ def ocr_model():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
+@pytest.mark.parametrize("isa", ["native", "avx2", pytest.param("scalar", marks=pytest.mark.slow)])
 def test_widths_share_one_library(isa, threads, monkeypatch, tmp_path):
     force_isa(isa, monkeypatch, tmp_path / "cache")
     compiles = []

@@ -12,6 +12,10 @@ from onnx import TensorProto, helper
 
 import smelt
 
+# node-suite ops at every ISA and thread count: the long suite (`pytest -m slow`, run by .ci/run);
+# the node suite itself (tests/conformance) checks these ops against onnxruntime too
+pytestmark = pytest.mark.slow
+
 ISAS = ["native", "avx2", "scalar"]
 RNG = np.random.default_rng(20261126)
 NAN, INF = np.float32(np.nan), np.float32(np.inf)

@@ -11,6 +11,10 @@ import pytest
 from kernel_models import force_isa
 from node_cases import Cases, check
 
+# node-suite ops at every ISA and thread count: the long suite (`pytest -m slow`, run by .ci/run);
+# the node suite itself (tests/conformance) checks these ops against onnxruntime too
+pytestmark = pytest.mark.slow
+
 RNG = np.random.default_rng(151)
 ISAS = ["native", "avx2", "scalar"]
 
