@@ -5,9 +5,10 @@ and its per-call latency is within 15% of a shape-specialized build. This script
 1. compiles the model once (``share_shapes=True``, the default) and calls it with ``--widths``
    random widths, checking each answer against onnxruntime and counting C compiler runs;
 2. for ``--specialized`` of those widths, builds a shape-specialized model
-   (``share_shapes=False``: decided and compiled for that width alone, Winograd allowed) and
-   times the shared build, the specialized build and onnxruntime interleaved, ``--rounds``
-   rounds of ``--calls`` calls each, 2 threads each; medians.
+   (``share_shapes=False``: decided and compiled for that width alone) and times the shared
+   build, the specialized build and onnxruntime interleaved (each first in turn, 50 ms idle
+   between engines so one's spinning workers do not slow the next), ``--rounds`` rounds of
+   ``--calls`` calls each, 2 threads each; medians.
 
     python benchmarks/bench_shape_classes.py [wild:ddddocr-rec] [--widths 50] [--specialized 5]
 """
@@ -96,8 +97,11 @@ def main() -> None:
         for run in engines.values():
             run()
         times: dict[str, list[float]] = {k: [] for k in engines}
-        for _ in range(args.rounds):
-            for key, run in engines.items():
+        order = list(engines)
+        for r in range(args.rounds):
+            for key in order[r % 3:] + order[:r % 3]:  # each engine first in turn
+                run = engines[key]
+                time.sleep(0.05)  # the previous engine's spinning workers leave the cores first
                 t = time.perf_counter()
                 for _ in range(args.calls):
                     run()
