@@ -222,14 +222,15 @@ def test_a_branch_value_read_outside_is_not_guarded():
 
 
 def test_a_branch_with_a_fallback_op_keeps_the_if_whole():
-    """Cosh has no template: a fallback step always runs, so it could not be skipped when its
-    branch is not taken; the If stays on the fallback, and right."""
-    then = _branch("then", [helper.make_node("Cosh", ["x"], ["t"])], ["t"])
+    """ai.onnx.ml's Binarizer has no template: a fallback step always runs, so it could not be
+    skipped when its branch is not taken; the If stays on the fallback, and right."""
+    then = _branch("then", [helper.make_node("Binarizer", ["x"], ["t"], domain="ai.onnx.ml", threshold=0.5)], ["t"])
     other = _branch("else", [helper.make_node("Neg", ["x"], ["e"])], ["e"])
     nodes = [helper.make_node("ReduceSum", ["x"], ["r"], keepdims=0),
              helper.make_node("Greater", ["r", "zero"], ["c"]),
              helper.make_node("If", ["c"], ["y"], name="pick", then_branch=then, else_branch=other)]
     model = make_model(nodes, [tensor("x", [70])], [tensor("y", None)], [const("zero", np.float32(0))])
+    model.opset_import.append(helper.make_opsetid("ai.onnx.ml", 3))
     cm = smelt.compile(model, threads=1)
     for sign in (1, -1):
         x = (np.abs(RNG.standard_normal(70)) * sign).astype(np.float32)
