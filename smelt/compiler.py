@@ -578,7 +578,8 @@ def _build_shared(proto: onnx.ModelProto, model_digest: str, shapes: Mapping[str
         return None
     try:
         lib_path, lib_pin = toolchain.shared_library(smap.source, name=g.name, target=target, sanitize=options.sanitize)
-    except CompileError as exc:  # a slot in a constant expression: this class builds per shape
+    except CompileError as exc:  # a slot in a constant expression: every shape of this class alone
+        atomic_write(cdir / "keyed.json", json.dumps({"keyed": sorted(sizes)}).encode())
         atomic_write(cdir / "why.txt", f"the slotted C does not compile: {str(exc)[:2000]}\n".encode())
         return None
     fallbacks = _fallback_models(g, plan)

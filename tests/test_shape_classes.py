@@ -89,6 +89,31 @@ def test_share_shapes_false_compiles_each_shape(monkeypatch, tmp_path):
         assert compiled._variants[compiled._last].plan.slots is None
 
 
+def test_a_slotted_library_that_does_not_compile_falls_back_to_per_shape_builds(monkeypatch, tmp_path):
+    """A slot inside a C constant expression would not compile: the shape is built for itself, and
+    the class stops trying (one failed compile, not one per shape)."""
+    from smelt.errors import CompileError
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path / "cache"))
+    real = toolchain.shared_library
+    slotted_tries = []
+
+    def refuse_slotted(source, **kw):
+        if "smelt_set_slots" in source:
+            slotted_tries.append(1)
+            raise CompileError("a slot in a constant expression (simulated)")
+        return real(source, **kw)
+
+    monkeypatch.setattr(toolchain, "shared_library", refuse_slotted)
+    model = ocr_model()
+    compiled = smelt.compile(model, threads=2)
+    for width in (40, 41, 44):
+        x = RNG.standard_normal((1, 3, 16, width)).astype(np.float32)
+        assert_close(compiled(x), ort_run(model, {"x": x}), rel=2e-4)
+        assert compiled._variants[compiled._last].plan.slots is None
+    assert len(slotted_tries) == 1
+
+
 C_A = """static const smelt_ref_t smelt_refs_0[2] = {
     {0, 128}, {1, 64},
 };
