@@ -19,6 +19,10 @@ import smelt
 from smelt.compiler import lower
 from smelt.options import CompileOptions
 
+# quantized-op and quantize-tool cases at every ISA and mode: the long suite (`pytest -m slow`,
+# run by .ci/run); the default run keeps the blocked int8 conv, the int8 LSTM and lower_qdq tests
+pytestmark = pytest.mark.slow
+
 ort = pytest.importorskip("onnxruntime")
 quantization = pytest.importorskip("onnxruntime.quantization")
 

@@ -27,6 +27,10 @@ from tests.test_quantize_tool import _cnn as _shared_cnn
 from tests.test_quantize_tool import _feeds as _shared_feeds
 from tests.test_quantize_tool import _sqnr
 
+# quantized-op and quantize-tool cases at every ISA and mode: the long suite (`pytest -m slow`,
+# run by .ci/run); the default run keeps the blocked int8 conv, the int8 LSTM and lower_qdq tests
+pytestmark = pytest.mark.slow
+
 ort = pytest.importorskip("onnxruntime")
 
 RNG = np.random.default_rng(20261126)

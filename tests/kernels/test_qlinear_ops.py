@@ -16,6 +16,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import smelt
 
+# quantized-op and quantize-tool cases at every ISA and mode: the long suite (`pytest -m slow`,
+# run by .ci/run); the default run keeps the blocked int8 conv, the int8 LSTM and lower_qdq tests
+pytestmark = pytest.mark.slow
+
 ort = pytest.importorskip("onnxruntime")
 
 ISAS = ["native", "avx2", "scalar"]
