@@ -10,6 +10,8 @@ Spellings matched (y: the host's output; every intermediate read once, none a gr
 
 - ``Mul(Mul(y, Add(Erf(Div(y, sqrt2)), 1)), 0.5)`` (torch.onnx, transformers' BERT/ViT/Whisper)
 - ``Mul(Mul(y, 0.5), Add(Erf(Div(y, sqrt2)), 1))`` (the half taken first)
+- ``Mul(y, Mul(Add(Erf(Div(y, sqrt2)), 1), 0.5))`` (the half taken of the bracket: pipecat's
+  int8 smart-turn, exported by torch.onnx's dynamo path)
 - ``Mul(y, 1/sqrt2)`` in place of the Div; operands of Add and Mul in either order.
 """
 
@@ -69,6 +71,9 @@ def match_gelu(g: Graph, y: str, consumers: dict[str, list[Node]]) -> tuple[list
             last = only_reader(other.outputs[0], "Mul")
             if last is not None and _is(g, _other(last, other.outputs[0]) or "", 0.5):
                 return [scale, erf, add, other, last], last.outputs[0]
+        elif (half := only_reader(a, "Mul")) is not None and _is(g, _other(half, a) or "", 0.5) \
+                and o == half.outputs[0] and consumers.get(o) == [other] and o not in g.outputs:
+            return [scale, erf, add, half, other], other.outputs[0]  # y * ((1 + erf) * 0.5)
         elif o is not None and _is(g, o, 0.5):  # (y * 0.5) * (1 + erf)
             last = only_reader(other.outputs[0], "Mul")
             if (last is not None and _other(last, other.outputs[0]) == a and consumers.get(a) == [last]

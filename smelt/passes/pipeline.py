@@ -14,6 +14,7 @@ from smelt import settings
 from smelt.frontend.validate import check_graph
 from smelt.ir.graph import Graph
 from smelt.ir.verify import verify
+from smelt.passes.activation_nodes import collapse_activation_patterns
 from smelt.passes.constant_folding import fold_constants
 from smelt.passes.dead_nodes import eliminate_dead_nodes
 from smelt.passes.deconv_as_conv import deconv_as_conv
@@ -78,6 +79,8 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("fuse_layernorm", fuse_layernorm, 1),
     ("fuse_attention", fuse_attention, 1),
     ("fuse_epilogues", fuse_epilogues, 1),
+    # what no Conv/MatMul took as an epilogue: one node, one pass, vector math
+    ("collapse_activation_patterns", collapse_activation_patterns, 1),
 ]
 
 

@@ -124,6 +124,8 @@ def _gelu(cases: Cases, x: str, spelling: str) -> str:
         plus1 = add("Add", [one, erf])
     if spelling == "half-first":
         out = add("Mul", [add("Mul", [x], (F(0.5),)), plus1])
+    elif spelling == "half-last":  # x * ((1 + erf) * 0.5): pipecat's smart-turn
+        out = add("Mul", [x, add("Mul", [plus1], (F(0.5),))])
     else:
         out = add("Mul", [add("Mul", [plus1, x] if spelling == "one-first" else [x, plus1])], (F(0.5),))
     for v in inner[:-1]:
@@ -131,7 +133,7 @@ def _gelu(cases: Cases, x: str, spelling: str) -> str:
     return out
 
 
-SPELLINGS = ["torch", "mul-rsqrt2", "one-first", "half-first"]
+SPELLINGS = ["torch", "mul-rsqrt2", "one-first", "half-first", "half-last"]
 
 
 @pytest.fixture
@@ -148,7 +150,7 @@ def test_gelu_pattern_fused_into_matmul(isa_target):
     cases = Cases()
     feeds = {"a": (rng.standard_normal((19, 24)) * 2).astype(F)}
     for k, spelling in enumerate(SPELLINGS):
-        n = (64, 37, 48, 5)[k]
+        n = (64, 37, 48, 5, 17)[k]
         mm = cases.add("MatMul", ["a"], (rng.standard_normal((24, n)).astype(F) * 0.5,))[0]
         cases.outputs.remove(mm)
         biased = cases.add("Add", [mm], (rng.standard_normal(n).astype(F),))[0]
@@ -193,6 +195,44 @@ def test_gelu_pattern_not_matched_when_a_value_is_read_elsewhere():
         compiled = smelt.compile(model, threads=2)
         for got, want in zip(compiled.run(feeds), oracle(model, feeds), strict=True):
             np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("isa_target", ISAS, indirect=True)
+def test_unfused_gelu_and_hardswish_become_one_node(isa_target):
+    """A GELU (each spelling) or HardSwish whose input no Conv/MatMul produces (here a residual
+    Add, and a graph input) becomes one Gelu/HardSwish node (passes/activation_nodes.py), run
+    with the vector math; a standalone Erf runs the vector erf too. Sizes around the vector width
+    (tails), values across erf's split and clamp, NaN and +-Inf; onnxruntime's answers at 1 and
+    2 threads."""
+    rng = np.random.default_rng(3)
+    cases = Cases()
+    a = (rng.standard_normal((5, 37)) * 3).astype(F)
+    a[0, :4] = [np.nan, np.inf, -np.inf, 0.0]
+    feeds = {"a": a, "b": rng.standard_normal((5, 37)).astype(F),
+             "c": (rng.standard_normal(17) * 4).astype(F), "h": (rng.standard_normal(19) * 4).astype(F), "e": (rng.standard_normal(33) * 2).astype(F)}
+    for spelling in SPELLINGS:
+        res = cases.add("Add", ["a", "b"])[0]
+        cases.outputs.remove(res)
+        _gelu(cases, res, spelling)
+    _gelu(cases, "c", "torch")
+    plus3 = cases.add("Add", ["h"], (F(3),))[0]
+    clip = cases.add("Clip", [plus3], (F(0), F(6)))[0]
+    hs = cases.add("Mul", ["h", clip])[0]
+    cases.add("Div", [hs], (F(6),))
+    for v in (plus3, clip, hs):
+        cases.outputs.remove(v)
+    cases.add("Erf", ["e"])
+    model = build_model(cases, feeds)
+    want = oracle(model, feeds)
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        assert compiled.fallback_nodes == []
+        ops = [s.op for s in compiled.plan.step_infos()]
+        assert ops.count("Gelu") == len(SPELLINGS) + 1 and ops.count("HardSwish") == 1, ops
+        assert ops.count("Erf") == 1 and "Div" not in ops and "Clip" not in ops, ops
+        for g, w in zip(compiled.run(feeds), want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=3e-6, atol=3e-6, err_msg=f"{threads} threads")
+        compiled.close()
 
 
 # ---- fused attention (passes/fuse_attention.py, templates/attention.py) ------------------------

@@ -164,7 +164,7 @@ def _check_unary(node: Node, g: Graph) -> str | None:
 # float32 activations computed with the target's vector math (csrc/smelt_vec.h, the functions
 # the fused epilogues and the RNN call): glibc's tanhf costs ~95 ns an element against ~3 for
 # a vector lane, which was a quarter of a file-type classifier's time (magika)
-VECTOR_MATH_OPS = ("Sigmoid", "Tanh", "Exp", "Gelu", "Asin", "Acos", "Atan")
+VECTOR_MATH_OPS = ("Sigmoid", "Tanh", "Exp", "Erf", "Gelu", "Asin", "Acos", "Atan")
 # inverse trigonometry: kernels/vtrig.py (libm's were 20-40x slower than onnxruntime's Eigen ones)
 VTRIG_OPS = {"Asin": "asin", "Acos": "acos", "Atan": "atan"}
 
@@ -179,6 +179,8 @@ def _vector_math(node: Node, g: Graph, em: BlockEmitter) -> str | None:
         return None
     if node.op == "Exp":
         return f"{v.exp_fn}(xv)"
+    if node.op == "Erf":  # a standalone Erf (an unmatched GELU spelling): libm's erff was ~60x slower
+        return f"{v.erf_fn}(xv)"
     if node.op in VTRIG_OPS:
         em.function(f"vtrig_{v.name}", vtrig.source(v))
         return f"{vtrig.fn_name(VTRIG_OPS[node.op], v)}(xv)"
