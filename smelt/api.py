@@ -64,7 +64,8 @@ from smelt.ir.ops import ops_where
 from smelt.ir.types import onnx_type_string
 from smelt.options import CompileOptions
 from smelt.runtime.artifact import ArtifactPlan
-from smelt.runtime.module import LoadedArtifact, ProfileCounters, reinit_after_fork
+from smelt.runtime.memory import ArenaPool
+from smelt.runtime.module import LoadedArtifact, ProfileCounters, aligned_empty, reinit_after_fork
 from smelt.target import NATIVE_ISA, detect
 
 DYNAMIC_KEY = ("__dynamic__",)  # the one variant of a dynamic model
@@ -164,6 +165,9 @@ class CompiledModel:
         self._builds: dict[tuple, BuildResult] = {}
         self._pending: dict[tuple, _PendingBuild] = {}
         self._lock = threading.Lock()
+        # the arenas of all variants: one per concurrent call, as large as the largest shape
+        # seen (runtime/memory.py), not one per variant
+        self._arenas = ArenaPool(aligned_empty)
         self._last: tuple | None = None
         # (input signature, variant) of the last call without guards: a call whose arrays match
         # it skips validation and the variant lookup (a few microseconds of a 20 us model)
@@ -175,6 +179,9 @@ class CompiledModel:
         self._decide = Decisions(self._guards)
         reinit_after_fork(self)
         symbols = {d for _, _, shp in self._inputs if shp for d in shp if isinstance(d, str)}
+        # only a model that can have several variants takes its arenas from the pool (a fixed
+        # model keeps one arena, and its calls skip the pool's ~0.3 us)
+        self._share_arenas = bool(symbols) or any(shp is None for _, _, shp in self._inputs) or bool(self._guards)
         if dynamic is None:
             dynamic = bool(symbols) and dynamic_rnn_eligible(self.proto)
         elif dynamic and not dynamic_rnn_eligible(self.proto):
@@ -365,7 +372,8 @@ class CompiledModel:
         try:
             result = build(proto, shapes, options, progress=self.progress, shape_class=shape_class)
             art = LoadedArtifact(result.directory, result.lib_path, self.threads, list(detect().core_cpus),
-                                 dynamic=dynamic)
+                                 dynamic=dynamic,
+                                 arenas=self._arenas if self._share_arenas else None)
         except BaseException as err:
             with self._lock:
                 if self._pending.get(pkey) is pending:
@@ -487,6 +495,15 @@ class CompiledModel:
         return 0 if art is None else art.plan.arena_bytes + art.plan.scratch_bytes
 
     @property
+    def arena_bytes_held(self) -> int:
+        """Bytes of arena this model holds over all its variants: the largest variant's arena
+        per concurrent call (runtime/memory.py), not the sum over variants (a model of fixed
+        shapes: its one variant's arena)."""
+        if not self._share_arenas:
+            return self.arena_bytes
+        return self._arenas.allocated
+
+    @property
     def source_path(self) -> Path | None:
         art = self._current()
         return None if art is None or art.lib_path is None else source_path_for(art.lib_path)
@@ -544,6 +561,7 @@ class CompiledModel:
         builds in flight belong to the parent's threads (a later call here builds again)."""
         self._lock = threading.Lock()
         self._pending = {}
+        self._arenas.after_fork_in_child()
 
 
 def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1, allow_fallback: bool = True,

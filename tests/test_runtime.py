@@ -310,3 +310,25 @@ def test_synchronizing_steps_wait_for_a_worker_or_run_alone(monkeypatch):
         assert run + 2 * solo == 4 * steps * 2, (delay, run, solo, steps)
         if delay == "1:50000":
             assert solo >= 2 * steps, (run, solo, steps)
+
+
+def test_arena_pool_keeps_one_buffer_per_concurrent_caller():
+    """runtime/memory.py: one caller holds one buffer, grown to the largest request; a second
+    caller while the first holds it gets its own; sizes never shrink below a request."""
+    from smelt.runtime.memory import ArenaPool
+    from smelt.runtime.module import aligned_empty
+
+    pool = ArenaPool(aligned_empty)
+    a = pool.take(1000)
+    assert a[0].nbytes >= 1000 and a[1] == a[0].ctypes.data and a[1] % 64 == 0
+    pool.give(a)
+    b = pool.take(500)  # the free 1000-byte buffer serves it
+    assert b[0] is a[0] and pool.allocated == 1000
+    pool.give(b)
+    c = pool.take(4000)  # too small: dropped, a bigger one made
+    assert c[0].nbytes >= 4000 and pool.allocated == 4000
+    d = pool.take(100)  # c is taken: a second caller's own buffer
+    assert d[0] is not c[0] and pool.allocated == 4100
+    pool.give(c)
+    pool.give(d)
+    assert pool.take(3000)[0] is c[0] and pool.largest() == d[0].nbytes

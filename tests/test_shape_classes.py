@@ -64,7 +64,7 @@ def test_widths_share_one_library(isa, threads, monkeypatch, tmp_path):
     monkeypatch.setattr(toolchain, "_compile", lambda *a, **k: compiles.append(1) or real_compile(*a, **k))
     model = ocr_model()
     compiled = smelt.compile(model, threads=threads)
-    libs, algorithms = set(), set()
+    libs, algorithms, weights, arenas = set(), set(), set(), []
     # below and above the decision width (the first call's 64), odd, at a tile's edge, tiny
     for width in (64, 65, 100, 37, 129, 8):
         x = RNG.standard_normal((1, 3, 16, width)).astype(np.float32)
@@ -73,7 +73,13 @@ def test_widths_share_one_library(isa, threads, monkeypatch, tmp_path):
         assert art.plan.slots is not None, f"width {width} did not share a library"
         libs.add(art.lib_path)
         algorithms |= {info.schedule.get("algorithm", "") for info in art.plan.step_infos()}
+        weights.add(art.weights.ctypes.data)
+        arenas.append(max(64, art.plan.arena_bytes + art.plan.scratch_bytes))
     assert len(libs) == 1
+    # memory follows the largest shape, not the number of shapes (runtime/memory.py): one arena
+    # (one caller), and the six variants map one copy of their identical weights
+    assert compiled.arena_bytes_held == max(arenas), (compiled.arena_bytes_held, arenas)
+    assert len(weights) == 1
     if isa != "scalar":  # the 32-channel 3x3 conv runs Winograd in a shape class too
         assert any("Winograd" in a for a in algorithms), algorithms
     assert len(compiles) == 1, f"{len(compiles)} compiles for 6 widths"

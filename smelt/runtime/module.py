@@ -53,6 +53,7 @@ import numpy as np
 from smelt.errors import SmeltError
 from smelt.runtime import artifact
 from smelt.runtime.artifact import ArtifactPlan, DynamicDims, NativeBlockEntry, TensorSpec
+from smelt.runtime.memory import ArenaPool, shared_weights
 
 # Header words of a block's counter array (smelt_rt.h: SMELT_PROF_*).
 _PROF_CALLS, _PROF_TICKS, _PROF_NS, _PROF_STEPS, _PROF_THREADS, _PROF_STRIDE, _PROF_HEADER = 0, 1, 2, 3, 4, 5, 8
@@ -242,7 +243,7 @@ class LoadedArtifact:
     """
 
     def __init__(self, directory: Path, lib_path: Path, n_threads: int, cpus: list[int],
-                 dynamic: bool = False) -> None:
+                 dynamic: bool = False, arenas: ArenaPool | None = None) -> None:
         self.directory = directory
         self.dynamic = dynamic
         meta = artifact.load(directory)
@@ -257,13 +258,19 @@ class LoadedArtifact:
         self._freed = False
         self.lib = (_open_private(lib_path, meta.slots) if meta.slots is not None
                     else ctypes.CDLL(str(lib_path)) if meta.native_blocks else None)
-        self.weights = aligned_empty(max(1, meta.weights_bytes))
-        if meta.weights_bytes:
-            raw = np.fromfile(directory / "weights.bin", dtype=np.uint8)
-            self.weights[: raw.size] = raw
-        self.arena = aligned_empty(max(64, meta.arena_bytes + meta.scratch_bytes))
-        self._arena_ptr = ctypes.c_void_p(self.arena.ctypes.data)
-        self._scratch_ptr = ctypes.c_void_p(self.arena.ctypes.data + meta.arena_bytes)
+        # the same bytes as another loaded variant's (a shape class's variants): one buffer
+        self.weights = (shared_weights(directory / "weights.bin", meta.weights_bytes, aligned_empty)
+                        if meta.weights_bytes else aligned_empty(1))
+        # the arena: its own, or taken per call from the model's pool (runtime/memory.py), which
+        # its other variants share, so memory follows the largest shape rather than their sum
+        self._arenas = arenas
+        self._arena_bytes = max(64, meta.arena_bytes + meta.scratch_bytes)
+        self.arena = aligned_empty(self._arena_bytes) if arenas is None else None
+        self._arena_addr = 0  # with a pool: the address the pointers below were made for
+        self._arena_ptr = self._scratch_ptr = None
+        if self.arena is not None:
+            self._arena_ptr = ctypes.c_void_p(self.arena.ctypes.data)
+            self._scratch_ptr = ctypes.c_void_p(self.arena.ctypes.data + meta.arena_bytes)
         self._weights_ptr = ctypes.c_void_p(self.weights.ctypes.data)
         self.state = aligned_empty(64)  # mutable per-instance data of the generated code
         if self.lib is not None:
@@ -456,6 +463,7 @@ class LoadedArtifact:
         self._prof_views = []
         self._dims = None
         self.arena = self.weights = self.state = None  # type: ignore[assignment]
+        self._arenas = None
         self._arena_ptr = self._scratch_ptr = self._weights_ptr = self._state_ptr = None  # type: ignore[assignment]
         self.lib = None
         if lib is not None:
@@ -487,41 +495,55 @@ class LoadedArtifact:
                 self._pool_stale = False
                 self.lib.smelt_destroy_pool(self.pool)  # the child's copy: freed, nothing joined
                 self.pool = self._create_pool()
-            if self._direct is not None:
-                return self._run_direct(feeds)
-            env: dict[str, np.ndarray] = dict(self.consts)
-            env.update(feeds)
-            for si, step in enumerate(self.steps):
-                if step[0] == "native":
-                    _, fn, ins, outs, in_ptrs, out_ptrs, step_nodes = step
-                    dyn_shapes = self._dynamic_shapes(si, env) if self._dims is not None else {}
-                    for i, spec in enumerate(ins):
-                        arr = env[spec.name]
-                        if arr.dtype != spec.dtype or not arr.flags.c_contiguous:
-                            arr = env[spec.name] = np.asarray(arr, dtype=spec.dtype, order="C")
-                        in_ptrs[i] = arr.ctypes.data
-                    for i, spec in enumerate(outs):
-                        arr = aligned_array(dyn_shapes.get(spec.name, spec.shape), spec.dtype)
-                        env[spec.name] = arr
-                        out_ptrs[i] = arr.ctypes.data
-                    status = fn(self.pool, in_ptrs, out_ptrs, self._arena_ptr, self._scratch_ptr,
-                                self._weights_ptr, self._state_ptr)
-                    self.native_calls += 1
-                    if status:
-                        node, op = step_nodes[status - 1]
-                        raise SmeltError(f"node {node!r} ({op}) failed at run time: an input is invalid "
-                                         "for it (for example an index out of range)")
-                elif self.profiling:  # timed here: the node runs in Python
-                    start = time.perf_counter_ns()
-                    step[1].run(env)
-                    self._fallback_ns[si] = self._fallback_ns.get(si, 0) + time.perf_counter_ns() - start
-                else:
-                    step[1].run(env)
-            if self.profiling:
-                self._profile_calls += 1
-            return [np.array(env[o.name], copy=True)
-                    if (o.name in feeds or o.name in self.consts) and isinstance(env[o.name], np.ndarray)
-                    else env[o.name] for o in self.outputs]
+            if self._arenas is None:
+                return self._run_locked(feeds)
+            entry = self._arenas.take(self._arena_bytes)
+            if entry[1] != self._arena_addr:  # usually the last call's buffer: pointers kept
+                self._arena_addr = entry[1]
+                self._arena_ptr = ctypes.c_void_p(entry[1])
+                self._scratch_ptr = ctypes.c_void_p(entry[1] + self.plan.arena_bytes)
+            try:
+                return self._run_locked(feeds)
+            finally:
+                self._arenas.give(entry)
+
+    def _run_locked(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """One inference with the arena in place (``self._lock`` held)."""
+        if self._direct is not None:
+            return self._run_direct(feeds)
+        env: dict[str, np.ndarray] = dict(self.consts)
+        env.update(feeds)
+        for si, step in enumerate(self.steps):
+            if step[0] == "native":
+                _, fn, ins, outs, in_ptrs, out_ptrs, step_nodes = step
+                dyn_shapes = self._dynamic_shapes(si, env) if self._dims is not None else {}
+                for i, spec in enumerate(ins):
+                    arr = env[spec.name]
+                    if arr.dtype != spec.dtype or not arr.flags.c_contiguous:
+                        arr = env[spec.name] = np.asarray(arr, dtype=spec.dtype, order="C")
+                    in_ptrs[i] = arr.ctypes.data
+                for i, spec in enumerate(outs):
+                    arr = aligned_array(dyn_shapes.get(spec.name, spec.shape), spec.dtype)
+                    env[spec.name] = arr
+                    out_ptrs[i] = arr.ctypes.data
+                status = fn(self.pool, in_ptrs, out_ptrs, self._arena_ptr, self._scratch_ptr,
+                            self._weights_ptr, self._state_ptr)
+                self.native_calls += 1
+                if status:
+                    node, op = step_nodes[status - 1]
+                    raise SmeltError(f"node {node!r} ({op}) failed at run time: an input is invalid "
+                                     "for it (for example an index out of range)")
+            elif self.profiling:  # timed here: the node runs in Python
+                start = time.perf_counter_ns()
+                step[1].run(env)
+                self._fallback_ns[si] = self._fallback_ns.get(si, 0) + time.perf_counter_ns() - start
+            else:
+                step[1].run(env)
+        if self.profiling:
+            self._profile_calls += 1
+        return [np.array(env[o.name], copy=True)
+                if (o.name in feeds or o.name in self.consts) and isinstance(env[o.name], np.ndarray)
+                else env[o.name] for o in self.outputs]
 
     def saturation_counts(self) -> dict[str, tuple[int, int]]:
         """Per value an integer kernel writes (QuantizeLinear, QLinearConv, QLinearMatMul
