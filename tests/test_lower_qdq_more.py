@@ -169,6 +169,23 @@ def test_clip_and_relu(dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", TYPES)
+def test_attention_matmuls_with_two_activations(dtype) -> None:
+    """A QDQ transformer's attention: ``Q K^T`` and ``P V`` multiply two quantized activations
+    (batched per head, K odd, N past a register panel); both become QLinearMatMul with B packed
+    per call, as onnxruntime lowers them, and answer what it answers."""
+    m = Qdq(dtype)
+    q, _ = m.input((1, 2, 9, 33))
+    kt, _ = m.input((1, 2, 33, 70))
+    m.out(m.op("MatMul", [q, kt]))
+    # P as a softmax leaves it (scale 1/255 from the type's low end); not a Softmax here, which
+    # onnxruntime may run as its own QLinearSoftmax with other rounding
+    p, _ = m.input((1, 2, 9, 70), (m.const(np.float32(1 / 255)), m.const(dtype(np.iinfo(dtype).min))))
+    v, _ = m.input((1, 2, 70, 17))
+    m.out(m.op("MatMul", [p, v]))
+    _check(m, {"QLinearMatMul": 2}, ("MatMul",))
+
+
+@pytest.mark.parametrize("dtype", TYPES)
 def test_concat(dtype) -> None:
     m = Qdq(dtype)
     p = m.params()

@@ -26,7 +26,9 @@ point run on the 8-bit tensor itself, as onnxruntime's DropQDQ rules make them: 
 ``ai.smelt`` QLinearClip: a table of the float graph over the 256 codes, so exact too.
 
 Only what is exact is lowered: per-tensor activation scales and zero points, weights constant
-(per tensor, or per output channel on the axis onnxruntime uses), a bias only when it is the
+(per tensor, or per output channel on the axis onnxruntime uses) or, for MatMul, a second
+per-tensor activation (attention's ``Q K^T`` and ``P V`` in a QDQ transformer: onnxruntime runs
+them as QLinearMatMul too), a bias only when it is the
 int32 ``DQ(bias_q, x_scale * w_scale)`` the quantizer writes (a float bias would have to be
 rounded, which the float graph does not do). Anything else stays the float graph the model
 spells, which runs as written.
@@ -335,6 +337,14 @@ def _lower_clip(g: Graph, producers: dict[str, Node], consumers: dict[str, list[
     gone.add(id(q))
 
 
+def _integer_matmul_shapes(a: tuple, b: tuple) -> bool:
+    """Operand shapes the native integer MatMul takes (templates/int_matmul.py): both at least
+    2-D, B 2-D or with A's batch dims, K within the exact int32 range. Others stay float rather
+    than lower to an integer op that would run on the fallback."""
+    return (len(a) >= 2 and len(b) >= 2 and (len(b) == 2 or tuple(b[:-2]) == tuple(a[:-2]))
+            and a[-1] == b[-2] and int(a[-1]) <= 1 << 15)
+
+
 def lower_qdq(g: Graph) -> Graph:
     producers = g.producers()
     consumers = g.consumers()
@@ -363,12 +373,15 @@ def lower_qdq(g: Graph) -> Graph:
         elif node.op == "Gemm":
             _lower_gemm(g, producers, node, x, q, relu, dead)
         else:
-            bv = g.values.get(node.inputs[1])
-            if bv is None or bv.shape is None or len(bv.shape) != 2:
+            bv, av = g.values.get(node.inputs[1]), g.values.get(node.inputs[0])
+            if bv is None or bv.shape is None or av is None or av.shape is None:
                 continue
-            w = _weights(g, _dq(g, producers, node.inputs[1]), int(bv.shape[1]), 1)
-            if w is None:
-                continue
+            w = (_weights(g, _dq(g, producers, node.inputs[1]), int(bv.shape[1]), 1) if len(bv.shape) == 2
+                 else None)
+            if w is None:  # B an activation too (attention's Q K^T and P V): both per tensor
+                w = _activation(g, _dq(g, producers, node.inputs[1]))
+                if w is None or not _integer_matmul_shapes(tuple(av.shape), tuple(bv.shape)):
+                    continue
             _finish(g, node, q, relu, "QLinearMatMul", [x[0], x[1], x[2], w[0], w[1], w[2], ys, yz], dead)
     _lower_elementwise(g, producers, consumers, dead)
     g.remove_nodes(dead)

@@ -42,6 +42,7 @@ def test_matmul_integer(isa: str, monkeypatch, cache) -> None:
             feeds.setdefault(b, _q(bt, k, n))
             cases.add("MatMulInteger", [a, b])
             cases.add("MatMulInteger", [a, b], consts=(_q(at), bt(3)))
+            cases.add("MatMulInteger", [a, b], consts=(_q(at), _q(bt, n)))  # run-time B, per column
     # batched A with a shared B, batched A and B
     feeds["a3"] = _q(np.uint8, 2, 3, 5, 17)
     feeds["b3"] = _q(np.int8, 2, 3, 17, 9)
@@ -74,6 +75,17 @@ def test_qlinear_matmul(isa: str, monkeypatch, cache) -> None:
         names.append(f"r{len(cases.inits)}")
         cases.inits[names[-1]] = np.asarray(v)
     cases.add("QLinearMatMul", ["s"] + names)
+    # attention in a QDQ transformer (Q K^T): both operands uint8 at run time, batched per head,
+    # K odd and N past a register panel; B packed per call
+    feeds["q4"], feeds["k4"] = _q(np.uint8, 1, 3, 13, 71), _q(np.uint8, 1, 3, 71, 67)
+    att = []
+    for v in (f32(0.04), np.uint8(121), None, f32(0.03), np.uint8(133), f32(0.7), np.uint8(128)):
+        if v is None:
+            att.append("k4")
+            continue
+        att.append(f"r{len(cases.inits)}")
+        cases.inits[att[-1]] = np.asarray(v)
+    cases.add("QLinearMatMul", ["q4"] + att)
     check(cases, feeds, opset=21)
 
 

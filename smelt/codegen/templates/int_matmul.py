@@ -149,32 +149,39 @@ def emit_int_matmul(node: Node, g: Graph, em: BlockEmitter) -> None:
     io = _io(node)
     b_const = g.values[io["b"]].const is not None and (not io["bz"] or g.values[io["bz"]].const is not None)
     v = with_int_dot(vector_isa(em.target), em.target)
-    if b_const and v.has("i16_dot_acc"):
-        _emit_register_tiled(node, g, em, io, v)
+    if v.has("i16_dot_acc"):
+        _emit_register_tiled(node, g, em, io, v, b_const)
     else:
         _emit_rows(node, g, em, io, b_const)
 
 
-def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], v: VectorIsa) -> None:
-    """A constant B packed per NR-column panel at compile time, A packed per call, then the
-    shared register tile (``kernels/int_gemm.py``) per (batch, row block, column panel): int16
-    pairs with both zero points subtracted, or, on VNNI hosts for uint8 A and int8 B of zero
-    point 0, raw byte quads (vpdpbusd) with A's zero point times B's column sums taken off."""
+def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], v: VectorIsa,
+                         b_const: bool = True) -> None:
+    """A constant B packed per NR-column panel at compile time (a run-time B, attention's
+    ``Q K^T`` in a QDQ transformer: packed per call, in a step of its own), A packed per call,
+    then the shared register tile (``kernels/int_gemm.py``) per (batch, row block, column
+    panel): int16 pairs with both zero points subtracted, or, on VNNI hosts for uint8 A and
+    constant int8 B of zero point 0, raw byte quads (vpdpbusd) with A's zero point times B's
+    column sums taken off."""
     batch, m, k, n, b_batched = _dims(g, io)  # type: ignore[misc]
     mr, nv = int_dot_tile(v.registers)
     nr = nv * v.lanes
-    bz = g.const(io["bz"]) if io["bz"] else None
-    quad = (v.has("u8s8_dot_acc") and dtype_name(g, io["a"]) == "uint8" and dtype_name(g, io["b"]) == "int8"
-            and (bz is None or not np.any(bz)))
+    bz = g.const(io["bz"]) if io["bz"] and b_const else None
+    quad = (b_const and v.has("u8s8_dot_acc") and dtype_name(g, io["a"]) == "uint8"
+            and dtype_name(g, io["b"]) == "int8" and (bz is None or not np.any(bz)))
     group = QUAD if quad else PAIR
     kw = -(-k // group)
     nb = -(-n // nr)
+    groups = batch if b_batched else 1
     if quad:
         b_int8 = np.asarray(g.values[io["b"]].const).astype(np.int8).reshape(-1, k, n)
         packed = pack_b(b_int8, nr, QUAD)
         colsums = quad_colsums(b_int8)  # [B batches, N]
-    else:
+    elif b_const:
         packed = pack_b(_b_minus_zero(g, io).reshape(-1, k, n), nr, PAIR)
+    else:
+        b_panels = em.scratch(2 * groups * nb * kw * nr * PAIR, "int16")
+        _emit_pack_b(g, em, io, b_panels, groups=groups, k=k, n=n, nr=nr, kw=kw)
     at = c_type(dtype_name(g, io["a"]))
     rows = batch * m
     ap = em.scratch(4 * rows * kw, "int32")
@@ -210,8 +217,9 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
             decl.append(f"const {at} *restrict AZ = {em.ptr(io['az'])};")
         cs = f"CS[{'bi * ' + str(n) + ' + ' if b_batched else ''}j]"
         acc = f"(T[r * {nr} + jj] - {_zp_read(g, io, 'az', 'i', m)} * {cs})"
+    b_ptr = em.weight(packed) if b_const else b_panels
     lines = decl + [
-        f"const {'int8_t' if quad else 'int16_t'} *restrict Bp = {em.weight(packed)};",
+        f"const {'int8_t' if quad else 'int16_t'} *restrict Bp = {b_ptr};",
         f"const int32_t *restrict Ap = {ap};",
         f"int32_t *restrict T = {tile} + (long)tid * {mr * nr};",
         "long wb, we; " + split.format(total=batch * blocks_m * nb),
@@ -233,11 +241,46 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
         lines.append(flush_counters(em.saturation_counter(node.outputs[0])))
     dot = "u8s8_dot_acc" if quad else "i16_dot_acc"
     em.schedule(algorithm=("u8 x s8 quad dot products, A's zero point times B's column sums off after" if quad
-                           else "int16 pair dot products into int32, B - zero point packed per panel, A packed per call"),
+                           else "int16 pair dot products into int32, B - zero point packed per panel"
+                           + (", A packed per call" if b_const else ", A and B packed per call")),
                 kernel="int_matmul", micro_kernel=f"{mr}x{nr} {v.name} {v.x(dot, a='a', b='b', c='c')}",
                 layout="NCHW")
     em.step("\n".join(lines), name=f"int_matmul_{mr}x{nr}_{v.name}{'_u8s8' if quad else ''}",
             doc=f"M={m} K={k} N={n} batch={batch}, {node.op}, packed B, {mr}x{nr} register tile")
+
+
+def _emit_pack_b(g: Graph, em: BlockEmitter, io: dict[str, str], dest: str, *, groups: int, k: int, n: int,
+                 nr: int, kw: int) -> None:
+    """A run-time B [groups, K, N] into ``dest`` as ``pack_b`` lays a constant one out (int16
+    pairs along K, zero point subtracted, per NR-column panel, K and N padded with zeros); the
+    panels split between threads."""
+    nb = -(-n // nr)
+    bt = c_type(dtype_name(g, io["b"]))
+    zp = _zp_read(g, io, "bz", "j", n)
+    lines = [f"const {bt} *restrict B = {em.ptr(io['b'])};", f"int16_t *restrict P = {dest};"]
+    if io["bz"]:
+        lines.append(f"const {bt} *restrict BZ = {em.ptr(io['bz'])};")
+    lines += [
+        f"long wb, we; smelt_range({groups * nb}, tid, nt, &wb, &we);",
+        "for (long p = wb; p < we; ++p) {",
+        f"    const long gi = p / {nb}, cb = p % {nb};",
+        f"    const {bt} *restrict Bg = B + gi * {k * n}L;",
+        f"    int16_t *restrict out = P + p * {kw * nr * PAIR}L;",
+        f"    for (long q = 0; q < {kw}; ++q) {{",
+        f"        for (long jj = 0; jj < {nr}; ++jj) {{",
+        f"            const long j = cb * {nr} + jj;",
+        "            int16_t lo = 0, hi = 0;",
+        f"            if (j < {n}) {{",
+        f"                const int32_t z = {zp};",
+        f"                lo = (int16_t)((int32_t)Bg[2 * q * {n}L + j] - z);",
+        f"                if (2 * q + 1 < {k}) hi = (int16_t)((int32_t)Bg[(2 * q + 1) * {n}L + j] - z);",
+        "            }",
+        f"            out[(q * {nr} + jj) * 2] = lo; out[(q * {nr} + jj) * 2 + 1] = hi;",
+        "        }",
+        "    }",
+        "}"]
+    em.step("\n".join(lines), name="int_matmul_pack_b",
+            doc=f"run-time B - zero point as int16 pairs, {groups} x K={k} x N={n}, {nr}-column panels")
 
 
 def _emit_rows(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], b_const: bool) -> None:
