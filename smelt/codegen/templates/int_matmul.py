@@ -227,16 +227,27 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
         f"    const long cb = p % {nb}, mb = (p / {nb}) % {blocks_m}, bi = p / {nb * blocks_m};",
         f"    const long i0 = mb * {mr}, mr = SMELT_MIN({mr}, {m} - i0);",
         *["    " + line for line in kernel],
-        f"    const long jn = SMELT_MIN({nr}, {n} - cb * {nr});",
-        "    for (long r = 0; r < mr; ++r) {",
-        f"        const long i = i0 + r, yoff = (bi * {m} + i) * {n} + cb * {nr};",
-        "        for (long jj = 0; jj < jn; ++jj) {",
-        f"            const long j = cb * {nr} + jj; (void)j; (void)i;",
-        f"            const int32_t ACC = {acc};",
-        "            " + store.replace("Y[yoff + j]", "Y[yoff + jj]").replace("\n", "\n            "),
-        "        }",
-        "    }",
-        "}"]
+        f"    const long jn = SMELT_MIN({nr}, {n} - cb * {nr});"]
+    vreq = _vector_requant(node, g, em, io, v, quad=quad, groups=groups, n=n, nb=nb, nr=nr, m=m)
+    if vreq is not None:
+        vdecl, vstore = vreq
+        lines[len(decl):len(decl)] = vdecl
+        lines += ["    " + line for line in vstore]
+    else:
+        lines += [
+            "    for (long r = 0; r < mr; ++r) {",
+            f"        const long i = i0 + r, yoff = (bi * {m} + i) * {n} + cb * {nr};",
+            "        for (long jj = 0; jj < jn; ++jj) {",
+            f"            const long j = cb * {nr} + jj; (void)j; (void)i;",
+            f"            const int32_t ACC = {acc};",
+            "            " + store.replace("Y[yoff + j]", "Y[yoff + jj]").replace("\n", "\n            "),
+            "        }",
+            "    }"]
+    lines.append("}")
+    if vreq is not None:
+        lines += [f"{{ int32_t cl[{v.lanes}], ch[{v.lanes}]; {v.x('i32_storeu', p='cl', a='vlo')} "
+                  f"{v.x('i32_storeu', p='ch', a='vhi')}",
+                  f"  for (int l = 0; l < {v.lanes}; ++l) {{ nlo += cl[l]; nhi += ch[l]; }} }}"]
     if node.op == "QLinearMatMul":
         lines.append(flush_counters(em.saturation_counter(node.outputs[0])))
     dot = "u8s8_dot_acc" if quad else "i16_dot_acc"
@@ -247,6 +258,64 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
                 layout="NCHW")
     em.step("\n".join(lines), name=f"int_matmul_{mr}x{nr}_{v.name}{'_u8s8' if quad else ''}",
             doc=f"M={m} K={k} N={n} batch={batch}, {node.op}, packed B, {mr}x{nr} register tile")
+
+
+def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], v: VectorIsa, *, quad: bool,
+                    groups: int, n: int, nb: int, nr: int, m: int) -> tuple[list[str], list[str]] | None:
+    """Declarations and the per-tile C storing a QLinearMatMul tile ``T`` requantized a vector
+    at a time: the scalar statement's operations in the same order in every lane (the
+    multiplier ``(a_scale * b_scale) / y_scale``, the product with the float sum, rounding half
+    to even, the zero point, the clamps with NaN to the low end, the clamp counters), so the
+    bytes are the scalar path's; each vector goes through an int32 buffer into its valid
+    columns. None where the scalar path must run: not QLinearMatMul, no vector integer
+    conversions, B's scales given at run time per column, or (the quad form) a zero point of A
+    that is not a compile-time scalar. At ~3 ns an element the scalar requantization cost as
+    much as the products of a K = 384 MatMul (a QDQ transformer's projections)."""
+    if node.op != "QLinearMatMul" or not v.vector or not v.has("f32_round_even"):
+        return None
+    bs = g.const(io["bs"])
+    if _per_vector(g, io["bs"], n) == "vector" and bs is None:
+        return None
+    az = g.const(io["az"]) if io["az"] else np.zeros(1, np.int32)
+    if quad and (az is None or az.size != 1):
+        return None
+    y_type = dtype_name(g, node.outputs[0])
+    info = np.iinfo(np.dtype(y_type))
+    it, lanes = v.x("itype"), v.lanes
+    decl = [f"const {v.t} lov = {v.set1(f'{float(info.min)!r}f')}, hiv = {v.set1(f'{float(info.max)!r}f')};",
+            f"{it} vlo = {v.x('i32_set1', a='0')}, vhi = vlo;  /* clamps per lane (numeric debug counters) */"]
+    if _per_vector(g, io["bs"], n) == "vector":  # per column: padded to whole panels
+        padded = np.zeros(nb * nr, np.float32)
+        padded[:n] = bs.astype(np.float32).reshape(-1)
+        decl.append(f"const float *restrict BSV = {em.weight(padded)};")
+        b_scale = lambda j0: v.loadu(f"BSV + cb * {nr} + {j0}")  # noqa: E731
+    else:
+        b_scale = lambda j0: v.set1("BS[0]")  # noqa: E731
+    if quad:  # A's zero point times B's column sums, negated, per group and padded column
+        colsums = quad_colsums(np.asarray(g.values[io["b"]].const).astype(np.int8).reshape(-1, *g.values[io["b"]].shape[-2:]))
+        neg = np.zeros((colsums.shape[0], nb * nr), np.int64)
+        neg[:, :n] = -int(az.reshape(-1)[0]) * colsums.astype(np.int64)
+        decl.append(f"const int32_t *restrict NZ = {em.weight(neg.astype(np.int32))};")
+    a_scale = "AS[i]" if _per_vector(g, io["as"], m) == "vector" else "AS[0]"
+    y_zero = v.set1("(float)YZ[0]") if io["yz"] else v.zero()
+    yt = c_type(y_type)
+    body = [f"const long i = i0 + r, yoff = (bi * {m} + i) * {n} + cb * {nr};",
+            f"const {v.t} asv = {v.set1(a_scale)}, ysv = {v.set1('YS[0]')}, yzv = {y_zero};",
+            f"for (long j0 = 0; j0 < jn; j0 += {lanes}) {{",
+            f"    {it} acc = {v.x('i32_loadu', p=f'T + r * {nr} + j0')};"]
+    if quad:
+        nz = f"NZ + {'bi' if groups > 1 else '0'} * {nb * nr}L + cb * {nr} + j0"
+        body.append(f"    acc = {v.x('i32_add', a='acc', b=v.x('i32_loadu', p=nz))};")
+    body += [f"    const {v.t} mv = {v.op('div', v.op('mul', 'asv', b_scale('j0')), 'ysv')};",
+             f"    {v.t} f = {v.x('f32_round_even', a=v.op('mul', v.x('i32_to_f32', a='acc'), 'mv'))};",
+             f"    f = {v.op('add', 'f', 'yzv')};",
+             f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};",
+             f"    f = {v.op('min', v.op('max', 'f', 'lov'), 'hiv')};  /* NaN: max gives the low end */",
+             f"    int32_t qt[{lanes}]; {v.x('i32_storeu', p='qt', a=v.x('f32_to_i32', a='f'))}",
+             f"    const long cnt = SMELT_MIN({lanes}, jn - j0);",
+             f"    for (long l = 0; l < cnt; ++l) Y[yoff + j0 + l] = ({yt})qt[l];",
+             "}"]
+    return decl, ["for (long r = 0; r < mr; ++r) {"] + ["    " + b for b in body] + ["}"]
 
 
 def _emit_pack_b(g: Graph, em: BlockEmitter, io: dict[str, str], dest: str, *, groups: int, k: int, n: int,
