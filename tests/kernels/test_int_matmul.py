@@ -66,26 +66,22 @@ def test_qlinear_matmul(isa: str, monkeypatch, cache) -> None:
     cases.add("QLinearMatMul", ["s"], consts=(f32(0.03), np.int8(3), _q(np.int8, 40, 23),
                                               RNG.uniform(0.01, 0.05, 23).astype(f32), _q(np.int8, 23), f32(0.3),
                                               np.int8(0)))
-    # B at run time, in the middle of the operand list
-    names = []
-    for v in (f32(0.03), np.int8(-4), None, f32(0.02), np.int8(2), f32(0.5), np.int8(-1)):
-        if v is None:
-            names.append("bt")
-            continue
-        names.append(f"r{len(cases.inits)}")
-        cases.inits[names[-1]] = np.asarray(v)
-    cases.add("QLinearMatMul", ["s"] + names)
+    def with_run_time_b(a: str, b: str, params: tuple) -> None:
+        """QLinearMatMul of ``a`` and the feed ``b``: B in the middle of the operand list."""
+        names = []
+        for v in params[:2] + (None,) + params[2:]:
+            if v is None:
+                names.append(b)
+                continue
+            names.append(f"r{len(cases.inits)}")
+            cases.inits[names[-1]] = np.asarray(v)
+        cases.add("QLinearMatMul", [a] + names)
+
+    with_run_time_b("s", "bt", (f32(0.03), np.int8(-4), f32(0.02), np.int8(2), f32(0.5), np.int8(-1)))
     # attention in a QDQ transformer (Q K^T): both operands uint8 at run time, batched per head,
     # K odd and N past a register panel; B packed per call
     feeds["q4"], feeds["k4"] = _q(np.uint8, 1, 3, 13, 71), _q(np.uint8, 1, 3, 71, 67)
-    att = []
-    for v in (f32(0.04), np.uint8(121), None, f32(0.03), np.uint8(133), f32(0.7), np.uint8(128)):
-        if v is None:
-            att.append("k4")
-            continue
-        att.append(f"r{len(cases.inits)}")
-        cases.inits[att[-1]] = np.asarray(v)
-    cases.add("QLinearMatMul", ["q4"] + att)
+    with_run_time_b("q4", "k4", (f32(0.04), np.uint8(121), f32(0.03), np.uint8(133), f32(0.7), np.uint8(128)))
     check(cases, feeds, opset=21)
 
 
