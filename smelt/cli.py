@@ -152,6 +152,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     print(report.format_text())
     fmt = "QDQ" if args.mode == "static" else "MatMulInteger/DynamicQuantizeLSTM"
     print(f"wrote {args.output} ({fmt}: onnxruntime loads it too)")
+    if args.mode == "static" and args.weight_bits == 8:
+        from smelt.codegen.kernels.isa import exact_byte_products
+        from smelt.target import detect
+
+        if not exact_byte_products(detect()):  # say it; never lower the precision unasked
+            print("note: this CPU has no VNNI, so 8-bit weights run as exact int16 pairs (about 1.1x fp32 "
+                  "here); --weight-bits 7 lets the byte products run (vpmaddubsw cannot saturate on 7-bit "
+                  "weights), about 1.7x fp32, like onnxruntime's reduce_range")
     if args.debug:  # the integer kernels beside the fp32 model on (up to 8 of) the calibration inputs
         import itertools
 

@@ -89,6 +89,29 @@ def test_cli_writes_a_model_from_a_calibration_folder(tmp_path, capsys) -> None:
     onnx.checker.check_model(onnx.load(str(out)))
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_cli_says_when_7_bit_weights_would_run_faster(tmp_path, capsys, monkeypatch, isa) -> None:
+    """Without VNNI (forced AVX2 here) `smelt quantize` keeps 8-bit weights and says that
+    --weight-bits 7 takes the byte products; with VNNI, or when 7 bits are asked, nothing."""
+    from smelt.codegen.kernels.isa import exact_byte_products
+    from smelt.target import detect
+
+    host = detect()
+    if isa not in host.isa_caps() and isa != "native":
+        pytest.skip(f"host cannot run {isa}")
+    target = host.narrowed(isa)
+    monkeypatch.setattr("smelt.target.detect", lambda: target)
+    src, calib = tmp_path / "m.onnx", tmp_path / "calib"
+    onnx.save(_cnn(), str(src))
+    calib.mkdir()
+    np.save(calib / "0.npy", _feeds(1)[0]["x"])
+    for bits in ("8", "7"):
+        assert main(["quantize", str(src), "-o", str(tmp_path / f"q{bits}.onnx"), "--calibration", str(calib),
+                     "--weight-bits", bits]) == 0
+        said = "--weight-bits 7" in capsys.readouterr().out
+        assert said == (bits == "8" and not exact_byte_products(target)), (isa, bits)
+
+
 def test_bad_calibration_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(SmeltError, match="no .npz or .npy"):
         quantize(_cnn(), tmp_path)

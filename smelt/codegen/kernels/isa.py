@@ -319,6 +319,13 @@ def with_int_dot(d: VectorIsa, target: Target) -> VectorIsa:
     return d
 
 
+def exact_byte_products(target: Target) -> bool:
+    """Whether ``target`` multiplies full-range u8 x s8 bytes exactly (VNNI's quad form); without
+    it 8-bit weights run as int16 pairs, and only weights within 7 bits take the byte form
+    (``u8s7_dot_acc``: vpmaddubsw cannot saturate on them)."""
+    return with_int_dot(vector_isa(target), target).has("u8s8_dot_acc")
+
+
 def with_lanes(lanes: int) -> VectorIsa:
     """The description with ``lanes`` f32 lanes (for 8: the AVX2 spelling, which AVX-512 hosts
     run too); portable C when no vector ISA has that width."""
