@@ -226,6 +226,9 @@ AVX512 = VectorIsa(
            ("u8s7_dot_acc", "_mm512_add_epi32({c}, _mm512_madd_epi16(_mm512_maddubs_epi16({a}, {b}), "
                             "_mm512_set1_epi16(1)))"),
            ("word_set1", "_mm512_set1_epi32(" + _LOAD32 + ")"),
+           # the 16 bytes at {p} zero-extended into the int32 lanes (the int8 depthwise conv's
+           # input: one channel per lane, the high int16 of each lane 0 for i16_dot_acc)
+           ("u8_to_i32", "_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)({p})))"),
            ("i32_to_f32", "_mm512_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm512_roundscale_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm512_cvttps_epi32({a})"),
@@ -260,6 +263,7 @@ AVX2 = VectorIsa(
            ("u8s7_dot_acc", "_mm256_add_epi32({c}, _mm256_madd_epi16(_mm256_maddubs_epi16({a}, {b}), "
                             "_mm256_set1_epi16(1)))"),
            ("word_set1", "_mm256_set1_epi32(" + _LOAD32 + ")"),
+           ("u8_to_i32", "_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)({p})))"),
            ("i32_to_f32", "_mm256_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm256_round_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm256_cvttps_epi32({a})"),
