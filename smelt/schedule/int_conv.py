@@ -92,6 +92,63 @@ class ClipRequant:
     hi: float
     y_scale: float
     y_zero: int
+    # the conv's requantization and this map as one fused multiply-add on r = round(acc * m)
+    # (the conv's code before its zero point): min(max(round_even(fma(r, a, b)), t_lo), t_hi),
+    # used when it equals the table of (r + y_zero of the conv) on every r whose code the conv
+    # can write (checked exhaustively by ``fit_affine``: at most 256 values). Past those codes
+    # the map is monotone, so the clamp to the table's extremes is the conv's own clamp (and a
+    # fused ReLU's) too: the epilogue drops them, the zero point's add and the division
+    # (vdivps: ~5 cycles per vector on Zen 4, more than the dots of a small 1x1 conv)
+    affine: tuple[float, float, int, int] | None = None
+
+    def table(self, codes: np.ndarray) -> np.ndarray:
+        """The QLinearClip's outputs for uint8 ``codes``, in float32 step by step as its table."""
+        f32 = np.float32
+        x = (f32(self.x_scale) * (codes.astype(np.int64) - self.x_zero).astype(f32)).astype(f32)
+        x = np.minimum(np.maximum(x, f32(self.lo)), f32(self.hi)).astype(f32)
+        q = np.rint((x / f32(self.y_scale)).astype(f32)).astype(np.float64) + self.y_zero
+        return np.clip(q, 0, 255).astype(np.int64)
+
+
+def _fma_f32(c: np.ndarray, a: float, b: float) -> np.ndarray | None:
+    """fma(c, a, b) rounded once to float32 for integer codes ``c``; None where the float64
+    sum is not exact (then rounding it again to float32 could differ from the fused result)."""
+    from fractions import Fraction
+
+    exact = c.astype(np.float64) * np.float64(a) + np.float64(b)  # c * a is exact (8 x 24 bits)
+    if any(Fraction(float(e)) != Fraction(int(k)) * Fraction(a) + Fraction(b) for k, e in zip(c, exact, strict=True)):
+        return None
+    return exact.astype(np.float32)
+
+
+def fit_affine(clip: ClipRequant, conv_zero: int, first_code: int, fma: bool) -> ClipRequant:
+    """``clip`` with ``affine`` set when some (a, b) near (x_scale / y_scale, y_zero + (conv_zero
+    - x_zero) * x_scale / y_scale) gives the table's value of r + conv_zero for every r whose code
+    lies in [first_code, 255] (a fused ReLU raises the first code to the zero point): exact by
+    exhaustion, else unchanged (the division form)."""
+    if not fma:  # mul then add could be contracted by the compiler, or not: only the fused form is checked
+        return clip
+    codes = np.arange(first_code, 256)
+    want = clip.table(codes)
+    r = codes - conv_zero
+    t_lo, t_hi = int(want.min()), int(want.max())
+    a0 = np.float32(np.float32(clip.x_scale) / np.float32(clip.y_scale))
+    b0 = np.float32(np.float64(clip.y_zero) + np.float64(conv_zero - clip.x_zero) * np.float64(a0))
+    for da in (0, 1, -1):
+        a = np.float32(a0)
+        for _ in range(abs(da)):
+            a = np.nextafter(a, np.float32(np.inf if da > 0 else -np.inf), dtype=np.float32)
+        for db in (0, 1, -1, 2, -2, 3, -3, 4, -4):
+            b = np.float32(b0)
+            for _ in range(abs(db)):
+                b = np.nextafter(b, np.float32(np.inf if db > 0 else -np.inf), dtype=np.float32)
+            got = _fma_f32(r, float(a), float(b))
+            if got is None:
+                continue
+            q = np.clip(np.rint(got).astype(np.int64), t_lo, t_hi)
+            if np.array_equal(q, want):
+                return replace(clip, affine=(float(a), float(b), t_lo, t_hi))
+    return clip
 
 
 @dataclass(frozen=True)
@@ -118,7 +175,7 @@ class IntConvSchedule:
             form = "depthwise, u8 widened x int16"
         return (f"{form}, block {self.block}, input block {self.ib}{' (copied, padded)' if self.copy_input else ''}, "
                 f"tile {self.rw} px x {self.nv * self.block} oc{', relu' if self.relu else ''}"
-                f"{', clip fused' if self.clip else ''}")
+                f"{(', clip fused (' + ('fma' if self.clip.affine else 'div') + ')') if self.clip else ''}")
 
 
 def int_isa(target: Target) -> VectorIsa:
@@ -299,6 +356,10 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     v = int_isa(target)
     block = v.lanes
     padded = any((geo.pt, geo.pl, geo.pb, geo.pr))
+    if clip is not None:
+        yz_c = _const(g, node.inputs[7]) if len(node.inputs) > 7 and node.inputs[7] else None
+        yz = int(yz_c.reshape(-1)[0]) if yz_c is not None else 0
+        clip = fit_affine(clip, yz, yz if relu else 0, v.fma)
     if geo.group > 1:
         # one channel per lane: the kernel reads the NCHW<block>c bytes as they are (a copy pads
         # them, or blocks a plain input with channels past C at 0)

@@ -78,6 +78,10 @@ def _clip_constants(v, clip: ClipRequant | None) -> list[str]:
     """The fused QLinearClip's parameters as vectors (kxs, kxz, klo, khi, kys, kyz)."""
     if clip is None:
         return []
+    if clip.affine is not None:
+        a, b, t_lo, t_hi = clip.affine
+        vals = {"kxa": a, "kxb": b, "ktl": float(t_lo), "kth": float(t_hi)}
+        return [f"const {v.t} " + ", ".join(f"{k} = {v.set1(_c_float(x))}" for k, x in vals.items()) + ";"]
     vals = {"kxs": clip.x_scale, "kxz": float(clip.x_zero), "klo": clip.lo, "khi": clip.hi,
             "kys": clip.y_scale, "kyz": float(clip.y_zero)}
     return [f"const {v.t} " + ", ".join(f"{k} = {v.set1(_c_float(x))}" for k, x in vals.items()) + ";"]
@@ -132,6 +136,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     yz = int(np.asarray(g.values[ins[7]].const).reshape(-1)[0]) if ins[7] else 0
     lo_clamp = max(int(info.min), yz) if s.relu else int(info.min)
     yt = "uint8_t"
+    # the affine clip compares r = round(acc * m) (before the zero point) with the range
+    shift = yz if s.clip is not None and s.clip.affine is not None else 0
     # what the kernel reads: bytes for quads; for pairs each byte widened to uint16 by the copy
     bytes_in = gk != 2  # quads and the depthwise kernel read bytes
     st, esize = ("uint8_t", 1) if bytes_in else ("uint16_t", 2)
@@ -194,14 +200,23 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         """Requantize accumulators c<r>_<j> of the output-channel vector og * nv + j and store them."""
         out = [f"if (og * {nv} + {j} < {-(-oc // L)}) {{",
                f"  const {v.t} mv = {v.loadu(f'MU + (og * {nv} + {j}) * {L}')};"]
+        affine = s.clip is not None and s.clip.affine is not None
         for r in range(width):
             out += [f"  {{ {v.t} f = {v.x('i32_to_f32', a=f'c{r}_{j}')};",
-                    f"    f = {v.x('f32_round_even', a=v.op('mul', 'f', 'mv'))};",
-                    f"    f = {v.op('add', 'f', 'yzv')};",
-                    f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; "
-                    f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};",
-                    f"    f = {v.op('min', v.op('max', 'f', 'clv'), 'hiv')};  /* NaN: max gives the low clamp */"]
-            if s.clip is not None:  # the fused QLinearClip, its table's float steps in order
+                    f"    f = {v.x('f32_round_even', a=v.op('mul', 'f', 'mv'))};"]
+            if affine:
+                # r = round(acc * m): the clamps counted against the range less the zero point;
+                # the conv's clamps, its ReLU and the clip are the checked FMA and one clamp
+                out += [f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; "
+                        f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};",
+                        f"    f = {v.x('f32_round_even', a=v.fmadd('f', 'kxa', 'kxb'))};",
+                        f"    f = {v.op('min', v.op('max', 'f', 'ktl'), 'kth')};"]
+            else:
+                out += [f"    f = {v.op('add', 'f', 'yzv')};",
+                        f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; "
+                        f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};",
+                        f"    f = {v.op('min', v.op('max', 'f', 'clv'), 'hiv')};  /* NaN: max gives the low clamp */"]
+            if s.clip is not None and not affine:  # the fused QLinearClip, its table's float steps in order
                 out.append(f"    f = {v.op('mul', v.op('sub', 'f', 'kxz'), 'kxs')};")
                 if s.clip.lo != -np.inf:
                     out.append(f"    f = {v.op('max', 'f', 'klo')};")
@@ -268,8 +283,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              f"const float *restrict MU = {em.weight(mult)};",
              f"const {st} *restrict S = {sptr};",
              f"{yt} *restrict Y = (void *){em.ptr(y)};",
-             f"const {v.t} yzv = {v.set1(f'{float(yz)!r}f')}, lov = {v.set1(f'{float(info.min)!r}f')}, "
-             f"hiv = {v.set1(f'{float(info.max)!r}f')}, clv = {v.set1(f'{float(lo_clamp)!r}f')};",
+             f"const {v.t} yzv = {v.set1(f'{float(yz)!r}f')}, lov = {v.set1(f'{float(info.min - shift)!r}f')}, "
+             f"hiv = {v.set1(f'{float(info.max - shift)!r}f')}, clv = {v.set1(f'{float(lo_clamp)!r}f')};",
              f"{it} vlo = {v.x('i32_set1', a='0')}, vhi = vlo;  /* clamps per lane (numeric debug counters) */",
              *_clip_constants(v, s.clip),
              "long wb, we; " + split,
