@@ -44,7 +44,13 @@ from smelt.schedule.conv import (
     prefers_gemm,
     vector_lanes,
 )
-from smelt.schedule.int_conv import clip_requant, int_block, int_conv_schedule, int_nchwc_reason, relu_zero_point
+from smelt.schedule.int_conv import (
+    clip_requant,
+    int_block,
+    int_conv_schedule,
+    int_nchwc_reason,
+    relu_zero_point,
+)
 from smelt.target import Target
 
 # dtypes a value may be blocked in: float32, and the 8-bit activations between blocked int8
