@@ -232,6 +232,8 @@ AVX512 = VectorIsa(
            ("i32_to_f32", "_mm512_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm512_roundscale_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm512_cvttps_epi32({a})"),
+           # rounded half to even in the conversion itself (embedded rounding: not MXCSR's mode)
+           ("f32_to_i32_even", "_mm512_cvt_roundps_epi32({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            # int32 lane counters {c} plus one where {a} is not >= {b} (NaN counts) / where {a} > {b}
            ("f32_nge_count", "_mm512_mask_add_epi32({c}, _mm512_cmp_ps_mask({a}, {b}, _CMP_NGE_UQ), {c}, "
                              "_mm512_set1_epi32(1))"),
@@ -267,6 +269,7 @@ AVX2 = VectorIsa(
            ("i32_to_f32", "_mm256_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm256_round_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm256_cvttps_epi32({a})"),
+           ("f32_to_i32_even", "_mm256_cvttps_epi32(_mm256_round_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))"),
            # a true compare lane is all ones (-1): subtracting it counts one
            ("f32_nge_count", "_mm256_sub_epi32({c}, _mm256_castps_si256(_mm256_cmp_ps({a}, {b}, _CMP_NGE_UQ)))"),
            ("f32_gt_count", "_mm256_sub_epi32({c}, _mm256_castps_si256(_mm256_cmp_ps({a}, {b}, _CMP_GT_OQ)))"),

@@ -209,7 +209,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                 # the conv's clamps, its ReLU and the clip are the checked FMA and one clamp
                 out += [f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; "
                         f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};",
-                        f"    f = {v.x('f32_round_even', a=v.fmadd('f', 'kxa', 'kxb'))};",
+                        f"    f = {v.fmadd('f', 'kxa', 'kxb')};",
+                        # integer bounds: clamping before the conversion's rounding is the same
                         f"    f = {v.op('min', v.op('max', 'f', 'ktl'), 'kth')};"]
             else:
                 out += [f"    f = {v.op('add', 'f', 'yzv')};",
@@ -224,11 +225,12 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                     out.append(f"    f = {v.op('min', 'f', 'khi')};")
                 out += [f"    f = {v.op('add', v.x('f32_round_even', a=v.op('div', 'f', 'kys')), 'kyz')};",
                         f"    f = {v.op('min', v.op('max', 'f', 'lov'), 'hiv')};"]
+            cvt = "f32_to_i32_even" if affine else "f32_to_i32"  # (else already rounded)
             if yb > 1:
                 dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}) * {L}"
-                out.append(f"    {v.x(store, p=dst, a=v.x('f32_to_i32', a='f'))} }}")
+                out.append(f"    {v.x(store, p=dst, a=v.x(cvt, a='f'))} }}")
             else:
-                out += [f"    {yt} tb[{L}]; {v.x(store, p='tb', a=v.x('f32_to_i32', a='f'))}",
+                out += [f"    {yt} tb[{L}]; {v.x(store, p='tb', a=v.x(cvt, a='f'))}",
                         f"    const long o0 = (og * {nv} + {j}) * {L}, on = SMELT_MIN({L}, {oc} - o0);",
                         f"    for (long l = 0; l < on; ++l) Y[((ni * {oc} + o0 + l) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}] = tb[l]; }}"]
         out.append("}")
@@ -245,6 +247,9 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                f"    for (long kx = 0; kx < {kw}; ++kx) {{",
                f"      const {st} *restrict sp = sc + (ky * {geo.dh * ws_} + kx * {geo.dw}) * {ib}L;",
                f"      const {wt} *restrict wq = wc + (ky * {kw} + kx) * {q_words * nv * word}L;",
+               # not unrolled: gcc unrolling a short constant loop (one input block of 4 words)
+               # hoisted every word's broadcasts and spilled most of a full register tile
+               "      _Pragma(\"GCC unroll 1\")",
                f"      for (long q = 0; q < {q_words}; ++q) {{"]
         out += [f"        const {it} b{j} = {v.x('i32_loadu', p=f'wq + q * {nv * word} + {j * word}')};"
                 for j in range(nv)]
