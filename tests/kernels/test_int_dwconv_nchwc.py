@@ -217,3 +217,34 @@ def test_fit_affine_is_exact_or_absent() -> None:
         q = np.clip(np.rint(f), t_lo, t_hi).astype(np.int64)
         np.testing.assert_array_equal(q, clip.table(np.maximum(codes, first)))
     assert fitted > 150, fitted
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_packed_store_saturates(isa: str, monkeypatch, cache) -> None:
+    """Blocked outputs store four pixels' vectors with one saturating pack, which is then the
+    clamp to [0, 255]: scales that saturate most values both ways, with and without ReLU and a
+    fused Clip, rows of 4k + 1..3 pixels, each read blocked by a 1x1 conv; and the saturation
+    counters still equal the NCHW kernel's."""
+    import smelt
+
+    m = _Model()
+    x = m.input((1, 32, 5, 13))
+    for i, (yz, relu, clip) in enumerate([(128, False, False), (3, True, False), (250, False, True),
+                                          (128, True, True)]):
+        k = (1, 3)[i % 2]
+        y = m.conv(x, 32, 32, k, 1, (k // 2,) * 4, 1, group=1, xz=(0, 200)[i % 2], yz=yz, y_scale=0.0021, relu=relu)
+        if clip:
+            y = m.clip(y, 0.0021, yz, -0.1, 0.2, 0.0013, 60)
+        dw = m.conv(y, 32, 32, 3, 1, (1, 1, 1, 1), 1, group=32, xz=yz, yz=yz, y_scale=0.0017, relu=relu)
+        m.output(m.conv(dw, 32, 16, 1, 1, (0, 0, 0, 0), 1, group=1, xz=yz, yz=128, y_scale=0.2))
+    _check(m, isa, monkeypatch, cache)
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    totals = {}
+    for which in (isa, "scalar"):
+        target = _isa_target(which)
+        monkeypatch.setattr("smelt.compiler.detect", lambda target=target: target)
+        compiled = smelt.compile(m.build(), threads=2)
+        compiled.run(m.feeds)
+        totals[which] = tuple(sum(c[i] for c in compiled.saturation_counts().values()) for i in (0, 1))
+        compiled.close()
+    assert totals[isa] == totals["scalar"] and min(totals["scalar"]) > 0, totals

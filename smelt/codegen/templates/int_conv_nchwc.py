@@ -87,6 +87,19 @@ def _clip_constants(v, clip: ClipRequant | None) -> list[str]:
     return [f"const {v.t} " + ", ".join(f"{k} = {v.set1(_c_float(x))}" for k, x in vals.items()) + ";"]
 
 
+def _fits_int32(w: np.ndarray, bias: np.ndarray, mult: np.ndarray, clip: ClipRequant | None) -> bool:
+    """Every value the epilogue converts to int32 lies well inside its range: |acc| <= |bias'|
+    + 255 * sum|W| per channel, times the multiplier, plus a zero point (and through the clip's
+    FMA). Then a saturating pack clamps exactly what the float clamps would have."""
+    acc = np.abs(bias.astype(np.float64)) + 255.0 * np.abs(w.astype(np.float64)).reshape(len(bias), -1).sum(axis=1)
+    f = float((acc * np.abs(mult.astype(np.float64))).max(initial=0.0)) + 256.0
+    if clip is not None and clip.affine is not None:
+        f = f * abs(clip.affine[0]) + abs(clip.affine[1]) + 1.0
+    elif clip is not None:
+        f = 256.0 + 256.0 * clip.x_scale / clip.y_scale + abs(clip.y_zero) + 256.0  # the table's range, clamped first
+    return f < 2.0**30
+
+
 def _f32(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float32).reshape(-1)
 
@@ -154,6 +167,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                if xb > 1 else f"X[((ni * {c} + ch) * {geo.h} + iy) * {geo.w}L + ix]")
         em.step("\n".join([
             f"const uint8_t *restrict X = {em.ptr(x)}; {st} *restrict P = {src};",
+            *([f"static const uint8_t ZR[{geo.w}];  /* a row of channels past C */"]
+              if xb == 1 and bytes_in and ib % 4 == 0 else []),
             f"long lo, hi; smelt_range({rows}, tid, nt, &lo, &hi);",
             "for (long r = lo; r < hi; ++r) {",
             f"    const long yp = r % {hs}, bi = (r / {hs}) % {cb}, ni = r / {hs * cb}, iy = yp - {geo.pt};",
@@ -172,6 +187,17 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
             *([f"    {{ const uint8_t *restrict xr = X + ((ni * {c // xb} + bi) * {geo.h} + iy) * {geo.w * ib}L;",
                f"      for (long j = 0; j < {geo.w * ib}; ++j) d[{geo.pl * ib} + j] = xr[j]; }}  /* widened */",
                "    continue;"] if xb == ib and not bytes_in else []),
+            # plain bytes into quads: four channel rows packed into each 32-bit word (channels
+            # past C read a zero row), so the store is one word per pixel, not four bytes
+            *([f"    for (long q = 0; q < {ib // 4}; ++q) {{",
+               f"        const uint8_t *restrict xp[4];",
+               f"        for (int t = 0; t < 4; ++t) {{ const long ch = bi * {ib} + 4 * q + t; "
+               f"xp[t] = ch < {c} ? X + ((ni * {c} + ch) * {geo.h} + iy) * {geo.w}L : ZR; }}",
+               f"        uint32_t *restrict dq = (uint32_t *)(d + {geo.pl * ib}) + q;",
+               f"        for (long ix = 0; ix < {geo.w}; ++ix) dq[ix * {ib // 4}] = (uint32_t)xp[0][ix] | "
+               "((uint32_t)xp[1][ix] << 8) | ((uint32_t)xp[2][ix] << 16) | ((uint32_t)xp[3][ix] << 24);",
+               "    }",
+               "    continue;"] if xb == 1 and bytes_in and ib % 4 == 0 else []),
             f"    for (long l = 0; l < {ib}; ++l) {{",
             f"        const long ch = bi * {ib} + l;",
             f"        {st} *restrict dl = d + {geo.pl * ib} + l;",
@@ -196,12 +222,23 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     dot = s.dot
     store = "i32_store_u8"
 
+    affine = s.clip is not None and s.clip.affine is not None
+    # four vectors of consecutive pixels of a blocked output are 4 * L contiguous bytes: stored
+    # by one saturating pack (``i32x4_store_u8``), which is itself the clamp to [0, 255], so
+    # those vectors skip it; only where every value converts exactly (|f| < 2^30, bounded at
+    # compile time from the weights, the folded bias and the multipliers)
+    grouped = yb > 1 and v.has("i32x4_store_u8") and _fits_int32(w, bias[:oc], mult[:oc], s.clip)
+    low_keep = {  # the clamps a saturating pack does not make: ReLU's at the zero point, the clip's extremes
+        "f": (lo_clamp > info.min and not affine) or (affine and s.clip.affine[2] > 0),
+        "h": affine and s.clip.affine[3] < 255}
+
     def epilogue(width: int, j: int) -> list[str]:
         """Requantize accumulators c<r>_<j> of the output-channel vector og * nv + j and store them."""
         out = [f"if (og * {nv} + {j} < {-(-oc // L)}) {{",
                f"  const {v.t} mv = {v.loadu(f'MU + (og * {nv} + {j}) * {L}')};"]
-        affine = s.clip is not None and s.clip.affine is not None
+        packed = 4 * (width // 4) if grouped else 0
         for r in range(width):
+            in_pack = r < packed
             out += [f"  {{ {v.t} f = {v.x('i32_to_f32', a=f'c{r}_{j}')};",
                     f"    f = {v.x('f32_round_even', a=v.op('mul', 'f', 'mv'))};"]
             if affine:
@@ -209,30 +246,44 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                 # the conv's clamps, its ReLU and the clip are the checked FMA and one clamp
                 out += [f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; "
                         f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};",
-                        f"    f = {v.fmadd('f', 'kxa', 'kxb')};",
-                        # integer bounds: clamping before the conversion's rounding is the same
-                        f"    f = {v.op('min', v.op('max', 'f', 'ktl'), 'kth')};"]
+                        f"    f = {v.fmadd('f', 'kxa', 'kxb')};"]
+                # integer bounds: clamping before the conversion's rounding is the same
+                if not in_pack or low_keep["f"]:
+                    out.append(f"    f = {v.op('max', 'f', 'ktl')};")
+                if not in_pack or low_keep["h"]:
+                    out.append(f"    f = {v.op('min', 'f', 'kth')};")
             else:
                 out += [f"    f = {v.op('add', 'f', 'yzv')};",
                         f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; "
-                        f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};",
-                        f"    f = {v.op('min', v.op('max', 'f', 'clv'), 'hiv')};  /* NaN: max gives the low clamp */"]
+                        f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};"]
+                if not in_pack or s.clip is not None:  # (the division form below reads the clamped code)
+                    out.append(f"    f = {v.op('min', v.op('max', 'f', 'clv'), 'hiv')};  /* NaN: max gives the low clamp */")
+                elif low_keep["f"]:
+                    out.append(f"    f = {v.op('max', 'f', 'clv')};")
             if s.clip is not None and not affine:  # the fused QLinearClip, its table's float steps in order
                 out.append(f"    f = {v.op('mul', v.op('sub', 'f', 'kxz'), 'kxs')};")
                 if s.clip.lo != -np.inf:
                     out.append(f"    f = {v.op('max', 'f', 'klo')};")
                 if s.clip.hi != np.inf:
                     out.append(f"    f = {v.op('min', 'f', 'khi')};")
-                out += [f"    f = {v.op('add', v.x('f32_round_even', a=v.op('div', 'f', 'kys')), 'kyz')};",
-                        f"    f = {v.op('min', v.op('max', 'f', 'lov'), 'hiv')};"]
+                out.append(f"    f = {v.op('add', v.x('f32_round_even', a=v.op('div', 'f', 'kys')), 'kyz')};")
+                if not in_pack:
+                    out.append(f"    f = {v.op('min', v.op('max', 'f', 'lov'), 'hiv')};")
             cvt = "f32_to_i32_even" if affine else "f32_to_i32"  # (else already rounded)
-            if yb > 1:
+            if in_pack:
+                out.append(f"    q{r % 4} = {v.x(cvt, a='f')}; }}")
+                if r % 4 == 3:
+                    dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r - 3}) * {L}"
+                    out.append("  " + v.x("i32x4_store_u8", p=dst, a="q0", b="q1", c="q2", d="q3"))
+            elif yb > 1:
                 dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}) * {L}"
                 out.append(f"    {v.x(store, p=dst, a=v.x(cvt, a='f'))} }}")
             else:
                 out += [f"    {yt} tb[{L}]; {v.x(store, p='tb', a=v.x(cvt, a='f'))}",
                         f"    const long o0 = (og * {nv} + {j}) * {L}, on = SMELT_MIN({L}, {oc} - o0);",
                         f"    for (long l = 0; l < on; ++l) Y[((ni * {oc} + o0 + l) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}] = tb[l]; }}"]
+        if packed:
+            out.insert(2, f"  {it} q0, q1, q2, q3;")
         out.append("}")
         return out
 
