@@ -56,6 +56,11 @@ MAX_REDUCTION = (1 << 31) // (255 * 128)
 # latency (vpdpbusd: 4-5 cycles at one or two per cycle), and a load's cost in dot products
 LATENCY_CHAINS = 4
 LOAD_COST = 0.25
+# a weight vector's load when one output-channel group's weights (K x nv vectors) do not fit L1:
+# every tile streams them from L2 again, so a tile of more pixels per weight vector saves more
+# (measured on Zen 4 at 1 thread: ResNet-50's 512-channel 3x3 on 7x7, 4 px x 64 oc 598 us, 7 px
+# x 48 oc 508 us; its 256-channel 3x3 on 14x14, 5 px x 64 oc 528 us, 14 px x 32 oc 494 us)
+L2_LOAD_COST = 1.0
 
 
 @dataclass(frozen=True)
@@ -302,24 +307,28 @@ def clip_requant(y: str, g: Graph, reader: Node) -> ClipRequant | None:
                        hi=float(np.float32(reader.attr("max", np.inf))), y_scale=float(ys), y_zero=int(yz))
 
 
-def choose_tile(geo: IntConvGeometry, lanes: int, registers: int) -> tuple[int, int]:
+def choose_tile(geo: IntConvGeometry, lanes: int, registers: int, l1_bytes: int = 32 << 10,
+                weight_bytes: int = 1) -> tuple[int, int]:
     """(nv, rw): output-channel vectors and output pixels per register tile. All nv * rw
     accumulators, nv weight vectors and one broadcast fit the registers; among those, the least
     modelled time per output row and input word: dot products (output channels padded to
     nv * lanes; a tile of fewer than ``LATENCY_CHAINS`` accumulators waits on the dot's latency)
-    plus ``LOAD_COST`` per load (nv weight vectors and one broadcast per pixel)."""
+    plus ``LOAD_COST`` per load (nv weight vectors and one broadcast per pixel), a weight
+    vector's ``L2_LOAD_COST`` when a group's weights (``weight_bytes`` each) exceed ``l1_bytes``."""
     best: tuple[float, int, int] | None = None
     oc_vectors = -(-geo.oc // lanes)
     for nv in range(1, 5):
         if nv > oc_vectors:
             break
         groups = -(-oc_vectors // nv)
+        streamed = geo.c * geo.kh * geo.kw * nv * lanes * weight_bytes > l1_bytes
+        w_cost = L2_LOAD_COST if streamed else LOAD_COST
         rw_max = min((registers - nv - 1) // nv, geo.ow)
         for rw in range(1, rw_max + 1):
             full, rem = divmod(geo.ow, rw)
             cost = 0.0
             for count, width in ((full, rw), (1 if rem else 0, rem)):
-                cost += count * (max(nv * width, LATENCY_CHAINS) + LOAD_COST * (nv + width))
+                cost += count * (max(nv * width, LATENCY_CHAINS) + w_cost * nv + LOAD_COST * width)
             cost *= groups
             if best is None or cost < best[0] - 1e-9:
                 best = (cost, nv, rw)
@@ -379,6 +388,7 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     direct = in_block == block and not padded and group_k == QUAD
     ib = block if direct else min(block, -(-geo.c // group_k) * group_k)
     flat = is_flat(geo)
-    nv, rw = choose_tile(flattened(geo) if flat else geo, block, v.registers)
+    nv, rw = choose_tile(flattened(geo) if flat else geo, block, v.registers, target.l1d_bytes or 32 << 10,
+                         1 if group_k == QUAD else 2)
     return IntConvSchedule(block=block, group_k=group_k, dot=dot, ib=ib, copy_input=not direct, nv=nv, rw=rw, relu=relu,
                            flat=flat, clip=clip)

@@ -190,7 +190,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
             # plain bytes into quads: four channel rows packed into each 32-bit word (channels
             # past C read a zero row), so the store is one word per pixel, not four bytes
             *([f"    for (long q = 0; q < {ib // 4}; ++q) {{",
-               f"        const uint8_t *restrict xp[4];",
+               "        const uint8_t *restrict xp[4];",
                f"        for (int t = 0; t < 4; ++t) {{ const long ch = bi * {ib} + 4 * q + t; "
                f"xp[t] = ch < {c} ? X + ((ni * {c} + ch) * {geo.h} + iy) * {geo.w}L : ZR; }}",
                f"        uint32_t *restrict dq = (uint32_t *)(d + {geo.pl * ib}) + q;",
