@@ -21,7 +21,16 @@ Everything about how such a conv runs is decided here, once, and written on the 
 - the **register tile** (``nv`` vectors of output channels x ``rw`` output pixels of one row)
   from the register count and a small cost model (``choose_tile``);
 - the **fused ReLU** (the ``Max(y, y_zero_point)`` that lower_qdq writes for a Relu before the
-  QuantizeLinear; a clamp at the zero point in the epilogue).
+  QuantizeLinear; a clamp at the zero point in the epilogue);
+- the **fused QLinearClip** (lower_qdq's DQ -> Clip/Relu -> Q, MobileNet's Relu6 between its
+  convs): its table's float rule (dequantize the code, clamp, divide by the output scale, round
+  half to even, add the zero point, saturate) computed on the code in the conv's vector
+  epilogue, so the conv writes the clipped tensor and the 8-bit intermediate never exists;
+- **depthwise** convs (group = C = OC, one weight channel each) run their own kernel on the same
+  layout: one channel per int32 lane, the input bytes zero-extended (``u8_to_i32``) and
+  multiplied by int16 weights with the pair dot (``i16_dot_acc``, the high half 0; VNNI's
+  vpdpwssd), a row of ``rw`` output pixels per tile, each input column loaded once per kernel
+  row and used by every output pixel that reads it (``depthwise_tile``).
 
 The zero-point compensation (``x_zero * sum(W)`` per output channel) and the requantization
 multiplier ``(x_scale * w_scale[o]) / y_scale`` are folded at compile time by the template.
@@ -47,6 +56,11 @@ MAX_REDUCTION = (1 << 31) // (255 * 128)
 # latency (vpdpbusd: 4-5 cycles at one or two per cycle), and a load's cost in dot products
 LATENCY_CHAINS = 4
 LOAD_COST = 0.25
+# a weight vector's load when one output-channel group's weights (K x nv vectors) do not fit L1:
+# every tile streams them from L2 again, so a tile of more pixels per weight vector saves more
+# (measured on Zen 4 at 1 thread: ResNet-50's 512-channel 3x3 on 7x7, 4 px x 64 oc 598 us, 7 px
+# x 48 oc 508 us; its 256-channel 3x3 on 14x14, 5 px x 64 oc 528 us, 14 px x 32 oc 494 us)
+L2_LOAD_COST = 1.0
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,78 @@ class IntConvGeometry:
     pl: int
     pb: int
     pr: int
+    group: int = 1  # 1, or C (= OC): depthwise
+
+
+@dataclass(frozen=True)
+class ClipRequant:
+    """A QLinearClip fused into the conv's epilogue: y = saturate(round_even(clamp(x_scale *
+    (code - x_zero), lo, hi) / y_scale) + y_zero) on the conv's requantized code, in float32 step
+    by step as the QLinearClip table is built (qlinear_ops.lookup_table), so equal to it."""
+
+    x_scale: float
+    x_zero: int
+    lo: float  # -inf / inf where the Clip has no bound (Relu: lo 0, hi inf)
+    hi: float
+    y_scale: float
+    y_zero: int
+    # the conv's requantization and this map as one fused multiply-add on r = round(acc * m)
+    # (the conv's code before its zero point): min(max(round_even(fma(r, a, b)), t_lo), t_hi),
+    # used when it equals the table of (r + y_zero of the conv) on every r whose code the conv
+    # can write (checked exhaustively by ``fit_affine``: at most 256 values). Past those codes
+    # the map is monotone, so the clamp to the table's extremes is the conv's own clamp (and a
+    # fused ReLU's) too: the epilogue drops them, the zero point's add and the division
+    # (vdivps: ~5 cycles per vector on Zen 4, more than the dots of a small 1x1 conv)
+    affine: tuple[float, float, int, int] | None = None
+
+    def table(self, codes: np.ndarray) -> np.ndarray:
+        """The QLinearClip's outputs for uint8 ``codes``, in float32 step by step as its table."""
+        f32 = np.float32
+        x = (f32(self.x_scale) * (codes.astype(np.int64) - self.x_zero).astype(f32)).astype(f32)
+        x = np.minimum(np.maximum(x, f32(self.lo)), f32(self.hi)).astype(f32)
+        q = np.rint((x / f32(self.y_scale)).astype(f32)).astype(np.float64) + self.y_zero
+        return np.clip(q, 0, 255).astype(np.int64)
+
+
+def _fma_f32(c: np.ndarray, a: float, b: float) -> np.ndarray | None:
+    """fma(c, a, b) rounded once to float32 for integer codes ``c``; None where the float64
+    sum is not exact (then rounding it again to float32 could differ from the fused result)."""
+    from fractions import Fraction
+
+    exact = c.astype(np.float64) * np.float64(a) + np.float64(b)  # c * a is exact (8 x 24 bits)
+    if any(Fraction(float(e)) != Fraction(int(k)) * Fraction(a) + Fraction(b) for k, e in zip(c, exact, strict=True)):
+        return None
+    return exact.astype(np.float32)
+
+
+def fit_affine(clip: ClipRequant, conv_zero: int, first_code: int, fma: bool) -> ClipRequant:
+    """``clip`` with ``affine`` set when some (a, b) near (x_scale / y_scale, y_zero + (conv_zero
+    - x_zero) * x_scale / y_scale) gives the table's value of r + conv_zero for every r whose code
+    lies in [first_code, 255] (a fused ReLU raises the first code to the zero point): exact by
+    exhaustion, else unchanged (the division form)."""
+    if not fma:  # mul then add could be contracted by the compiler, or not: only the fused form is checked
+        return clip
+    codes = np.arange(first_code, 256)
+    want = clip.table(codes)
+    r = codes - conv_zero
+    t_lo, t_hi = int(want.min()), int(want.max())
+    a0 = np.float32(np.float32(clip.x_scale) / np.float32(clip.y_scale))
+    b0 = np.float32(np.float64(clip.y_zero) + np.float64(conv_zero - clip.x_zero) * np.float64(a0))
+    for da in (0, 1, -1):
+        a = np.float32(a0)
+        for _ in range(abs(da)):
+            a = np.nextafter(a, np.float32(np.inf if da > 0 else -np.inf), dtype=np.float32)
+        for db in (0, 1, -1, 2, -2, 3, -3, 4, -4):
+            b = np.float32(b0)
+            for _ in range(abs(db)):
+                b = np.nextafter(b, np.float32(np.inf if db > 0 else -np.inf), dtype=np.float32)
+            got = _fma_f32(r, float(a), float(b))
+            if got is None:
+                continue
+            q = np.clip(np.rint(got).astype(np.int64), t_lo, t_hi)
+            if np.array_equal(q, want):
+                return replace(clip, affine=(float(a), float(b), t_lo, t_hi))
+    return clip
 
 
 @dataclass(frozen=True)
@@ -85,11 +171,16 @@ class IntConvSchedule:
     # a 1x1, stride-1, unpadded conv runs over its plane as one row of H * W pixels (the pixels of
     # an NCHW<b>c plane are contiguous): no ragged tile per row (56 = 9 x 6 + 2; 3136 = 522 x 6 + 4)
     flat: bool = False
+    depthwise: bool = False  # the depthwise kernel: one channel per lane, group_k 1, nv 1
+    clip: ClipRequant | None = None  # a QLinearClip fused into the epilogue
 
     def describe(self) -> str:
         form = {"u8s8_dot_acc": "u8s8 quads", "u8s7_dot_acc": "u8 x 7-bit quads"}.get(self.dot, "int16 pairs")
+        if self.depthwise:
+            form = "depthwise, u8 widened x int16"
         return (f"{form}, block {self.block}, input block {self.ib}{' (copied, padded)' if self.copy_input else ''}, "
-                f"tile {self.rw} px x {self.nv * self.block} oc{', relu' if self.relu else ''}")
+                f"tile {self.rw} px x {self.nv * self.block} oc{', relu' if self.relu else ''}"
+                f"{(', clip fused (' + ('fma' if self.clip.affine else 'div') + ')') if self.clip else ''}")
 
 
 def int_isa(target: Target) -> VectorIsa:
@@ -126,22 +217,23 @@ def geometry(node: Node, g: Graph) -> IntConvGeometry | str:
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     if auto_pad not in ("NOTSET", "VALID"):
         return f"auto_pad {auto_pad}"
-    if int(node.attr("group", 1)) != 1:
-        return "grouped convolution"
+    group = int(node.attr("group", 1))
+    if group != 1 and not (group == x[1] == w[0] and w[1] == 1):
+        return "grouped convolution (other than depthwise)"
     pads = list(node.attr("pads", [0, 0, 0, 0])) if auto_pad == "NOTSET" else [0, 0, 0, 0]
     (sh, sw), (dh, dw) = list(node.attr("strides", [1, 1])), list(node.attr("dilations", [1, 1]))
-    if x[1] != w[1]:
+    if x[1] != w[1] * group:
         return "channels do not match the weights"
     if w[1] * w[2] * w[3] > MAX_REDUCTION:
         return f"receptive field {w[1] * w[2] * w[3]} could overflow int32"
     return IntConvGeometry(n=int(x[0]), c=int(x[1]), h=int(x[2]), w=int(x[3]), oc=int(w[0]), kh=int(w[2]),
                            kw=int(w[3]), oh=int(y[2]), ow=int(y[3]), sh=int(sh), sw=int(sw), dh=int(dh), dw=int(dw),
-                           pt=int(pads[0]), pl=int(pads[1]), pb=int(pads[2]), pr=int(pads[3]))
+                           pt=int(pads[0]), pl=int(pads[1]), pb=int(pads[2]), pr=int(pads[3]), group=group)
 
 
 def is_flat(geo: IntConvGeometry) -> bool:
     """1x1, stride 1, no padding: output pixel p reads input pixel p."""
-    return (geo.kh, geo.kw, geo.sh, geo.sw, geo.pt, geo.pl, geo.pb, geo.pr) == (1, 1, 1, 1, 0, 0, 0, 0)
+    return geo.group == 1 and (geo.kh, geo.kw, geo.sh, geo.sw, geo.pt, geo.pl, geo.pb, geo.pr) == (1, 1, 1, 1, 0, 0, 0, 0)
 
 
 def flattened(geo: IntConvGeometry) -> IntConvGeometry:
@@ -198,24 +290,45 @@ def relu_zero_point(node: Node, g: Graph, reader: Node) -> bool:
             and int(c.reshape(-1)[0]) == int(yz.reshape(-1)[0]))
 
 
-def choose_tile(geo: IntConvGeometry, lanes: int, registers: int) -> tuple[int, int]:
+def clip_requant(y: str, g: Graph, reader: Node) -> ClipRequant | None:
+    """``reader`` is smelt's QLinearClip (passes/lower_qdq.py) of the uint8 value ``y`` into
+    uint8 with constant scalar parameters: the epilogue computes it (``ClipRequant``)."""
+    if reader.op != "QLinearClip" or reader.domain != "ai.smelt" or len(reader.inputs) != 5:
+        return None
+    if reader.inputs[0] != y or y in g.outputs or _dtype(g, y) != "uint8" or _dtype(g, reader.outputs[0]) != "uint8":
+        return None
+    params = [_const(g, n) for n in reader.inputs[1:]]
+    if any(p is None or p.size != 1 for p in params):
+        return None
+    xs, xz, ys, yz = (p.reshape(-1)[0] for p in params)  # type: ignore[union-attr]
+    if np.asarray(xs).dtype != np.float32 or np.asarray(ys).dtype != np.float32:
+        return None
+    return ClipRequant(x_scale=float(xs), x_zero=int(xz), lo=float(np.float32(reader.attr("min", -np.inf))),
+                       hi=float(np.float32(reader.attr("max", np.inf))), y_scale=float(ys), y_zero=int(yz))
+
+
+def choose_tile(geo: IntConvGeometry, lanes: int, registers: int, l1_bytes: int = 32 << 10,
+                weight_bytes: int = 1) -> tuple[int, int]:
     """(nv, rw): output-channel vectors and output pixels per register tile. All nv * rw
     accumulators, nv weight vectors and one broadcast fit the registers; among those, the least
     modelled time per output row and input word: dot products (output channels padded to
     nv * lanes; a tile of fewer than ``LATENCY_CHAINS`` accumulators waits on the dot's latency)
-    plus ``LOAD_COST`` per load (nv weight vectors and one broadcast per pixel)."""
+    plus ``LOAD_COST`` per load (nv weight vectors and one broadcast per pixel), a weight
+    vector's ``L2_LOAD_COST`` when a group's weights (``weight_bytes`` each) exceed ``l1_bytes``."""
     best: tuple[float, int, int] | None = None
     oc_vectors = -(-geo.oc // lanes)
     for nv in range(1, 5):
         if nv > oc_vectors:
             break
         groups = -(-oc_vectors // nv)
+        streamed = geo.c * geo.kh * geo.kw * nv * lanes * weight_bytes > l1_bytes
+        w_cost = L2_LOAD_COST if streamed else LOAD_COST
         rw_max = min((registers - nv - 1) // nv, geo.ow)
         for rw in range(1, rw_max + 1):
             full, rem = divmod(geo.ow, rw)
             cost = 0.0
             for count, width in ((full, rw), (1 if rem else 0, rem)):
-                cost += count * (max(nv * width, LATENCY_CHAINS) + LOAD_COST * (nv + width))
+                cost += count * (max(nv * width, LATENCY_CHAINS) + w_cost * nv + LOAD_COST * width)
             cost *= groups
             if best is None or cost < best[0] - 1e-9:
                 best = (cost, nv, rw)
@@ -223,13 +336,45 @@ def choose_tile(geo: IntConvGeometry, lanes: int, registers: int) -> tuple[int, 
     return best[1], best[2]
 
 
-def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu: bool) -> IntConvSchedule:
+def depthwise_tile(geo: IntConvGeometry, registers: int) -> int:
+    """rw: output pixels of a row per depthwise tile. Per kernel row the tile loads the
+    (rw - 1) * stride + kw input columns it spans once each and runs kw * rw dots; more pixels
+    load fewer columns per pixel, up to half the registers as accumulators (the kernel's kh * kw
+    weight vectors then stay in registers on AVX-512; AVX2 reads them as memory operands). Among
+    those, the least modelled time over the row, ragged last tile included."""
+    best: tuple[float, int] | None = None
+    span = (geo.kw - 1) * geo.dw + 1
+    for rw in range(1, min(geo.ow, registers // 2) + 1):
+        full, rem = divmod(geo.ow, rw)
+        cost = 0.0
+        for count, width in ((full, rw), (1 if rem else 0, rem)):
+            loads = geo.kh * ((width - 1) * geo.sw + span)
+            cost += count * (max(geo.kh * geo.kw * width, LATENCY_CHAINS) + LOAD_COST * 4 * loads)
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, rw)
+    assert best is not None
+    return best[1]
+
+
+def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu: bool,
+                      clip: ClipRequant | None = None) -> IntConvSchedule:
     """The schedule of ``node`` (``int_nchwc_reason`` is None) reading an input in the layout
     of block ``in_block`` (1: plain)."""
     geo = geometry(node, g)
     assert isinstance(geo, IntConvGeometry)
     v = int_isa(target)
     block = v.lanes
+    padded = any((geo.pt, geo.pl, geo.pb, geo.pr))
+    if clip is not None:
+        yz_c = _const(g, node.inputs[7]) if len(node.inputs) > 7 and node.inputs[7] else None
+        yz = int(yz_c.reshape(-1)[0]) if yz_c is not None else 0
+        clip = fit_affine(clip, yz, yz if relu else 0, v.fma)
+    if geo.group > 1:
+        # one channel per lane: the kernel reads the NCHW<block>c bytes as they are (a copy pads
+        # them, or blocks a plain input with channels past C at 0)
+        return IntConvSchedule(block=block, group_k=1, dot="i16_dot_acc", ib=block,
+                               copy_input=padded or in_block != block, nv=1, rw=depthwise_tile(geo, v.registers),
+                               relu=relu, depthwise=True, clip=clip)
     w = _const(g, node.inputs[3])
     if v.has("u8s8_dot_acc"):
         dot = "u8s8_dot_acc"
@@ -238,12 +383,12 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     else:
         dot = "i16_dot_acc"
     group_k = PAIR if dot == "i16_dot_acc" else QUAD
-    padded = any((geo.pt, geo.pl, geo.pb, geo.pr))
     # the pair form always reads a copy, widened to uint16: one 32-bit broadcast is then a pair
     # (bytes would need a broadcast and a zero-extension per pixel and word)
     direct = in_block == block and not padded and group_k == QUAD
     ib = block if direct else min(block, -(-geo.c // group_k) * group_k)
     flat = is_flat(geo)
-    nv, rw = choose_tile(flattened(geo) if flat else geo, block, v.registers)
+    nv, rw = choose_tile(flattened(geo) if flat else geo, block, v.registers, target.l1d_bytes or 32 << 10,
+                         1 if group_k == QUAD else 2)
     return IntConvSchedule(block=block, group_k=group_k, dot=dot, ib=ib, copy_input=not direct, nv=nv, rw=rw, relu=relu,
-                           flat=flat)
+                           flat=flat, clip=clip)

@@ -44,7 +44,13 @@ from smelt.schedule.conv import (
     prefers_gemm,
     vector_lanes,
 )
-from smelt.schedule.int_conv import int_block, int_conv_schedule, int_nchwc_reason, relu_zero_point
+from smelt.schedule.int_conv import (
+    clip_requant,
+    int_block,
+    int_conv_schedule,
+    int_nchwc_reason,
+    relu_zero_point,
+)
 from smelt.target import Target
 
 # dtypes a value may be blocked in: float32, and the 8-bit activations between blocked int8
@@ -155,8 +161,9 @@ class _Planner:
     def int_conv(self, node: Node) -> bool:
         """QLinearConv on the blocked int8 kernel (schedule/int_conv.py): it reads its input in
         whatever layout arrives (copying it when it must), fuses a following quantized ReLU
-        (``Max(y, y_zero_point)``), and writes NCHW<b>c when every reader takes that layout,
-        else plain (so no int8 LayoutTransform is needed before a plain-only reader)."""
+        (``Max(y, y_zero_point)``) and then a following QLinearClip (``clip_requant``), and
+        writes NCHW<b>c when every reader takes that layout, else plain (so no int8
+        LayoutTransform is needed before a plain-only reader)."""
         g = self.g
         if node.name in self.force_fallback or int_nchwc_reason(node, g, self.target) is not None:
             return False
@@ -164,11 +171,18 @@ class _Planner:
         readers = self.consumers.get(y, [])
         relu = (len(readers) == 1 and readers[0].name not in self.force_fallback
                 and relu_zero_point(node, g, readers[0]))
+        fused = [readers[0]] if relu else []
         out = readers[0].outputs[0] if relu else y
+        after = self.consumers.get(out, [])
+        clip = (clip_requant(out, g, after[0]) if len(after) == 1 and after[0].name not in self.force_fallback
+                else None)
+        if clip is not None:
+            fused.append(after[0])
+            out = after[0].outputs[0]
         block = int_block(self.target)
         assert block is not None
         in_block = layout_block(g.values[node.inputs[0]].layout)
-        node.schedule = int_conv_schedule(node, g, self.target, in_block, relu)
+        node.schedule = int_conv_schedule(node, g, self.target, in_block, relu, clip)
         blocked = (int(g.values[out].shape[1]) % block == 0 and out not in g.outputs
                    and self._int8_readers_take(out, blocked_layout(block)))
         node.outputs = [out]
@@ -179,9 +193,9 @@ class _Planner:
             g.values[out].layout = PLAIN
             node.schedule = None
             return False
-        if relu:
-            self.skip.add(readers[0].name)
-            g.values.pop(y, None)
+        for r in fused:  # their outputs are written by the conv; their inputs no longer exist
+            self.skip.add(r.name)
+            g.values.pop(r.inputs[0], None)
         return True
 
     def _int8_readers_take(self, name: str, layout: str) -> bool:

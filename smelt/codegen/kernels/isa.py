@@ -226,14 +226,25 @@ AVX512 = VectorIsa(
            ("u8s7_dot_acc", "_mm512_add_epi32({c}, _mm512_madd_epi16(_mm512_maddubs_epi16({a}, {b}), "
                             "_mm512_set1_epi16(1)))"),
            ("word_set1", "_mm512_set1_epi32(" + _LOAD32 + ")"),
+           # the 16 bytes at {p} zero-extended into the int32 lanes (the int8 depthwise conv's
+           # input: one channel per lane, the high int16 of each lane 0 for i16_dot_acc)
+           ("u8_to_i32", "_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)({p})))"),
            ("i32_to_f32", "_mm512_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm512_roundscale_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm512_cvttps_epi32({a})"),
+           # rounded half to even in the conversion itself (embedded rounding: not MXCSR's mode)
+           ("f32_to_i32_even", "_mm512_cvt_roundps_epi32({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            # int32 lane counters {c} plus one where {a} is not >= {b} (NaN counts) / where {a} > {b}
            ("f32_nge_count", "_mm512_mask_add_epi32({c}, _mm512_cmp_ps_mask({a}, {b}, _CMP_NGE_UQ), {c}, "
                              "_mm512_set1_epi32(1))"),
            ("f32_gt_count", "_mm512_mask_add_epi32({c}, _mm512_cmp_ps_mask({a}, {b}, _CMP_GT_OQ), {c}, "
                             "_mm512_set1_epi32(1))"),
+           # four int32 vectors {a} {b} {c} {d} saturated to [0, 255] and stored as 64 consecutive
+           # bytes at {p} (two saturating packs, then the dwords back in order)
+           ("i32x4_store_u8", "{{ __m512i q_ = _mm512_packus_epi16(_mm512_packs_epi32({a}, {b}), "
+                              "_mm512_packs_epi32({c}, {d})); _mm512_storeu_si512((void *)({p}), "
+                              "_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, "
+                              "3, 7, 11, 15), q_)); }}"),
            # int32 lanes already within [0, 255] stored as bytes at {p}
            ("i32_store_u8", "_mm_storeu_si128((__m128i *)({p}), _mm512_cvtepi32_epi8({a}));")))
 
@@ -260,12 +271,17 @@ AVX2 = VectorIsa(
            ("u8s7_dot_acc", "_mm256_add_epi32({c}, _mm256_madd_epi16(_mm256_maddubs_epi16({a}, {b}), "
                             "_mm256_set1_epi16(1)))"),
            ("word_set1", "_mm256_set1_epi32(" + _LOAD32 + ")"),
+           ("u8_to_i32", "_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)({p})))"),
            ("i32_to_f32", "_mm256_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm256_round_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm256_cvttps_epi32({a})"),
+           ("f32_to_i32_even", "_mm256_cvttps_epi32(_mm256_round_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))"),
            # a true compare lane is all ones (-1): subtracting it counts one
            ("f32_nge_count", "_mm256_sub_epi32({c}, _mm256_castps_si256(_mm256_cmp_ps({a}, {b}, _CMP_NGE_UQ)))"),
            ("f32_gt_count", "_mm256_sub_epi32({c}, _mm256_castps_si256(_mm256_cmp_ps({a}, {b}, _CMP_GT_OQ)))"),
+           ("i32x4_store_u8", "{{ __m256i q_ = _mm256_packus_epi16(_mm256_packs_epi32({a}, {b}), "
+                              "_mm256_packs_epi32({c}, {d})); _mm256_storeu_si256((__m256i *)({p}), "
+                              "_mm256_permutevar8x32_epi32(q_, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))); }}"),
            # no vpmovdb before AVX-512: saturating packs (exact for in-range lanes), two dwords out
            ("i32_store_u8", "{{ __m256i t_ = _mm256_packs_epi32({a}, {a}); t_ = _mm256_packus_epi16(t_, t_); "
                             "int32_t l_ = _mm256_cvtsi256_si32(t_), h_ = _mm256_extract_epi32(t_, 4); "

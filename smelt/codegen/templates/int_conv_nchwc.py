@@ -19,7 +19,15 @@ Renders the ``IntConvSchedule`` the layout planner wrote (``schedule/int_conv.py
   computed in float32 at compile time exactly as the scalar rule does (``requantize`` in
   kernels/int_gemm.py), rounded half to even, plus the output zero point, clamped to the type's
   range (NaN low) — and for a fused ReLU at the zero point —; clamps counted for the numeric
-  debug counters; stored as bytes to NCHW<b>c, or scattered to plain NCHW.
+  debug counters; then a fused QLinearClip's rule on the code (``ClipRequant``: dequantize,
+  clamp, divide by its output scale, round, add its zero point, saturate: the table's float steps
+  in the same order); stored as bytes to NCHW<b>c, or scattered to plain NCHW.
+- **depthwise** (``IntConvSchedule.depthwise``): per work item (image, channel block, output row,
+  run of rw pixels) rw accumulators of one block of channels (a channel per int32 lane); per
+  kernel row each input column the run spans is loaded once, its bytes zero-extended into the
+  lanes (``u8_to_i32``), and multiplied into every accumulator that reads it by the pair dot with
+  the tap's int16 weights in the low half of each lane (the high halves are 0 on both sides);
+  the same folded bias and epilogue.
 
 Bit-exact with the NCHW template (int_conv.py) and so with onnxruntime's QLinearConv.
 """
@@ -35,6 +43,7 @@ from smelt.ir.graph import PLAIN, Graph, Node, layout_block
 from smelt.schedule.gemm import PARALLEL_MIN_MACS
 from smelt.schedule.int_conv import (
     QUAD,
+    ClipRequant,
     IntConvSchedule,
     flattened,
     geometry,
@@ -61,6 +70,36 @@ def _check(node: Node, g: Graph) -> str | None:
     return None
 
 
+def _c_float(x: float) -> str:
+    return "__builtin_inff()" if x == np.inf else "-__builtin_inff()" if x == -np.inf else f"{float(x)!r}f"
+
+
+def _clip_constants(v, clip: ClipRequant | None) -> list[str]:
+    """The fused QLinearClip's parameters as vectors (kxs, kxz, klo, khi, kys, kyz)."""
+    if clip is None:
+        return []
+    if clip.affine is not None:
+        a, b, t_lo, t_hi = clip.affine
+        vals = {"kxa": a, "kxb": b, "ktl": float(t_lo), "kth": float(t_hi)}
+        return [f"const {v.t} " + ", ".join(f"{k} = {v.set1(_c_float(x))}" for k, x in vals.items()) + ";"]
+    vals = {"kxs": clip.x_scale, "kxz": float(clip.x_zero), "klo": clip.lo, "khi": clip.hi,
+            "kys": clip.y_scale, "kyz": float(clip.y_zero)}
+    return [f"const {v.t} " + ", ".join(f"{k} = {v.set1(_c_float(x))}" for k, x in vals.items()) + ";"]
+
+
+def _fits_int32(w: np.ndarray, bias: np.ndarray, mult: np.ndarray, clip: ClipRequant | None) -> bool:
+    """Every value the epilogue converts to int32 lies well inside its range: |acc| <= |bias'|
+    + 255 * sum|W| per channel, times the multiplier, plus a zero point (and through the clip's
+    FMA). Then a saturating pack clamps exactly what the float clamps would have."""
+    acc = np.abs(bias.astype(np.float64)) + 255.0 * np.abs(w.astype(np.float64)).reshape(len(bias), -1).sum(axis=1)
+    f = float((acc * np.abs(mult.astype(np.float64))).max(initial=0.0)) + 256.0
+    if clip is not None and clip.affine is not None:
+        f = f * abs(clip.affine[0]) + abs(clip.affine[1]) + 1.0
+    elif clip is not None:
+        f = 256.0 + 256.0 * clip.x_scale / clip.y_scale + abs(clip.y_zero) + 256.0  # the table's range, clamped first
+    return f < 2.0**30
+
+
 def _f32(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, dtype=np.float32).reshape(-1)
 
@@ -79,16 +118,22 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     c, oc, kh, kw = geo.c, geo.oc, geo.kh, geo.kw
     cb = -(-c // ib)
     q_words = ib // gk
-    ocg = -(-oc // (nv * L))
+    ocg = cb if s.depthwise else -(-oc // (nv * L))
     ocp, cp = ocg * nv * L, cb * ib
 
     # -- compile-time constants --------------------------------------------------------------
     w = np.asarray(g.values[ins[3]].const).astype(np.int8)
-    wpad = np.zeros((ocp, cp, kh, kw), np.int8)
-    wpad[:oc, :c] = w
-    # [ocg][icb][ky][kx][word][vector][lane][group_k]: one vector per (word, vector)
-    packed = wpad.reshape(ocg, nv, L, cb, q_words, gk, kh, kw).transpose(0, 3, 6, 7, 4, 1, 2, 5)
-    packed = np.ascontiguousarray(packed).astype(np.int8 if gk == QUAD else np.int16)
+    if s.depthwise:
+        # [channel block][ky][kx][lane] int32 words, the weight as int16 in the low half, 0 above
+        wpad = np.zeros((cp, kh, kw), np.int32)
+        wpad[:oc] = w.reshape(oc, kh, kw).astype(np.int16).view(np.uint16)
+        packed = np.ascontiguousarray(wpad.reshape(cb, L, kh, kw).transpose(0, 2, 3, 1))
+    else:
+        wpad = np.zeros((ocp, cp, kh, kw), np.int8)
+        wpad[:oc, :c] = w
+        # [ocg][icb][ky][kx][word][vector][lane][group_k]: one vector per (word, vector)
+        packed = wpad.reshape(ocg, nv, L, cb, q_words, gk, kh, kw).transpose(0, 3, 6, 7, 4, 1, 2, 5)
+        packed = np.ascontiguousarray(packed).astype(np.int8 if gk == QUAD else np.int16)
     xz = int(np.asarray(g.values[ins[2]].const).reshape(-1)[0]) if ins[2] else 0
     bias = np.zeros(ocp, np.int64)
     if ins[8]:
@@ -104,21 +149,26 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     yz = int(np.asarray(g.values[ins[7]].const).reshape(-1)[0]) if ins[7] else 0
     lo_clamp = max(int(info.min), yz) if s.relu else int(info.min)
     yt = "uint8_t"
+    # the affine clip compares r = round(acc * m) (before the zero point) with the range
+    shift = yz if s.clip is not None and s.clip.affine is not None else 0
     # what the kernel reads: bytes for quads; for pairs each byte widened to uint16 by the copy
-    st, esize = ("uint8_t", 1) if gk == QUAD else ("uint16_t", 2)
-    wt = "int8_t" if gk == QUAD else "int16_t"
+    bytes_in = gk != 2  # quads and the depthwise kernel read bytes
+    st, esize = ("uint8_t", 1) if bytes_in else ("uint16_t", 2)
+    wt = "int32_t" if s.depthwise else "int8_t" if gk == QUAD else "int16_t"
 
     # -- the input the kernel reads ----------------------------------------------------------
     xb = layout_block(g.values[x].layout)
     if s.copy_input:
         hs = max(geo.h + geo.pt + geo.pb, (geo.oh - 1) * geo.sh + (kh - 1) * geo.dh + 1)
         wsz = max(geo.w + geo.pl + geo.pr, (geo.ow - 1) * geo.sw + (kw - 1) * geo.dw + 1)
-        src = em.scratch(geo.n * cb * hs * wsz * ib * esize, "uint8" if gk == QUAD else "uint16")
+        src = em.scratch(geo.n * cb * hs * wsz * ib * esize, "uint8" if bytes_in else "uint16")
         rows = geo.n * cb * hs
         xin = (f"X[(((ni * {c // xb} + ch / {xb}) * {geo.h} + iy) * {geo.w}L + ix) * {xb} + ch % {xb}]"
                if xb > 1 else f"X[((ni * {c} + ch) * {geo.h} + iy) * {geo.w}L + ix]")
         em.step("\n".join([
             f"const uint8_t *restrict X = {em.ptr(x)}; {st} *restrict P = {src};",
+            *([f"static const uint8_t ZR[{geo.w}];  /* a row of channels past C */"]
+              if xb == 1 and bytes_in and ib % 4 == 0 else []),
             f"long lo, hi; smelt_range({rows}, tid, nt, &lo, &hi);",
             "for (long r = lo; r < hi; ++r) {",
             f"    const long yp = r % {hs}, bi = (r / {hs}) % {cb}, ni = r / {hs * cb}, iy = yp - {geo.pt};",
@@ -133,10 +183,21 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
             f"d[xp * {ib} + l] = (bi * {ib} + l) < {c} ? {xz} : 0;",
             *([f"    __builtin_memcpy(d + {geo.pl * ib}, X + ((ni * {c // xb} + bi) * {geo.h} + iy) * {geo.w * ib}L, "
                f"{geo.w * ib});  /* same block: one row copy */",
-               "    continue;"] if xb == ib and gk == QUAD else []),
+               "    continue;"] if xb == ib and bytes_in else []),
             *([f"    {{ const uint8_t *restrict xr = X + ((ni * {c // xb} + bi) * {geo.h} + iy) * {geo.w * ib}L;",
                f"      for (long j = 0; j < {geo.w * ib}; ++j) d[{geo.pl * ib} + j] = xr[j]; }}  /* widened */",
-               "    continue;"] if xb == ib and gk != QUAD else []),
+               "    continue;"] if xb == ib and not bytes_in else []),
+            # plain bytes into quads: four channel rows packed into each 32-bit word (channels
+            # past C read a zero row), so the store is one word per pixel, not four bytes
+            *([f"    for (long q = 0; q < {ib // 4}; ++q) {{",
+               "        const uint8_t *restrict xp[4];",
+               f"        for (int t = 0; t < 4; ++t) {{ const long ch = bi * {ib} + 4 * q + t; "
+               f"xp[t] = ch < {c} ? X + ((ni * {c} + ch) * {geo.h} + iy) * {geo.w}L : ZR; }}",
+               f"        uint32_t *restrict dq = (uint32_t *)(d + {geo.pl * ib}) + q;",
+               f"        for (long ix = 0; ix < {geo.w}; ++ix) dq[ix * {ib // 4}] = (uint32_t)xp[0][ix] | "
+               "((uint32_t)xp[1][ix] << 8) | ((uint32_t)xp[2][ix] << 16) | ((uint32_t)xp[3][ix] << 24);",
+               "    }",
+               "    continue;"] if xb == 1 and bytes_in and ib % 4 == 0 else []),
             f"    for (long l = 0; l < {ib}; ++l) {{",
             f"        const long ch = bi * {ib} + l;",
             f"        {st} *restrict dl = d + {geo.pl * ib} + l;",
@@ -154,12 +215,77 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     owt = -(-geo.ow // rw)
     full, rem = divmod(geo.ow, rw)
     total = geo.n * ocg * geo.oh * owt
-    macs = geo.n * oc * geo.oh * geo.ow * c * kh * kw
+    macs = geo.n * oc * geo.oh * geo.ow * (c // geo.group) * kh * kw
     split = (f"smelt_range({total}, tid, nt, &wb, &we);" if macs >= PARALLEL_MIN_MACS
              else f"wb = 0; we = tid == 0 ? {total} : 0;")
     yb = layout_block(g.values[y].layout)
     dot = s.dot
     store = "i32_store_u8"
+
+    affine = s.clip is not None and s.clip.affine is not None
+    # four vectors of consecutive pixels of a blocked output are 4 * L contiguous bytes: stored
+    # by one saturating pack (``i32x4_store_u8``), which is itself the clamp to [0, 255], so
+    # those vectors skip it; only where every value converts exactly (|f| < 2^30, bounded at
+    # compile time from the weights, the folded bias and the multipliers)
+    grouped = yb > 1 and v.has("i32x4_store_u8") and _fits_int32(w, bias[:oc], mult[:oc], s.clip)
+    low_keep = {  # the clamps a saturating pack does not make: ReLU's at the zero point, the clip's extremes
+        "f": (lo_clamp > info.min and not affine) or (affine and s.clip.affine[2] > 0),
+        "h": affine and s.clip.affine[3] < 255}
+
+    def epilogue(width: int, j: int) -> list[str]:
+        """Requantize accumulators c<r>_<j> of the output-channel vector og * nv + j and store them."""
+        out = [f"if (og * {nv} + {j} < {-(-oc // L)}) {{",
+               f"  const {v.t} mv = {v.loadu(f'MU + (og * {nv} + {j}) * {L}')};"]
+        packed = 4 * (width // 4) if grouped else 0
+        for r in range(width):
+            in_pack = r < packed
+            out += [f"  {{ {v.t} f = {v.x('i32_to_f32', a=f'c{r}_{j}')};",
+                    f"    f = {v.x('f32_round_even', a=v.op('mul', 'f', 'mv'))};"]
+            if affine:
+                # r = round(acc * m): the clamps counted against the range less the zero point;
+                # the conv's clamps, its ReLU and the clip are the checked FMA and one clamp
+                out += [f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; "
+                        f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};",
+                        f"    f = {v.fmadd('f', 'kxa', 'kxb')};"]
+                # integer bounds: clamping before the conversion's rounding is the same
+                if not in_pack or low_keep["f"]:
+                    out.append(f"    f = {v.op('max', 'f', 'ktl')};")
+                if not in_pack or low_keep["h"]:
+                    out.append(f"    f = {v.op('min', 'f', 'kth')};")
+            else:
+                out += [f"    f = {v.op('add', 'f', 'yzv')};",
+                        f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; "
+                        f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};"]
+                if not in_pack or s.clip is not None:  # (the division form below reads the clamped code)
+                    out.append(f"    f = {v.op('min', v.op('max', 'f', 'clv'), 'hiv')};  /* NaN: max gives the low clamp */")
+                elif low_keep["f"]:
+                    out.append(f"    f = {v.op('max', 'f', 'clv')};")
+            if s.clip is not None and not affine:  # the fused QLinearClip, its table's float steps in order
+                out.append(f"    f = {v.op('mul', v.op('sub', 'f', 'kxz'), 'kxs')};")
+                if s.clip.lo != -np.inf:
+                    out.append(f"    f = {v.op('max', 'f', 'klo')};")
+                if s.clip.hi != np.inf:
+                    out.append(f"    f = {v.op('min', 'f', 'khi')};")
+                out.append(f"    f = {v.op('add', v.x('f32_round_even', a=v.op('div', 'f', 'kys')), 'kyz')};")
+                if not in_pack:
+                    out.append(f"    f = {v.op('min', v.op('max', 'f', 'lov'), 'hiv')};")
+            cvt = "f32_to_i32_even" if affine else "f32_to_i32"  # (else already rounded)
+            if in_pack:
+                out.append(f"    q{r % 4} = {v.x(cvt, a='f')}; }}")
+                if r % 4 == 3:
+                    dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r - 3}) * {L}"
+                    out.append("  " + v.x("i32x4_store_u8", p=dst, a="q0", b="q1", c="q2", d="q3"))
+            elif yb > 1:
+                dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}) * {L}"
+                out.append(f"    {v.x(store, p=dst, a=v.x(cvt, a='f'))} }}")
+            else:
+                out += [f"    {yt} tb[{L}]; {v.x(store, p='tb', a=v.x(cvt, a='f'))}",
+                        f"    const long o0 = (og * {nv} + {j}) * {L}, on = SMELT_MIN({L}, {oc} - o0);",
+                        f"    for (long l = 0; l < on; ++l) Y[((ni * {oc} + o0 + l) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}] = tb[l]; }}"]
+        if packed:
+            out.insert(2, f"  {it} q0, q1, q2, q3;")
+        out.append("}")
+        return out
 
     def tile(width: int) -> list[str]:
         # the accumulators start at the folded bias (bias - x_zero * sum(W)): no add afterwards
@@ -172,6 +298,12 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                f"    for (long kx = 0; kx < {kw}; ++kx) {{",
                f"      const {st} *restrict sp = sc + (ky * {geo.dh * ws_} + kx * {geo.dw}) * {ib}L;",
                f"      const {wt} *restrict wq = wc + (ky * {kw} + kx) * {q_words * nv * word}L;",
+               # not unrolled where the whole reduction is one or two such loops (a 1x1 conv on
+               # 16 or 32 channels): gcc then unrolled everything, hoisted every word's broadcasts
+               # and spilled most of the register tile (MobileNetV2's first expand: 256 -> 215 us);
+               # elsewhere its unrolling of the word loop is the faster code (ResNet-50's 1x1
+               # stride-2 downsample: 452 us unrolled, 770 us not)
+               *(["      _Pragma(\"GCC unroll 1\")"] if cb * kh * kw <= 2 else []),
                f"      for (long q = 0; q < {q_words}; ++q) {{"]
         out += [f"        const {it} b{j} = {v.x('i32_loadu', p=f'wq + q * {nv * word} + {j * word}')};"
                 for j in range(nv)]
@@ -181,52 +313,58 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
             out.append("        }")
         out += ["      }", "    }", "  }", "}"]
         for j in range(nv):
-            out.append(f"if (og * {nv} + {j} < {-(-oc // L)}) {{")
-            out.append(f"  const {v.t} mv = {v.loadu(f'MU + (og * {nv} + {j}) * {L}')};")
-            for r in range(width):
-                out += [f"  {{ {v.t} f = {v.x('i32_to_f32', a=f'c{r}_{j}')};",
-                        f"    f = {v.x('f32_round_even', a=v.op('mul', 'f', 'mv'))};",
-                        f"    f = {v.op('add', 'f', 'yzv')};",
-                        f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; "
-                        f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};",
-                        f"    f = {v.op('min', v.op('max', 'f', 'clv'), 'hiv')};  /* NaN: max gives the low clamp */"]
-                if yb > 1:
-                    dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}) * {L}"
-                    out.append(f"    {v.x(store, p=dst, a=v.x('f32_to_i32', a='f'))} }}")
-                else:
-                    out += [f"    {yt} tb[{L}]; {v.x(store, p='tb', a=v.x('f32_to_i32', a='f'))}",
-                            f"    const long o0 = (og * {nv} + {j}) * {L}, on = SMELT_MIN({L}, {oc} - o0);",
-                            f"    for (long l = 0; l < on; ++l) Y[((ni * {oc} + o0 + l) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}] = tb[l]; }}"]
-            out.append("}")
+            out += epilogue(width, j)
         return out
 
+    def dw_tile(width: int) -> list[str]:
+        # one channel block; per kernel row every input column the run spans is loaded once and
+        # feeds each accumulator whose window covers it
+        out = [f"const {it} bv0 = {v.x('i32_loadu', p=f'BI + og * {L}')};",
+               f"{it} " + ", ".join(f"c{r}_0 = bv0" for r in range(width)) + ";",
+               f"for (long ky = 0; ky < {kh}; ++ky) {{",
+               f"  const uint8_t *restrict sp = s0 + og * {hs_ * ws_ * L}L + ky * {geo.dh * ws_ * L}L;",
+               f"  const int32_t *restrict wq = w0 + ky * {kw * L};"]
+        out += [f"  const {it} k{kx} = {v.x('i32_loadu', p=f'wq + {kx * L}')};" for kx in range(kw)]
+        for col in range((width - 1) * geo.sw + (kw - 1) * geo.dw + 1):
+            uses = [(r, (col - r * geo.sw) // geo.dw) for r in range(width)
+                    if col >= r * geo.sw and (col - r * geo.sw) % geo.dw == 0 and (col - r * geo.sw) // geo.dw < kw]
+            if not uses:
+                continue
+            out.append(f"  {{ const {it} a = {v.x('u8_to_i32', p=f'sp + {col * L}')};")
+            out += [f"    c{r}_0 = {v.x(dot, a='a', b=f'k{kx}', c=f'c{r}_0')};" for r, kx in uses]
+            out.append("  }")
+        out.append("}")
+        return out + epilogue(width, 0)
+
+    body = dw_tile if s.depthwise else tile
     lines = [f"const {wt} *restrict Wp = {em.weight(packed)};",
              f"const int32_t *restrict BI = {em.weight(bias.astype(np.int32))};",
              f"const float *restrict MU = {em.weight(mult)};",
              f"const {st} *restrict S = {sptr};",
              f"{yt} *restrict Y = (void *){em.ptr(y)};",
-             f"const {v.t} yzv = {v.set1(f'{float(yz)!r}f')}, lov = {v.set1(f'{float(info.min)!r}f')}, "
-             f"hiv = {v.set1(f'{float(info.max)!r}f')}, clv = {v.set1(f'{float(lo_clamp)!r}f')};",
+             f"const {v.t} yzv = {v.set1(f'{float(yz)!r}f')}, lov = {v.set1(f'{float(info.min - shift)!r}f')}, "
+             f"hiv = {v.set1(f'{float(info.max - shift)!r}f')}, clv = {v.set1(f'{float(lo_clamp)!r}f')};",
              f"{it} vlo = {v.x('i32_set1', a='0')}, vhi = vlo;  /* clamps per lane (numeric debug counters) */",
+             *_clip_constants(v, s.clip),
              "long wb, we; " + split,
              "for (long item = wb; item < we; ++item) {",
              f"  const long t = item % {owt}, oy = (item / {owt}) % {geo.oh}, og = (item / {owt * geo.oh}) % {ocg},"
              f" ni = item / {owt * geo.oh * ocg};",
              f"  const long ox0 = t * {rw};",
              f"  const {st} *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};",
-             f"  const {wt} *restrict w0 = Wp + og * {cb * kh * kw * q_words * nv * word}L;"]
+             f"  const {wt} *restrict w0 = Wp + og * {kh * kw * L if s.depthwise else cb * kh * kw * q_words * nv * word}L;"]
     if rem:
-        lines += [f"  if (t < {full}) {{"] + ["    " + ln for ln in tile(rw)] + ["  } else {"]
-        lines += ["    " + ln for ln in tile(rem)] + ["  }"]
+        lines += [f"  if (t < {full}) {{"] + ["    " + ln for ln in body(rw)] + ["  } else {"]
+        lines += ["    " + ln for ln in body(rem)] + ["  }"]
     else:
-        lines += ["  " + ln for ln in tile(rw)]
+        lines += ["  " + ln for ln in body(rw)]
     lines.append("}")
     lines += [f"int32_t cl[{L}], ch[{L}]; {v.x('i32_storeu', p='cl', a='vlo')} {v.x('i32_storeu', p='ch', a='vhi')}",
               "long nlo = 0, nhi = 0;",
               f"for (int l = 0; l < {L}; ++l) {{ nlo += cl[l]; nhi += ch[l]; }}"]
     lines.append(flush_counters(em.saturation_counter(y)))
-    em.schedule(algorithm=f"direct NCHW{L}c int8 conv ({s.describe()})", kernel="int_conv_nchwc",
+    em.schedule(algorithm=f"direct NCHW{L}c int8 {'depthwise ' if s.depthwise else ''}conv ({s.describe()})", kernel="int_conv_nchwc",
                 layout=f"in {'plain' if xb == 1 else f'NCHW{xb}c'} -> out {'plain' if yb == 1 else f'NCHW{yb}c'}",
                 micro_kernel=f"{rw}x{nv * L} {v.name} {v.x(dot, a='a', b='b', c='c')}")
-    em.step("\n".join(lines), name=f"int_conv_nchwc_{rw}x{nv * L}_{v.name}_{dot.split('_')[0]}",
+    em.step("\n".join(lines), name=f"int_{'dw' if s.depthwise else ''}conv_nchwc_{rw}x{nv * L}_{v.name}_{dot.split('_')[0]}",
             doc=f"QLinearConv {c}->{oc} {kh}x{kw} s{geo.sh}, {geo.oh}x{geo.ow} out, {s.describe()}")
