@@ -58,6 +58,7 @@ from smelt.check import (
 )
 from smelt.codegen.toolchain import sanitize_enabled, source_path_for
 from smelt.compiler import BuildResult, ShapeClass, build
+from smelt.errors import SmeltError
 from smelt.frontend.control_flow import Decisions, guards, specialize
 from smelt.frontend.onnx_import import ModelLike, load_model, model_input_specs, model_output_specs
 from smelt.ir.ops import ops_where
@@ -142,7 +143,7 @@ class CompiledModel:
                  layout: str = "propagate", use_tuning_db: bool = True, dynamic: bool | None = None,
                  max_dims: Mapping[str, int] | None = None, winograd: bool | str = True,
                  schedule: Mapping[str, object] | None = None, isa: str | None = None,
-                 share_shapes: bool = True) -> None:
+                 share_shapes: bool = True, count_saturation: bool = False) -> None:
         self.progress = progress  # a progress bar on stderr while a variant compiles
         # symbolic input dimensions: shapes share decisions and, where the code allows, one
         # library (compiler.ShapeClass); the sizes they are decided at, fixed by the first call
@@ -154,7 +155,7 @@ class CompiledModel:
         self.options = _options(self.threads, opt_level=opt_level, allow_fallback=allow_fallback,
                                 force_fallback=frozenset(force_fallback), sanitize=sanitize_enabled(),
                                 profile=profile, layout=layout, use_tuning_db=use_tuning_db, winograd=winograd,
-                                isa=_resolve_isa(isa), **dict(schedule or {}))
+                                isa=_resolve_isa(isa), count_saturation=count_saturation, **dict(schedule or {}))
         # fail here, before any build, when the host cannot run the cap
         self.target = detect().narrowed(self.options.isa)
         self._inputs = model_input_specs(self.proto)
@@ -475,7 +476,11 @@ class CompiledModel:
         """Per value an integer kernel writes (QuantizeLinear, QLinearConv, QLinearMatMul
         outputs), the elements it clamped at the low and the high end of its type's range since
         the current variant was loaded: counted inside the kernels
-        (``smelt.quantize.debug_report`` ranks layers by it)."""
+        (``smelt.quantize.debug_report`` ranks layers by it). Needs a counting build
+        (``count_saturation=True``; ``numeric_debug=True`` compiles one)."""
+        if not self.options.count_saturation:
+            raise SmeltError("this model was compiled without saturation counters: compile it with "
+                             "count_saturation=True (numeric_debug=True does)")
         art = self._current()
         return {} if art is None else art.saturation_counts()
 
@@ -571,7 +576,7 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
             max_dims: Mapping[str, int] | None = None, winograd: bool | str = True,
             schedule: Mapping[str, object] | None = None, isa: str | None = None,
             check: bool | str = False, share_shapes: bool = True,
-            numeric_debug: bool | ModelLike = False) -> CompiledModel:
+            numeric_debug: bool | ModelLike = False, count_saturation: bool = False) -> CompiledModel:
     """Compile an ONNX model (path, bytes or ModelProto) for this CPU.
 
     ``threads``: worker threads including the caller (default: physical cores).
@@ -612,6 +617,9 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     and returns a ``smelt.quantize.NumericDebugModel``: it answers as the quantized model and
     ``report()`` tabulates per quantized tensor the error, SQNR and saturations counted inside
     the integer kernels, worst first (``smelt.quantize.numeric``).
+    ``count_saturation``: the integer kernels count the elements they clamp, read with
+    ``saturation_counts()`` (off by default: it costs a few vector operations per output in
+    every requantization; ``numeric_debug`` turns it on).
     """
     if check not in (False, True, "warn"):
         raise ValueError(f"check must be False, True or 'warn'; given {check!r}")
@@ -622,7 +630,8 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
             return CompiledModel(proto, threads=threads, opt_level=opt_level, allow_fallback=allow_fallback,
                                  input_shapes=input_shapes, force_fallback=force_fallback, progress=progress,
                                  layout=layout, use_tuning_db=use_tuning_db, dynamic=dynamic, max_dims=max_dims,
-                                 winograd=winograd, schedule=schedule, isa=isa, share_shapes=share_shapes)
+                                 winograd=winograd, schedule=schedule, isa=isa, share_shapes=share_shapes,
+                                 count_saturation=True)
 
         reference = None if numeric_debug is True else load_model(numeric_debug)
         return NumericDebugModel(load_model(model), reference, make)  # type: ignore[return-value]
@@ -630,7 +639,7 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
                              input_shapes=input_shapes, force_fallback=force_fallback, profile=profile,
                              progress=progress, layout=layout, use_tuning_db=use_tuning_db, dynamic=dynamic,
                              max_dims=max_dims, winograd=winograd, schedule=schedule, isa=isa,
-                             share_shapes=share_shapes)
+                             share_shapes=share_shapes, count_saturation=count_saturation)
     if check:
         report = check_compiled(compiled, shapes=input_shapes, progress=progress)
         if not report.ok:

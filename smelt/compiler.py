@@ -260,7 +260,8 @@ def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: 
         plan = build_plan(g, options.force_fallback, concat_views=options.concat_views)
         _check_fallbacks(plan, options)
         phases.start("generating C")
-        module = generate(g, plan, target, options.codegen_threads(target), profile=options.profile)
+        module = generate(g, plan, target, options.codegen_threads(target), profile=options.profile,
+                      count_saturation=options.count_saturation)
         lib_path = lib_pin = None
         if plan.native_blocks():
             phases.start("C compiler")
@@ -295,7 +296,8 @@ def build_lowered(g: Graph, options: CompileOptions, directory: Path, *, target:
     start = time.perf_counter()
     plan = plan or build_plan(g, options.force_fallback, concat_views=options.concat_views)
     _check_fallbacks(plan, options)
-    module = generate(g, plan, target, options.codegen_threads(target), profile=options.profile)
+    module = generate(g, plan, target, options.codegen_threads(target), profile=options.profile,
+                      count_saturation=options.count_saturation)
     lib_path, lib_pin = (toolchain.shared_library(module.source, name=g.name, target=target,
                                                   sanitize=options.sanitize) if plan.native_blocks() else (None, None))
     fallbacks = _fallback_models(g, plan)
@@ -478,7 +480,8 @@ def _render(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options
     g = lower(specialize_inputs(proto, shapes), options, target, decide_at=specialize_inputs(proto, decide))
     plan = build_plan(g, options.force_fallback, concat_views=options.concat_views)
     _check_fallbacks(plan, options)
-    return g, plan, generate(g, plan, target, options.codegen_threads(target))
+    return g, plan, generate(g, plan, target, options.codegen_threads(target),
+                             count_saturation=options.count_saturation)
 
 
 def _read_json_gz(path: Path) -> dict | None:

@@ -24,6 +24,10 @@ class CompileOptions:
     # instrumented build: per-step timestamps in the native code (``smelt profile``); a separate
     # artifact and library, so the ordinary build carries no profiling code
     profile: bool = False
+    # the integer kernels count the elements they saturate (``CompiledModel.saturation_counts``,
+    # the numeric debug mode): off by default, since the counting was 4 of the ~10 vector ops of
+    # an int8 conv's requantization; numeric_debug=True turns it on (another artifact and library)
+    count_saturation: bool = False
     # layout planning (smelt.schedule.layout): "propagate" = NCHW[x]c convolutions with
     # transform elimination; "nchw", "conv" and "global" reproduce NeoCPU's Table 3 ablation
     layout: str = "propagate"

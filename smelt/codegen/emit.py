@@ -283,10 +283,12 @@ def step_info(g: Graph, block: BlockSource) -> list[StepInfo]:
 
 
 def generate(g: Graph, plan: ExecutionPlan, target: Target, n_threads: int,
-             profile: bool = False) -> GeneratedModule:
+             profile: bool = False, count_saturation: bool = False) -> GeneratedModule:
     """Render every native block of ``plan`` into one C source plus its weights blob.
 
     ``profile``: the instrumented variant (per-step timestamps), a different source and library.
+    ``count_saturation``: the integer kernels count the elements they clamp
+    (``BlockEmitter.saturation_counter``); without it the counting code is not rendered.
     """
     weights = WeightsBlob()
     state = InstanceState()
@@ -295,7 +297,8 @@ def generate(g: Graph, plan: ExecutionPlan, target: Target, n_threads: int,
     sync: list[frozenset[int]] = []  # per block: the steps whose shares synchronize
     scratch = 0
     for block in plan.native_blocks():
-        em = BlockEmitter(g, plan, block, target, weights, functions, n_threads, state)
+        em = BlockEmitter(g, plan, block, target, weights, functions, n_threads, state,
+                          count_saturation=count_saturation)
         block_sync: set[int] = set()
         for node in block.nodes:
             tpl, reason = find_template(node, g)

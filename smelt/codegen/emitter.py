@@ -174,8 +174,9 @@ class BlockEmitter:
 
     def __init__(self, g: Graph, plan: ExecutionPlan, block: NativeBlock, target: Target,
                  weights: WeightsBlob, functions: dict[str, tuple[str, str]], n_threads: int,
-                 state: InstanceState | None = None) -> None:
+                 state: InstanceState | None = None, count_saturation: bool = False) -> None:
         self.g = g
+        self.count_saturation = count_saturation
         self.plan = plan
         self.block = block
         self.target = target
@@ -280,8 +281,14 @@ class BlockEmitter:
         node saturated: [0] at the low end of the type's range, [1] at the high end (the integer
         kernels' requantization and QuantizeLinear add where they clamp). Kept in the instance
         state, zeroed at load, read by ``LoadedArtifact.saturation_counts``: the numeric debug
-        report's counters come from inside the kernels themselves."""
+        report's counters come from inside the kernels themselves.
+
+        "" when the build does not count (``CompileOptions.count_saturation`` off, the default):
+        ``int_gemm.flush_counters("")`` renders nothing, so the counts are dead and gcc drops
+        every instruction that computed them."""
         assert self._node is not None
+        if not self.count_saturation:
+            return ""
         offset = self.state(16 * max(1, self.n_threads))
         self.source.counters.append(SaturationCounter(offset, value, max(1, self.n_threads)))
         return f"((int64_t *)(state + {offset}) + 2 * tid)"

@@ -26,7 +26,8 @@ def debug_report(quantized: onnx.ModelProto, inputs: Iterable[Mapping[str, np.nd
         raise SmeltError("numeric debug needs at least one input")
     shapes = {k: list(np.shape(v)) for k, v in feeds[0].items()}
     model = NumericDebugModel(quantized, float_model,
-                              lambda proto: smelt_compile(proto, threads=threads, input_shapes=shapes))
+                              lambda proto: smelt_compile(proto, threads=threads, input_shapes=shapes,
+                                                           count_saturation=True))
     try:
         for feed in feeds:
             model.run(feed)

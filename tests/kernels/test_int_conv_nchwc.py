@@ -189,7 +189,7 @@ def test_saturation_counters_match_nchw(monkeypatch, cache) -> None:
     for isa in ("native", "scalar"):
         target = _isa_target(isa)
         monkeypatch.setattr("smelt.compiler.detect", lambda target=target: target)
-        compiled = smelt.compile(model, threads=2)
+        compiled = smelt.compile(model, threads=2, count_saturation=True)
         compiled.run(m.feeds)
         counts = compiled.saturation_counts()
         totals[isa] = tuple(sum(c[i] for c in counts.values()) for i in (0, 1))

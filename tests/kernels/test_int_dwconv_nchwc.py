@@ -243,7 +243,7 @@ def test_packed_store_saturates(isa: str, monkeypatch, cache) -> None:
     for which in (isa, "scalar"):
         target = _isa_target(which)
         monkeypatch.setattr("smelt.compiler.detect", lambda target=target: target)
-        compiled = smelt.compile(m.build(), threads=2)
+        compiled = smelt.compile(m.build(), threads=2, count_saturation=True)
         compiled.run(m.feeds)
         totals[which] = tuple(sum(c[i] for c in compiled.saturation_counts().values()) for i in (0, 1))
         compiled.close()

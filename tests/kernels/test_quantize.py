@@ -119,10 +119,19 @@ def test_saturation_counters_count_exactly(isa: str, monkeypatch, cache) -> None
     want = (int(np.sum(~(v >= -128))), int(np.sum(v > 127)))
     assert want[0] > 100 and want[1] > 100
     for threads in (1, 2):
-        compiled = smelt.compile(model, threads=threads)
+        compiled = smelt.compile(model, threads=threads, count_saturation=True)
         compiled.run({"x": x})
         compiled.run({"x": x})
         assert compiled.saturation_counts() == {out: (2 * want[0], 2 * want[1])}
         compiled.reset_saturation_counts()
         assert compiled.saturation_counts() == {out: (0, 0)}
         compiled.close()
+    # a default build renders no counting (the requantization's counts are dead code) and says
+    # so when asked for counts; its answer is the counting build's
+    plain = smelt.compile(model, threads=2)
+    assert not [c for step in plain.plan.steps for c in getattr(step, "counters", ())]
+    with pytest.raises(smelt.SmeltError, match="count_saturation=True"):
+        plain.saturation_counts()
+    counting = smelt.compile(model, threads=2, count_saturation=True)
+    assert [c for step in counting.plan.steps for c in getattr(step, "counters", ())]
+    np.testing.assert_array_equal(plain.run({"x": x})[0], counting.run({"x": x})[0])

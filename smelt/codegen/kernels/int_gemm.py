@@ -119,7 +119,9 @@ def requantize(value: str, zero: str, dtype: str, dest: str) -> str:
 
 def flush_counters(counter: str) -> str:
     """C statement adding this share's clamp counts to ``counter``
-    (``BlockEmitter.saturation_counter``)."""
+    (``BlockEmitter.saturation_counter``); nothing for "" (a build that does not count)."""
+    if not counter:
+        return "(void)nlo; (void)nhi;"
     return f"{{ int64_t *sat = {counter}; sat[0] += nlo; sat[1] += nhi; }}"
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.broadcast import elementwise_loop
-from smelt.codegen.kernels.int_gemm import emit_dynamic_uint8
+from smelt.codegen.kernels.int_gemm import emit_dynamic_uint8, flush_counters
 from smelt.codegen.kernels.loops import dtype_name
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node
@@ -134,7 +134,7 @@ def emit_quantize(node: Node, g: Graph, em: BlockEmitter) -> None:
     loop = elementwise_loop(g.values[y].shape, shapes, body)
     counter = em.saturation_counter(y)
     em.step(f"{decl}{c_type(dtype_name(g, y))} *restrict Y = (void *){em.ptr(y)};\nlong nlo = 0, nhi = 0;\n{loop}\n"
-            f"{{ int64_t *sat = {counter}; sat[0] += nlo; sat[1] += nhi; }}")
+            f"{flush_counters(counter)}")
 
 
 @register("DequantizeLinear", check=_check_dequantize, name="dequantize_linear", blocked=True)
