@@ -183,6 +183,9 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     def off(ptr: str, present: bool, offset: int) -> str:
         return f"{ptr} + {offset}" if present else ptr
 
+    # without an initial h, step 0's previous h is all zeros: the cells skip h·R then
+    zh = "0" if cfg.h0 else "s == 0"
+
     def call(cell: str, d: int) -> str:
         t = "T - 1 - s" if cfg.reverse[d] else "s"
         yarg = f"y + (long)t * ({ydir[1]}) + {d} * ({ydir[0]})" if cfg.y else "y"
@@ -192,7 +195,7 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
                 f"hp + {sb}, hn + {sb}, {off(cbuf, cfg.op == 'LSTM', sb)}, "
                 f"{off(pp, bool(cfg.p), d * 3 * Hp)}, {off(rbh, has_rbh, d * Hp)}, "
                 f"{off(zbuf, two_phase, sb)}, {off(rhbuf, two_phase, sb)}, {yarg}, "
-                f"slen, t, ulo{d}, uhi{d}, blo, bhi, {ydir[2]}); }}")
+                f"slen, t, ulo{d}, uhi{d}, blo, bhi, {ydir[2]}, {zh}); }}")
 
     def per_dir(cells: list[str], dirs: list[int]) -> str:
         return "\n    ".join(f"if (ulo{d} < uhi{d}) {call(cells[d], d)}" for d in dirs)
