@@ -332,3 +332,38 @@ def test_arena_pool_keeps_one_buffer_per_concurrent_caller():
     pool.give(c)
     pool.give(d)
     assert pool.take(3000)[0] is c[0] and pool.largest() == d[0].nbytes
+
+
+def test_data_pointers_and_direct_call_outputs(monkeypatch):
+    """``data_ptr`` (the data pointer read from the array object, not through numpy's
+    ``.ctypes`` helper) agrees with ``.ctypes.data`` on contiguous arrays, views at an offset,
+    strided and empty arrays, and falls back to ``.ctypes.data`` where the layout probe failed.
+    The one-native-block call puts every output in one allocation: each 64-byte aligned, none
+    overlapping another, and a later call never writes into the arrays an earlier call returned."""
+    from smelt.runtime import module
+
+    base = np.arange(4 * 8 * 6, dtype=np.float32).reshape(4, 8, 6)
+    for a in (base, base[1:], base[:, 3:, 1:], base[::2, :, ::3], np.empty((0, 5), np.float64),
+              np.frombuffer(bytearray(24), np.uint8)[5:]):
+        assert module.data_ptr(a) == a.ctypes.data
+    monkeypatch.setattr(module, "_DATA_OFFSET", None)
+    assert module.data_ptr(base[2:]) == base[2:].ctypes.data
+    monkeypatch.undo()
+
+    x = helper.make_tensor_value_info("x", 1, [3, 5])
+    outs = [helper.make_tensor_value_info(n, 1, None) for n in ("r", "n", "s")]
+    model = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["x"], ["n"]),
+                        helper.make_node("Sigmoid", ["x"], ["s"])], [x], outs)
+    cm = smelt.compile(model, threads=1)
+    feed = np.linspace(-2, 2, 15, dtype=np.float32).reshape(3, 5)
+    first = cm.run({"x": feed})
+    assert cm._current()._direct is not None  # the path under test
+    spans = sorted((module.data_ptr(a), module.data_ptr(a) + a.nbytes) for a in first)
+    assert all(lo % 64 == 0 for lo, _ in spans)
+    assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
+    kept = [a.copy() for a in first]
+    second = cm.run({"x": -feed})
+    for a, k in zip(first, kept, strict=True):
+        np.testing.assert_array_equal(a, k)
+    np.testing.assert_array_equal(second[0], np.maximum(-feed, 0))
+    np.testing.assert_array_equal(first[1], -feed)

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from kernel_models import _isa_target
+from kernel_models import _isa_target, force_isa
 from onnx import TensorProto, helper, numpy_helper
 
 import smelt
@@ -544,6 +544,32 @@ def test_bidirectional_directions_in_sequence(monkeypatch):
     src = compiled.source_path.read_text()
     assert "(nact == 1 || 1)" in src  # the sequential-directions branch was generated
     _check(cases, threads=(1, 2, 3))
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
+def test_zero_initial_state_first_step(isa, monkeypatch, tmp_path):
+    """Without an initial h, the first step's h is all zeros and the cells skip h·R there (the
+    tiles start from XW and run an empty K range): T = 1 and longer, every cell form (LSTM with
+    peepholes, GRU in both forms, RNN), reverse, bidirectional, layout 1, sequence lengths with
+    0, row chunks, a hidden split over two threads (H=130), beside cases with initial states
+    (the skip must not happen there); each ISA, 1 and 2 threads, against onnxruntime."""
+    force_isa(isa, monkeypatch, tmp_path)
+    lbr0, lbr1 = {"linear_before_reset": 0}, {"linear_before_reset": 1}
+    cases = [Case("LSTM", 1, 1, 8, 20, peep=True),
+             Case("LSTM", 1, 3, 5, 130, "bidirectional"),
+             Case("LSTM", 4, 9, 6, 33, "reverse", seq="rand"),
+             Case("GRU", 1, 2, 4, 19, "reverse", attrs=lbr0),
+             Case("GRU", 3, 7, 6, 33, "forward", 1, seq="rand", attrs=lbr1),
+             Case("GRU", 2, 3, 5, 40, "bidirectional", attrs=lbr0),
+             Case("RNN", 1, 1, 3, 16),
+             Case("LSTM", 3, 2, 4, 17, init=True, peep=True),
+             Case("GRU", 1, 2, 4, 19, init=True, attrs=lbr1)]
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
+    model, _, _, _ = _models(cases, 0)
+    src = smelt.compile(model, threads=2).source_path.read_text()
+    # the cells of the nodes without h0 get the flag "s == 0", those with one a constant 0
+    assert ", s == 0); }" in src and ", 0); }" in src
+    _check(cases)
 
 
 @pytest.mark.parametrize("isa", ["avx2", "scalar"])

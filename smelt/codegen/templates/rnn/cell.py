@@ -252,18 +252,24 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     for mb0 in (sizes if dynamic else [_row_chunks(bc, mb_most)[0][0] for bc in row_counts if bc > 0]):
         nbt = tile_nb(mb0)
         pairs |= {(mb, nbt) for mb in (mb0 - 1, mb0) if mb in sizes}
-    # K block: the nb hidden blocks' R rows of one K block (<= 32 KiB) stay in L1 while every
-    # chunk of a row group streams them (otherwise each chunk re-read the slice from L2; at
-    # H=1024 from L3). One chunk: no blocking, the accumulators never leave registers.
+    # K block: the nb hidden blocks' R rows of one K block stay in L1 while every chunk of a row
+    # group streams them (otherwise each chunk re-read the slice from L2; at H=1024 from L3).
+    # R within L2 (or just at it, mostly kept there by the reverse walk below): <= 16 KiB, half
+    # of a 32 KiB L1, so the chunks' h rows and accumulators fit beside it (a 32 KiB block
+    # filled L1 and lost ~3.5% of the recurrence: LSTM E=H=256 B=20, 1 thread, recurrence vs
+    # projection perf samples). R beyond L2: 32 KiB, as the block is also the distance the
+    # prefetch runs ahead of the L3 stream (16 KiB lost 2-4% at H=1024 B=20).
+    # One chunk: no blocking, the accumulators never leave registers.
     nb_most = max(nb for _, nb in pairs)
-    kc = max(16, min(H, (32768 // (nb_most * G * VL * 4)) // 16 * 16))
+    rbytes = cfg.nhb * H * G * VL * 4
+    kc = max(16, min(H, ((32768 if l2_bytes and rbytes > l2_bytes else 16384) // (nb_most * G * VL * 4)) // 16 * 16))
+    stream = bool(l2_bytes) and rbytes > l2_bytes * 3 // 4
     # R beyond L2 is streamed from L3 every step (H=1024). Then odd steps walk the hidden blocks
     # in reverse, so a step starts on the blocks the last one ended with, still in L2 (batch 1,
     # T=100, recurrence: LSTM 29.7 -> 25.7 ms, GRU 22.1 -> 18.0 ms); and with several row chunks
     # the second chunk of a K block, which finds R in L1, prefetches the next K block into L2, so
     # the L3 stream overlaps that chunk's FMAs instead of stalling the first chunk (B=10, 20:
     # 3.5% on 3 of 4 shapes).
-    stream = bool(l2_bytes) and cfg.nhb * H * G * VL * 4 > l2_bytes * 3 // 4
     pf_chunk = stream and (dynamic or any(bc > mb_most for bc in row_counts))
     kernels = [dot(mb, nb, pf) for mb, nb in sorted(pairs)
                for pf in ((0, kc) if pf_chunk else (0,))]
