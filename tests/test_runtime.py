@@ -367,3 +367,26 @@ def test_data_pointers_and_direct_call_outputs(monkeypatch):
         np.testing.assert_array_equal(a, k)
     np.testing.assert_array_equal(second[0], np.maximum(-feed, 0))
     np.testing.assert_array_equal(first[1], -feed)
+
+
+def test_a_one_thread_recurrence_does_not_wait_for_a_worker(monkeypatch):
+    """A recurrence whose grid gives its direction group one thread (small steps: GRU H=16 B=1;
+    a T=1 LSTM without initial state, whose one step has no h·R) has no barrier inside, so its
+    step stays shareable like the projection before it: a late worker's shares are run by the
+    caller (stolen), nothing waits for it or runs "alone", and the answers match onnxruntime."""
+    from helpers import ort_run
+
+    from smelt.frontend.zoo.rnn import lstm_model
+
+    for model, shape in ((lstm_model(8, 16, 1, 12, cell="gru"), (12, 1, 8)), (lstm_model(32, 256, 1, 1), (1, 1, 32))):
+        x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+        name = model.graph.input[0].name
+        want = ort_run(model, {name: x})
+        monkeypatch.setenv("SMELT_TEST_DELAY_WORKER", "1:50000")
+        cm = smelt.compile(model, threads=2)
+        for _ in range(3):
+            for g, w in zip(cm.run({name: x}), want, strict=True):
+                np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+        run, stolen, solo, steps = _pool_counts(cm)
+        assert solo == 0 and run == 3 * steps * 2, (run, solo, steps)
+        assert stolen >= 3 * steps // 2, (stolen, steps)

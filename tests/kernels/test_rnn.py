@@ -654,6 +654,26 @@ def test_schedule_stage_decides_rnn():
         generate(g, build_plan(g, opts.force_fallback), target, opts.codegen_threads(target))
 
 
+def test_single_step_without_initial_state_runs_one_thread_per_direction():
+    """A T=1 node without an initial h has no h·R to split (its one step's h is zero): the grid
+    is 1 x 1 at any pool size and cache sizes (Zen 4's and an AVX2 host's L2 given explicitly),
+    while the same node with an initial h, or T=2, splits its hidden blocks over two threads."""
+    from smelt.codegen.kernels.rnn_config import config
+    from smelt.compiler import lower
+    from smelt.frontend.zoo.rnn import lstm_model
+    from smelt.options import CompileOptions
+    from smelt.schedule.rnn import grid_for
+
+    def cfg_of(model):
+        g = lower(model, CompileOptions(threads=2, use_tuning_db=False), detect())
+        return config(next(n for n in g.nodes if n.op == "LSTM"), g)[0]
+
+    for l2 in (1 << 20, 1 << 19):
+        assert grid_for(cfg_of(lstm_model(256, 256, 1, 1)), "wcs", 2, 1, 32768, l2) == {1: (1, 1)}
+        assert grid_for(cfg_of(lstm_model(256, 256, 1, 1, initial_states=True)), "wcs", 2, 1, 32768, l2) == {1: (1, 2)}
+        assert grid_for(cfg_of(lstm_model(256, 256, 1, 2)), "wcs", 2, 1, 32768, l2) == {1: (1, 2)}
+
+
 def test_rnn_tuning_records_in_cache_key_every_layout(tmp_path, monkeypatch):
     """The RNN schedule reads the tuning database (kind "rnn") in every layout mode, so its
     records are part of the artifact key in every mode (under layout="nchw" they were not: a

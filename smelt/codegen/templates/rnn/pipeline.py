@@ -116,4 +116,4 @@ for (int tau = 0; tau < {T + L - 1}; ++tau) {{
 if (tau + 1 < {T + L - 1}) {bar}
 }}
 {nl.join(final_code)}
-}}""")
+}}""", synchronize=min(P, L) > 1)
