@@ -346,6 +346,8 @@ def test_data_pointers_and_direct_call_outputs(monkeypatch):
     for a in (base, base[1:], base[:, 3:, 1:], base[::2, :, ::3], np.empty((0, 5), np.float64),
               np.frombuffer(bytearray(24), np.uint8)[5:]):
         assert module.data_ptr(a) == a.ctypes.data
+    with pytest.raises(AttributeError):  # a numpy scalar: no data field to read, loud not wild
+        module.data_ptr(np.float32(1.5))
     monkeypatch.setattr(module, "_DATA_OFFSET", None)
     assert module.data_ptr(base[2:]) == base[2:].ctypes.data
     monkeypatch.undo()

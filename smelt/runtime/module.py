@@ -139,7 +139,7 @@ def data_ptr(arr: np.ndarray) -> int:
     """``arr.ctypes.data`` in ~0.15 us instead of ~1 us (numpy builds a helper object per
     ``.ctypes``): read per call for every fed and returned array, a T=1 LSTM's 15 us call spent
     6 us here. Falls back to ``.ctypes.data`` where the layout probe failed."""
-    if _DATA_OFFSET is None:
+    if _DATA_OFFSET is None or not isinstance(arr, np.ndarray):  # (a numpy scalar has no such field)
         return arr.ctypes.data
     return _VOIDP.from_address(id(arr) + _DATA_OFFSET).value or 0
 
@@ -394,7 +394,7 @@ class LoadedArtifact:
         held = []  # converted inputs live until the call returns
         for i, name, dtype in feed_slots:
             arr = feeds[name]
-            if arr.dtype != dtype or not arr.flags.c_contiguous:
+            if not isinstance(arr, np.ndarray) or arr.dtype != dtype or not arr.flags.c_contiguous:
                 arr = np.asarray(arr, dtype=dtype, order="C")
                 held.append(arr)
             in_ptrs[i] = data_ptr(arr)
@@ -553,7 +553,7 @@ class LoadedArtifact:
                 dyn_shapes = self._dynamic_shapes(si, env) if self._dims is not None else {}
                 for i, spec in enumerate(ins):
                     arr = env[spec.name]
-                    if arr.dtype != spec.dtype or not arr.flags.c_contiguous:
+                    if not isinstance(arr, np.ndarray) or arr.dtype != spec.dtype or not arr.flags.c_contiguous:
                         arr = env[spec.name] = np.asarray(arr, dtype=spec.dtype, order="C")
                     in_ptrs[i] = data_ptr(arr)
                 for i, spec in enumerate(outs):
