@@ -332,3 +332,63 @@ def test_arena_pool_keeps_one_buffer_per_concurrent_caller():
     pool.give(c)
     pool.give(d)
     assert pool.take(3000)[0] is c[0] and pool.largest() == d[0].nbytes
+
+
+def test_data_pointers_and_direct_call_outputs(monkeypatch):
+    """``data_ptr`` (the data pointer read from the array object, not through numpy's
+    ``.ctypes`` helper) agrees with ``.ctypes.data`` on contiguous arrays, views at an offset,
+    strided and empty arrays, and falls back to ``.ctypes.data`` where the layout probe failed.
+    The one-native-block call puts every output in one allocation: each 64-byte aligned, none
+    overlapping another, and a later call never writes into the arrays an earlier call returned."""
+    from smelt.runtime import module
+
+    base = np.arange(4 * 8 * 6, dtype=np.float32).reshape(4, 8, 6)
+    for a in (base, base[1:], base[:, 3:, 1:], base[::2, :, ::3], np.empty((0, 5), np.float64),
+              np.frombuffer(bytearray(24), np.uint8)[5:]):
+        assert module.data_ptr(a) == a.ctypes.data
+    with pytest.raises(AttributeError):  # a numpy scalar: no data field to read, loud not wild
+        module.data_ptr(np.float32(1.5))
+    monkeypatch.setattr(module, "_DATA_OFFSET", None)
+    assert module.data_ptr(base[2:]) == base[2:].ctypes.data
+    monkeypatch.undo()
+
+    x = helper.make_tensor_value_info("x", 1, [3, 5])
+    outs = [helper.make_tensor_value_info(n, 1, None) for n in ("r", "n", "s")]
+    model = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["x"], ["n"]),
+                        helper.make_node("Sigmoid", ["x"], ["s"])], [x], outs)
+    cm = smelt.compile(model, threads=1)
+    feed = np.linspace(-2, 2, 15, dtype=np.float32).reshape(3, 5)
+    first = cm.run({"x": feed})
+    assert cm._current()._direct is not None  # the path under test
+    spans = sorted((module.data_ptr(a), module.data_ptr(a) + a.nbytes) for a in first)
+    assert all(lo % 64 == 0 for lo, _ in spans)
+    assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1))
+    kept = [a.copy() for a in first]
+    second = cm.run({"x": -feed})
+    for a, k in zip(first, kept, strict=True):
+        np.testing.assert_array_equal(a, k)
+    np.testing.assert_array_equal(second[0], np.maximum(-feed, 0))
+    np.testing.assert_array_equal(first[1], -feed)
+
+
+def test_a_one_thread_recurrence_does_not_wait_for_a_worker(monkeypatch):
+    """A recurrence whose grid gives its direction group one thread (small steps: GRU H=16 B=1;
+    a T=1 LSTM without initial state, whose one step has no h·R) has no barrier inside, so its
+    step stays shareable like the projection before it: a late worker's shares are run by the
+    caller (stolen), nothing waits for it or runs "alone", and the answers match onnxruntime."""
+    from helpers import ort_run
+
+    from smelt.frontend.zoo.rnn import lstm_model
+
+    for model, shape in ((lstm_model(8, 16, 1, 12, cell="gru"), (12, 1, 8)), (lstm_model(32, 256, 1, 1), (1, 1, 32))):
+        x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+        name = model.graph.input[0].name
+        want = ort_run(model, {name: x})
+        monkeypatch.setenv("SMELT_TEST_DELAY_WORKER", "1:50000")
+        cm = smelt.compile(model, threads=2)
+        for _ in range(3):
+            for g, w in zip(cm.run({name: x}), want, strict=True):
+                np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+        run, stolen, solo, steps = _pool_counts(cm)
+        assert solo == 0 and run == 3 * steps * 2, (run, solo, steps)
+        assert stolen >= 3 * steps // 2, (stolen, steps)

@@ -117,6 +117,33 @@ def aligned_empty(nbytes: int, align: int = 64) -> np.ndarray:
     return buf
 
 
+def _probe_data_offset() -> int | None:
+    """Where an ndarray object keeps its data pointer: right after the object header in numpy's
+    ``PyArrayObject_fields`` (16 bytes on a default CPython build). Checked here on real arrays,
+    so a build with another layout (free-threaded CPython) gets None and the slow path."""
+    off = 2 * ctypes.sizeof(ctypes.c_void_p)
+    try:
+        for a in (np.empty(3, np.float32), np.empty((5, 7), np.uint8)[1:]):
+            if ctypes.c_void_p.from_address(id(a) + off).value != a.ctypes.data:
+                return None
+    except Exception:  # noqa: BLE001 - any surprise: the slow, documented path
+        return None
+    return off
+
+
+_DATA_OFFSET = _probe_data_offset()
+_VOIDP = ctypes.c_void_p
+
+
+def data_ptr(arr: np.ndarray) -> int:
+    """``arr.ctypes.data`` in ~0.15 us instead of ~1 us (numpy builds a helper object per
+    ``.ctypes``): read per call for every fed and returned array, a T=1 LSTM's 15 us call spent
+    6 us here. Falls back to ``.ctypes.data`` where the layout probe failed."""
+    if _DATA_OFFSET is None or not isinstance(arr, np.ndarray):  # (a numpy scalar has no such field)
+        return arr.ctypes.data
+    return _VOIDP.from_address(id(arr) + _DATA_OFFSET).value or 0
+
+
 def aligned_array(shape: tuple[int, ...], dtype: np.dtype, align: int = 64) -> np.ndarray:
     """An uninitialised array whose data is ``align``-byte aligned. Every buffer a native block
     writes is one: kernels store whole vectors with aligned stores (a blocked NCHW8c output
@@ -125,8 +152,7 @@ def aligned_array(shape: tuple[int, ...], dtype: np.dtype, align: int = 64) -> n
     dt = np.dtype(dtype)
     nbytes = math.prod(shape) * dt.itemsize  # math.prod: no Python-level numpy call per inference
     raw = np.empty(nbytes + align, dtype=np.uint8)
-    shift = (-raw.ctypes.data) % align
-    return raw[shift : shift + nbytes].view(dt).reshape(shape)
+    return np.ndarray(shape, dt, raw, (-data_ptr(raw)) % align)
 
 
 def _glue_fn(model):
@@ -351,26 +377,34 @@ class LoadedArtifact:
         slots = {spec.name: i for i, spec in enumerate(outs)}
         if any(o.name not in slots for o in self.outputs):
             return None
-        return (tuple(feeds), tuple((tuple(spec.shape), spec.dtype) for spec in outs),
-                tuple(slots[o.name] for o in self.outputs))
+        # every output in one 64-byte aligned allocation, each at a 64-byte multiple: one
+        # np.empty and one address per call instead of one per output
+        specs, at = [], 0
+        for spec in outs:
+            dt = np.dtype(spec.dtype)
+            specs.append((tuple(spec.shape), dt, at))
+            at += -(-math.prod(spec.shape) * dt.itemsize // 64) * 64
+        return (tuple(feeds), tuple(specs), tuple(slots[o.name] for o in self.outputs), at)
 
     def _run_direct(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """``run_acquired`` for a ``_direct_plan`` (lock held)."""
         assert self._direct is not None
-        feed_slots, out_specs, order = self._direct
+        feed_slots, out_specs, order, out_bytes = self._direct
         _, fn, _, _, in_ptrs, out_ptrs, step_nodes = self.steps[0]
         held = []  # converted inputs live until the call returns
         for i, name, dtype in feed_slots:
             arr = feeds[name]
-            if arr.dtype != dtype or not arr.flags.c_contiguous:
+            if not isinstance(arr, np.ndarray) or arr.dtype != dtype or not arr.flags.c_contiguous:
                 arr = np.asarray(arr, dtype=dtype, order="C")
                 held.append(arr)
-            in_ptrs[i] = arr.ctypes.data
+            in_ptrs[i] = data_ptr(arr)
+        raw = np.empty(out_bytes + 64, dtype=np.uint8)
+        base = data_ptr(raw)
+        shift = (-base) % 64
         results = []
-        for i, (shape, dtype) in enumerate(out_specs):
-            arr = aligned_array(shape, dtype)
-            out_ptrs[i] = arr.ctypes.data
-            results.append(arr)
+        for i, (shape, dtype, at) in enumerate(out_specs):
+            results.append(np.ndarray(shape, dtype, raw, shift + at))
+            out_ptrs[i] = base + shift + at
         status = fn(self.pool, in_ptrs, out_ptrs, self._arena_ptr, self._scratch_ptr, self._weights_ptr,
                     self._state_ptr)
         self.native_calls += 1
@@ -519,13 +553,13 @@ class LoadedArtifact:
                 dyn_shapes = self._dynamic_shapes(si, env) if self._dims is not None else {}
                 for i, spec in enumerate(ins):
                     arr = env[spec.name]
-                    if arr.dtype != spec.dtype or not arr.flags.c_contiguous:
+                    if not isinstance(arr, np.ndarray) or arr.dtype != spec.dtype or not arr.flags.c_contiguous:
                         arr = env[spec.name] = np.asarray(arr, dtype=spec.dtype, order="C")
-                    in_ptrs[i] = arr.ctypes.data
+                    in_ptrs[i] = data_ptr(arr)
                 for i, spec in enumerate(outs):
                     arr = aligned_array(dyn_shapes.get(spec.name, spec.shape), spec.dtype)
                     env[spec.name] = arr
-                    out_ptrs[i] = arr.ctypes.data
+                    out_ptrs[i] = data_ptr(arr)
                 status = fn(self.pool, in_ptrs, out_ptrs, self._arena_ptr, self._scratch_ptr,
                             self._weights_ptr, self._state_ptr)
                 self.native_calls += 1

@@ -101,6 +101,8 @@ def grid_for(cfg: RnnConfig, mode: str, p: int, B: int, l1: int, l2: int,
     # LSTM H=64 (R 64 KiB) 78 vs 72, GRU H=64 (48 KiB) 56 vs 65: at most one thread per
     # REC_MIN_MACS multiply-adds per step, or per half that when R does not fit 3/4 of L1.
     macs = B * cfg.G * VL * cfg.H * units
+    if cfg.T == 1 and not cfg.h0:  # the one step's h is zero: no h·R (the cell skips it), gates only
+        macs = 0
     min_macs = REC_MIN_MACS if cfg.G * VL * cfg.H * units * 4 <= l1 * 3 // 4 else REC_MIN_MACS // 2
     most = max(1, macs // min_macs)
     best, cost = (1, 1), float("inf")

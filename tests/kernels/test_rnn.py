@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from kernel_models import _isa_target
+from kernel_models import _isa_target, force_isa
 from onnx import TensorProto, helper, numpy_helper
 
 import smelt
@@ -546,6 +546,32 @@ def test_bidirectional_directions_in_sequence(monkeypatch):
     _check(cases, threads=(1, 2, 3))
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
+def test_zero_initial_state_first_step(isa, monkeypatch, tmp_path):
+    """Without an initial h, the first step's h is all zeros and the cells skip h·R there (the
+    tiles start from XW and run an empty K range): T = 1 and longer, every cell form (LSTM with
+    peepholes, GRU in both forms, RNN), reverse, bidirectional, layout 1, sequence lengths with
+    0, row chunks, a hidden split over two threads (H=130), beside cases with initial states
+    (the skip must not happen there); each ISA, 1 and 2 threads, against onnxruntime."""
+    force_isa(isa, monkeypatch, tmp_path)
+    lbr0, lbr1 = {"linear_before_reset": 0}, {"linear_before_reset": 1}
+    cases = [Case("LSTM", 1, 1, 8, 20, peep=True),
+             Case("LSTM", 1, 3, 5, 130, "bidirectional"),
+             Case("LSTM", 4, 9, 6, 33, "reverse", seq="rand"),
+             Case("GRU", 1, 2, 4, 19, "reverse", attrs=lbr0),
+             Case("GRU", 3, 7, 6, 33, "forward", 1, seq="rand", attrs=lbr1),
+             Case("GRU", 2, 3, 5, 40, "bidirectional", attrs=lbr0),
+             Case("RNN", 1, 1, 3, 16),
+             Case("LSTM", 3, 2, 4, 17, init=True, peep=True),
+             Case("GRU", 1, 2, 4, 19, init=True, attrs=lbr1)]
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
+    model, _, _, _ = _models(cases, 0)
+    src = smelt.compile(model, threads=2).source_path.read_text()
+    # the cells of the nodes without h0 get the flag "s == 0", those with one a constant 0
+    assert ", s == 0); }" in src and ", 0); }" in src
+    _check(cases)
+
+
 @pytest.mark.parametrize("isa", ["avx2", "scalar"])
 def test_isa_headers(isa, monkeypatch):
     """The recurrence rendered with each ISA header the host runs (kernels/csrc/rnn_vec_*.h: AVX2
@@ -626,6 +652,26 @@ def test_schedule_stage_decides_rnn():
 
     with pytest.raises(VerifyError, match=node.name):
         generate(g, build_plan(g, opts.force_fallback), target, opts.codegen_threads(target))
+
+
+def test_single_step_without_initial_state_runs_one_thread_per_direction():
+    """A T=1 node without an initial h has no h·R to split (its one step's h is zero): the grid
+    is 1 x 1 at any pool size and cache sizes (Zen 4's and an AVX2 host's L2 given explicitly),
+    while the same node with an initial h, or T=2, splits its hidden blocks over two threads."""
+    from smelt.codegen.kernels.rnn_config import config
+    from smelt.compiler import lower
+    from smelt.frontend.zoo.rnn import lstm_model
+    from smelt.options import CompileOptions
+    from smelt.schedule.rnn import grid_for
+
+    def cfg_of(model):
+        g = lower(model, CompileOptions(threads=2, use_tuning_db=False), detect())
+        return config(next(n for n in g.nodes if n.op == "LSTM"), g)[0]
+
+    for l2 in (1 << 20, 1 << 19):
+        assert grid_for(cfg_of(lstm_model(256, 256, 1, 1)), "wcs", 2, 1, 32768, l2) == {1: (1, 1)}
+        assert grid_for(cfg_of(lstm_model(256, 256, 1, 1, initial_states=True)), "wcs", 2, 1, 32768, l2) == {1: (1, 2)}
+        assert grid_for(cfg_of(lstm_model(256, 256, 1, 2)), "wcs", 2, 1, 32768, l2) == {1: (1, 2)}
 
 
 def test_rnn_tuning_records_in_cache_key_every_layout(tmp_path, monkeypatch):

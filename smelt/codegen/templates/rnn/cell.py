@@ -196,8 +196,10 @@ def _native_dot_code(cfg: RnnConfig, nv: VectorIsa, gates: list[int], mb: int, k
 
 def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
               rows: set[int] | None = None, l2_bytes: int = 0, native: VectorIsa | None = None) -> str:
-    """FNAME(Rp, xw, hp, hn, cs, pp, rbh, zb, rh, y, slen, t, hb0, hb1, blo, bhi, ybs) for direction ``d``:
-    hidden blocks [hb0, hb1) of batch rows [blo, bhi).
+    """FNAME(Rp, xw, hp, hn, cs, pp, rbh, zb, rh, y, slen, t, hb0, hb1, blo, bhi, ybs, zh) for
+    direction ``d``: hidden blocks [hb0, hb1) of batch rows [blo, bhi). ``zh`` != 0: the previous
+    h is all zeros (the first step without an initial state), so h·R is skipped (the tiles start
+    from XW and run an empty K range): a T=1 LSTM E=H=256 reads 1 MiB of weights instead of 2.
 
     ``phase``: "" (LSTM, RNN, GRU lbr=1: whole cell), "a" (GRU lbr=0: z, r and r ⊙ h) or "b"
     (GRU lbr=0: (r ⊙ h)·Rh, the candidate and the new state). The row range and ``ybs``
@@ -250,18 +252,24 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     for mb0 in (sizes if dynamic else [_row_chunks(bc, mb_most)[0][0] for bc in row_counts if bc > 0]):
         nbt = tile_nb(mb0)
         pairs |= {(mb, nbt) for mb in (mb0 - 1, mb0) if mb in sizes}
-    # K block: the nb hidden blocks' R rows of one K block (<= 32 KiB) stay in L1 while every
-    # chunk of a row group streams them (otherwise each chunk re-read the slice from L2; at
-    # H=1024 from L3). One chunk: no blocking, the accumulators never leave registers.
+    # K block: the nb hidden blocks' R rows of one K block stay in L1 while every chunk of a row
+    # group streams them (otherwise each chunk re-read the slice from L2; at H=1024 from L3).
+    # R within L2 (or just at it, mostly kept there by the reverse walk below): <= 16 KiB, half
+    # of a 32 KiB L1, so the chunks' h rows and accumulators fit beside it (a 32 KiB block
+    # filled L1 and lost ~3.5% of the recurrence: LSTM E=H=256 B=20, 1 thread, recurrence vs
+    # projection perf samples). R beyond L2: 32 KiB, as the block is also the distance the
+    # prefetch runs ahead of the L3 stream (16 KiB lost 2-4% at H=1024 B=20).
+    # One chunk: no blocking, the accumulators never leave registers.
     nb_most = max(nb for _, nb in pairs)
-    kc = max(16, min(H, (32768 // (nb_most * G * VL * 4)) // 16 * 16))
+    rbytes = cfg.nhb * H * G * VL * 4
+    kc = max(16, min(H, ((32768 if l2_bytes and rbytes > l2_bytes else 16384) // (nb_most * G * VL * 4)) // 16 * 16))
+    stream = bool(l2_bytes) and rbytes > l2_bytes * 3 // 4
     # R beyond L2 is streamed from L3 every step (H=1024). Then odd steps walk the hidden blocks
     # in reverse, so a step starts on the blocks the last one ended with, still in L2 (batch 1,
     # T=100, recurrence: LSTM 29.7 -> 25.7 ms, GRU 22.1 -> 18.0 ms); and with several row chunks
     # the second chunk of a K block, which finds R in L1, prefetches the next K block into L2, so
     # the L3 stream overlaps that chunk's FMAs instead of stalling the first chunk (B=10, 20:
     # 3.5% on 3 of 4 shapes).
-    stream = bool(l2_bytes) and cfg.nhb * H * G * VL * 4 > l2_bytes * 3 // 4
     pf_chunk = stream and (dynamic or any(bc > mb_most for bc in row_counts))
     kernels = [dot(mb, nb, pf) for mb, nb in sorted(pairs)
                for pf in ((0, kc) if pf_chunk else (0,))]
@@ -375,7 +383,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     gs_code = []
     for bc in gs_rows:
         passes = " ".join(f"FNAME_s{bc}g{''.join(str(g) for g in grp)}(Rp, xw + blo * {N}L, {kin} + blo * {Hp}L, rbh, hb, "
-                          f"acc, 0, {H}, hbn);" for grp in gs_groups[bc])
+                          f"acc, 0, KH, hbn);" for grp in gs_groups[bc])
         gs_code.append(f"""if (B == {bc}) {{ /* gate split: {bc} rows x gates {' + '.join(''.join(str(g) for g in grp) for grp in gs_groups[bc])}, whole K per pass */
         const long nit = hb1 - hb0;
         for (long it = 0; it < nit; ++it) {{
@@ -392,9 +400,10 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     return "\n".join(kernels) + "\n" + gate_fn + f"""
 static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, float *cs,
                   const float *pp, const float *rbh, float *zb, float *rh, float *y,
-                  const int32_t *slen, int t, int hb0, int hb1, long blo, long bhi, long ybs) {{
+                  const int32_t *slen, int t, int hb0, int hb1, long blo, long bhi, long ybs, int zh) {{
     const long B = bhi - blo;
     if (B <= 0) return;
+    const long KH = zh ? 0 : {H}; /* h = 0: no h·R (one empty K block still runs the tiles' XW loads) */
     float acc[{acc_floats}] __attribute__((aligned(64)));
     const int rev = {int(stream)} && (t & 1);
     {chr(10).join(gs_code)}
@@ -414,8 +423,8 @@ static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, 
         const long hbn = inx < 0 || inx >= nit ? hb : inx < ngr ? hb0 + inx * nbt0 : hb0 + ngr * nbt0 + (inx - ngr);
         for (long c0 = 0; c0 < nch; c0 += {cpg}) {{
             const long c1 = SMELT_MIN(c0 + {cpg}, nch);
-            for (long k0 = 0; k0 < {H}; k0 += kc) {{
-                const long k1 = SMELT_MIN(k0 + kc, {H}L);
+            for (long k0 = 0; k0 < KH || k0 == 0; k0 += kc) {{
+                const long k1 = SMELT_MIN(k0 + kc, KH);
                 for (long c = c0; c < c1; ++c) {{
                     const long mb = c < r ? q + 1 : q, b0 = blo + (c < r ? c * (q + 1) : r * (q + 1) + (c - r) * q);
                     {switch()}

@@ -31,7 +31,7 @@ def check_rnn(node: Node, g: Graph) -> str | None:
     return None if cfg is not None else why
 
 
-@register(("LSTM", "GRU", "RNN"), versions=(7, 14, 22), check=check_rnn, name="rnn_native", shares_synchronize=True)
+@register(("LSTM", "GRU", "RNN"), versions=(7, 14, 22), check=check_rnn, name="rnn_native")
 def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     cfg, why = config(node, g)
     assert cfg is not None, why
@@ -183,6 +183,9 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     def off(ptr: str, present: bool, offset: int) -> str:
         return f"{ptr} + {offset}" if present else ptr
 
+    # without an initial h, step 0's previous h is all zeros: the cells skip h·R then
+    zh = "0" if cfg.h0 else "s == 0"
+
     def call(cell: str, d: int) -> str:
         t = "T - 1 - s" if cfg.reverse[d] else "s"
         yarg = f"y + (long)t * ({ydir[1]}) + {d} * ({ydir[0]})" if cfg.y else "y"
@@ -192,7 +195,7 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
                 f"hp + {sb}, hn + {sb}, {off(cbuf, cfg.op == 'LSTM', sb)}, "
                 f"{off(pp, bool(cfg.p), d * 3 * Hp)}, {off(rbh, has_rbh, d * Hp)}, "
                 f"{off(zbuf, two_phase, sb)}, {off(rhbuf, two_phase, sb)}, {yarg}, "
-                f"slen, t, ulo{d}, uhi{d}, blo, bhi, {ydir[2]}); }}")
+                f"slen, t, ulo{d}, uhi{d}, blo, bhi, {ydir[2]}, {zh}); }}")
 
     def per_dir(cells: list[str], dirs: list[int]) -> str:
         return "\n    ".join(f"if (ulo{d} < uhi{d}) {call(cells[d], d)}" for d in dirs)
@@ -298,9 +301,20 @@ if (lid < nact) {{
     if dynamic:
         em.dynamic_dims(state=dims_at, x=cfg.x, layout=cfg.layout, max_t=Tmax, max_b=Bmax,
                         outputs=_dyn_output_shapes(cfg))
+    # Only a recurrence whose direction group has several threads meets inside the step (flag
+    # barriers): then its shares run at once, one per thread. Otherwise (a 1 x 1 grid: small
+    # steps, or one thread per direction) it stays shareable like the projection step before it,
+    # so the caller never waits for a worker the OS has not run (GRU E=H=64 B=1 T=100 under load:
+    # the 20 us grace before running alone was a fifth of the call).
+    # (the direction-group sizes of every pool the code may run with, as `assign` derives them)
+    split_dirs = D == 2 and not (mode == "baseline" or seq_dirs)
+    gsizes = {g_ for nt_ in range(1, P + 1)
+              for g_ in ((nt_ // 2, nt_ - nt_ // 2) if split_dirs and nt_ >= 2 else (nt_,))}
+    meet = any(xi_ * xj_ > 1 for gs in gsizes for b_ in brange
+               for xi_, xj_ in [grids.get(min(gs, P), {}).get(b_, (1, 1))])
     em.step(f"""{tb_decl}float *y = {y}; const int32_t *slen = {slen}; (void)y; (void)slen;
 {assign}
 if (lid < nact) {{
 {steps}
 {chr(10).join(final)}
-}}""")
+}}""", synchronize=meet)
