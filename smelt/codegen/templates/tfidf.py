@@ -4,16 +4,19 @@ Template ``tfidf``: the pool of n-grams (``pool_int64s`` cut by ``ngram_counts``
 compile time, a trie flattened into tables: per trie node its children's keys (sorted, found
 by binary search), their node numbers, and the output column of the n-gram ending there (-1
 when none). The trie is built the way onnxruntime's (and onnx.reference's port of it) builds
-its map: only the gram sizes within [min_gram_length, max_gram_length] enter it, an n-gram
-listed twice keeps the later id, and the ids of skipped sizes still advance the numbering.
+its map: only the gram sizes within [min_gram_length, max_gram_length] enter it, and the ids
+of skipped sizes still advance the numbering (a pool listing an n-gram twice, which
+onnxruntime refuses, keeps the later id, as onnx.reference does).
 
 At run time each row of X (rows split over threads) is scanned as onnxruntime scans it: for
 each skip distance 1 .. max_skip_count + 1 and each start, walk the trie along tokens
 ``skip`` apart, counting every n-gram of at least the starting size met on the way; unigrams
-count at the first skip distance only. The counts accumulate in the row's float outputs
-(exact: a count stays below 2^24), then turn into TF (the count), IDF (the column's weight, or
-1, where the count is positive) or TFIDF (weight times count, or the count). String pools fall
-back.
+count at the first skip distance only. Each hit updates its n-gram's output column as
+onnxruntime 1.32 does: TF adds 1, TFIDF adds the n-gram's weight (``weights`` is per n-gram,
+as long as ``ngram_indexes``; 1 without weights), IDF sets the column to the n-gram's weight
+(or 1), so where n-grams share a column the last one hit wins. Sums are float sums in
+onnxruntime's scan order. (onnx.reference weights columns instead, and scales counts after
+counting: the two differ where weights are given.) String pools fall back.
 """
 
 from __future__ import annotations
@@ -71,15 +74,17 @@ def _trie(node: Node) -> _Part:
     return root
 
 
-def _tables(root: _Part, indexes: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _tables(root: _Part, indexes: list[int], weights: list[float]) -> tuple[np.ndarray, ...]:
     """The trie as arrays: per node its first child slot and child count, per child slot its
-    key and node number, per node the output column of its n-gram (-1: none)."""
+    key and node number, per node the output column of its n-gram (-1: none) and the weight
+    a hit adds (``weights`` per n-gram id, else 1)."""
     nodes = [root]
-    first, count, keys, child, column = [], [], [], [], []
+    first, count, keys, child, column, weight = [], [], [], [], [], []
     k = 0
     while k < len(nodes):
         part = nodes[k]
         column.append(indexes[part.id - 1] if part.id > 0 else -1)
+        weight.append(weights[part.id - 1] if part.id > 0 and weights else 1.0)
         leaves = sorted((part.leaves or {}).items())
         first.append(len(keys))
         count.append(len(leaves))
@@ -89,7 +94,8 @@ def _tables(root: _Part, indexes: list[int]) -> tuple[np.ndarray, np.ndarray, np
             nodes.append(sub)
         k += 1
     as64 = lambda a: np.asarray(a, dtype=np.int64)  # noqa: E731
-    return as64(first), as64(count), as64(keys or [0]), as64(child or [0]), as64(column)
+    return (as64(first), as64(count), as64(keys or [0]), as64(child or [0]), as64(column),
+            np.asarray(weight, dtype=np.float32))
 
 
 def _check(node: Node, g: Graph) -> str | None:
@@ -113,8 +119,8 @@ def _check(node: Node, g: Graph) -> str | None:
         return "negative max_skip_count"
     width = max(indexes) + 1
     weights = node.attr("weights") or []
-    if weights and str(node.attr("mode")) != "TF" and len(weights) < width:
-        return f"{len(weights)} weights for {width} output columns"
+    if weights and len(weights) != len(indexes):
+        return f"{len(weights)} weights for {len(indexes)} n-grams (onnxruntime refuses the model)"
     ids = []
 
     def walk(part: _Part) -> None:
@@ -139,17 +145,18 @@ def emit_tfidf(node: Node, g: Graph, em: BlockEmitter) -> None:
     lo, hi = int(node.attr("min_gram_length")), int(node.attr("max_gram_length"))
     skips = int(node.attr("max_skip_count", 0)) + 1
     mode = str(node.attr("mode"))
-    weights = [float(w) for w in node.attr("weights") or []]
-    first, count, keys, child, column = _tables(_trie(node), indexes)
+    weights = [float(w) for w in node.attr("weights") or []] if mode != "TF" else []
+    first, count, keys, child, column, weight = _tables(_trie(node), indexes, weights)
     xt = c_type(dtype_name(g, x))
     lines = [
         f"const {xt} *restrict X = {em.ptr(x)};", f"float *restrict Y = (void *){em.ptr(y)};",
         f"const int64_t *restrict F = {em.weight(first)}, *restrict N = {em.weight(count)};",
         f"const int64_t *restrict K = {em.weight(keys)}, *restrict CH = {em.weight(child)};",
-        f"const int64_t *restrict COL = {em.weight(column)};",
+        f"const int64_t *restrict COL = {em.weight(column)}; const float *restrict WT = {em.weight(weight)};",
     ]
-    if weights and mode != "TF":
-        lines.append(f"const float *restrict WT = {em.weight(np.asarray(weights[:width], np.float32))};")
+    # IDF: the weight of the last n-gram hit in the column; TF, TFIDF: the hits' weights summed in
+    # scan order (onnxruntime's float sums)
+    hit = "yr[COL[node]] = WT[node];" if mode == "IDF" else "yr[COL[node]] += WT[node];"
     lines += [
         work_range(rows, rows * length * skips >= PARALLEL_MIN_TOKENS),
         "for (long r = wb; r < we; ++r) {",
@@ -166,18 +173,13 @@ def emit_tfidf(node: Node, g: Graph, em: BlockEmitter) -> None:
         "                while (a < b) { const long m = (a + b) >> 1; if (K[m] < v) a = m + 1; else b = m; }",
         "                if (a == F[node] + N[node] || K[a] != v) break;",
         "                node = CH[a];",
-        "                if (size >= start_size && COL[node] >= 0) yr[COL[node]] += 1.0f;",
+        f"                if (size >= start_size && COL[node] >= 0) {hit}",
         "            }",
         "        }",
         # unigrams do not depend on the skip distance: counted once
         "        if (start_size == 1) { start_size = 2; if (start_size > " + str(hi) + ") break; }",
         "    }",
     ]
-    if mode == "IDF":
-        val = "WT[i]" if weights else "1.0f"
-        lines.append(f"    for (long i = 0; i < {width}; ++i) yr[i] = yr[i] > 0.0f ? {val} : 0.0f;")
-    elif mode == "TFIDF" and weights:
-        lines.append(f"    for (long i = 0; i < {width}; ++i) yr[i] = WT[i] * yr[i];")
     lines.append("}")
     emit_kernel(em, f"tfidf_{mode.lower()}", "\n".join(lines),
                 f"TfIdfVectorizer {mode} of {rows}x{length} tokens, grams {lo}..{hi}, {skips - 1} skips, "

@@ -1,0 +1,120 @@
+"""Node-suite ops against onnxruntime: TensorScatter (templates/tensor_scatter.py) and
+TfIdfVectorizer (templates/tfidf.py). Edge shapes (update as long as the cache, a batch of one,
+slices of one element, rows too short for any n-gram), every mode, every dtype the templates
+take; every ISA the host runs, 1 and 2 threads (node_cases.check)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_models import force_isa
+from node_cases import Cases, build_model, check
+
+import smelt
+
+# node-suite ops at every ISA and thread count: the long suite (`pytest -m slow`, run by .ci/run)
+pytestmark = pytest.mark.slow
+
+RNG = np.random.default_rng(1515)
+ISAS = ["native", "avx2", "scalar"]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_tensor_scatter(isa, monkeypatch, cache):
+    force_isa(isa, monkeypatch, cache)
+    cases, feeds = Cases(), {}
+
+    def scatter(cache_shape, update_len, dtype=np.float32, write=None, **attrs) -> None:
+        k = len(cases.nodes)
+        axis = attrs.get("axis", -2) % len(cache_shape)
+        us = list(cache_shape)
+        us[axis] = update_len
+        feeds[f"c{k}"] = RNG.standard_normal(cache_shape).astype(dtype) * 4
+        feeds[f"u{k}"] = RNG.standard_normal(us).astype(dtype) * 4
+        ins = [f"c{k}", f"u{k}"]
+        if write is not None:
+            feeds[f"w{k}"] = np.asarray(write, np.int64)
+            ins.append(f"w{k}")
+        cases.add("TensorScatter", ins, **attrs)
+
+    scatter((2, 1, 4, 5), 1, write=[1, 3])  # one step per batch, at the last slot
+    scatter((2, 3, 6, 4), 3, write=[0, 3])  # ends exactly at the end
+    scatter((3, 2, 5, 3), 5, write=[0, 0, 0])  # the whole cache replaced
+    scatter((2, 2, 5, 3), 2)  # no write_indices: all zero
+    scatter((2, 3, 4, 5), 3, write=[2, 7], mode="circular")  # wraps; an index past the length
+    scatter((1, 4, 4, 1), 4, write=[3], mode="circular")  # slices of one element
+    scatter((2, 5, 3), 2, write=[1, 0], axis=1)  # rank 3, sequence on axis 1
+    scatter((2, 4, 3, 2, 2), 2, write=[1, 2], axis=2, mode="circular")  # dims after the axis
+    scatter((2, 3, 4, 5), 2, np.float16, write=[2, 1])
+    scatter((2, 3, 4, 5), 2, np.int64, write=[0, 3], mode="circular")
+    scatter((2, 4, 64, 64), 32, write=[16, 5], mode="circular")  # 64 KiB of slices: split over threads
+    feeds["c0"][0, 0, 0, 0], feeds["u1"][1, 2, 1, 3] = np.nan, np.inf  # moved as bits
+    check(cases, feeds, opset=24)
+
+
+def test_tensor_scatter_bad_index_fails(monkeypatch, cache):
+    """A negative index or a linear write past the cache's end fails the inference (onnxruntime
+    refuses both); a circular index past the end wraps."""
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    for mode, write, ok in (("linear", [3, 0], False), ("linear", [-1, 0], False), ("circular", [-1, 0], False),
+                            ("circular", [9, 0], True), ("linear", [2, 0], True)):
+        cases = Cases()
+        cases.add("TensorScatter", ["c", "u", "w"], mode=mode)
+        feeds = {"c": np.zeros((2, 3, 4, 5), np.float32), "u": np.ones((2, 3, 2, 5), np.float32),
+                 "w": np.asarray(write, np.int64)}
+        compiled = smelt.compile(build_model(cases, feeds, opset=24))
+        assert compiled.fallback_nodes == []
+        if ok:
+            got = compiled.run(feeds)[0]
+            pos = [(write[0] + s) % 4 for s in range(2)]
+            assert np.all(got[0, :, pos] == 1) and got.sum() == 2 * 3 * 2 * 5
+        else:
+            with pytest.raises(Exception):  # noqa: B017 - smelt's run-time failure, whatever its class
+                compiled.run(feeds)
+        compiled.close()
+
+
+def _tfidf(cases: Cases, x: str, mode: str, lo: int, hi: int, skip: int, pool: list[list[list[int]]],
+           indexes: list[int] | None = None, weights: list[float] | None = None) -> None:
+    """``pool[n - 1]``: the n-grams of size n."""
+    flat, counts = [], []
+    for grams in pool:
+        counts.append(len(flat))
+        for gram in grams:
+            flat += gram
+    n_grams = sum(len(grams) for grams in pool)
+    attrs = dict(mode=mode, min_gram_length=lo, max_gram_length=hi, max_skip_count=skip, pool_int64s=flat,
+                 ngram_counts=counts, ngram_indexes=indexes if indexes is not None else list(range(n_grams)))
+    if weights is not None:
+        attrs["weights"] = weights
+    cases.add("TfIdfVectorizer", [x], **attrs)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_tfidf_vectorizer(isa, monkeypatch, cache):
+    force_isa(isa, monkeypatch, cache)
+    cases = Cases()
+    uni = [[2], [3], [5], [4], [7], [1]]
+    bi = [[5, 6], [7, 8], [6, 7], [2, 3], [3, 3]]
+    tri = [[2, 3, 5], [5, 6, 7], [3, 3, 3]]
+    pool = [uni, bi, tri]
+    w13 = [float(v) for v in RNG.uniform(0.1, 3.0, 14).round(3)]
+    for x in ("x32", "x64", "v"):
+        for mode, weights in (("TF", None), ("IDF", None), ("IDF", w13), ("TFIDF", None), ("TFIDF", w13)):
+            _tfidf(cases, x, mode, 1, 3, 2, pool, weights=weights)
+        _tfidf(cases, x, "TF", 2, 2, 0, pool)  # bigrams only, no skips
+        _tfidf(cases, x, "TF", 2, 3, 5, pool)  # skips past the row's end
+        _tfidf(cases, x, "TF", 3, 3, 1, pool)  # trigrams: rows too short at large skips
+        _tfidf(cases, x, "TF", 1, 1, 3, pool)  # unigrams, counted once whatever the skips
+    # two n-grams sharing a column, a column no n-gram maps to, weights per column
+    _tfidf(cases, "x32", "TFIDF", 1, 2, 1, [[[2], [3], [4]], [[2, 3]]], indexes=[3, 0, 3, 1],
+           weights=[0.5, 1.5, 2.5, 3.5])
+    _tfidf(cases, "x64", "IDF", 1, 2, 1, [[[2], [3], [4]], [[2, 3]]], indexes=[3, 0, 3, 1],
+           weights=[0.5, 1.5, 2.5, 3.5])
+    _tfidf(cases, "e", "TF", 1, 2, 1, pool)  # an empty row
+    _tfidf(cases, "big", "TFIDF", 1, 3, 3, pool, weights=w13)  # enough tokens to split rows over threads
+    x = RNG.integers(1, 9, size=(3, 11))
+    x[1, :5] = [3, 3, 3, 3, 3]
+    feeds = {"x32": x.astype(np.int32), "x64": x.astype(np.int64) - 1, "v": RNG.integers(1, 9, 17).astype(np.int64),
+             "e": np.zeros((2, 0), np.int64), "big": RNG.integers(0, 9, size=(64, 300)).astype(np.int32)}
+    check(cases, feeds, opset=17)
