@@ -1,5 +1,5 @@
-"""Node-suite ops against onnxruntime: TensorScatter (templates/tensor_scatter.py) and
-TfIdfVectorizer (templates/tfidf.py). Edge shapes (update as long as the cache, a batch of one,
+"""Node-suite ops against onnxruntime: TensorScatter (templates/tensor_scatter.py),
+TfIdfVectorizer (templates/tfidf.py), QLinearMatMul with float16 scales (templates/int_matmul.py). Edge shapes (update as long as the cache, a batch of one,
 slices of one element, rows too short for any n-gram), every mode, every dtype the templates
 take; every ISA the host runs, 1 and 2 threads (node_cases.check)."""
 
@@ -118,3 +118,42 @@ def test_tfidf_vectorizer(isa, monkeypatch, cache):
     feeds = {"x32": x.astype(np.int32), "x64": x.astype(np.int64) - 1, "v": RNG.integers(1, 9, 17).astype(np.int64),
              "e": np.zeros((2, 0), np.int64), "big": RNG.integers(0, 9, size=(64, 300)).astype(np.int32)}
     check(cases, feeds, opset=17)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_qlinear_matmul_float16_scales(isa, monkeypatch, cache):
+    """QLinearMatMul-21 with float16 scales (templates/int_matmul.py): scalar and per-column
+    scales (onnxruntime takes no per-row ones), int8 and uint8, B fed at run time and B constant (the packed register
+    tile), a matrix-vector product (column split), batches; scales with many mantissa bits so a
+    multiplier rounded in float16 would differ from onnxruntime's float one."""
+    force_isa(isa, monkeypatch, cache)
+    cases, feeds = Cases(), {}
+
+    def qmm(m: int, k: int, n: int, dt=np.int8, batch: tuple = (),
+            per_col: bool = False, b_const: bool = False) -> None:
+        i = len(cases.nodes)
+        info = np.iinfo(dt)
+        a = RNG.integers(info.min, info.max + 1, (*batch, m, k)).astype(dt)
+        b = RNG.integers(info.min, info.max + 1, (k, n)).astype(dt)
+        az, bz, yz = (RNG.integers(info.min // 8, info.max // 8 + 1, s).astype(dt)
+                      for s in ((1,), (n,) if per_col else (1,), (1,)))  # onnxruntime: A's zero point scalar
+        a_s = RNG.uniform(0.002, 0.03, (1,)).astype(np.float16)  # onnxruntime: A's scale scalar
+        b_s = RNG.uniform(0.002, 0.03, (n,) if per_col else (1,)).astype(np.float16)
+        y_s = RNG.uniform(0.05, 0.7, (1,)).astype(np.float16)
+        feeds.update({f"a{i}": a, f"as{i}": a_s, f"az{i}": az, f"ys{i}": y_s, f"yz{i}": yz})
+        names = [f"a{i}", f"as{i}", f"az{i}"]
+        if b_const:  # B, its scale and zero point constant: the packed path
+            cases.add("QLinearMatMul", names, (b, b_s, bz))
+            cases.nodes[-1].input.extend([f"ys{i}", f"yz{i}"])
+        else:
+            feeds.update({f"b{i}": b, f"bs{i}": b_s, f"bz{i}": bz})
+            cases.add("QLinearMatMul", names + [f"b{i}", f"bs{i}", f"bz{i}", f"ys{i}", f"yz{i}"])
+
+    qmm(2, 4, 3)
+    qmm(5, 17, 9, np.uint8)
+    qmm(7, 33, 21, per_col=True)
+    qmm(1, 64, 130)  # one row: columns split over threads
+    qmm(6, 20, 19, np.uint8, b_const=True)
+    qmm(9, 31, 40, per_col=True, b_const=True)
+    qmm(3, 12, 5, batch=(2, 3))
+    check(cases, feeds, opset=21)
