@@ -157,3 +157,50 @@ def test_qlinear_matmul_float16_scales(isa, monkeypatch, cache):
     qmm(9, 31, 40, per_col=True, b_const=True)
     qmm(3, 12, 5, batch=(2, 3))
     check(cases, feeds, opset=21)
+
+
+def _ml_model(nodes: list, feeds: dict[str, np.ndarray], outputs: list[tuple[str, int]]):
+    """A model of ai.onnx.ml nodes (node_cases.build_model imports the default domain only)."""
+    from onnx import helper
+
+    inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
+              for k, v in feeds.items()]
+    graph = helper.make_graph(nodes, "ml", inputs, [helper.make_tensor_value_info(o, t, None) for o, t in outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_array_feature_extractor(isa, monkeypatch, cache):
+    """ArrayFeatureExtractor (templates/ml_ops.py) against onnxruntime: every dtype, repeated and
+    2-D indices, one row, rows enough to split over threads; an index past the end fails the run.
+    (A 1-D X stays on the fallback: onnx's shape inference leaves its [1, n] output untyped.)"""
+    from node_cases import assert_close, oracle
+    from onnx import helper
+
+    force_isa(isa, monkeypatch, cache)
+    feeds = {"f32": RNG.standard_normal((3, 5)).astype(np.float32),
+             "f64": RNG.standard_normal((2, 3, 7)).astype(np.float64),
+             "i64": RNG.integers(-9, 9, (4, 6)).astype(np.int64),
+             "i32": RNG.integers(-9, 9, (1, 8)).astype(np.int32),
+             "big": RNG.standard_normal((3000, 24)).astype(np.float32),
+             "k1": np.array([4, 0, 4], np.int64), "k2": np.array([[6, 1], [0, 2]], np.int64),
+             "k3": np.array([5], np.int64), "k4": np.array([7, 3, 0, 1], np.int64),
+             "k5": np.array([23, 0, 11, 5, 17], np.int64)}
+    feeds["f32"][1, 4] = np.nan
+    pairs = [("f32", "k1"), ("f64", "k2"), ("i64", "k3"), ("i32", "k4"), ("big", "k5")]
+    types = {"f32": 1, "f64": 11, "i64": 7, "i32": 6, "big": 1}
+    nodes = [helper.make_node("ArrayFeatureExtractor", [x, k], [f"z{i}"], domain="ai.onnx.ml")
+             for i, (x, k) in enumerate(pairs)]
+    model = _ml_model(nodes, feeds, [(f"z{i}", types[x]) for i, (x, _) in enumerate(pairs)])
+    want = oracle(model, feeds)
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        assert compiled.fallback_nodes == []
+        for i, (g, w) in enumerate(zip(compiled.run(feeds), want, strict=True)):
+            assert_close(f"z{i} (threads={threads})", g, w)
+        bad = dict(feeds, k3=np.array([6], np.int64))  # past the last feature: refused
+        with pytest.raises(Exception):  # noqa: B017 - smelt's run-time failure, whatever its class
+            compiled.run(bad)
+        compiled.close()
