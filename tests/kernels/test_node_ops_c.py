@@ -204,3 +204,85 @@ def test_array_feature_extractor(isa, monkeypatch, cache):
         with pytest.raises(Exception):  # noqa: B017 - smelt's run-time failure, whatever its class
             compiled.run(bad)
         compiled.close()
+
+
+def _random_trees(n_trees: int, depth: int, features: int, targets: int, dtype) -> dict:
+    """TreeEnsemble-5 attributes of random full trees (nodes in depth-first order, so the
+    membership sets read in node order are the trees' own): every mode, NaN directions,
+    a one-leaf tree."""
+    from onnx import numpy_helper
+
+    nodes = {k: [] for k in ("feat", "mode", "split", "miss", "tid", "fid", "tleaf", "fleaf")}
+    leaves_t, leaves_w, members, roots = [], [], [], []
+
+    def leaf() -> int:
+        leaves_t.append(int(RNG.integers(0, targets)))
+        leaves_w.append(float(RNG.standard_normal()))
+        return len(leaves_t) - 1
+
+    def make(d: int) -> tuple[int, int]:
+        if d == 0:
+            return leaf(), 1
+        k = len(nodes["feat"])
+        mode = int(RNG.integers(0, 7))
+        for key, v in (("feat", int(RNG.integers(0, features))), ("mode", mode),
+                       ("split", float(RNG.integers(0, 5)) if mode in (4, 5, 6) else float(RNG.uniform(0, 4))),
+                       ("miss", int(RNG.integers(0, 2))), ("tid", 0), ("fid", 0), ("tleaf", 0), ("fleaf", 0)):
+            nodes[key].append(v)
+        if mode == 6:
+            members.extend([float(v) for v in RNG.choice(5, size=int(RNG.integers(1, 4)), replace=False)] + [np.nan])
+        nodes["tid"][k], nodes["tleaf"][k] = make(d - 1)
+        nodes["fid"][k], nodes["fleaf"][k] = make(d - 1)
+        return k, 0
+
+    for _ in range(n_trees):
+        roots.append(make(int(RNG.integers(1, depth + 1)))[0])
+    one = leaf()  # a one-leaf tree: a root whose two ways are the same leaf
+    roots.append(len(nodes["feat"]))
+    for key, v in (("feat", 0), ("mode", 0), ("split", 0.0), ("miss", 0), ("tid", one), ("fid", one),
+                   ("tleaf", 1), ("fleaf", 1)):
+        nodes[key].append(v)
+    attrs = dict(leaf_targetids=leaves_t, leaf_weights=numpy_helper.from_array(np.asarray(leaves_w, dtype)),
+                 n_targets=targets, nodes_featureids=nodes["feat"],
+                 nodes_modes=numpy_helper.from_array(np.asarray(nodes["mode"], np.uint8)),
+                 nodes_splits=numpy_helper.from_array(np.asarray(nodes["split"], dtype)),
+                 nodes_missing_value_tracks_true=nodes["miss"], nodes_truenodeids=nodes["tid"],
+                 nodes_falsenodeids=nodes["fid"], nodes_trueleafs=nodes["tleaf"], nodes_falseleafs=nodes["fleaf"],
+                 tree_roots=roots)
+    if members:
+        attrs["membership_values"] = numpy_helper.from_array(np.asarray(members, dtype))
+    return attrs
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_tree_ensemble(isa, monkeypatch, cache):
+    """TreeEnsemble-5 (templates/ml_ops.py) against onnxruntime: random ensembles of every
+    branch mode (set membership included), NaN features with both directions, every
+    aggregate, float32 and float64, one row and rows split over threads."""
+    from node_cases import assert_close, oracle
+    from onnx import helper
+
+    force_isa(isa, monkeypatch, cache)
+    feeds, nodes, outs = {}, [], []
+    for i, (dtype, rows, agg) in enumerate([(np.float32, 1, 1), (np.float32, 37, 0), (np.float64, 29, 1),
+                                            (np.float32, 23, 2), (np.float64, 17, 3), (np.float32, 2000, 1)]):
+        x = RNG.integers(0, 5, (rows, 4)).astype(dtype)
+        cont = RNG.random(x.shape) < 0.5  # half the features continuous, half on the splits' grid
+        x[cont] = RNG.uniform(0, 4, int(cont.sum())).astype(dtype)
+        x[RNG.random(x.shape) < 0.1] = np.nan
+        feeds[f"x{i}"] = x
+        attrs = _random_trees(7, 5, 4, 3, dtype)
+        nodes.append(helper.make_node("TreeEnsemble", [f"x{i}"], [f"y{i}"], domain="ai.onnx.ml",
+                                      aggregate_function=agg, **attrs))
+        outs.append((f"y{i}", helper.np_dtype_to_tensor_dtype(np.dtype(dtype))))
+    model = _ml_model(nodes, feeds, outs)
+    model.opset_import[1].version = 5
+    model.opset_import[0].version = 21
+    model.ir_version = 10
+    want = oracle(model, feeds)
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        assert compiled.fallback_nodes == [], compiled.fallback_report
+        for i, (g, w) in enumerate(zip(compiled.run(feeds), want, strict=True)):
+            assert_close(f"y{i} (threads={threads})", g, w)
+        compiled.close()
