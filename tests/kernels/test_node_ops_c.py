@@ -286,3 +286,53 @@ def test_tree_ensemble(isa, monkeypatch, cache):
         for i, (g, w) in enumerate(zip(compiled.run(feeds), want, strict=True)):
             assert_close(f"y{i} (threads={threads})", g, w)
         compiled.close()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_conv_float16(isa, monkeypatch, cache):
+    """float16 Conv (passes/half_conv.py: a float Conv between Casts, onnxruntime's own way on
+    x86): 1-D to 3-D, groups and depthwise, pads, strides, dilations, auto_pad, with and
+    without bias, weights constant and fed at run time, NaN/Inf in X. Float sums in another
+    order may land a rounding on the other side of a float16 tie: at most one unit in the last
+    place, in few elements."""
+    from node_cases import build_model, oracle
+
+    force_isa(isa, monkeypatch, cache)
+    cases, feeds = Cases(), {}
+
+    def conv(x: str, w: tuple, bias: bool = False, const: bool = False, **attrs) -> None:
+        k = len(cases.nodes)
+        wv = (RNG.standard_normal(w) * 0.3).astype(np.float16)
+        bv = RNG.standard_normal(w[0]).astype(np.float16) if bias else None
+        if const:
+            cases.add("Conv", [x], (wv, bv) if bias else (wv,), **attrs)
+            return
+        feeds[f"w{k}"] = wv
+        ins = [x, f"w{k}"]
+        if bias:
+            feeds[f"b{k}"] = bv
+            ins.append(f"b{k}")
+        cases.add("Conv", ins, **attrs)
+
+    conv("x", (5, 6, 3, 3), bias=True, pads=[1, 1, 1, 1])
+    conv("x", (4, 6, 3, 3), const=True, strides=[2, 2], pads=[1, 0, 2, 1])
+    conv("x", (6, 2, 2, 3), bias=True, const=True, group=3, dilations=[2, 1])
+    conv("x", (6, 1, 3, 3), group=6, auto_pad="SAME_UPPER")  # depthwise
+    conv("x", (3, 6, 1, 1), bias=True)
+    conv("v", (4, 3, 5), bias=True, pads=[2, 2])  # 1-D, as the causal conv's expansion
+    conv("u", (2, 2, 2, 3, 2), const=True, pads=[1, 0, 1, 0, 1, 1])  # 3-D
+    x = RNG.standard_normal((2, 6, 7, 9)).astype(np.float16)
+    x[0, 1, 2, 3], x[1, 4, 0, 6] = np.nan, np.inf
+    feeds.update(x=x, v=RNG.standard_normal((2, 3, 17)).astype(np.float16),
+                 u=RNG.standard_normal((1, 2, 3, 4, 5)).astype(np.float16))
+    model = build_model(cases, feeds, opset=17)
+    want = oracle(model, feeds)
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        assert compiled.fallback_nodes == [], compiled.fallback_report
+        for name, g, w in zip(cases.outputs, compiled.run(feeds), want, strict=True):
+            assert g.dtype == w.dtype == np.float16 and g.shape == w.shape, name
+            same = (g.view(np.int16) == w.view(np.int16)) | (np.isnan(g) & np.isnan(w))
+            ulps = np.abs(g.view(np.int16).astype(np.int64) - w.view(np.int16).astype(np.int64))
+            assert np.all(same | (ulps <= 1)) and same.mean() >= 0.99, (name, threads, int((~same).sum()))
+        compiled.close()
