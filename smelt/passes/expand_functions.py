@@ -58,6 +58,7 @@ from smelt.passes.compress_gather import compress_gather
 from smelt.passes.constant_folding import fold_constants
 from smelt.passes.einsum_matmul import einsum_matmul
 from smelt.passes.eliminate_identity import eliminate_identity
+from smelt.passes.half_conv import half_conv
 from smelt.passes.shape_inference import infer_shapes
 
 # nested function calls expanded inside one body (ops defined by functions of functions); a
@@ -176,6 +177,7 @@ DECOMPOSITIONS: dict[tuple[str, int], Callable[[Graph, Node, int], onnx.Function
     ("Einsum", 12): einsum_matmul,  # float32 contractions with a batched-MatMul form
     ("Compress", 9): compress_gather,  # a constant condition: a Gather
     ("Compress", 11): compress_gather,
+    **{("Conv", v): half_conv for v in (1, 11, 22)},  # float16: a float Conv between Casts
 }
 
 

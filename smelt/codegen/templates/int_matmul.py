@@ -10,6 +10,7 @@ for K up to 32768; longer K falls back), so MatMulInteger equals onnxruntime's b
 QLinearMatMul requantizes each sum as onnxruntime does: ``nearbyintf((float)acc * m) + y_zero``
 saturated, with the float multiplier ``m = a_scale * b_scale / y_scale`` (per row of A and per
 column of B when those scales are 1-D), NaN and infinite results saturating as in QuantizeLinear.
+float16 scales (opset 21) are widened to float first: onnxruntime's multiplier, bit for bit.
 
 Work is split over (batch, row) pairs, or over column chunks when there are fewer rows than
 threads (a matrix-vector product). A batch of B is either absent (one 2-D B for every batch of
@@ -22,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.kernels import half
 from smelt.codegen.kernels.int_gemm import (
     MAX_K,
     PAIR,
@@ -43,6 +45,9 @@ from smelt.ir.types import c_type
 from smelt.schedule.gemm import PARALLEL_MIN_MACS, int_dot_tile
 
 EIGHT_BIT = ("int8", "uint8")
+# QLinearMatMul scales (float16 ones, opset 21, are widened exactly and multiplied in float, as
+# onnxruntime does: the float32 path's multiplier)
+SCALE_TYPES = ("float32", "float16")
 
 
 def _per_vector(g: Graph, name: str, length: int) -> str | None:
@@ -100,8 +105,8 @@ def _check(node: Node, g: Graph) -> str | None:
                     f"or a 1-D per-{'row' if key[0] == 'a' else 'column'} value")
     if node.op == "QLinearMatMul":
         for key in ("as", "bs", "ys"):
-            if dtype_name(g, io[key]) != "float32":
-                return f"scale {io[key]!r} is {dtype_name(g, io[key])}: native QLinearMatMul takes float32"
+            if dtype_name(g, io[key]) not in SCALE_TYPES:
+                return f"scale {io[key]!r} is {dtype_name(g, io[key])}: native QLinearMatMul takes float32/float16"
         if dtype_name(g, node.outputs[0]) not in EIGHT_BIT:
             return "QLinearMatMul output must be int8/uint8"
     elif dtype_name(g, node.outputs[0]) != "int32":
@@ -117,15 +122,18 @@ def _requant(node: Node, g: Graph, io: dict[str, str], em: BlockEmitter) -> tupl
     if node.op != "QLinearMatMul":
         return decl, "Y[yoff + j] = ACC;"
     for key in ("as", "bs", "ys"):
-        decl.append(f"const float *restrict {key.upper()} = {em.ptr(io[key])};")
+        decl.append(f"const {c_type(dtype_name(g, io[key]))} *restrict {key.upper()} = {em.ptr(io[key])};")
+    if any(dtype_name(g, io[key]) == "float16" for key in ("as", "bs", "ys")):
+        half.half_helpers(em)
+    scale = lambda key, index: half.load(dtype_name(g, io[key]), f"{key.upper()}[{index}]")  # noqa: E731
     if io["yz"]:
         decl.append(f"const {yt} *restrict YZ = {em.ptr(io['yz'])};")
     _, m, _, n, _ = _dims(g, io)  # type: ignore[misc]
-    a_scale = "AS[i]" if _per_vector(g, io["as"], m) == "vector" else "AS[0]"
-    b_scale = "BS[j]" if _per_vector(g, io["bs"], n) == "vector" else "BS[0]"
+    a_scale = scale("as", "i" if _per_vector(g, io["as"], m) == "vector" else "0")
+    b_scale = scale("bs", "j" if _per_vector(g, io["bs"], n) == "vector" else "0")
     y_zero = "(float)YZ[0]" if io["yz"] else "0.0f"
     decl.append(SATURATION_COUNTERS)
-    return decl, requantize(f"(float)ACC * (({a_scale} * {b_scale}) / YS[0])", y_zero,
+    return decl, requantize(f"(float)ACC * (({a_scale} * {b_scale}) / {scale('ys', '0')})", y_zero,
                             dtype_name(g, node.outputs[0]), "Y[yoff + j]")
 
 
