@@ -276,11 +276,13 @@ def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], 
     to even, the zero point, the clamps with NaN to the low end, the clamp counters), so the
     bytes are the scalar path's; each vector goes through an int32 buffer into its valid
     columns. None where the scalar path must run: not QLinearMatMul, no vector integer
-    conversions, B's scales given at run time per column, or (the quad form) a zero point of A
+    conversions, float16 scales, B's scales given at run time per column, or (the quad form) a zero point of A
     that is not a compile-time scalar. At ~3 ns an element the scalar requantization cost as
     much as the products of a K = 384 MatMul (a QDQ transformer's projections)."""
     if node.op != "QLinearMatMul" or not v.vector or not v.has("f32_round_even"):
         return None
+    if any(dtype_name(g, io[key]) != "float32" for key in ("as", "bs", "ys")):
+        return None  # float16 scales (opset 21): the scalar path widens them
     bs = g.const(io["bs"])
     if _per_vector(g, io["bs"], n) == "vector" and bs is None:
         return None
