@@ -73,8 +73,10 @@ def find_template(node: Node, g: Graph) -> tuple[Template | None, str]:
     domain = "" if node.domain == "ai.onnx" else node.domain
     candidates = _REGISTRY.get(_key(domain, node.op))
     if not candidates:
-        if domain not in ("", SMELT_DOMAIN):
+        if domain not in ("", SMELT_DOMAIN) and not any(k.startswith(f"{domain}::") for k in _REGISTRY):
             return None, f"domain {node.domain!r} has no native templates"
+        if domain not in ("", SMELT_DOMAIN):
+            return None, f"no native template for {node.domain}:{node.op}"
         return None, f"no native template for {node.op}"
     version = op_version(g, node) if domain == "" else 1
     blocked = [n for n in node.all_inputs() + [o for o in node.outputs if o]
