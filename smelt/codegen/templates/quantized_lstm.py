@@ -406,9 +406,12 @@ def emit_dq_lstm(node: Node, g: Graph, em: BlockEmitter) -> None:
         f"        const long t = reverse ? {seq - 1} - s : s;",
         f"        const float *restrict hprev = H + (d * 2 + (s & 1)) * {batch * hp};",
         f"        float *restrict hn = H + (d * 2 + ((s + 1) & 1)) * {batch * hp};",
+        # no initial h: step 0's h is zero, so h.R adds exactly nothing (its zero range quantizes
+        # to zeros with zero point 0): the gates start from X.W (a T=1 call reads no R at all)
+        f"        const int zero_h = s == 0 && {0 if ih else 1};",
         # the whole previous h, per row: its range and uint8 quantization (every thread of the
         # group does it for itself: H values against a second barrier per step)
-        f"        for (long b = 0; b < {batch}; ++b) {{",
+        f"        for (long b = 0; b < {batch} && !zero_h; ++b) {{",
         f"            const float *restrict hr = hprev + b * {hp};",
         "            VX_v vlo = VX_zero(), vhi = VX_zero();",
         f"            for (long k = 0; k < {hp}; k += {L}) {{ const VX_v x = VX_loadu(hr + k); vlo = VX_min(x, vlo); vhi = VX_max(x, vhi); }}",
@@ -423,14 +426,19 @@ def emit_dq_lstm(node: Node, g: Graph, em: BlockEmitter) -> None:
         f"            const {'int8_t' if gr == QUAD else 'int16_t'} *restrict rpan = RP + (d * {npan} + p) * {kwh * nrr * gr}L;",
         f"            for (long rb0 = 0; rb0 < {batch}; rb0 += {mrr}) {{",
         f"                const long mr = SMELT_MIN({mrr}L, {batch} - rb0);",
+                "if (!zero_h) {",
         *["                " + line for line in rkernel],
+        "                }",
         "                for (long r = 0; r < mr; ++r) {",
         "                    const long b = rb0 + r;",
-        "                    const float hs = QP[2 * b]; const int32_t hzi = (int32_t)QP[2 * b + 1]; (void)hzi;",
         f"                    const float *restrict gxr = GX + (d * {rows} + t * {batch} + b) * {n4p} + p * {nrr};",
         f"                    const float *restrict rsr = RS + d * {n4p} + p * {nrr};",
         f"                    float gts[{nrr}];",
-        f"                    for (long jj = 0; jj < {nrr}; ++jj) gts[jj] = (float){racc} * (hs * rsr[jj]) + gxr[jj];",
+        f"                    if (zero_h) for (long jj = 0; jj < {nrr}; ++jj) gts[jj] = gxr[jj];",
+        "                    else {",
+        "                        const float hs = QP[2 * b]; const int32_t hzi = (int32_t)QP[2 * b + 1]; (void)hzi;",
+        f"                        for (long jj = 0; jj < {nrr}; ++jj) gts[jj] = (float){racc} * (hs * rsr[jj]) + gxr[jj];",
+        "                    }",
         f"                    for (long u = 0; u < {upp}; ++u) {{",
         f"                        const long ub = p * {upp} + u; const float *gt = gts + u * {4 * L};",
         *["                        " + line for line in gates],
@@ -459,8 +467,8 @@ def emit_dq_lstm(node: Node, g: Graph, em: BlockEmitter) -> None:
                 threads=(f"recurrence on up to {par} thread(s) per direction (panels fixed per thread)"
                          + (", one thread per direction" if dirs == 2 else "")))
     # only a split recurrence has a barrier inside: the other steps (and a one-thread-per-
-    # direction recurrence: two directions on fewer than 3 threads) stay shareable, so a late or
-    # descheduled worker costs no wait
+    # direction recurrence: two directions on fewer than 3 threads; one step, which meets no
+    # barrier) stay shareable, so a late or descheduled worker costs no wait
     em.step(code, name=f"dq_lstm_recurrence_{v.name}{'_u8s8' if gr == QUAD else ''}",
             doc=f"seq={seq} batch={batch} input={isz} hidden={hidden} directions={dirs}",
-            synchronize=par > 1 and (dirs == 1 or threads >= 3))
+            synchronize=par > 1 and (dirs == 1 or threads >= 3) and seq > 1)
