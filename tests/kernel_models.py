@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 from helpers import const, make_model, ort_run, tensor
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from smelt.target import detect
 
@@ -213,3 +213,38 @@ class Chain:
 
     def case(self) -> Case:
         return Case(self.p, self.nodes, self.inputs, self.inits, self.cur, self.feeds)
+
+
+class Uint8ModelBuilder:
+    """A QDQ test model under construction: nodes, initializers, uint8 graph inputs with random
+    feeds from ``rng``, unique names; ``build()`` makes it an opset-13, IR-8 model (what
+    onnxruntime's quantizer writes). The int8 conv tests extend it with their ops."""
+
+    graph_name = "uint8_model"
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.nodes, self.inits, self.inputs, self.outputs, self.feeds = [], [], [], [], {}
+        self.k = 0
+        self.rng = rng
+
+    def name(self, what: str) -> str:
+        self.k += 1
+        return f"{what}{self.k}"
+
+    def const(self, what: str, value) -> str:
+        """An initializer holding ``value``; its name."""
+        n = self.name(what)
+        self.inits.append(numpy_helper.from_array(np.asarray(value), n))
+        return n
+
+    def input(self, shape, dtype=np.uint8) -> str:
+        x = self.name("x")
+        self.inputs.append(helper.make_tensor_value_info(x, 2, list(shape)))  # 2: UINT8
+        self.feeds[x] = self.rng.integers(0, 256, shape).astype(dtype)
+        return x
+
+    def build(self):
+        g = helper.make_graph(self.nodes, self.graph_name, self.inputs, self.outputs, self.inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+        m.ir_version = 8
+        return m

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import ort_run
-from kernel_models import _isa_target
+from kernel_models import Uint8ModelBuilder, _isa_target
 from onnx import TensorProto, helper
 from onnx import numpy_helper as nh
 
@@ -42,20 +42,11 @@ def _const(name: str, value) -> TensorProto:
     return nh.from_array(np.asarray(value), name)
 
 
-class _Model:
+class _Model(Uint8ModelBuilder):
+    graph_name = "int_conv_nchwc"
+
     def __init__(self) -> None:
-        self.nodes, self.inits, self.inputs, self.outputs, self.feeds = [], [], [], [], {}
-        self.k = 0
-
-    def name(self, what: str) -> str:
-        self.k += 1
-        return f"{what}{self.k}"
-
-    def input(self, shape, dtype=np.uint8) -> str:
-        x = self.name("x")
-        self.inputs.append(helper.make_tensor_value_info(x, TensorProto.UINT8, list(shape)))
-        self.feeds[x] = RNG.integers(0, 256, shape).astype(dtype)
-        return x
+        super().__init__(RNG)
 
     def conv(self, x: str, c: int, oc: int, k: int, s: int, pads, d: int, *, xz: int, yz: int, y_scale: float,
              per_channel: bool, bias: bool, relu: bool, out_type=np.uint8, seven_bit: bool = False) -> str:
@@ -100,11 +91,6 @@ class _Model:
                        helper.make_node("QuantizeLinear", [r, s, z], [q])]
         return q
 
-    def build(self):
-        g = helper.make_graph(self.nodes, "int_conv_nchwc", self.inputs, self.outputs, self.inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-        m.ir_version = 8
-        return m
 
 
 def _cases() -> _Model:

@@ -19,9 +19,8 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from kernel_models import _isa_target
+from kernel_models import Uint8ModelBuilder, _isa_target
 from onnx import TensorProto, helper
-from onnx import numpy_helper as nh
 
 RNG = np.random.default_rng(20261127)
 ISAS = ["native", "avx2", "scalar"]
@@ -38,25 +37,11 @@ DEPTHWISE = [
 ]
 
 
-class _Model:
+class _Model(Uint8ModelBuilder):
+    graph_name = "int_dwconv"
+
     def __init__(self) -> None:
-        self.nodes, self.inits, self.inputs, self.outputs, self.feeds = [], [], [], [], {}
-        self.k = 0
-
-    def name(self, what: str) -> str:
-        self.k += 1
-        return f"{what}{self.k}"
-
-    def const(self, what: str, value) -> str:
-        n = self.name(what)
-        self.inits.append(nh.from_array(np.asarray(value), n))
-        return n
-
-    def input(self, shape) -> str:
-        x = self.name("x")
-        self.inputs.append(helper.make_tensor_value_info(x, TensorProto.UINT8, list(shape)))
-        self.feeds[x] = RNG.integers(0, 256, shape).astype(np.uint8)
-        return x
+        super().__init__(RNG)
 
     def conv(self, x: str, c: int, oc: int, k: int, s: int, pads, d: int, *, group: int, xz: int, yz: int,
              y_scale: float, per_channel: bool = True, bias: bool = True, relu: bool = False) -> str:
@@ -94,11 +79,6 @@ class _Model:
     def output(self, y: str) -> None:
         self.outputs.append(helper.make_tensor_value_info(y, TensorProto.UINT8, None))
 
-    def build(self):
-        g = helper.make_graph(self.nodes, "int_dwconv", self.inputs, self.outputs, self.inits)
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
-        m.ir_version = 8
-        return m
 
 
 def _depthwise_cases() -> _Model:
