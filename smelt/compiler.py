@@ -35,6 +35,7 @@ from smelt.codegen import shape_slots, toolchain
 from smelt.codegen.emit import epilogue_ops, generate
 from smelt.codegen.plan import ExecutionPlan, FallbackStep, NativeBlock, build_plan
 from smelt.errors import ArtifactError, CompileError, SmeltError, UnsupportedOpError
+from smelt.frontend.contrib_transformer import expand_transformer_contrib_ops
 from smelt.frontend.onnx_import import node_to_onnx, specialize_inputs, to_ir
 from smelt.frontend.validate import check_model
 from smelt.ir.epilogue import EpilogueBinary
@@ -151,11 +152,13 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
     every shape of a model gets the same decisions (a precondition of sharing one library,
     ``codegen.shape_slots``). Raises ``ShapeClassError`` when the passes turn the two into
     different graphs (a pass decided something from a shape)."""
+    # onnxruntime's transformer ops in standard ONNX ops first: they are what gets validated
+    proto = expand_transformer_contrib_ops(proto)
     check_model(proto)  # InvalidModelError before anything trusts the model (frontend/validate.py)
     g = run_passes(to_ir(proto), options.opt_level)
     actual: dict[str, object] = {}
     if decide_at is not None:
-        ref = run_passes(to_ir(decide_at), options.opt_level)
+        ref = run_passes(to_ir(expand_transformer_contrib_ops(decide_at)), options.opt_level)
         _same_graph(g, ref)
         actual = {name: v.shape for name, v in g.values.items()}
         for name, v in g.values.items():
