@@ -152,16 +152,14 @@ def _embed_layer_norm(rw: _Rewriter, n: onnx.NodeProto) -> bool:
     ins, outs = list(n.input), list(n.output)
     ids, seg_ids, word, pos, seg, gamma, beta = (ins + [""] * 7)[:7]
     mask, pos_ids = _present(ins, 7), _present(ins, 8)
-    if pos_ids or not word or not pos or not gamma:
+    # (Unsqueeze's axes as an input: an opset-13 spelling)
+    if pos_ids or not word or not pos or not gamma or rw.opset < 13:
         return False
     s = rw.op("Gather", [word, ids], n.name)
     # positions 0..S-1 for every row: the first S rows of the position table
     seq = rw.op("Gather", [rw.op("Shape", [ids], n.name), rw.const("one", np.int64(1))], n.name)
-    rows = rw.op("Slice", [pos, rw.const("zero", np.array([0], np.int64)),
-                           rw.op("Unsqueeze", [seq, rw.const("ax0", np.array([0], np.int64))], n.name)
-                           if rw.opset >= 13 else seq], n.name)
-    if rw.opset < 13:
-        return False  # Unsqueeze's axes as an input and Slice's as inputs: opset 13 spellings
+    end = rw.op("Unsqueeze", [seq, rw.const("ax0", np.array([0], np.int64))], n.name)
+    rows = rw.op("Slice", [pos, rw.const("zero", np.array([0], np.int64)), end], n.name)
     s = rw.op("Add", [s, rows], n.name)
     if seg and seg_ids:
         s = rw.op("Add", [s, rw.op("Gather", [seg, seg_ids], n.name)], n.name)
