@@ -546,7 +546,8 @@ def test_bidirectional_directions_in_sequence(monkeypatch):
     _check(cases, threads=(1, 2, 3))
 
 
-@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
+# the portable rendering (25 s) runs in the long suite: the default run stays under 15 minutes
+@pytest.mark.parametrize("isa", ["native", "avx2", pytest.param("scalar", marks=pytest.mark.slow)])
 def test_zero_initial_state_first_step(isa, monkeypatch, tmp_path):
     """Without an initial h, the first step's h is all zeros and the cells skip h·R there (the
     tiles start from XW and run an empty K range): T = 1 and longer, every cell form (LSTM with
