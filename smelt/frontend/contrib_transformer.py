@@ -45,10 +45,13 @@ class _Rewriter:
         self.graph_inputs = {vi.name: vi for vi in proto.graph.input}
         # values whose rank is known before inference: graph inputs, and the 1-D mask index an
         # EmbedLayerNormalization writes
-        self.ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in proto.graph.input
+        # tensor inputs of a numpy-mappable type (not sequences, optionals or undefined types)
+        tensors = [vi for vi in proto.graph.input if vi.type.HasField("tensor_type")
+                   and vi.type.tensor_type.elem_type != onnx.TensorProto.UNDEFINED
+                   and vi.type.tensor_type.elem_type != onnx.TensorProto.STRING]
+        self.ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in tensors
                       if vi.type.tensor_type.HasField("shape")}
-        self.dtypes = {vi.name: helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-                       for vi in proto.graph.input}
+        self.dtypes = {vi.name: helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type) for vi in tensors}
         for n in proto.graph.node:
             if n.domain == MS_DOMAIN and n.op_type == "EmbedLayerNormalization" and len(n.output) > 1 and n.output[1]:
                 self.ranks[n.output[1]], self.dtypes[n.output[1]] = 1, np.dtype(np.int32)
@@ -262,9 +265,12 @@ def _expansion(rw: _Rewriter, n: onnx.NodeProto):
 def expand_transformer_contrib_ops(proto: onnx.ModelProto) -> onnx.ModelProto:
     """``proto`` with every expandable com.microsoft transformer op replaced by standard ops
     (the same object when there is none)."""
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
+    if not any(n.domain == MS_DOMAIN and n.op_type in EXPANSIONS
+               or n.domain in ("", "ai.onnx") and n.op_type == "LayerNormalization" and opset < 17
+               for n in proto.graph.node):
+        return proto  # (most models: nothing built)
     rw = _Rewriter(proto)
-    if not any(_expansion(rw, n) is not None for n in proto.graph.node):
-        return proto
     out_nodes: list[onnx.NodeProto] = []
     for n in proto.graph.node:
         expand = _expansion(rw, n)
