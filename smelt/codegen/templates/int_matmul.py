@@ -219,7 +219,9 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
     kernel = tile_loop(v, mr, nv, k2=kw, a_row=f"Ap + (bi * {m} + i0 + SMELT_MIN({{r}}, mr - 1)) * {kw}L",
                        b_panel=panel, tile="T", group=group)
     acc = f"T[r * {nr} + jj]"
-    if quad:
+    vreq = _vector_requant(node, g, em, io, v, colsums=colsums if quad else None, groups=groups, n=n, nb=nb,
+                           nr=nr, m=m)
+    if quad and vreq is None:  # the scalar store takes A's zero point times the column sums off
         decl = decl + [f"const int32_t *restrict CS = {em.weight(colsums)};"]
         if io["az"]:
             decl.append(f"const {at} *restrict AZ = {em.ptr(io['az'])};")
@@ -236,7 +238,6 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
         f"    const long i0 = mb * {mr}, mr = SMELT_MIN({mr}, {m} - i0);",
         *["    " + line for line in kernel],
         f"    const long jn = SMELT_MIN({nr}, {n} - cb * {nr});"]
-    vreq = _vector_requant(node, g, em, io, v, quad=quad, groups=groups, n=n, nb=nb, nr=nr, m=m)
     if vreq is not None:
         vdecl, vstore = vreq
         lines[len(decl):len(decl)] = vdecl
@@ -268,8 +269,8 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
             doc=f"M={m} K={k} N={n} batch={batch}, {node.op}, packed B, {mr}x{nr} register tile")
 
 
-def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], v: VectorIsa, *, quad: bool,
-                    groups: int, n: int, nb: int, nr: int, m: int) -> tuple[list[str], list[str]] | None:
+def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], v: VectorIsa, *,
+                    colsums: np.ndarray | None, groups: int, n: int, nb: int, nr: int, m: int) -> tuple[list[str], list[str]] | None:
     """Declarations and the per-tile C storing a QLinearMatMul tile ``T`` requantized a vector
     at a time: the scalar statement's operations in the same order in every lane (the
     multiplier ``(a_scale * b_scale) / y_scale``, the product with the float sum, rounding half
@@ -287,6 +288,7 @@ def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], 
     if _per_vector(g, io["bs"], n) == "vector" and bs is None:
         return None
     az = g.const(io["az"]) if io["az"] else np.zeros(1, np.int32)
+    quad = colsums is not None
     if quad and (az is None or az.size != 1):
         return None
     y_type = dtype_name(g, node.outputs[0])
@@ -302,7 +304,6 @@ def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], 
     else:
         b_scale = lambda j0: v.set1("BS[0]")  # noqa: E731
     if quad:  # A's zero point times B's column sums, negated, per group and padded column
-        colsums = quad_colsums(np.asarray(g.values[io["b"]].const).astype(np.int8).reshape(-1, *g.values[io["b"]].shape[-2:]))
         neg = np.zeros((colsums.shape[0], nb * nr), np.int64)
         neg[:, :n] = -int(az.reshape(-1)[0]) * colsums.astype(np.int64)
         decl.append(f"const int32_t *restrict NZ = {em.weight(neg.astype(np.int32))};")
