@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_models import force_isa
+from kernel_models import AVX_VNNI, force_isa
 from node_cases import Cases, check
 
 pytest.importorskip("onnxruntime")
 
 RNG = np.random.default_rng(20261128)
-ISAS = ["native", "avx2", "scalar"]
+ISAS = ["native", "avx2", AVX_VNNI, "scalar"]
 f32 = np.float32
 
 

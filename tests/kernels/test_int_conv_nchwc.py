@@ -16,14 +16,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import ort_run
-from kernel_models import Uint8ModelBuilder, _isa_target
+from kernel_models import AVX_VNNI, Uint8ModelBuilder, _isa_target
 from onnx import TensorProto, helper
 from onnx import numpy_helper as nh
 
 pytest.importorskip("onnxruntime")
 
 RNG = np.random.default_rng(20261126)
-ISAS = ["native", "avx2", "scalar"]
+ISAS = ["native", "avx2", AVX_VNNI, "scalar"]
 
 # (C, OC, H, W, k, stride, pads (t, l, b, r), dilation)
 GEOMETRIES = [
@@ -119,7 +119,7 @@ def test_qlinear_conv_blocked(isa: str, monkeypatch, cache) -> None:
     import smelt
 
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
-    target = _isa_target(isa)
+    target = _isa_target(isa, monkeypatch)
     monkeypatch.setattr("smelt.compiler.detect", lambda: target)
     m = _cases()
     model = m.build()
@@ -139,6 +139,8 @@ def test_qlinear_conv_blocked(isa: str, monkeypatch, cache) -> None:
             forms = " ".join(s.schedule.get("algorithm", "") for s in compiled.plan.step_infos())
             if isa == "avx2":  # no VNNI: 7-bit weights take vpmaddubsw quads, the others int16 pairs
                 assert "u8 x 7-bit quads" in forms and "int16 pairs" in forms, forms
+            if isa == AVX_VNNI:  # AVX-VNNI: every conv on exact u8 x s8 quads in 8-channel blocks
+                assert "u8s8 quads, block 8" in forms and "int16 pairs" not in forms, forms
         else:
             assert "int_conv_nchwc" not in templates
         got = compiled.run(m.feeds)
@@ -173,7 +175,7 @@ def test_saturation_counters_match_nchw(monkeypatch, cache) -> None:
     model = m.build()
     totals = {}
     for isa in ("native", "scalar"):
-        target = _isa_target(isa)
+        target = _isa_target(isa, monkeypatch)
         monkeypatch.setattr("smelt.compiler.detect", lambda target=target: target)
         compiled = smelt.compile(model, threads=2, count_saturation=True)
         compiled.run(m.feeds)
@@ -195,7 +197,7 @@ def test_residual_path_stays_blocked(isa: str, monkeypatch, cache) -> None:
     import smelt
 
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
-    target = _isa_target(isa)
+    target = _isa_target(isa, monkeypatch)
     monkeypatch.setattr("smelt.compiler.detect", lambda: target)
     m = _Model()
     x = m.input((1, 32, 10, 12))
@@ -227,7 +229,7 @@ def test_maxpool_between_convs_stays_blocked(isa: str, monkeypatch, cache) -> No
     import smelt
 
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
-    target = _isa_target(isa)
+    target = _isa_target(isa, monkeypatch)
     monkeypatch.setattr("smelt.compiler.detect", lambda: target)
     m = _Model()
     x = m.input((2, 3, 23, 21))

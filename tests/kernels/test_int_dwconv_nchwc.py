@@ -19,11 +19,11 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from kernel_models import Uint8ModelBuilder, _isa_target
+from kernel_models import AVX_VNNI, Uint8ModelBuilder, _isa_target
 from onnx import TensorProto, helper
 
 RNG = np.random.default_rng(20261127)
-ISAS = ["native", "avx2", "scalar"]
+ISAS = ["native", "avx2", AVX_VNNI, "scalar"]
 
 # (C, H, W, k, stride, pads (t, l, b, r), dilation)
 DEPTHWISE = [
@@ -110,7 +110,7 @@ def _check(m: _Model, isa: str, monkeypatch, cache, *, fused_form: str | None = 
     import smelt
 
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
-    target = _isa_target(isa)
+    target = _isa_target(isa, monkeypatch)
     monkeypatch.setattr("smelt.compiler.detect", lambda: target)
     model = m.build()
     want = _reference(model, m.feeds)

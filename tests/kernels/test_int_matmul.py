@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_models import force_isa
+from kernel_models import AVX_VNNI, force_isa
 from node_cases import Cases, build_model, check, oracle
 
 import smelt
@@ -17,7 +17,7 @@ import smelt
 pytest.importorskip("onnxruntime")
 
 RNG = np.random.default_rng(20261126)
-ISAS = ["native", "avx2", "scalar"]
+ISAS = ["native", "avx2", AVX_VNNI, "scalar"]
 
 
 def _q(dtype, *shape) -> np.ndarray:

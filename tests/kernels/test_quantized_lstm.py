@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from kernel_models import force_isa
+from kernel_models import AVX_VNNI, force_isa
 from onnx import TensorProto, helper, numpy_helper
 
 import smelt
@@ -26,7 +26,7 @@ ort = pytest.importorskip("onnxruntime")
 quantization = pytest.importorskip("onnxruntime.quantization")
 
 RNG = np.random.default_rng(20261127)
-ISAS = ["native", "avx2", "scalar"]
+ISAS = ["native", "avx2", AVX_VNNI, "scalar"]
 
 
 def _lstm(tmp_path, seq, batch, isz, hidden, direction="forward", peep=False, init=False):

@@ -326,13 +326,37 @@ _VNNI_DOTS = (("i16_dot_acc", _VNNI_ASM.format(op="vpdpwssd")),
               ("u8s8_dot_acc", _VNNI_ASM.format(op="vpdpbusd")))
 
 
+# AVX-VNNI (Intel cores since Alder Lake, Zen 5): the same two dot products on ymm registers,
+# VEX-encoded, on CPUs without AVX-512. gas encodes a bare ``vpdpbusd`` on ymm in AVX512-VNNI's
+# EVEX form, which such a CPU cannot run; the "{vex}" pseudo-prefix picks the AVX-VNNI encoding
+# (written "%{vex%}" in GCC's extended asm, where braces separate assembler dialects, and with
+# its braces doubled for the ``str.format`` that fills the operands). A test on a host with
+# AVX512-VNNI + VL but not AVX-VNNI renders the EVEX form instead (""): the same instruction and
+# result, so the ymm quad path runs there too.
+AVX_VNNI_ENCODING = "%{{vex%}} "
+_VNNI_YMM_ASM = ('({{{{ __m256i acc_ = {{c}}; __asm__("{enc}{op} %2, %1, %0" : "+x"(acc_) : "x"({{a}}), "xm"({{b}})); '
+                 'acc_; }}}})')
+
+
+def _int_dots(d: VectorIsa, target: Target) -> tuple[tuple[str, str], ...]:
+    """The fused dot products ``target`` has at ``d``'s width (none: ``d``'s own forms stay)."""
+    if d.lanes == 16 and "avx512_vnni" in target.flags:
+        return _VNNI_DOTS
+    if d.lanes == 8 and "avx_vnni" in target.flags:
+        return tuple((name, _VNNI_YMM_ASM.format(enc=AVX_VNNI_ENCODING, op=op))
+                     for name, op in (("i16_dot_acc", "vpdpwssd"), ("u8s8_dot_acc", "vpdpbusd")))
+    return ()
+
+
 def with_int_dot(d: VectorIsa, target: Target) -> VectorIsa:
-    """``d`` with the host's integer dot products: AVX512-VNNI's fused int16 pair form and its
-    u8 x s8 quad form where the target has VNNI and ``d`` is 512 bits wide."""
-    if d.lanes == 16 and d.has("i16_dot_acc") and "avx512_vnni" in target.flags:
-        names = {k for k, _ in _VNNI_DOTS}
-        return dataclasses.replace(d, extra=tuple(e for e in d.extra if e[0] not in names) + _VNNI_DOTS)
-    return d
+    """``d`` with the host's integer dot products: the fused int16 pair form (vpdpwssd) and the
+    exact u8 x s8 quad form (vpdpbusd) of AVX512-VNNI on 512-bit descriptions, of AVX-VNNI on
+    256-bit ones."""
+    dots = _int_dots(d, target) if d.has("i16_dot_acc") else ()
+    if not dots:
+        return d
+    names = {k for k, _ in dots}
+    return dataclasses.replace(d, extra=tuple(e for e in d.extra if e[0] not in names) + dots)
 
 
 def exact_byte_products(target: Target) -> bool:
