@@ -1,0 +1,147 @@
+"""Depth-first fusion of a depthwise conv into the 1x1 conv that reads it (BrainSlug's idea on
+MobileNet's inverted-residual blocks), decided after layouts and conv schedules are fixed.
+
+A blocked depthwise Conv whose only reader is a blocked 1x1 Conv (stride 1, no padding, no
+groups, reading the depthwise output in its layout) becomes one node, ``DwPwConv`` (smelt's
+domain, rendered by ``templates/dw_pw_conv.py``): each work item computes the depthwise rows of a
+*band* of output rows, every channel, into a per-thread buffer, and at once runs the 1x1 over that
+band. The depthwise output (MobileNet-v2's expanded x6 tensor: 1.8 MiB at 56x56x144) is never
+written to memory and read back: a band stays in L1/L2 between the two convs. The depthwise
+node's fused activation (Clip/Relu) and bias are applied in registers before the band buffer; the
+1x1's epilogue (bias, residual add, activation) as in its own kernel.
+
+The decision (``DwPwSchedule``): the band height (the buffer fits ``BAND_L2_FRACTION`` of L2),
+how many output-channel parts each band's 1x1 is split into so that every thread has work (a 7x7
+plane is one band: its 1x1 splits over output-channel tiles, each thread recomputing the cheap
+depthwise band), and the register tiles: the 1x1's tile is the one the conv schedule chose for
+the 1x1 alone (``ConvSchedule.tile``), the depthwise tile's columns the depthwise conv's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from smelt.codegen.kernels.conv_geometry import ConvGeometry, is_depthwise
+from smelt.codegen.kernels.epilogue import ACTIVATIONS
+from smelt.codegen.kernels.isa import vector_isa
+from smelt.codegen.registry import SMELT_DOMAIN
+from smelt.ir.epilogue import EpilogueBinary
+from smelt.ir.graph import PLAIN, Graph, Node, layout_block
+from smelt.options import CompileOptions
+from smelt.schedule.conv import ConvSchedule, vector_epilogue
+from smelt.target import Target
+
+FUSED_OP = "DwPwConv"
+# the band buffer (every channel of the depthwise output for the band's rows) fits L2 / this,
+# next to the 1x1's weights and the band's input rows
+BAND_L2_FRACTION = 8
+# work items per thread wanted (bands x output-channel parts): a static split over fewer items
+# leaves a thread idle on the last one
+ITEMS_PER_THREAD = 2
+
+
+@dataclass(frozen=True)
+class DwPwSchedule:
+    """How one fused depthwise -> 1x1 node runs (``node.schedule`` of a ``DwPwConv``)."""
+
+    ib: int  # channel block of the input and of the depthwise output (one vector)
+    ob: int  # the 1x1's output block (one vector)
+    band_rows: int  # output rows per band
+    oc_parts: int  # work items per band, each a contiguous run of the 1x1's output-channel tiles
+    dw_cols: int  # depthwise register tile: output columns per tile
+    pw_blocks: int  # 1x1 register tile: output-channel blocks (J)
+    pw_cols: int  # 1x1 register tile: positions of the band (R)
+    threads: int  # threads the work split was sized for
+
+
+def dw_epilogue_ok(dw: Node) -> bool:
+    """The depthwise node's fused chain is activations only (no operand to read: the band buffer
+    holds no other value's layout)."""
+    return all(not isinstance(e, EpilogueBinary) and e.op in ACTIVATIONS and not e.input for e in dw.epilogue)
+
+
+def fusable(dw: Node, pw: Node, g: Graph) -> str | None:
+    """None when ``dw`` -> ``pw`` can run fused, else why not."""
+    if not (isinstance(dw.schedule, ConvSchedule) and dw.schedule.algorithm == "direct"
+            and isinstance(pw.schedule, ConvSchedule) and pw.schedule.algorithm == "direct"):
+        return "both convs must run as NCHWc direct kernels"
+    if dw.schedule.tile is None or pw.schedule.tile is None or pw.schedule.tile.ic_chunk:
+        return "the 1x1 runs ic-outer (partial sums in its output)"
+    gd, gp = ConvGeometry(dw, g), ConvGeometry(pw, g)
+    if not is_depthwise(gd) or gd.rank != 2 or gd.dils != [1, 1] or gd.batch != gp.batch:
+        return "not a 2-D undilated depthwise conv"
+    if gp.ks != [1, 1] or gp.strides != [1, 1] or any(gp.pads) or gp.group != 1 or gp.dils != [1, 1]:
+        return "the reader is not a plain 1x1 conv"
+    y = dw.outputs[0]
+    if pw.inputs[0] != y or y in g.outputs or any(e.input == y for e in pw.epilogue):
+        return "the depthwise output is read elsewhere"
+    lay = g.values[y].layout
+    if lay == PLAIN or g.values[dw.inputs[0]].layout != lay or g.values[pw.outputs[0]].layout == PLAIN:
+        return "layouts are not blocked"
+    if not dw_epilogue_ok(dw) or not vector_epilogue(pw):
+        return "an epilogue op without a vector form"
+    return None
+
+
+def dw_pw_schedule(dw: Node, pw: Node, g: Graph, target: Target, threads: int) -> DwPwSchedule:
+    """Band height, output-channel parts and register tiles (see the module docstring)."""
+    gd = ConvGeometry(dw, g)
+    oh, ow = gd.outs
+    ib = layout_block(g.values[dw.outputs[0]].layout)
+    ob = layout_block(g.values[pw.outputs[0]].layout)
+    row_bytes = gd.c * ow * 4
+    band = max(1, min(oh, target.l2_bytes // BAND_L2_FRACTION // row_bytes))
+    bands = gd.batch * -(-oh // band)
+    want = ITEMS_PER_THREAD * max(1, threads)
+    # bands of equal height: the split that gives at least ``want`` items when rows allow
+    if bands < want and oh > 1:
+        band = max(1, -(-oh // -(-want // gd.batch)))
+        bands = gd.batch * -(-oh // band)
+    pt = pw.schedule.tile
+    ocb = int(g.values[pw.outputs[0]].shape[1]) // ob
+    tiles = -(-ocb // pt.oc_blocks)
+    parts = max(1, min(tiles, -(-want // bands)))
+    regs = vector_isa(target).registers
+    # depthwise: the schedule's columns within the accumulator budget (a weight and an input
+    # vector in flight beside them)
+    dw_cols = max(1, min(dw.schedule.tile.reg_n, ow, regs - 4))
+    pw_cols = max(1, min(pt.reg_n, band * ow))
+    return DwPwSchedule(ib, ob, band, parts, dw_cols, pt.oc_blocks, pw_cols, threads)
+
+
+def fuse_dw_pw(g: Graph, target: Target, options: CompileOptions) -> Graph:
+    """Replace each fusable depthwise -> 1x1 pair by one ``DwPwConv`` node (after
+    ``schedule.conv.finish``). Inputs: x, the depthwise weights and bias, the 1x1's weights and
+    bias ("" when absent); the 1x1's epilogue stays the node's epilogue; the depthwise node's
+    attributes and activation chain are kept in the attributes ``dw_attrs`` / ``dw_epilogue``."""
+    if not options.dw_pw_fusion or g.shape_generic:
+        return g
+    consumers = g.consumers()
+    threads = options.codegen_threads(target)
+    fused: dict[str, Node] = {}  # pw name -> fused node
+    drop: set[str] = set()
+    for dw in g.nodes:
+        if dw.op != "Conv" or dw.domain not in ("", "ai.onnx") or dw.name in options.force_fallback:
+            continue
+        readers = consumers.get(dw.outputs[0], [])
+        if len(readers) != 1:
+            continue
+        pw = readers[0]
+        if pw.op != "Conv" or pw.domain not in ("", "ai.onnx") or pw.name in options.force_fallback:
+            continue
+        if fusable(dw, pw, g) is not None:
+            continue
+        node = Node(FUSED_OP, f"{dw.name}+{pw.name}",
+                    [dw.inputs[0], dw.inputs[1], dw.inputs[2] if len(dw.inputs) > 2 else "",
+                     pw.inputs[1], pw.inputs[2] if len(pw.inputs) > 2 else ""],
+                    list(pw.outputs), attrs={"dw_attrs": dict(dw.attrs), "dw_epilogue": list(dw.epilogue)},
+                    domain=SMELT_DOMAIN, epilogue=list(pw.epilogue),
+                    schedule=dw_pw_schedule(dw, pw, g, target, threads))
+        fused[pw.name] = node
+        drop.add(dw.name)
+    for dw in g.nodes:  # the depthwise outputs no longer exist (after every pair was tested)
+        if dw.name in drop:
+            g.values.pop(dw.outputs[0], None)
+    if fused:
+        g.nodes = [fused.get(n.name, n) for n in g.nodes if n.name not in drop]
+    return g
