@@ -14,7 +14,9 @@ The decision (``DwPwSchedule``): the band height (the buffer fits ``BAND_L2_FRAC
 how many output-channel parts each band's 1x1 is split into so that every thread has work (a 7x7
 plane is one band: its 1x1 splits over output-channel tiles, each thread recomputing the cheap
 depthwise band), and the register tiles: the 1x1's tile is the one the conv schedule chose for
-the 1x1 alone (``ConvSchedule.tile``), the depthwise tile's columns the depthwise conv's.
+the 1x1 alone (``ConvSchedule.tile``), the depthwise tile's columns the depthwise conv's. A 1x1 scheduled ic-outer (small planes) keeps its tile shape, not its
+order: the fused kernel accumulates all input channels in registers (the band is its whole
+input, already in L1/L2; each output-channel part's weights are read by one thread only).
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ def fusable(dw: Node, pw: Node, g: Graph) -> str | None:
     if not (isinstance(dw.schedule, ConvSchedule) and dw.schedule.algorithm == "direct"
             and isinstance(pw.schedule, ConvSchedule) and pw.schedule.algorithm == "direct"):
         return "both convs must run as NCHWc direct kernels"
-    if dw.schedule.tile is None or pw.schedule.tile is None or pw.schedule.tile.ic_chunk:
-        return "the 1x1 runs ic-outer (partial sums in its output)"
+    if dw.schedule.tile is None or pw.schedule.tile is None:
+        return "no NCHWc tile"
     gd, gp = ConvGeometry(dw, g), ConvGeometry(pw, g)
     if not is_depthwise(gd) or gd.rank != 2 or gd.dils != [1, 1] or gd.batch != gp.batch:
         return "not a 2-D undilated depthwise conv"
