@@ -70,6 +70,9 @@ class CompileOptions:
     # a blocked depthwise conv read only by a 1x1 conv runs fused with it, band by band of output
     # rows (schedule/dwpw.py): the depthwise output never goes to memory
     dw_pw_fusion: bool = True
+    # ... and the 1x1 expand conv before such a pair too (MobileNet-v2's whole inverted-residual
+    # block): its output rows go to a ring buffer as the bands need them
+    expand_fusion: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_MODES:

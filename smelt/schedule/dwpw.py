@@ -37,6 +37,8 @@ FUSED_OP = "DwPwConv"
 # the band buffer (every channel of the depthwise output for the band's rows) fits L2 / this,
 # next to the 1x1's weights and the band's input rows
 BAND_L2_FRACTION = 8
+# with the expand conv fused too: the band buffer and the expand's ring of rows fit L2 / this
+EXPAND_L2_FRACTION = 4
 # work items per thread wanted (bands x output-channel parts): a static split over fewer items
 # leaves a thread idle on the last one
 ITEMS_PER_THREAD = 2
@@ -54,6 +56,13 @@ class DwPwSchedule:
     pw_blocks: int  # 1x1 register tile: output-channel blocks (J)
     pw_cols: int  # 1x1 register tile: positions of the band (R)
     threads: int  # threads the work split was sized for
+    # the expand 1x1 conv before the depthwise, fused too (0: none): its input block, its
+    # register tile (J output blocks x R columns of an input row) and the rows of the ring
+    # buffer that holds its output rows for the depthwise ((band_rows - 1) x stride + kernel)
+    ex_ib: int = 0
+    ex_blocks: int = 0
+    ex_cols: int = 0
+    ring_rows: int = 0
 
 
 def dw_epilogue_ok(dw: Node) -> bool:
@@ -111,6 +120,47 @@ def dw_pw_schedule(dw: Node, pw: Node, g: Graph, target: Target, threads: int) -
     return DwPwSchedule(ib, ob, band, parts, dw_cols, pt.oc_blocks, pw_cols, threads)
 
 
+def expand_fusable(ex: Node, fused: Node, g: Graph) -> str | None:
+    """None when the 1x1 ``ex`` (MobileNet-v2's expand conv) can run inside ``fused`` (a
+    ``DwPwConv`` reading its output), computing its output rows into a ring buffer as the bands
+    need them, else why not."""
+    s = fused.schedule
+    if not (isinstance(ex.schedule, ConvSchedule) and ex.schedule.algorithm == "direct" and ex.schedule.tile):
+        return "the expand conv is not an NCHWc direct conv"
+    ge = ConvGeometry(ex, g)
+    if ge.ks != [1, 1] or ge.strides != [1, 1] or any(ge.pads) or ge.group != 1 or ge.rank != 2:
+        return "not a plain 1x1 conv"
+    y = ex.outputs[0]
+    if fused.inputs[0] != y or y in g.outputs or g.values[y].layout == PLAIN:
+        return "its output is read elsewhere"
+    if layout_block(g.values[y].layout) != s.ib:  # (its input may be plain: a block of 1)
+        return "layouts"
+    if not dw_epilogue_ok(ex):
+        return "an epilogue op with an operand"
+    if s.oc_parts != 1:  # each thread would compute the whole expand of a band
+        return "the band's 1x1 is split over threads"
+    return None
+
+
+def with_expand(s: DwPwSchedule, ex: Node, fused: Node, g: Graph, target: Target) -> DwPwSchedule:
+    """``s`` with the expand conv ``ex`` fused: the band shrinks until the band buffer and the
+    ring of expanded rows fit L2 / EXPAND_L2_FRACTION (at least one row)."""
+    gd = ConvGeometry(Node("Conv", "", [ex.outputs[0], fused.inputs[1]], [""], attrs=fused.attrs["dw_attrs"]), g)
+    oh, ow = gd.outs
+    iw = gd.ins[1]
+    band = s.band_rows
+
+    def ring(b: int) -> int:
+        return min(gd.ins[0], (b - 1) * gd.strides[0] + gd.ks[0])
+
+    while band > 1 and (band * ow + ring(band) * iw) * gd.c * 4 > target.l2_bytes // EXPAND_L2_FRACTION:
+        band -= 1
+    et = ex.schedule.tile
+    return DwPwSchedule(s.ib, s.ob, band, 1, s.dw_cols, s.pw_blocks, max(1, min(s.pw_cols, band * ow)), s.threads,
+                        ex_ib=layout_block(g.values[ex.inputs[0]].layout), ex_blocks=et.oc_blocks,
+                        ex_cols=max(1, min(et.reg_n, iw)), ring_rows=ring(band))
+
+
 def fuse_dw_pw(g: Graph, target: Target, options: CompileOptions) -> Graph:
     """Replace each fusable depthwise -> 1x1 pair by one ``DwPwConv`` node (after
     ``schedule.conv.finish``). Inputs: x, the depthwise weights and bias, the 1x1's weights and
@@ -141,9 +191,24 @@ def fuse_dw_pw(g: Graph, target: Target, options: CompileOptions) -> Graph:
                     schedule=dw_pw_schedule(dw, pw, g, target, threads))
         fused[pw.name] = node
         drop.add(dw.name)
-    for dw in g.nodes:  # the depthwise outputs no longer exist (after every pair was tested)
-        if dw.name in drop:
-            g.values.pop(dw.outputs[0], None)
+    # the expand 1x1 before each fused pair, when its only reader is the pair
+    for node in fused.values():
+        producer = next((n for n in g.nodes if node.inputs[0] in n.outputs), None)
+        if (producer is None or producer.op != "Conv" or producer.domain not in ("", "ai.onnx")
+                or producer.name in options.force_fallback or len(consumers.get(node.inputs[0], [])) != 1):
+            continue
+        if not options.expand_fusion or expand_fusable(producer, node, g) is not None:
+            continue
+        node.schedule = with_expand(node.schedule, producer, node, g, target)
+        node.name = f"{producer.name}+{node.name}"
+        node.inputs = [producer.inputs[0], *node.inputs[1:],
+                       producer.inputs[1], producer.inputs[2] if len(producer.inputs) > 2 else ""]
+        node.attrs["ex_epilogue"] = list(producer.epilogue)
+        drop.add(producer.name)
+    # the fused-away outputs no longer exist (after every pair was tested)
+    for n in g.nodes:
+        if n.name in drop:
+            g.values.pop(n.outputs[0], None)
     if fused:
         g.nodes = [fused.get(n.name, n) for n in g.nodes if n.name not in drop]
     return g

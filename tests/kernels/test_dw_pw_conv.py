@@ -36,8 +36,9 @@ def _chains() -> list[Case]:
         C("ir", (1, 16, 15, 15)).mark().conv(96, (1, 1), post=("Clip",))
         .conv(96, (3, 3), group=96, pads=(1, 1, 1, 1), post=("Clip",))
         .conv(16, (1, 1), post=("residual",)).case(),
-        # stride 2, a 1x1 into 40 channels (8-lane output blocks on AVX-512), no dw bias, Relu
-        C("s2", (1, 24, 13, 14)).conv(48, (1, 1), post=("Relu",))
+        # stride 2, a 1x1 into 40 channels (8-lane output blocks on AVX-512), no dw bias, Relu;
+        # the expand reads 8-lane blocks
+        C("s2", (1, 24, 13, 14)).conv(24, (1, 1)).conv(48, (1, 1), post=("Relu",))
         .conv(48, (3, 3), group=48, strides=(2, 2), pads=(1, 1, 1, 1), bias=False, post=("Relu",))
         .conv(40, (1, 1)).case(),
         # odd input channels, 24-channel outputs with a residual in 8-lane blocks
@@ -60,25 +61,30 @@ def _chains() -> list[Case]:
         C("one", (1, 32, 1, 1)).conv(32, (3, 3), group=32, pads=(1, 1, 1, 1), post=("Clip",))
         .conv(16, (1, 1)).case(),
         # MobileNet's late stage: 7x7, many channels, the 1x1 split over output-channel tiles
-        C("late", (1, 160, 7, 7)).mark().conv(320, (1, 1), post=("Clip",))
+        C("late", (1, 160, 7, 7)).conv(160, (1, 1)).mark().conv(320, (1, 1), post=("Clip",))
         .conv(320, (3, 3), group=320, pads=(1, 1, 1, 1), post=("Clip",))
         .conv(160, (1, 1), post=("residual",)).case(),
     ]
 
 
 N_FUSED = 9  # one per chain
+# chains whose depthwise follows an expand 1x1 (ir, s2, odd, wide, late): fused too
+N_EXPAND = 5
 
 
-def _fused(n: int):
+def _fused(n: int, n_expand: int = 0):
     def check(compiled, target):
-        templates = [i.schedule.get("template") for i in compiled.plan.step_infos()]
+        infos = [i.schedule for i in compiled.plan.step_infos()]
+        templates = [i.get("template") for i in infos]
         assert templates.count(TEMPLATE) == n, templates
+        expand = [i for i in infos if i.get("template") == TEMPLATE and i.get("algorithm", "").startswith("expand")]
+        assert len(expand) == n_expand, [i.get("blocking") for i in infos]
     return check
 
 
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_dw_pw_chains(isa, monkeypatch, cache):
-    check_cases(_chains(), isa, monkeypatch, cache, _fused(N_FUSED), layout="propagate", winograd=False)
+    check_cases(_chains(), isa, monkeypatch, cache, _fused(N_FUSED, N_EXPAND), layout="propagate", winograd=False)
 
 
 def test_dw_pw_portable(monkeypatch, cache):
@@ -97,7 +103,7 @@ def test_fused_equals_unfused(isa, monkeypatch, cache):
     for threads in (1, 2):
         fused = smelt.compile(model, threads=threads, winograd=False)
         plain = smelt.compile(model, threads=threads, winograd=False, schedule={"dw_pw_fusion": False})
-        _fused(N_FUSED)(fused, None)
+        _fused(N_FUSED, N_EXPAND)(fused, None)
         _fused(0)(plain, None)
         for a, b in zip(fused.run(feeds), plain.run(feeds), strict=True):
             np.testing.assert_array_equal(a, b)
