@@ -39,6 +39,10 @@ FUSED_OP = "DwPwConv"
 BAND_L2_FRACTION = 8
 # with the expand conv fused too: the band buffer and the expand's ring of rows fit L2 / this
 EXPAND_L2_FRACTION = 4
+# the expand conv is fused only when the input rows its threads compute twice (each thread's
+# first band recomputes the rows the previous thread's last band also needed) stay below this
+# fraction of its rows: a 7x7 plane split over 2 threads recomputes 2 of 7 rows
+MAX_EXPAND_RECOMPUTE = 1.0
 # work items per thread wanted (bands x output-channel parts): a static split over fewer items
 # leaves a thread idle on the last one
 ITEMS_PER_THREAD = 2
@@ -142,9 +146,26 @@ def expand_fusable(ex: Node, fused: Node, g: Graph) -> str | None:
     return None
 
 
-def with_expand(s: DwPwSchedule, ex: Node, fused: Node, g: Graph, target: Target) -> DwPwSchedule:
+def expand_recompute(s: DwPwSchedule, gd: ConvGeometry) -> float:
+    """The fraction of the expand's rows computed twice under ``s``'s static split of bands over
+    ``s.threads`` threads (each thread's ring starts empty)."""
+    oh, ih = gd.outs[0], gd.ins[0]
+    nb = -(-oh // s.band_rows)
+    total = gd.batch * nb
+    rows = 0
+    for t in range(max(1, s.threads)):
+        lo, hi = total * t // s.threads, total * (t + 1) // s.threads
+        for n in {b // nb for b in range(lo, hi)}:  # per image of the thread's range
+            bands = [b % nb for b in range(lo, hi) if b // nb == n]
+            first, last = min(bands) * s.band_rows, min(oh, (max(bands) + 1) * s.band_rows) - 1
+            rows += min(ih, last * gd.strides[0] - gd.pb[0] + gd.ks[0]) - max(0, first * gd.strides[0] - gd.pb[0])
+    return rows / (gd.batch * ih) - 1.0
+
+
+def with_expand(s: DwPwSchedule, ex: Node, fused: Node, g: Graph, target: Target) -> DwPwSchedule | None:
     """``s`` with the expand conv ``ex`` fused: the band shrinks until the band buffer and the
-    ring of expanded rows fit L2 / EXPAND_L2_FRACTION (at least one row)."""
+    ring of expanded rows fit L2 / EXPAND_L2_FRACTION (at least one row). None when the threads
+    would recompute more than MAX_EXPAND_RECOMPUTE of the expand's rows."""
     gd = ConvGeometry(Node("Conv", "", [ex.outputs[0], fused.inputs[1]], [""], attrs=fused.attrs["dw_attrs"]), g)
     oh, ow = gd.outs
     iw = gd.ins[1]
@@ -156,9 +177,10 @@ def with_expand(s: DwPwSchedule, ex: Node, fused: Node, g: Graph, target: Target
     while band > 1 and (band * ow + ring(band) * iw) * gd.c * 4 > target.l2_bytes // EXPAND_L2_FRACTION:
         band -= 1
     et = ex.schedule.tile
-    return DwPwSchedule(s.ib, s.ob, band, 1, s.dw_cols, s.pw_blocks, max(1, min(s.pw_cols, band * ow)), s.threads,
+    out = DwPwSchedule(s.ib, s.ob, band, 1, s.dw_cols, s.pw_blocks, max(1, min(s.pw_cols, band * ow)), s.threads,
                         ex_ib=layout_block(g.values[ex.inputs[0]].layout), ex_blocks=et.oc_blocks,
                         ex_cols=max(1, min(et.reg_n, iw)), ring_rows=ring(band))
+    return out if expand_recompute(out, gd) <= MAX_EXPAND_RECOMPUTE else None
 
 
 def fuse_dw_pw(g: Graph, target: Target, options: CompileOptions) -> Graph:
@@ -199,7 +221,10 @@ def fuse_dw_pw(g: Graph, target: Target, options: CompileOptions) -> Graph:
             continue
         if not options.expand_fusion or expand_fusable(producer, node, g) is not None:
             continue
-        node.schedule = with_expand(node.schedule, producer, node, g, target)
+        sched = with_expand(node.schedule, producer, node, g, target)
+        if sched is None:
+            continue
+        node.schedule = sched
         node.name = f"{producer.name}+{node.name}"
         node.inputs = [producer.inputs[0], *node.inputs[1:],
                        producer.inputs[1], producer.inputs[2] if len(producer.inputs) > 2 else ""]

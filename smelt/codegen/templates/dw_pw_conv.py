@@ -166,11 +166,13 @@ class _Gen:
                      out_stride: int, ep: TileEpilogue, params: str, yq: str = "restrict ") -> str:
         """J x ``width`` positions of a 1x1 conv: input at ``b`` ([cin/ib] blocks ``in_stride``
         floats apart, positions ``ib`` floats apart), weights [cin][jt x ob], output blocks
-        ``out_stride`` floats apart from ``yo`` (the 1x1 into y, or the expand into the ring)."""
+        ``out_stride`` floats apart from ``yo`` (the 1x1 into y, or the expand into the ring).
+        Not inlined: inside the band loop's live addresses gcc 12 spilled a 2 x 14 tile's
+        accumulators to the stack (the expand of a 112x112 block ran 37% slower than alone)."""
         blk = _blocking(ob)
         v = blk.vx
         tile = RegisterTile(v, jt, width)
-        L = ["static inline __attribute__((always_inline)) void FNAME(const float *restrict b, "
+        L = ["static __attribute__((noinline)) void FNAME(const float *restrict b, "
              f"const float *restrict w, float *{yq}y, long yo, long ch{params}) {{"]
         L += ["    " + x for x in tile.declare()]
         L.append(f"    for (int cb = 0; cb < {cin // ib}; ++cb) {{")
@@ -180,6 +182,9 @@ class _Gen:
         L += tile.fma_step(lambda j: v.load(f"wr + i * {jt * ob} + {j * ob}"),
                            lambda r: v.set1(f"br[{r * ib} + i]"), list(range(width)), indent="            ")
         L.append("        }")
+        # as in the NCHWc conv kernel: gcc 12 otherwise keeps broadcasts of later steps live
+        # next to the J x R accumulators and spills accumulators to the stack
+        L.append('        __asm__ volatile("" ::: "memory");')
         L.append("    }")
         for j in range(jt):
             for r in range(width):
