@@ -10,10 +10,11 @@ written to memory and read back: a band stays in L1/L2 between the two convs. Th
 node's fused activation (Clip/Relu) and bias are applied in registers before the band buffer; the
 1x1's epilogue (bias, residual add, activation) as in its own kernel.
 
-The decision (``DwPwSchedule``): the band height (the buffer fits ``BAND_L2_FRACTION`` of L2),
-how many output-channel parts each band's 1x1 is split into so that every thread has work (a 7x7
-plane is one band: its 1x1 splits over output-channel tiles, each thread recomputing the cheap
-depthwise band), and the register tiles: the 1x1's tile is the one the conv schedule chose for
+The decision (``DwPwSchedule``): the band height (the buffer fits ``BAND_L2_FRACTION`` of L2; of
+those heights the one whose static split gives the busiest thread the fewest rows,
+``balanced_band``), how many output-channel parts each band's 1x1 is split into when there are
+fewer bands than threads (each thread recomputing the cheap depthwise band), and the register
+tiles: the 1x1's tile is the one the conv schedule chose for
 the 1x1 alone (``ConvSchedule.tile``), the depthwise tile's columns the depthwise conv's. A 1x1 scheduled ic-outer (small planes) keeps its tile shape, not its
 order: the fused kernel accumulates all input channels in registers (the band is its whole
 input, already in L1/L2; each output-channel part's weights are read by one thread only).
@@ -43,9 +44,9 @@ EXPAND_L2_FRACTION = 4
 # first band recomputes the rows the previous thread's last band also needed) stay below this
 # fraction of its rows: a 7x7 plane split over 2 threads recomputes 2 of 7 rows
 MAX_EXPAND_RECOMPUTE = 1.0
-# work items per thread wanted (bands x output-channel parts): a static split over fewer items
-# leaves a thread idle on the last one
-ITEMS_PER_THREAD = 2
+# work items per thread wanted (bands x output-channel parts): fewer bands than threads (a plane
+# of one row) split the 1x1 over output-channel parts (bands are balanced by rows already)
+ITEMS_PER_THREAD = 1
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,25 @@ def fusable(dw: Node, pw: Node, g: Graph) -> str | None:
     return None
 
 
+def balanced_band(oh: int, batch: int, max_band: int, threads: int) -> int:
+    """Band height (at most ``max_band``, at least 1) whose static split of (image, band) items
+    over ``threads`` gives the busiest thread the fewest output rows; ties: the tallest band
+    (fewer bands, fewer partial 1x1 tiles). 14 rows on 2 threads: bands of 7 or 1 (7 rows
+    each), not 4 (8 and 6)."""
+    best, best_key = 1, None
+    for b in range(1, max(1, min(oh, max_band)) + 1):
+        nb = -(-oh // b)
+        total = batch * nb
+        worst = 0
+        for t in range(max(1, threads)):
+            lo, hi = total * t // threads, total * (t + 1) // threads
+            worst = max(worst, sum(min(b, oh - (i % nb) * b) for i in range(lo, hi)))
+        key = (worst, -b)
+        if best_key is None or key < best_key:
+            best, best_key = b, key
+    return best
+
+
 def dw_pw_schedule(dw: Node, pw: Node, g: Graph, target: Target, threads: int) -> DwPwSchedule:
     """Band height, output-channel parts and register tiles (see the module docstring)."""
     gd = ConvGeometry(dw, g)
@@ -105,13 +125,9 @@ def dw_pw_schedule(dw: Node, pw: Node, g: Graph, target: Target, threads: int) -
     ib = layout_block(g.values[dw.outputs[0]].layout)
     ob = layout_block(g.values[pw.outputs[0]].layout)
     row_bytes = gd.c * ow * 4
-    band = max(1, min(oh, target.l2_bytes // BAND_L2_FRACTION // row_bytes))
+    band = balanced_band(oh, gd.batch, target.l2_bytes // BAND_L2_FRACTION // row_bytes, threads)
     bands = gd.batch * -(-oh // band)
     want = ITEMS_PER_THREAD * max(1, threads)
-    # bands of equal height: the split that gives at least ``want`` items when rows allow
-    if bands < want and oh > 1:
-        band = max(1, -(-oh // -(-want // gd.batch)))
-        bands = gd.batch * -(-oh // band)
     pt = pw.schedule.tile
     ocb = int(g.values[pw.outputs[0]].shape[1]) // ob
     tiles = -(-ocb // pt.oc_blocks)
@@ -174,8 +190,10 @@ def with_expand(s: DwPwSchedule, ex: Node, fused: Node, g: Graph, target: Target
     def ring(b: int) -> int:
         return min(gd.ins[0], (b - 1) * gd.strides[0] + gd.ks[0])
 
-    while band > 1 and (band * ow + ring(band) * iw) * gd.c * 4 > target.l2_bytes // EXPAND_L2_FRACTION:
-        band -= 1
+    fit = band
+    while fit > 1 and (fit * ow + ring(fit) * iw) * gd.c * 4 > target.l2_bytes // EXPAND_L2_FRACTION:
+        fit -= 1
+    band = balanced_band(oh, gd.batch, fit, s.threads)
     et = ex.schedule.tile
     out = DwPwSchedule(s.ib, s.ob, band, 1, s.dw_cols, s.pw_blocks, max(1, min(s.pw_cols, band * ow)), s.threads,
                         ex_ib=layout_block(g.values[ex.inputs[0]].layout), ex_blocks=et.oc_blocks,

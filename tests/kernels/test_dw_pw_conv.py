@@ -60,6 +60,9 @@ def _chains() -> list[Case]:
         # 1x1 plane with pads 1 (every tap but the centre in the padding)
         C("one", (1, 32, 1, 1)).conv(32, (3, 3), group=32, pads=(1, 1, 1, 1), post=("Clip",))
         .conv(16, (1, 1)).case(),
+        # one output row on 2 threads: the 1x1 split over output-channel parts
+        C("row", (1, 64, 1, 9)).conv(64, (3, 3), group=64, pads=(1, 1, 1, 1), post=("Clip",))
+        .conv(64, (1, 1), post=("Relu",)).case(),
         # MobileNet's late stage: 7x7, many channels, the 1x1 split over output-channel tiles
         C("late", (1, 160, 7, 7)).conv(160, (1, 1)).mark().conv(320, (1, 1), post=("Clip",))
         .conv(320, (3, 3), group=320, pads=(1, 1, 1, 1), post=("Clip",))
@@ -67,7 +70,7 @@ def _chains() -> list[Case]:
     ]
 
 
-N_FUSED = 9  # one per chain
+N_FUSED = 10  # one per chain
 # chains whose depthwise follows an expand 1x1 (ir, s2, odd, wide, late): fused too
 N_EXPAND = 5
 
@@ -142,6 +145,24 @@ def test_band_and_split_follow_the_target():
         s = fused[0].schedule
         c = int(case.inputs[0].type.tensor_type.shape.dim[1].dim_value)
         assert s.band_rows * 56 * c * 4 <= l2 // BAND_L2_FRACTION or s.band_rows == 1 or case is late
-        if case is late:
-            bands = -(-7 // s.band_rows)
-            assert bands * s.oc_parts >= 4, s  # ITEMS_PER_THREAD x 2 threads
+        bands = -(-(7 if case is late else 56) // s.band_rows)
+        assert bands * s.oc_parts >= 2, s  # work for both threads
+        if case is wide:  # 56 rows: an even split of bands over 2 threads
+            assert bands % 2 == 0, s
+    # one row: a single band, its 1x1 split over output-channel parts
+    row = Chain("r", (1, 64, 1, 9)).conv(64, (3, 3), group=64, pads=(1, 1, 1, 1)).conv(64, (1, 1)).case()
+    opts = CompileOptions(threads=2, winograd=False)
+    g = schedule_graph(run_passes(to_ir(load_model(_model([row])[0])), 1), host, opts)
+    s = next(n.schedule for n in g.nodes if isinstance(n.schedule, DwPwSchedule))
+    assert s.band_rows == 1 and s.oc_parts == 2, s
+
+
+def test_balanced_band():
+    """The busiest thread's rows are the fewest possible; then the tallest band."""
+    from smelt.schedule.dwpw import balanced_band
+
+    assert balanced_band(14, 1, 5, 2) == 1  # 7 + 7 rows (4 would give 8 + 6)
+    assert balanced_band(14, 1, 7, 2) == 7
+    assert balanced_band(56, 1, 3, 2) == 2  # 28 bands, 14 each
+    assert balanced_band(56, 1, 30, 1) == 30  # one thread: the tallest band that fits
+    assert balanced_band(7, 2, 7, 2) == 7  # batch 2: one image per thread
