@@ -27,6 +27,9 @@ from smelt.options import CompileOptions
 from smelt.target import detect
 
 TEMPLATE = "f32_dw_pw_conv_nchwc"
+# the chains' tensors are small: fuse them all the same (by default pairs whose depthwise output
+# fits L2 / SMALL_L2_FRACTION stay separate)
+ALWAYS = {"dw_pw_fusion": "always"}
 
 
 def _chains() -> list[Case]:
@@ -87,12 +90,14 @@ def _fused(n: int, n_expand: int = 0):
 
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_dw_pw_chains(isa, monkeypatch, cache):
-    check_cases(_chains(), isa, monkeypatch, cache, _fused(N_FUSED, N_EXPAND), layout="propagate", winograd=False)
+    check_cases(_chains(), isa, monkeypatch, cache, _fused(N_FUSED, N_EXPAND), layout="propagate", winograd=False,
+                schedule=ALWAYS)
 
 
 def test_dw_pw_portable(monkeypatch, cache):
     """Portable C: no blocked layouts, so nothing fuses; the chains still answer right."""
-    check_cases(_chains(), "scalar", monkeypatch, cache, _fused(0), layout="propagate", winograd=False)
+    check_cases(_chains(), "scalar", monkeypatch, cache, _fused(0), layout="propagate", winograd=False,
+                schedule=ALWAYS)
 
 
 @pytest.mark.parametrize("isa", ["native", "avx2"])
@@ -104,7 +109,7 @@ def test_fused_equals_unfused(isa, monkeypatch, cache):
     force_isa(isa, monkeypatch, cache)
     model, feeds = _model(_chains())
     for threads in (1, 2):
-        fused = smelt.compile(model, threads=threads, winograd=False)
+        fused = smelt.compile(model, threads=threads, winograd=False, schedule=ALWAYS)
         plain = smelt.compile(model, threads=threads, winograd=False, schedule={"dw_pw_fusion": False})
         _fused(N_FUSED, N_EXPAND)(fused, None)
         _fused(0)(plain, None)
@@ -118,7 +123,8 @@ def test_not_fused_when_the_depthwise_output_is_read_twice(monkeypatch, cache):
     """A depthwise output that is also a graph output, or read by two convs, stays separate."""
     c = Chain("two", (1, 16, 8, 8)).conv(16, (3, 3), group=16, pads=(1, 1, 1, 1), post=("Relu",))
     c.mark().conv(16, (1, 1), post=("residual",))  # the 1x1's residual is the depthwise output
-    check_cases([c.case()], "native", monkeypatch, cache, _fused(0), layout="propagate", winograd=False)
+    check_cases([c.case()], "native", monkeypatch, cache, _fused(0), layout="propagate", winograd=False,
+                schedule=ALWAYS)
 
 
 def test_band_and_split_follow_the_target():
@@ -137,7 +143,7 @@ def test_band_and_split_follow_the_target():
     late = Chain("l", (1, 960, 7, 7)).conv(960, (3, 3), group=960, pads=(1, 1, 1, 1)).conv(160, (1, 1)).case()
     for case, l2 in ((wide, 1 << 20), (wide, 1 << 19), (late, 1 << 20)):
         target = dataclasses.replace(host, l2_bytes=l2)
-        opts = CompileOptions(threads=2, winograd=False)
+        opts = CompileOptions(threads=2, winograd=False, dw_pw_fusion="always")
         g = run_passes(to_ir(load_model(_model([case])[0])), opts.opt_level)
         g = schedule_graph(g, target, opts)
         fused = [n for n in g.nodes if isinstance(n, Node) and isinstance(n.schedule, DwPwSchedule)]
@@ -151,10 +157,18 @@ def test_band_and_split_follow_the_target():
             assert bands % 2 == 0, s
     # one row: a single band, its 1x1 split over output-channel parts
     row = Chain("r", (1, 64, 1, 9)).conv(64, (3, 3), group=64, pads=(1, 1, 1, 1)).conv(64, (1, 1)).case()
-    opts = CompileOptions(threads=2, winograd=False)
+    opts = CompileOptions(threads=2, winograd=False, dw_pw_fusion="always")
     g = schedule_graph(run_passes(to_ir(load_model(_model([row])[0])), 1), host, opts)
     s = next(n.schedule for n in g.nodes if isinstance(n.schedule, DwPwSchedule))
     assert s.band_rows == 1 and s.oc_parts == 2, s
+
+
+def test_small_pairs_stay_separate(monkeypatch, cache):
+    """By default a pair whose depthwise output fits L2 / SMALL_L2_FRACTION is not fused (the
+    late 7x7 stage); a bigger one is."""
+    small = Chain("s", (1, 64, 7, 7)).conv(64, (3, 3), group=64, pads=(1, 1, 1, 1)).conv(32, (1, 1)).case()
+    big = Chain("b", (1, 96, 40, 40)).conv(96, (3, 3), group=96, pads=(1, 1, 1, 1)).conv(32, (1, 1)).case()
+    check_cases([small, big], "native", monkeypatch, cache, _fused(1), layout="propagate", winograd=False)
 
 
 def test_balanced_band():
