@@ -180,3 +180,11 @@ def test_balanced_band():
     assert balanced_band(56, 1, 3, 2) == 2  # 28 bands, 14 each
     assert balanced_band(56, 1, 30, 1) == 30  # one thread: the tallest band that fits
     assert balanced_band(7, 2, 7, 2) == 7  # batch 2: one image per thread
+
+
+def test_fusion_switches_are_in_the_key():
+    """``dw_pw_fusion`` and ``expand_fusion`` are CompileOptions fields that change the artifact key."""
+    t = detect()
+    base = CompileOptions(threads=1)
+    for name, other in (("dw_pw_fusion", False), ("dw_pw_fusion", "always"), ("expand_fusion", False)):
+        assert CompileOptions(threads=1, **{name: other}).key(t) != base.key(t), name
