@@ -90,8 +90,8 @@ def fusable(dw: Node, pw: Node, g: Graph, target: Target, always: bool = False) 
     if dw.schedule.tile is None or pw.schedule.tile is None:
         return "no NCHWc tile"
     gd, gp = ConvGeometry(dw, g), ConvGeometry(pw, g)
-    if not is_depthwise(gd) or gd.rank != 2 or gd.dils != [1, 1] or gd.batch != gp.batch:
-        return "not a 2-D undilated depthwise conv"
+    if not is_depthwise(gd) or gd.oc != gd.c or gd.rank != 2 or gd.dils != [1, 1] or gd.batch != gp.batch:
+        return "not a 2-D undilated depthwise conv (one output channel per input channel)"
     if gp.ks != [1, 1] or gp.strides != [1, 1] or any(gp.pads) or gp.group != 1 or gp.dils != [1, 1]:
         return "the reader is not a plain 1x1 conv"
     y = dw.outputs[0]

@@ -63,6 +63,9 @@ def _chains() -> list[Case]:
         # 1x1 plane with pads 1 (every tap but the centre in the padding)
         C("one", (1, 32, 1, 1)).conv(32, (3, 3), group=32, pads=(1, 1, 1, 1), post=("Clip",))
         .conv(16, (1, 1)).case(),
+        # batch 2 through the expand's ring (reset per image), a ragged expand tile (80 = 5 blocks)
+        C("b2", (2, 16, 9, 10)).conv(16, (1, 1)).mark().conv(80, (1, 1), post=("Clip",))
+        .conv(80, (3, 3), group=80, pads=(1, 1, 1, 1), post=("Clip",)).conv(16, (1, 1), post=("residual",)).case(),
         # one output row on 2 threads: the 1x1 split over output-channel parts
         C("row", (1, 64, 1, 9)).conv(64, (3, 3), group=64, pads=(1, 1, 1, 1), post=("Clip",))
         .conv(64, (1, 1), post=("Relu",)).case(),
@@ -73,9 +76,9 @@ def _chains() -> list[Case]:
     ]
 
 
-N_FUSED = 10  # one per chain
-# chains whose depthwise follows an expand 1x1 (ir, s2, odd, wide, late): fused too
-N_EXPAND = 5
+N_FUSED = 11  # one per chain
+# chains whose depthwise follows an expand 1x1 (ir, s2, odd, wide, b2, late): fused too
+N_EXPAND = 6
 
 
 def _fused(n: int, n_expand: int = 0):
