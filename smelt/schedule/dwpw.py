@@ -102,7 +102,9 @@ def fusable(dw: Node, pw: Node, g: Graph, target: Target, always: bool = False) 
         return "layouts are not blocked"
     if not dw_epilogue_ok(dw) or not vector_epilogue(pw):
         return "an epilogue op without a vector form"
-    if not always and gd.batch * gd.oc * gd.ohw * 4 <= target.l2_bytes // SMALL_L2_FRACTION:
+    # per image: the work splits by images before rows, and one image's tensor is what a thread's
+    # L2 holds between the separate convs
+    if not always and gd.oc * gd.ohw * 4 <= target.l2_bytes // SMALL_L2_FRACTION:
         return "the depthwise output fits L2 (nothing to save)"
     return None
 
