@@ -67,6 +67,13 @@ class CompileOptions:
     # row-outer NCHWc convs whose weights fit half an L2 split their work by output rows first
     # (each thread reads its own band of the input, every thread all the L2-resident weights)
     conv_row_split: bool = True
+    # a blocked depthwise conv read only by a 1x1 conv runs fused with it, band by band of output
+    # rows (schedule/dwpw.py): the depthwise output never goes to memory; "always": also where
+    # its output fits L2 (tests reach every edge with small shapes)
+    dw_pw_fusion: bool | str = True
+    # ... and the 1x1 expand conv before such a pair too (MobileNet-v2's whole inverted-residual
+    # block): its output rows go to a ring buffer as the bands need them
+    expand_fusion: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_MODES:

@@ -25,6 +25,7 @@ from smelt.schedule.db import (
     fingerprint,
     open_default,
 )
+from smelt.schedule.dwpw import fuse_dw_pw
 from smelt.schedule.gemm import decide_gemm_graph
 from smelt.schedule.layout import ScheduleFn, plan_layouts
 from smelt.schedule.layout_search import global_schedules
@@ -80,6 +81,8 @@ def schedule_graph(g: Graph, target: Target, options: CompileOptions) -> Graph:
     for node in g.nodes:
         if node.op == "Conv" and node.domain in ("", "ai.onnx") and node.name not in options.force_fallback:
             conv.finish(node, g, target, options)
+    if blocks_convs(options):  # depthwise convs fused into the 1x1 conv that reads them
+        g = fuse_dw_pw(g, target, options)
     decide_gemm_graph(g, options)
     decide_rnn_graph(g, target, options.codegen_threads(target), db)
     return g

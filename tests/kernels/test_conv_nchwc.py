@@ -96,8 +96,10 @@ def test_nchwc_chains(isa, monkeypatch, cache):
     cases = _chains()
     n_convs = sum(1 for c in cases for n in c.nodes if n.op_type == "Conv")
     # the direct kernel at every shape (Winograd, which AVX2 takes down to 7x7 planes and 16
-    # channels, has its own tests)
-    check_cases(cases, isa, monkeypatch, cache, _structure(n_convs), layout="propagate", winograd=False)
+    # channels, has its own tests); depthwise convs unfused, so their own kernel runs (the fused
+    # depthwise -> 1x1 kernel: test_dw_pw_conv.py)
+    check_cases(cases, isa, monkeypatch, cache, _structure(n_convs), layout="propagate", winograd=False,
+                schedule={"dw_pw_fusion": False})
 
 
 def test_conv_only_mode_transforms_around_every_conv(monkeypatch, cache):
