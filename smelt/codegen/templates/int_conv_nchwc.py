@@ -21,7 +21,9 @@ Renders the ``IntConvSchedule`` the layout planner wrote (``schedule/int_conv.py
   range (NaN low) — and for a fused ReLU at the zero point —; clamps counted for the numeric
   debug counters; then a fused QLinearClip's rule on the code (``ClipRequant``: dequantize,
   clamp, divide by its output scale, round, add its zero point, saturate: the table's float steps
-  in the same order); stored as bytes to NCHW<b>c, or scattered to plain NCHW.
+  in the same order), or a fused residual QLinearAdd's (``ResidualAdd``: the clamped code and the
+  residual's byte at the same place through MLAS's ``fma(a, ra, fma(b, rb, fixed))``, rounded
+  half to even, saturated); stored as bytes to NCHW<b>c, or scattered to plain NCHW.
 - **depthwise** (``IntConvSchedule.depthwise``): per work item (image, channel block, output row,
   run of rw pixels) rw accumulators of one block of channels (a channel per int32 lane); per
   kernel row each input column the run spans is loaded once, its bytes zero-extended into the
@@ -45,6 +47,7 @@ from smelt.schedule.int_conv import (
     QUAD,
     ClipRequant,
     IntConvSchedule,
+    ResidualAdd,
     flattened,
     geometry,
     int_isa,
@@ -65,8 +68,13 @@ def _check(node: Node, g: Graph) -> str | None:
         return f"input block {xb} is not what the schedule reads"
     if yb not in (1, s.block) or geo.oc % yb:
         return f"output block {yb} (schedule block {s.block}, {geo.oc} channels)"
-    if any(g.values[n].layout != PLAIN for n in node.inputs[1:] if n):
+    if any(g.values[n].layout != PLAIN for n in node.inputs[1:9] if n):
         return "parameters must be plain"
+    if s.residual is None and len(node.inputs) > 9:
+        return "a residual input without its fused add (schedule/int_conv.py ResidualAdd)"
+    if s.residual is not None and (len(node.inputs) != 10 or node.inputs[9] != s.residual.residual
+                                   or yb == 1 or g.values[node.inputs[9]].layout != g.values[node.outputs[0]].layout):
+        return "a fused residual add reads input 9 in the output's blocked layout"
     return None
 
 
@@ -84,6 +92,17 @@ def _clip_constants(v, clip: ClipRequant | None) -> list[str]:
         return [f"const {v.t} " + ", ".join(f"{k} = {v.set1(_c_float(x))}" for k, x in vals.items()) + ";"]
     vals = {"kxs": clip.x_scale, "kxz": float(clip.x_zero), "klo": clip.lo, "khi": clip.hi,
             "kys": clip.y_scale, "kyz": float(clip.y_zero)}
+    return [f"const {v.t} " + ", ".join(f"{k} = {v.set1(_c_float(x))}" for k, x in vals.items()) + ";"]
+
+
+def _residual_constants(v, add: ResidualAdd | None) -> list[str]:
+    """The fused QLinearAdd's constants as vectors (kra, krb, kfx) and the bounds past which its
+    rounded value saturates (kal: below -0.5 rounds below 0; kah: the float below 255.5, above
+    which it rounds past 255), for the numeric debug counters."""
+    if add is None:
+        return []
+    vals = {"kra": add.ra, "krb": add.rb, "kfx": add.fixed, "kal": -0.5,
+            "kah": float(np.nextafter(np.float32(255.5), np.float32(0)))}
     return [f"const {v.t} " + ", ".join(f"{k} = {v.set1(_c_float(x))}" for k, x in vals.items()) + ";"]
 
 
@@ -223,11 +242,13 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     store = "i32_store_u8"
 
     affine = s.clip is not None and s.clip.affine is not None
+    add = s.residual
     # four vectors of consecutive pixels of a blocked output are 4 * L contiguous bytes: stored
     # by one saturating pack (``i32x4_store_u8``), which is itself the clamp to [0, 255], so
     # those vectors skip it; only where every value converts exactly (|f| < 2^30, bounded at
     # compile time from the weights, the folded bias and the multipliers)
-    grouped = yb > 1 and v.has("i32x4_store_u8") and _fits_int32(w, bias[:oc], mult[:oc], s.clip)
+    grouped = yb > 1 and v.has("i32x4_store_u8") and (
+        add is not None or _fits_int32(w, bias[:oc], mult[:oc], s.clip))  # (the add's range: checked by its schedule)
     low_keep = {  # the clamps a saturating pack does not make: ReLU's at the zero point, the clip's extremes
         "f": (lo_clamp > info.min and not affine) or (affine and s.clip.affine[2] > 0),
         "h": affine and s.clip.affine[3] < 255}
@@ -256,7 +277,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                 out += [f"    f = {v.op('add', 'f', 'yzv')};",
                         f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; "
                         f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};"]
-                if not in_pack or s.clip is not None:  # (the division form below reads the clamped code)
+                if not in_pack or s.clip is not None or add is not None:  # (a clip or add reads the clamped code)
                     out.append(f"    f = {v.op('min', v.op('max', 'f', 'clv'), 'hiv')};  /* NaN: max gives the low clamp */")
                 elif low_keep["f"]:
                     out.append(f"    f = {v.op('max', 'f', 'clv')};")
@@ -269,7 +290,16 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                 out.append(f"    f = {v.op('add', v.x('f32_round_even', a=v.op('div', 'f', 'kys')), 'kyz')};")
                 if not in_pack:
                     out.append(f"    f = {v.op('min', v.op('max', 'f', 'lov'), 'hiv')};")
-            cvt = "f32_to_i32_even" if affine else "f32_to_i32"  # (else already rounded)
+            if add is not None:  # the fused QLinearAdd on the code and the residual's byte (MLAS's formula)
+                rsrc = f"R + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}) * {L}"
+                out.append(f"    {{ const {v.t} rv = {v.x('i32_to_f32', a=v.x('u8_to_i32', p=rsrc))};")
+                a_, b_ = ("f", "rv") if add.conv_is_a else ("rv", "f")
+                out.append(f"      f = {v.fmadd(a_, 'kra', v.fmadd(b_, 'krb', 'kfx'))}; }}")
+                out.append(f"    vlo = {v.x('f32_nge_count', a='f', b='kal', c='vlo')}; "
+                           f"vhi = {v.x('f32_gt_count', a='f', b='kah', c='vhi')};")
+                if not in_pack:  # rounded, then clamped before the truncating store
+                    out.append(f"    f = {v.op('min', v.op('max', v.x('f32_round_even', a='f'), 'lov'), 'hiv')};")
+            cvt = "f32_to_i32_even" if affine or (add is not None and in_pack) else "f32_to_i32"  # (else already rounded)
             if in_pack:
                 out.append(f"    q{r % 4} = {v.x(cvt, a='f')}; }}")
                 if r % 4 == 3:
@@ -341,11 +371,15 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              f"const int32_t *restrict BI = {em.weight(bias.astype(np.int32))};",
              f"const float *restrict MU = {em.weight(mult)};",
              f"const {st} *restrict S = {sptr};",
-             f"{yt} *restrict Y = (void *){em.ptr(y)};",
+             # no restrict where the output may be written over the residual it reads (each
+             # vector read just before the store that overwrites it: codegen/inplace.py)
+             f"{yt} *{'' if add is not None else 'restrict '}Y = (void *){em.ptr(y)};",
+             *([f"const uint8_t *R = {em.ptr(add.residual)};"] if add is not None else []),
              f"const {v.t} yzv = {v.set1(f'{float(yz)!r}f')}, lov = {v.set1(f'{float(info.min - shift)!r}f')}, "
              f"hiv = {v.set1(f'{float(info.max - shift)!r}f')}, clv = {v.set1(f'{float(lo_clamp)!r}f')};",
              f"{it} vlo = {v.x('i32_set1', a='0')}, vhi = vlo;  /* clamps per lane (numeric debug counters) */",
              *_clip_constants(v, s.clip),
+             *_residual_constants(v, add),
              "long wb, we; " + split,
              "for (long item = wb; item < we; ++item) {",
              f"  const long t = item % {owt}, oy = (item / {owt}) % {geo.oh}, og = (item / {owt * geo.oh}) % {ocg},"
