@@ -260,6 +260,21 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         packed = 4 * (width // 4) if grouped else 0
         for r in range(width):
             in_pack = r < packed
+            if in_pack and not affine and s.clip is None and add is None:
+                # the conversion rounds half to even and the zero point is an integer add: one
+                # op fewer than rounding in float (the saturating pack is the clamp); a fused
+                # ReLU is max(x, 0) before rounding (round(max(x, 0)) = max(round(x), 0))
+                out += [f"  {{ {v.t} f = {v.op('mul', v.x('i32_to_f32', a=f'c{r}_{j}'), 'mv')};",
+                        f"    {{ const {v.t} fc = {v.op('add', v.x('f32_round_even', a='f'), 'yzv')};",
+                        f"      vlo = {v.x('f32_nge_count', a='fc', b='lov', c='vlo')}; "
+                        f"vhi = {v.x('f32_gt_count', a='fc', b='hiv', c='vhi')}; }}"]
+                if low_keep["f"]:
+                    out.append(f"    f = {v.op('max', 'f', 'kz0')};")
+                out.append(f"    q{r % 4} = {v.x('i32_add', a=v.x('f32_to_i32_even', a='f'), b='yzi')}; }}")
+                if r % 4 == 3:
+                    dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r - 3}) * {L}"
+                    out.append("  " + v.x("i32x4_store_u8", p=dst, a="q0", b="q1", c="q2", d="q3"))
+                continue
             out += [f"  {{ {v.t} f = {v.x('i32_to_f32', a=f'c{r}_{j}')};",
                     f"    f = {v.x('f32_round_even', a=v.op('mul', 'f', 'mv'))};"]
             if affine:
@@ -378,6 +393,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              f"const {v.t} yzv = {v.set1(f'{float(yz)!r}f')}, lov = {v.set1(f'{float(info.min - shift)!r}f')}, "
              f"hiv = {v.set1(f'{float(info.max - shift)!r}f')}, clv = {v.set1(f'{float(lo_clamp)!r}f')};",
              f"{it} vlo = {v.x('i32_set1', a='0')}, vhi = vlo;  /* clamps per lane (numeric debug counters) */",
+             f"const {it} yzi = {v.x('i32_set1', a=str(yz))}; const {v.t} kz0 = {v.set1('0.0f')};",
              *_clip_constants(v, s.clip),
              *_residual_constants(v, add),
              "long wb, we; " + split,
