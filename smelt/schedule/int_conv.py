@@ -204,6 +204,11 @@ class IntConvSchedule:
     depthwise: bool = False  # the depthwise kernel: one channel per lane, group_k 1, nv 1
     clip: ClipRequant | None = None  # a QLinearClip fused into the epilogue
     residual: ResidualAdd | None = None  # a QLinearAdd fused into the epilogue (read as input 9)
+    # fewer input channels than a quad (the RGB stem): each input row copied with its channels
+    # interleaved (ib = C bytes per pixel) and a kernel row's kw * C (kx, channel) values read as
+    # ceil(kw * C / 4) quads, instead of kw quads of C channels and 4 - C zeros (the 7x7 stem:
+    # 6 words per kernel row, not 7)
+    kx_packed: bool = False
     # the residual whose dead buffer the output may take (codegen/inplace.py checks liveness): each
     # output vector is computed from the residual's vector at the same place just before it is stored
     inplace_operand: str | None = None
@@ -212,7 +217,8 @@ class IntConvSchedule:
         form = {"u8s8_dot_acc": "u8s8 quads", "u8s7_dot_acc": "u8 x 7-bit quads"}.get(self.dot, "int16 pairs")
         if self.depthwise:
             form = "depthwise, u8 widened x int16"
-        return (f"{form}, block {self.block}, input block {self.ib}{' (copied, padded)' if self.copy_input else ''}, "
+        inb = f"rows of (kx, channel) quads, {self.ib} channels" if self.kx_packed else f"input block {self.ib}"
+        return (f"{form}, block {self.block}, {inb}{' (copied, padded)' if self.copy_input else ''}, "
                 f"tile {self.rw} px x {self.nv * self.block} oc{', relu' if self.relu else ''}"
                 f"{(', clip fused (' + ('fma' if self.clip.affine else 'div') + ')') if self.clip else ''}"
                 f"{', residual add fused' if self.residual else ''}")
@@ -455,10 +461,15 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     direct = in_block == block and not padded and group_k == QUAD
     ib = block if direct else min(block, -(-geo.c // group_k) * group_k)
     flat = is_flat(geo)
-    nv, rw = choose_tile(flattened(geo) if flat else geo, block, v.registers, target.l1d_bytes or 32 << 10,
-                         1 if group_k == QUAD else 2)
+    packed = group_k == QUAD and geo.c < QUAD and geo.kw > 1 and geo.dw == 1 and in_block == 1
+    if packed:  # the kernel sees one quad-padded row of kw * C values per kernel row
+        ib = geo.c
+        tiled = replace(geo, c=-(-geo.kw * geo.c // QUAD) * QUAD, kw=1)
+    else:
+        tiled = flattened(geo) if flat else geo
+    nv, rw = choose_tile(tiled, block, v.registers, target.l1d_bytes or 32 << 10, 1 if group_k == QUAD else 2)
     # over the residual's buffer only where the conv does not read it: its own input would be
     # overwritten while other tiles still read it
     over = residual.residual if residual is not None and inplace and residual.residual != node.inputs[0] else None
     return IntConvSchedule(block=block, group_k=group_k, dot=dot, ib=ib, copy_input=not direct, nv=nv, rw=rw, relu=relu,
-                           flat=flat, clip=clip, residual=residual, inplace_operand=over)
+                           flat=flat, clip=clip, residual=residual, inplace_operand=over, kx_packed=packed)

@@ -4,7 +4,8 @@ onnxruntime's QLinearConv: equal, not close.
 Every ISA the host runs (native: AVX-512 with VNNI's u8 x s8 quads where present; avx2: the int16
 pair form; scalar: the NCHW kernel, which the planner keeps there), 1 and 2 threads. Edge shapes:
 channels odd and not multiples of 4 or 16 (in and out), ragged widths against every register
-tile, strides, asymmetric pads, dilation, the 7x7 stride-2 stem, 1x1 stride 2, batch 2; zero
+tile, strides, asymmetric pads, dilation, the 7x7 stride-2 stem and other inputs of fewer than
+four channels (read as rows of (kx, channel) quads), 1x1 stride 2, batch 2; zero
 points at the ends of the range; per-tensor and per-channel weight scales; with and without bias;
 a fused quantized ReLU (Max at the zero point); scales that saturate both ways (onnxruntime has no
 uint8-in, int8-out QLinearConv, and the blocked kernel takes uint8 in and out only). Chains keep activations blocked between convs (NCHW<b>c in, NCHW<b>c out), and a per-tensor
@@ -35,6 +36,11 @@ GEOMETRIES = [
     (64, 64, 14, 14, 1, 2, (0, 0, 0, 0), 1),  # 1x1 stride 2 (the projection shortcut)
     (64, 80, 7, 7, 3, 1, (1, 1, 1, 1), 1),  # width 7 against the tiles
     (6, 7, 5, 29, 1, 1, (0, 0, 0, 0), 1),  # a wide ragged row, 7 outputs
+    # fewer channels than a quad: rows of (kx, channel) quads (kx_packed), 5 * 1 = 5 and
+    # 3 * 2 = 6 values per kernel row (2 quads each, the rest zero weights); dilated: not packed
+    (1, 16, 11, 13, 5, 1, (2, 1, 2, 3), 1),
+    (2, 24, 9, 10, 3, 2, (1, 1, 1, 1), 1),
+    (3, 16, 10, 10, 3, 1, (2, 2, 2, 2), 2),
 ]
 
 

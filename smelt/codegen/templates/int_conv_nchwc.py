@@ -137,6 +137,9 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     c, oc, kh, kw = geo.c, geo.oc, geo.kh, geo.kw
     cb = -(-c // ib)
     q_words = ib // gk
+    kwl = kw  # kernel columns the reduction loops over (kx_packed: one run of kw * C values per row)
+    if s.kx_packed:
+        q_words, kwl = -(-kw * c // gk), 1
     ocg = cb if s.depthwise else -(-oc // (nv * L))
     ocp, cp = ocg * nv * L, cb * ib
 
@@ -147,6 +150,13 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         wpad = np.zeros((cp, kh, kw), np.int32)
         wpad[:oc] = w.reshape(oc, kh, kw).astype(np.int16).view(np.uint16)
         packed = np.ascontiguousarray(wpad.reshape(cb, L, kh, kw).transpose(0, 2, 3, 1))
+    elif s.kx_packed:
+        # [ocg][ky][word][vector][lane][4]: a kernel row's (kx, channel) values in input order,
+        # zeros past kw * C
+        wpad = np.zeros((ocp, kh, q_words * gk), np.int8)
+        wpad[:oc, :, :kw * c] = w.transpose(0, 2, 3, 1).reshape(oc, kh, kw * c)
+        packed = wpad.reshape(ocg, nv, L, kh, q_words, gk).transpose(0, 3, 4, 1, 2, 5)
+        packed = np.ascontiguousarray(packed).astype(np.int8)
     else:
         wpad = np.zeros((ocp, cp, kh, kw), np.int8)
         wpad[:oc, :c] = w
@@ -180,7 +190,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     if s.copy_input:
         hs = max(geo.h + geo.pt + geo.pb, (geo.oh - 1) * geo.sh + (kh - 1) * geo.dh + 1)
         wsz = max(geo.w + geo.pl + geo.pr, (geo.ow - 1) * geo.sw + (kw - 1) * geo.dw + 1)
-        src = em.scratch(geo.n * cb * hs * wsz * ib * esize, "uint8" if bytes_in else "uint16")
+        # (kx_packed: a row's last quad reads up to 3 bytes past it, times zero weights)
+        src = em.scratch(geo.n * cb * hs * wsz * ib * esize + (4 if s.kx_packed else 0), "uint8" if bytes_in else "uint16")
         rows = geo.n * cb * hs
         xin = (f"X[(((ni * {c // xb} + ch / {xb}) * {geo.h} + iy) * {geo.w}L + ix) * {xb} + ch % {xb}]"
                if xb > 1 else f"X[((ni * {c} + ch) * {geo.h} + iy) * {geo.w}L + ix]")
@@ -338,17 +349,17 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         out += [f"{it} " + ", ".join(f"c{r}_{j} = bv{j}" for r in range(width) for j in range(nv)) + ";",
                f"for (long bi = 0; bi < {cb}; ++bi) {{",
                f"  const {st} *restrict sc = s0 + bi * {hs_ * ws_ * ib}L;",
-               f"  const {wt} *restrict wc = w0 + bi * {kh * kw * q_words * nv * word}L;",
+               f"  const {wt} *restrict wc = w0 + bi * {kh * kwl * q_words * nv * word}L;",
                f"  for (long ky = 0; ky < {kh}; ++ky) {{",
-               f"    for (long kx = 0; kx < {kw}; ++kx) {{",
+               f"    for (long kx = 0; kx < {kwl}; ++kx) {{",
                f"      const {st} *restrict sp = sc + (ky * {geo.dh * ws_} + kx * {geo.dw}) * {ib}L;",
-               f"      const {wt} *restrict wq = wc + (ky * {kw} + kx) * {q_words * nv * word}L;",
+               f"      const {wt} *restrict wq = wc + (ky * {kwl} + kx) * {q_words * nv * word}L;",
                # not unrolled where the whole reduction is one or two such loops (a 1x1 conv on
                # 16 or 32 channels): gcc then unrolled everything, hoisted every word's broadcasts
                # and spilled most of the register tile (MobileNetV2's first expand: 256 -> 215 us);
                # elsewhere its unrolling of the word loop is the faster code (ResNet-50's 1x1
                # stride-2 downsample: 452 us unrolled, 770 us not)
-               *(["      _Pragma(\"GCC unroll 1\")"] if cb * kh * kw <= 2 else []),
+               *(["      _Pragma(\"GCC unroll 1\")"] if cb * kh * kwl <= 2 else []),
                f"      for (long q = 0; q < {q_words}; ++q) {{"]
         out += [f"        const {it} b{j} = {v.x('i32_loadu', p=f'wq + q * {nv * word} + {j * word}')};"
                 for j in range(nv)]
@@ -402,7 +413,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              f" ni = item / {owt * geo.oh * ocg};",
              f"  const long ox0 = t * {rw};",
              f"  const {st} *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};",
-             f"  const {wt} *restrict w0 = Wp + og * {kh * kw * L if s.depthwise else cb * kh * kw * q_words * nv * word}L;"]
+             f"  const {wt} *restrict w0 = Wp + og * {kh * kw * L if s.depthwise else cb * kh * kwl * q_words * nv * word}L;"]
     if rem:
         lines += [f"  if (t < {full}) {{"] + ["    " + ln for ln in body(rw)] + ["  } else {"]
         lines += ["    " + ln for ln in body(rem)] + ["  }"]
