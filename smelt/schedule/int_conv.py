@@ -15,7 +15,10 @@ Everything about how such a conv runs is decided here, once, and written on the 
 - the **layout block** (the ISA's int32 lanes: 16 on AVX-512, 8 on AVX2) — the layout planner
   names it ``NCHW<b>c`` like the float blocks (same indexing: [N][C/b][H][W][b] bytes);
 - the **input block** the kernel reads (``ib``): the producer's block, or for a copied input
-  the channels rounded up to the dot's group (4 for quads: the 3-channel stem reads 4, not 16);
+  the channels rounded up to the dot's group (4 for quads); a plain input of fewer than 4
+  channels (the RGB stem) is instead copied as rows of interleaved channels and each kernel
+  row's kw * C (kx, channel) values are read as ceil(kw * C / 4) quads (``kx_packed``: the 7x7
+  stem's 21 values in 6 words, not 7 words of 3 channels and a zero);
 - whether the input is first **copied** into a zero-point-padded blocked buffer (padding,
   plain input, or a block the kernel does not read directly);
 - the **register tile** (``nv`` vectors of output channels x ``rw`` output pixels of one row)

@@ -6,7 +6,10 @@ Renders the ``IntConvSchedule`` the layout planner wrote (``schedule/int_conv.py
   it (from plain or any block) into a buffer [N][C/ib][H + pads][W + pads][ib] whose border and
   padding hold the input zero point (channels past C hold 0; their weights are 0), so the kernel
   has no bounds checks and padded taps contribute exactly what onnxruntime's zero-point padding
-  does;
+  does; with ``kx_packed`` (fewer than 4 input channels) ib = C, so a buffer row is the input
+  row's channels interleaved, and the kernel reads a kernel row's kw * C values as quads whose
+  slots past them have zero weights (a row's last quad may read 3 bytes past it: the buffer has 4
+  spare bytes);
 - **kernel**: per work item (image, group of nv output-channel vectors, output row, run of rw
   output pixels) an nv x rw register tile of int32 sums over (input block, ky, kx, word): for
   each word, nv weight vectors (lanes = output channels, each lane holding the word's group_k
