@@ -350,7 +350,8 @@ def test_residual_add_fused(isa: str, monkeypatch, cache) -> None:
     import smelt
 
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
-    monkeypatch.setattr("smelt.compiler.detect", lambda: _isa_target(isa))
+    target = _isa_target(isa, monkeypatch)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
     for seven_bit in (False, True) if isa == "avx2" else (False,):
         m = _blocks(seven_bit)
         model = m.build()
@@ -378,7 +379,8 @@ def test_residual_add_written_in_place(monkeypatch, cache) -> None:
     import smelt
 
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
-    monkeypatch.setattr("smelt.compiler.detect", lambda: _isa_target("native"))
+    target = _isa_target("native", monkeypatch)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
     m = _blocks()
     model = m.build()
     on = smelt.compile(model, threads=2)
@@ -400,7 +402,7 @@ def test_saturation_counters_with_fused_add(monkeypatch, cache) -> None:
     model = m.build()
     totals = {}
     for isa in ("native", "scalar"):
-        target = _isa_target(isa)
+        target = _isa_target(isa, monkeypatch)
         monkeypatch.setattr("smelt.compiler.detect", lambda target=target: target)
         compiled = smelt.compile(model, threads=2, count_saturation=True)
         compiled.run(m.feeds)
