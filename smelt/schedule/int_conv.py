@@ -15,7 +15,10 @@ Everything about how such a conv runs is decided here, once, and written on the 
 - the **layout block** (the ISA's int32 lanes: 16 on AVX-512, 8 on AVX2) — the layout planner
   names it ``NCHW<b>c`` like the float blocks (same indexing: [N][C/b][H][W][b] bytes);
 - the **input block** the kernel reads (``ib``): the producer's block, or for a copied input
-  the channels rounded up to the dot's group (4 for quads: the 3-channel stem reads 4, not 16);
+  the channels rounded up to the dot's group (4 for quads); a plain input of fewer than 4
+  channels (the RGB stem) is instead copied as rows of interleaved channels and each kernel
+  row's kw * C (kx, channel) values are read as ceil(kw * C / 4) quads (``kx_packed``: the 7x7
+  stem's 21 values in 6 words, not 7 words of 3 channels and a zero);
 - whether the input is first **copied** into a zero-point-padded blocked buffer (padding,
   plain input, or a block the kernel does not read directly);
 - the **register tile** (``nv`` vectors of output channels x ``rw`` output pixels of one row)
@@ -26,6 +29,11 @@ Everything about how such a conv runs is decided here, once, and written on the 
   convs): its table's float rule (dequantize the code, clamp, divide by the output scale, round
   half to even, add the zero point, saturate) computed on the code in the conv's vector
   epilogue, so the conv writes the clipped tensor and the 8-bit intermediate never exists;
+- the **fused residual add** (``ResidualAdd``: a com.microsoft QLinearAdd of this conv's output
+  and an earlier uint8 value of the same shape and layout, ResNet's shortcut join): the conv's
+  code, then MLAS's float formula on it and the residual's byte in the epilogue, so the conv's
+  own output is never stored and read back (and, where the residual is dead, the result is
+  written over it: ``inplace_operand``);
 - **depthwise** convs (group = C = OC, one weight channel each) run their own kernel on the same
   layout: one channel per int32 lane, the input bytes zero-extended (``u8_to_i32``) and
   multiplied by int16 weights with the pair dot (``i16_dot_acc``, the high half 0; VNNI's
@@ -157,6 +165,31 @@ def fit_affine(clip: ClipRequant, conv_zero: int, first_code: int, fma: bool) ->
 
 
 @dataclass(frozen=True)
+class ResidualAdd:
+    """A QLinearAdd (com.microsoft) of the conv's uint8 output and ``residual`` (a uint8 value of
+    the same shape, computed before the conv), fused into the epilogue: on the conv's clamped code
+    c and the residual's byte r, ``fma(a, ra, fma(b, rb, fixed))`` with (a, b) = (c, r) or (r, c)
+    as the add's operands are ordered, rounded half to even and saturated to uint8: onnxruntime's
+    (MLAS's AVX2) QLinearAdd, the formula ``templates/qlinear_ops.py`` renders (``add_constants``
+    there gives the same three constants: tested)."""
+
+    residual: str
+    ra: float  # s_a / s_c
+    rb: float  # s_b / s_c
+    fixed: float  # z_c - fma(ra, z_a, rb * z_b)
+    conv_is_a: bool  # the conv's output is the add's first operand
+
+
+def add_constants(sa: float, za: int, sb: float, zb: int, sc: float, zc: int) -> tuple[float, float, float]:
+    """(ra, rb, fixed) of MLAS's AVX2 QLinearAdd in float32 as onnxruntime forms them (the inner
+    fma exact in double: its product is exact there and the sum is rounded once to float)."""
+    f32 = np.float32
+    ra, rb = f32(f32(sa) / f32(sc)), f32(f32(sb) / f32(sc))
+    inner = f32(np.float64(ra) * np.float64(za) + np.float64(f32(rb * f32(zb))))
+    return float(ra), float(rb), float(f32(f32(zc) - inner))
+
+
+@dataclass(frozen=True)
 class IntConvSchedule:
     """How one QLinearConv runs on the blocked int8 kernel (see the module docstring)."""
 
@@ -173,14 +206,25 @@ class IntConvSchedule:
     flat: bool = False
     depthwise: bool = False  # the depthwise kernel: one channel per lane, group_k 1, nv 1
     clip: ClipRequant | None = None  # a QLinearClip fused into the epilogue
+    residual: ResidualAdd | None = None  # a QLinearAdd fused into the epilogue (read as input 9)
+    # fewer input channels than a quad (the RGB stem): each input row copied with its channels
+    # interleaved (ib = C bytes per pixel) and a kernel row's kw * C (kx, channel) values read as
+    # ceil(kw * C / 4) quads, instead of kw quads of C channels and 4 - C zeros (the 7x7 stem:
+    # 6 words per kernel row, not 7)
+    kx_packed: bool = False
+    # the residual whose dead buffer the output may take (codegen/inplace.py checks liveness): each
+    # output vector is computed from the residual's vector at the same place just before it is stored
+    inplace_operand: str | None = None
 
     def describe(self) -> str:
         form = {"u8s8_dot_acc": "u8s8 quads", "u8s7_dot_acc": "u8 x 7-bit quads"}.get(self.dot, "int16 pairs")
         if self.depthwise:
             form = "depthwise, u8 widened x int16"
-        return (f"{form}, block {self.block}, input block {self.ib}{' (copied, padded)' if self.copy_input else ''}, "
+        inb = f"rows of (kx, channel) quads, {self.ib} channels" if self.kx_packed else f"input block {self.ib}"
+        return (f"{form}, block {self.block}, {inb}{' (copied, padded)' if self.copy_input else ''}, "
                 f"tile {self.rw} px x {self.nv * self.block} oc{', relu' if self.relu else ''}"
-                f"{(', clip fused (' + ('fma' if self.clip.affine else 'div') + ')') if self.clip else ''}")
+                f"{(', clip fused (' + ('fma' if self.clip.affine else 'div') + ')') if self.clip else ''}"
+                f"{', residual add fused' if self.residual else ''}")
 
 
 def int_isa(target: Target) -> VectorIsa:
@@ -307,6 +351,37 @@ def clip_requant(y: str, g: Graph, reader: Node) -> ClipRequant | None:
                        hi=float(np.float32(reader.attr("max", np.inf))), y_scale=float(ys), y_zero=int(yz))
 
 
+def residual_add(y: str, g: Graph, reader: Node, available: set[str], fma: bool) -> ResidualAdd | None:
+    """``reader`` is a QLinearAdd of ``y`` (the conv's uint8 output, read by nothing else) and a
+    uint8 value of the same shape in ``available`` (computed before the conv runs), with
+    constant scalar float32 scales and zero points: the epilogue computes it (``ResidualAdd``).
+    Only with a fused multiply-add (the formula's two roundings are fma's) and where every value
+    the formula can give converts to int32 exactly (then the saturating stores clamp it)."""
+    if not fma or reader.op != "QLinearAdd" or reader.domain != "com.microsoft" or y in g.outputs:
+        return None
+    ins = list(reader.inputs) + [""] * 8
+    if (ins[0] == y) == (ins[3] == y) or not ins[6]:  # exactly one operand is the conv's (not y + y)
+        return None
+    other = ins[3] if ins[0] == y else ins[0]
+    out = reader.outputs[0]
+    if other not in available:
+        return None
+    if any(_dtype(g, v) != "uint8" for v in (y, other, out)) or not (
+            g.values[other].shape == g.values[y].shape == g.values[out].shape):
+        return None
+    params = []
+    for si, zi in ((1, 2), (4, 5), (6, 7)):
+        s = _const(g, ins[si])
+        z = _const(g, ins[zi]) if ins[zi] else np.zeros(1, np.uint8)
+        if s is None or s.size != 1 or _dtype(g, ins[si]) != "float32" or z is None or z.size != 1:
+            return None
+        params += [float(s.reshape(-1)[0]), int(z.reshape(-1)[0])]
+    ra, rb, fixed = add_constants(*params)
+    if not all(np.isfinite((ra, rb, fixed))) or 255.0 * (abs(ra) + abs(rb)) + abs(fixed) >= 2.0**30:
+        return None
+    return ResidualAdd(residual=other, ra=ra, rb=rb, fixed=fixed, conv_is_a=ins[0] == y)
+
+
 def choose_tile(geo: IntConvGeometry, lanes: int, registers: int, l1_bytes: int = 32 << 10,
                 weight_bytes: int = 1) -> tuple[int, int]:
     """(nv, rw): output-channel vectors and output pixels per register tile. All nv * rw
@@ -357,7 +432,8 @@ def depthwise_tile(geo: IntConvGeometry, registers: int) -> int:
 
 
 def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu: bool,
-                      clip: ClipRequant | None = None) -> IntConvSchedule:
+                      clip: ClipRequant | None = None, residual: ResidualAdd | None = None,
+                      inplace: bool = False) -> IntConvSchedule:
     """The schedule of ``node`` (``int_nchwc_reason`` is None) reading an input in the layout
     of block ``in_block`` (1: plain)."""
     geo = geometry(node, g)
@@ -388,7 +464,15 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     direct = in_block == block and not padded and group_k == QUAD
     ib = block if direct else min(block, -(-geo.c // group_k) * group_k)
     flat = is_flat(geo)
-    nv, rw = choose_tile(flattened(geo) if flat else geo, block, v.registers, target.l1d_bytes or 32 << 10,
-                         1 if group_k == QUAD else 2)
+    packed = group_k == QUAD and geo.c < QUAD and geo.kw > 1 and geo.dw == 1 and in_block == 1
+    if packed:  # the kernel sees one quad-padded row of kw * C values per kernel row
+        ib = geo.c
+        tiled = replace(geo, c=-(-geo.kw * geo.c // QUAD) * QUAD, kw=1)
+    else:
+        tiled = flattened(geo) if flat else geo
+    nv, rw = choose_tile(tiled, block, v.registers, target.l1d_bytes or 32 << 10, 1 if group_k == QUAD else 2)
+    # over the residual's buffer only where the conv does not read it: its own input would be
+    # overwritten while other tiles still read it
+    over = residual.residual if residual is not None and inplace and residual.residual != node.inputs[0] else None
     return IntConvSchedule(block=block, group_k=group_k, dot=dot, ib=ib, copy_input=not direct, nv=nv, rw=rw, relu=relu,
-                           flat=flat, clip=clip)
+                           flat=flat, clip=clip, residual=residual, inplace_operand=over, kx_packed=packed)

@@ -48,8 +48,10 @@ from smelt.schedule.int_conv import (
     clip_requant,
     int_block,
     int_conv_schedule,
+    int_isa,
     int_nchwc_reason,
     relu_zero_point,
+    residual_add,
 )
 from smelt.target import Target
 
@@ -161,9 +163,11 @@ class _Planner:
     def int_conv(self, node: Node) -> bool:
         """QLinearConv on the blocked int8 kernel (schedule/int_conv.py): it reads its input in
         whatever layout arrives (copying it when it must), fuses a following quantized ReLU
-        (``Max(y, y_zero_point)``) and then a following QLinearClip (``clip_requant``), and
-        writes NCHW<b>c when every reader takes that layout, else plain (so no int8
-        LayoutTransform is needed before a plain-only reader)."""
+        (``Max(y, y_zero_point)``) and then a following QLinearClip (``clip_requant``) or else a
+        residual QLinearAdd (``residual_add``: its other operand computed earlier, it and the sum
+        NCHW<b>c; the operand becomes the conv's input 9), and writes NCHW<b>c when every reader
+        takes that layout, else plain (so no int8 LayoutTransform is needed before a plain-only
+        reader)."""
         g = self.g
         if node.name in self.force_fallback or int_nchwc_reason(node, g, self.target) is not None:
             return False
@@ -182,20 +186,40 @@ class _Planner:
         block = int_block(self.target)
         assert block is not None
         in_block = layout_block(g.values[node.inputs[0]].layout)
-        node.schedule = int_conv_schedule(node, g, self.target, in_block, relu, clip)
-        blocked = (int(g.values[out].shape[1]) % block == 0 and out not in g.outputs
-                   and self._int8_readers_take(out, blocked_layout(block)))
+
+        def blocked(name: str) -> bool:
+            return (int(g.values[name].shape[1]) % block == 0 and name not in g.outputs
+                    and self._int8_readers_take(name, blocked_layout(block)))
+
+        # a residual QLinearAdd after it (ResNet's shortcut join), when its other operand is
+        # already computed and both it and the sum are NCHW<b>c: the epilogue adds (ResidualAdd)
+        after = self.consumers.get(out, [])
+        add = None
+        if clip is None and len(after) == 1 and after[0].name not in self.force_fallback:
+            available = set(g.inputs) | {o for n in self.out for o in n.outputs}
+            add = residual_add(out, g, after[0], available, int_isa(self.target).fma)
+            if add is not None and not (g.values[add.residual].layout == blocked_layout(block)
+                                        and blocked(after[0].outputs[0])):
+                add = None
+        if add is not None:
+            fused.append(after[0])
+            out = after[0].outputs[0]
+            node.inputs = (list(node.inputs) + [""] * 9)[:9] + [add.residual]
+        node.schedule = int_conv_schedule(node, g, self.target, in_block, relu, clip, add, self.options.inplace)
+        is_blocked = add is not None or blocked(out)
         node.outputs = [out]
-        g.values[out].layout = blocked_layout(block) if blocked else PLAIN
+        g.values[out].layout = blocked_layout(block) if is_blocked else PLAIN
         tpl, _ = find_template(node, g)
         if tpl is None or tpl.name != "int_conv_nchwc":  # should not happen: stay on the NCHW kernel
             node.outputs = [y]
+            node.inputs = node.inputs[:9]
             g.values[out].layout = PLAIN
             node.schedule = None
             return False
-        for r in fused:  # their outputs are written by the conv; their inputs no longer exist
+        for r in fused:  # their outputs are written by the conv; the conv's own outputs no longer exist
             self.skip.add(r.name)
-            g.values.pop(r.inputs[0], None)
+            g.values.pop(y, None)
+            y = r.outputs[0]
         return True
 
     def _int8_readers_take(self, name: str, layout: str) -> bool:

@@ -4,7 +4,8 @@ onnxruntime's QLinearConv: equal, not close.
 Every ISA the host runs (native: AVX-512 with VNNI's u8 x s8 quads where present; avx2: the int16
 pair form; scalar: the NCHW kernel, which the planner keeps there), 1 and 2 threads. Edge shapes:
 channels odd and not multiples of 4 or 16 (in and out), ragged widths against every register
-tile, strides, asymmetric pads, dilation, the 7x7 stride-2 stem, 1x1 stride 2, batch 2; zero
+tile, strides, asymmetric pads, dilation, the 7x7 stride-2 stem and other inputs of fewer than
+four channels (read as rows of (kx, channel) quads), 1x1 stride 2, batch 2; zero
 points at the ends of the range; per-tensor and per-channel weight scales; with and without bias;
 a fused quantized ReLU (Max at the zero point); scales that saturate both ways (onnxruntime has no
 uint8-in, int8-out QLinearConv, and the blocked kernel takes uint8 in and out only). Chains keep activations blocked between convs (NCHW<b>c in, NCHW<b>c out), and a per-tensor
@@ -35,6 +36,11 @@ GEOMETRIES = [
     (64, 64, 14, 14, 1, 2, (0, 0, 0, 0), 1),  # 1x1 stride 2 (the projection shortcut)
     (64, 80, 7, 7, 3, 1, (1, 1, 1, 1), 1),  # width 7 against the tiles
     (6, 7, 5, 29, 1, 1, (0, 0, 0, 0), 1),  # a wide ragged row, 7 outputs
+    # fewer channels than a quad: rows of (kx, channel) quads (kx_packed), 5 * 1 = 5 and
+    # 3 * 2 = 6 values per kernel row (2 quads each, the rest zero weights); dilated: not packed
+    (1, 16, 11, 13, 5, 1, (2, 1, 2, 3), 1),
+    (2, 24, 9, 10, 3, 2, (1, 1, 1, 1), 1),
+    (3, 16, 10, 10, 3, 1, (2, 2, 2, 2), 2),
 ]
 
 
@@ -221,16 +227,20 @@ def test_residual_path_stays_blocked(isa: str, monkeypatch, cache) -> None:
         compiled.close()
 
 
-@pytest.mark.parametrize("isa", ["native", "avx2"])
-def test_maxpool_between_convs_stays_blocked(isa: str, monkeypatch, cache) -> None:
-    """The quantized stem: conv, 8-bit MaxPool (3x3 stride 2 pad 1, and a ragged 2x2 stride 2
-    ceil_mode one), conv: the pool runs on NCHW<b>c bytes (int_pool_nchwc.py), so nothing
-    between the convs is plain; equal to onnxruntime."""
+@pytest.mark.parametrize("isa,separable", [("native", True), ("avx2", True), ("native", False)])
+def test_maxpool_between_convs_stays_blocked(isa: str, separable: bool, monkeypatch, cache, tmp_path) -> None:
+    """The quantized stem: conv, 8-bit MaxPool (3x3 stride 2 pad 1, a ragged 2x2 stride 2
+    ceil_mode one, and a dilated 2x3 one with asymmetric pads), conv: the pool runs on NCHW<b>c
+    bytes (int_pool_nchwc.py), so nothing between the convs is plain; equal to onnxruntime. With
+    the row max first (separable) and, rows too long for its buffer, window by window."""
     import smelt
 
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
     target = _isa_target(isa, monkeypatch)
     monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    if not separable:  # (its own cache: the artifact of the separable pools has the same key)
+        monkeypatch.setattr("smelt.codegen.templates.int_pool_nchwc.SEPARABLE_ROW_BYTES", 0)
+        monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
     m = _Model()
     x = m.input((2, 3, 23, 21))
     a = m.conv(x, 3, 32, 7, 2, (3, 3, 3, 3), 1, xz=5, yz=0, y_scale=0.05, per_channel=True, bias=True, relu=True)
@@ -238,14 +248,176 @@ def test_maxpool_between_convs_stays_blocked(isa: str, monkeypatch, cache) -> No
     m.nodes.append(helper.make_node("MaxPool", [a], [p1], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
     p2 = m.name("pool")
     m.nodes.append(helper.make_node("MaxPool", [p1], [p2], kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1))
+    p3 = m.name("pool")
+    m.nodes.append(helper.make_node("MaxPool", [a], [p3], kernel_shape=[2, 3], strides=[1, 2], dilations=[2, 2],
+                                    pads=[0, 1, 1, 0]))
     b = m.conv(p2, 32, 16, 3, 1, (1, 1, 1, 1), 1, xz=0, yz=7, y_scale=0.1, per_channel=True, bias=True,
                relu=False)
+    m.output(m.conv(p3, 32, 16, 1, 1, (0, 0, 0, 0), 1, xz=0, yz=3, y_scale=0.1, per_channel=True, bias=True,
+                    relu=False))
     m.output(b)
     model = m.build()
     want = ort_run(model, m.feeds)
     for threads in (1, 2):
         compiled = smelt.compile(model, threads=threads)
         templates = [s.schedule.get("template", "") for s in compiled.plan.step_infos()]
-        assert templates.count("int_maxpool_nchwc") == 2 and "layout_transform" not in templates, templates
-        np.testing.assert_array_equal(compiled.run(m.feeds)[0], want[0])
+        assert templates.count("int_maxpool_nchwc") == 3 and "layout_transform" not in templates, templates
+        for got, ref in zip(compiled.run(m.feeds), want, strict=True):
+            np.testing.assert_array_equal(got, ref)
         compiled.close()
+
+
+# -- a residual QLinearAdd fused into the epilogue ---------------------------------------------
+# (schedule/int_conv.py ``ResidualAdd``) against onnxruntime running the same QLinearConv and
+# com.microsoft QLinearAdd nodes: equal, not close. ResNet's two joins: the identity block (the
+# add's other operand is the block's input, computed long before: fused into the block's last
+# conv, which writes over the dead input) and the projection block (the add's operands are two
+# convs' outputs: fused into the one that runs later, which reads the other). Both operand orders
+# (the conv's output as the add's A or B), a fused ReLU before the add, sum scales that saturate
+# both ways, zero points at the ends of the range, widths ragged against the tiles, batch 2; a
+# residual still read after the add (no in-place), and an add into a graph output (plain: not
+# fused). Every ISA the host runs, 1 and 2 threads.
+RES_RNG = np.random.default_rng(20261127)
+
+
+class _Residual(_Model):
+    graph_name = "int_conv_residual"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.params: dict[str, tuple[float, int]] = {}  # value -> (scale, zero point) of the uint8 tensors
+
+    def qconv(self, x: str, c: int, oc: int, k: int, s: int, *, yz: int, y_scale: float, relu: bool = False,
+              seven_bit: bool = False) -> str:
+        # the conv helper reads its input at scale 0.02 (``_Model.conv``): every value here is
+        # written at its own scale, so the conv's x scale is only what onnxruntime also uses
+        p = (k - 1) // 2
+        xz = self.params.get(x, (0.02, 7))[1]
+        y = self.conv(x, c, oc, k, s, (p, p, p, p), 1, xz=xz, yz=yz, y_scale=y_scale, per_channel=True, bias=True,
+                      relu=relu, seven_bit=seven_bit)
+        self.params[y] = (y_scale, yz)
+        return y
+
+    def qadd(self, a: str, b: str, scale: float, zero: int) -> str:
+        (sa, za), (sb, zb) = self.params[a], self.params[b]
+        n = self.name("add")
+        names = [a, f"{n}_as", f"{n}_az", b, f"{n}_bs", f"{n}_bz", f"{n}_cs", f"{n}_cz"]
+        self.inits += [_const(names[1], np.float32(sa)), _const(names[2], np.uint8(za)),
+                       _const(names[4], np.float32(sb)), _const(names[5], np.uint8(zb)),
+                       _const(names[6], np.float32(scale)), _const(names[7], np.uint8(zero))]
+        y = self.name("sum")
+        self.nodes.append(helper.make_node("QLinearAdd", names, [y], domain="com.microsoft"))
+        self.params[y] = (scale, zero)
+        return y
+
+    def build(self):
+        m = super().build()
+        m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        return m
+
+
+def _blocks(seven_bit: bool = False) -> _Residual:
+    """Identity and projection blocks in a chain, every join a QLinearAdd."""
+    m = _Residual()
+    for batch, c, h, w in ((2, 16, 7, 13), (1, 32, 9, 9)):
+        x = m.input((batch, c, h, w))
+        m.params[x] = (0.02, 7)
+        # the stem: a conv whose blocked output feeds both branches
+        a = m.qconv(x, c, 32, 3, 1, yz=0, y_scale=0.05, relu=True, seven_bit=seven_bit)
+        # identity block, the conv's output as the add's A, a sum scale that saturates both ways
+        b = m.qconv(a, 32, 16, 1, 1, yz=3, y_scale=0.06, relu=True, seven_bit=seven_bit)
+        b = m.qconv(b, 16, 32, 3, 1, yz=128, y_scale=0.08, seven_bit=seven_bit)
+        s1 = m.qadd(b, a, 0.01, 255 if c == 16 else 0)
+        # identity block, the conv's output as the add's B, its ReLU fused before the add
+        d = m.qconv(s1, 32, 32, 1, 1, yz=250, y_scale=0.07, relu=True, seven_bit=seven_bit)
+        s2 = m.qadd(s1, d, 0.09, 5)
+        # projection block: conv branch first, then the shortcut conv, which takes the add
+        e = m.qconv(s2, 32, 48, 3, 2, yz=9, y_scale=0.05, seven_bit=seven_bit)
+        f = m.qconv(s2, 32, 48, 1, 2, yz=200, y_scale=0.04, seven_bit=seven_bit)
+        s3 = m.qadd(e, f, 0.06, 100)
+        # a residual that is still read after its add: written to a fresh buffer, not over it
+        g_ = m.qconv(s3, 48, 48, 1, 1, yz=0, y_scale=0.05, seven_bit=seven_bit)
+        s4 = m.qadd(g_, s3, 0.05, 20)
+        m.output(m.qconv(s3, 48, 16, 1, 1, yz=30, y_scale=0.05, seven_bit=seven_bit))
+        # an add into a graph output: its operands plain, so left to the QLinearAdd kernel
+        h = m.qconv(s4, 48, 48, 1, 1, yz=77, y_scale=0.03, seven_bit=seven_bit)
+        m.output(m.qadd(m.qconv(h, 48, 48, 3, 1, yz=60, y_scale=0.1, seven_bit=seven_bit), h, 0.08, 128))
+    return m
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_residual_add_fused(isa: str, monkeypatch, cache) -> None:
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa, monkeypatch)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    for seven_bit in (False, True) if isa == "avx2" else (False,):
+        m = _blocks(seven_bit)
+        model = m.build()
+        want = ort_run(model, m.feeds)
+        for threads in (1, 2):
+            compiled = smelt.compile(model, threads=threads)
+            assert compiled.fallback_nodes == []
+            infos = compiled.plan.step_infos()
+            fused = sum("residual add fused" in s.schedule.get("algorithm", "") for s in infos if s.part == 0)
+            adds = sum(op == "QLinearAdd" for _, op in compiled.native_nodes)
+            if isa == "scalar":  # the NCHW kernel: every add its own node
+                assert fused == 0 and adds == 10, (fused, adds)
+            else:  # all but the adds into graph outputs
+                assert fused == 8 and adds == 2, (fused, adds)
+            got = compiled.run(m.feeds)
+            for i, (g, w) in enumerate(zip(got, want, strict=True)):
+                assert g.dtype == w.dtype and g.shape == w.shape, (i, g.dtype, w.dtype, g.shape, w.shape)
+                np.testing.assert_array_equal(g, w, err_msg=f"output {i} ({isa}, {threads} threads, 7-bit {seven_bit})")
+            compiled.close()
+
+
+def test_residual_add_written_in_place(monkeypatch, cache) -> None:
+    """The identity joins write their sum over the dead residual (codegen/inplace.py): the arena
+    is smaller than with ``inplace=False``, and the answers are the same."""
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target("native", monkeypatch)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    m = _blocks()
+    model = m.build()
+    on = smelt.compile(model, threads=2)
+    off = smelt.compile(model, threads=2, schedule={"inplace": False})
+    for g, w in zip(on.run(m.feeds), off.run(m.feeds), strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert on.arena_bytes < off.arena_bytes, (on.arena_bytes, off.arena_bytes)
+    on.close()
+    off.close()
+
+
+def test_saturation_counters_with_fused_add(monkeypatch, cache) -> None:
+    """The fused epilogue counts the conv's clamps and the add's, as the separate kernels do:
+    the model's totals equal the NCHW kernels' (scalar), and both ends are hit."""
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    m = _blocks()
+    model = m.build()
+    totals = {}
+    for isa in ("native", "scalar"):
+        target = _isa_target(isa, monkeypatch)
+        monkeypatch.setattr("smelt.compiler.detect", lambda target=target: target)
+        compiled = smelt.compile(model, threads=2, count_saturation=True)
+        compiled.run(m.feeds)
+        counts = compiled.saturation_counts()
+        totals[isa] = tuple(sum(c[i] for c in counts.values()) for i in (0, 1))
+        compiled.close()
+    assert totals["native"] == totals["scalar"] and min(totals["scalar"]) > 0, totals
+
+
+def test_add_constants_match_the_qlinear_add_kernel() -> None:
+    """The schedule forms MLAS's three constants exactly as the QLinearAdd template does."""
+    from smelt.codegen.templates.qlinear_ops import add_constants as kernel_constants
+    from smelt.schedule.int_conv import add_constants
+
+    for _ in range(500):
+        sa, sb, sc = (float(np.float32(s)) for s in RES_RNG.uniform(1e-3, 0.2, 3))
+        za, zb, zc = (int(z) for z in RES_RNG.integers(0, 256, 3))
+        assert add_constants(sa, za, sb, zb, sc, zc) == tuple(float(k) for k in kernel_constants(sa, za, sb, zb, sc, zc))

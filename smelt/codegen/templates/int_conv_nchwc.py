@@ -6,7 +6,10 @@ Renders the ``IntConvSchedule`` the layout planner wrote (``schedule/int_conv.py
   it (from plain or any block) into a buffer [N][C/ib][H + pads][W + pads][ib] whose border and
   padding hold the input zero point (channels past C hold 0; their weights are 0), so the kernel
   has no bounds checks and padded taps contribute exactly what onnxruntime's zero-point padding
-  does;
+  does; with ``kx_packed`` (fewer than 4 input channels) ib = C, so a buffer row is the input
+  row's channels interleaved, and the kernel reads a kernel row's kw * C values as quads whose
+  slots past them have zero weights (a row's last quad may read 3 bytes past it: the buffer has 4
+  spare bytes);
 - **kernel**: per work item (image, group of nv output-channel vectors, output row, run of rw
   output pixels) an nv x rw register tile of int32 sums over (input block, ky, kx, word): for
   each word, nv weight vectors (lanes = output channels, each lane holding the word's group_k
@@ -21,7 +24,9 @@ Renders the ``IntConvSchedule`` the layout planner wrote (``schedule/int_conv.py
   range (NaN low) — and for a fused ReLU at the zero point —; clamps counted for the numeric
   debug counters; then a fused QLinearClip's rule on the code (``ClipRequant``: dequantize,
   clamp, divide by its output scale, round, add its zero point, saturate: the table's float steps
-  in the same order); stored as bytes to NCHW<b>c, or scattered to plain NCHW.
+  in the same order), or a fused residual QLinearAdd's (``ResidualAdd``: the clamped code and the
+  residual's byte at the same place through MLAS's ``fma(a, ra, fma(b, rb, fixed))``, rounded
+  half to even, saturated); stored as bytes to NCHW<b>c, or scattered to plain NCHW.
 - **depthwise** (``IntConvSchedule.depthwise``): per work item (image, channel block, output row,
   run of rw pixels) rw accumulators of one block of channels (a channel per int32 lane); per
   kernel row each input column the run spans is loaded once, its bytes zero-extended into the
@@ -45,6 +50,7 @@ from smelt.schedule.int_conv import (
     QUAD,
     ClipRequant,
     IntConvSchedule,
+    ResidualAdd,
     flattened,
     geometry,
     int_isa,
@@ -65,8 +71,13 @@ def _check(node: Node, g: Graph) -> str | None:
         return f"input block {xb} is not what the schedule reads"
     if yb not in (1, s.block) or geo.oc % yb:
         return f"output block {yb} (schedule block {s.block}, {geo.oc} channels)"
-    if any(g.values[n].layout != PLAIN for n in node.inputs[1:] if n):
+    if any(g.values[n].layout != PLAIN for n in node.inputs[1:9] if n):
         return "parameters must be plain"
+    if s.residual is None and len(node.inputs) > 9:
+        return "a residual input without its fused add (schedule/int_conv.py ResidualAdd)"
+    if s.residual is not None and (len(node.inputs) != 10 or node.inputs[9] != s.residual.residual
+                                   or yb == 1 or g.values[node.inputs[9]].layout != g.values[node.outputs[0]].layout):
+        return "a fused residual add reads input 9 in the output's blocked layout"
     return None
 
 
@@ -84,6 +95,17 @@ def _clip_constants(v, clip: ClipRequant | None) -> list[str]:
         return [f"const {v.t} " + ", ".join(f"{k} = {v.set1(_c_float(x))}" for k, x in vals.items()) + ";"]
     vals = {"kxs": clip.x_scale, "kxz": float(clip.x_zero), "klo": clip.lo, "khi": clip.hi,
             "kys": clip.y_scale, "kyz": float(clip.y_zero)}
+    return [f"const {v.t} " + ", ".join(f"{k} = {v.set1(_c_float(x))}" for k, x in vals.items()) + ";"]
+
+
+def _residual_constants(v, add: ResidualAdd | None) -> list[str]:
+    """The fused QLinearAdd's constants as vectors (kra, krb, kfx) and the bounds past which its
+    rounded value saturates (kal: below -0.5 rounds below 0; kah: the float below 255.5, above
+    which it rounds past 255), for the numeric debug counters."""
+    if add is None:
+        return []
+    vals = {"kra": add.ra, "krb": add.rb, "kfx": add.fixed, "kal": -0.5,
+            "kah": float(np.nextafter(np.float32(255.5), np.float32(0)))}
     return [f"const {v.t} " + ", ".join(f"{k} = {v.set1(_c_float(x))}" for k, x in vals.items()) + ";"]
 
 
@@ -118,6 +140,9 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     c, oc, kh, kw = geo.c, geo.oc, geo.kh, geo.kw
     cb = -(-c // ib)
     q_words = ib // gk
+    kwl = kw  # kernel columns the reduction loops over (kx_packed: one run of kw * C values per row)
+    if s.kx_packed:
+        q_words, kwl = -(-kw * c // gk), 1
     ocg = cb if s.depthwise else -(-oc // (nv * L))
     ocp, cp = ocg * nv * L, cb * ib
 
@@ -128,6 +153,13 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         wpad = np.zeros((cp, kh, kw), np.int32)
         wpad[:oc] = w.reshape(oc, kh, kw).astype(np.int16).view(np.uint16)
         packed = np.ascontiguousarray(wpad.reshape(cb, L, kh, kw).transpose(0, 2, 3, 1))
+    elif s.kx_packed:
+        # [ocg][ky][word][vector][lane][4]: a kernel row's (kx, channel) values in input order,
+        # zeros past kw * C
+        wpad = np.zeros((ocp, kh, q_words * gk), np.int8)
+        wpad[:oc, :, :kw * c] = w.transpose(0, 2, 3, 1).reshape(oc, kh, kw * c)
+        packed = wpad.reshape(ocg, nv, L, kh, q_words, gk).transpose(0, 3, 4, 1, 2, 5)
+        packed = np.ascontiguousarray(packed).astype(np.int8)
     else:
         wpad = np.zeros((ocp, cp, kh, kw), np.int8)
         wpad[:oc, :c] = w
@@ -161,7 +193,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     if s.copy_input:
         hs = max(geo.h + geo.pt + geo.pb, (geo.oh - 1) * geo.sh + (kh - 1) * geo.dh + 1)
         wsz = max(geo.w + geo.pl + geo.pr, (geo.ow - 1) * geo.sw + (kw - 1) * geo.dw + 1)
-        src = em.scratch(geo.n * cb * hs * wsz * ib * esize, "uint8" if bytes_in else "uint16")
+        # (kx_packed: a row's last quad reads up to 3 bytes past it, times zero weights)
+        src = em.scratch(geo.n * cb * hs * wsz * ib * esize + (4 if s.kx_packed else 0), "uint8" if bytes_in else "uint16")
         rows = geo.n * cb * hs
         xin = (f"X[(((ni * {c // xb} + ch / {xb}) * {geo.h} + iy) * {geo.w}L + ix) * {xb} + ch % {xb}]"
                if xb > 1 else f"X[((ni * {c} + ch) * {geo.h} + iy) * {geo.w}L + ix]")
@@ -223,11 +256,13 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     store = "i32_store_u8"
 
     affine = s.clip is not None and s.clip.affine is not None
+    add = s.residual
     # four vectors of consecutive pixels of a blocked output are 4 * L contiguous bytes: stored
     # by one saturating pack (``i32x4_store_u8``), which is itself the clamp to [0, 255], so
     # those vectors skip it; only where every value converts exactly (|f| < 2^30, bounded at
     # compile time from the weights, the folded bias and the multipliers)
-    grouped = yb > 1 and v.has("i32x4_store_u8") and _fits_int32(w, bias[:oc], mult[:oc], s.clip)
+    grouped = yb > 1 and v.has("i32x4_store_u8") and (
+        add is not None or _fits_int32(w, bias[:oc], mult[:oc], s.clip))  # (the add's range: checked by its schedule)
     low_keep = {  # the clamps a saturating pack does not make: ReLU's at the zero point, the clip's extremes
         "f": (lo_clamp > info.min and not affine) or (affine and s.clip.affine[2] > 0),
         "h": affine and s.clip.affine[3] < 255}
@@ -239,6 +274,21 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         packed = 4 * (width // 4) if grouped else 0
         for r in range(width):
             in_pack = r < packed
+            if in_pack and not affine and s.clip is None and add is None:
+                # the conversion rounds half to even and the zero point is an integer add: one
+                # op fewer than rounding in float (the saturating pack is the clamp); a fused
+                # ReLU is max(x, 0) before rounding (round(max(x, 0)) = max(round(x), 0))
+                out += [f"  {{ {v.t} f = {v.op('mul', v.x('i32_to_f32', a=f'c{r}_{j}'), 'mv')};",
+                        f"    {{ const {v.t} fc = {v.op('add', v.x('f32_round_even', a='f'), 'yzv')};",
+                        f"      vlo = {v.x('f32_nge_count', a='fc', b='lov', c='vlo')}; "
+                        f"vhi = {v.x('f32_gt_count', a='fc', b='hiv', c='vhi')}; }}"]
+                if low_keep["f"]:
+                    out.append(f"    f = {v.op('max', 'f', 'kz0')};")
+                out.append(f"    q{r % 4} = {v.x('i32_add', a=v.x('f32_to_i32_even', a='f'), b='yzi')}; }}")
+                if r % 4 == 3:
+                    dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r - 3}) * {L}"
+                    out.append("  " + v.x("i32x4_store_u8", p=dst, a="q0", b="q1", c="q2", d="q3"))
+                continue
             out += [f"  {{ {v.t} f = {v.x('i32_to_f32', a=f'c{r}_{j}')};",
                     f"    f = {v.x('f32_round_even', a=v.op('mul', 'f', 'mv'))};"]
             if affine:
@@ -256,7 +306,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                 out += [f"    f = {v.op('add', 'f', 'yzv')};",
                         f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; "
                         f"vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};"]
-                if not in_pack or s.clip is not None:  # (the division form below reads the clamped code)
+                if not in_pack or s.clip is not None or add is not None:  # (a clip or add reads the clamped code)
                     out.append(f"    f = {v.op('min', v.op('max', 'f', 'clv'), 'hiv')};  /* NaN: max gives the low clamp */")
                 elif low_keep["f"]:
                     out.append(f"    f = {v.op('max', 'f', 'clv')};")
@@ -269,7 +319,16 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                 out.append(f"    f = {v.op('add', v.x('f32_round_even', a=v.op('div', 'f', 'kys')), 'kyz')};")
                 if not in_pack:
                     out.append(f"    f = {v.op('min', v.op('max', 'f', 'lov'), 'hiv')};")
-            cvt = "f32_to_i32_even" if affine else "f32_to_i32"  # (else already rounded)
+            if add is not None:  # the fused QLinearAdd on the code and the residual's byte (MLAS's formula)
+                rsrc = f"R + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}) * {L}"
+                out.append(f"    {{ const {v.t} rv = {v.x('i32_to_f32', a=v.x('u8_to_i32', p=rsrc))};")
+                a_, b_ = ("f", "rv") if add.conv_is_a else ("rv", "f")
+                out.append(f"      f = {v.fmadd(a_, 'kra', v.fmadd(b_, 'krb', 'kfx'))}; }}")
+                out.append(f"    vlo = {v.x('f32_nge_count', a='f', b='kal', c='vlo')}; "
+                           f"vhi = {v.x('f32_gt_count', a='f', b='kah', c='vhi')};")
+                if not in_pack:  # rounded, then clamped before the truncating store
+                    out.append(f"    f = {v.op('min', v.op('max', v.x('f32_round_even', a='f'), 'lov'), 'hiv')};")
+            cvt = "f32_to_i32_even" if affine or (add is not None and in_pack) else "f32_to_i32"  # (else already rounded)
             if in_pack:
                 out.append(f"    q{r % 4} = {v.x(cvt, a='f')}; }}")
                 if r % 4 == 3:
@@ -293,17 +352,17 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         out += [f"{it} " + ", ".join(f"c{r}_{j} = bv{j}" for r in range(width) for j in range(nv)) + ";",
                f"for (long bi = 0; bi < {cb}; ++bi) {{",
                f"  const {st} *restrict sc = s0 + bi * {hs_ * ws_ * ib}L;",
-               f"  const {wt} *restrict wc = w0 + bi * {kh * kw * q_words * nv * word}L;",
+               f"  const {wt} *restrict wc = w0 + bi * {kh * kwl * q_words * nv * word}L;",
                f"  for (long ky = 0; ky < {kh}; ++ky) {{",
-               f"    for (long kx = 0; kx < {kw}; ++kx) {{",
+               f"    for (long kx = 0; kx < {kwl}; ++kx) {{",
                f"      const {st} *restrict sp = sc + (ky * {geo.dh * ws_} + kx * {geo.dw}) * {ib}L;",
-               f"      const {wt} *restrict wq = wc + (ky * {kw} + kx) * {q_words * nv * word}L;",
+               f"      const {wt} *restrict wq = wc + (ky * {kwl} + kx) * {q_words * nv * word}L;",
                # not unrolled where the whole reduction is one or two such loops (a 1x1 conv on
                # 16 or 32 channels): gcc then unrolled everything, hoisted every word's broadcasts
                # and spilled most of the register tile (MobileNetV2's first expand: 256 -> 215 us);
                # elsewhere its unrolling of the word loop is the faster code (ResNet-50's 1x1
                # stride-2 downsample: 452 us unrolled, 770 us not)
-               *(["      _Pragma(\"GCC unroll 1\")"] if cb * kh * kw <= 2 else []),
+               *(["      _Pragma(\"GCC unroll 1\")"] if cb * kh * kwl <= 2 else []),
                f"      for (long q = 0; q < {q_words}; ++q) {{"]
         out += [f"        const {it} b{j} = {v.x('i32_loadu', p=f'wq + q * {nv * word} + {j * word}')};"
                 for j in range(nv)]
@@ -341,18 +400,23 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              f"const int32_t *restrict BI = {em.weight(bias.astype(np.int32))};",
              f"const float *restrict MU = {em.weight(mult)};",
              f"const {st} *restrict S = {sptr};",
-             f"{yt} *restrict Y = (void *){em.ptr(y)};",
+             # no restrict where the output may be written over the residual it reads (each
+             # vector read just before the store that overwrites it: codegen/inplace.py)
+             f"{yt} *{'' if add is not None else 'restrict '}Y = (void *){em.ptr(y)};",
+             *([f"const uint8_t *R = {em.ptr(add.residual)};"] if add is not None else []),
              f"const {v.t} yzv = {v.set1(f'{float(yz)!r}f')}, lov = {v.set1(f'{float(info.min - shift)!r}f')}, "
              f"hiv = {v.set1(f'{float(info.max - shift)!r}f')}, clv = {v.set1(f'{float(lo_clamp)!r}f')};",
              f"{it} vlo = {v.x('i32_set1', a='0')}, vhi = vlo;  /* clamps per lane (numeric debug counters) */",
+             f"const {it} yzi = {v.x('i32_set1', a=str(yz))}; const {v.t} kz0 = {v.set1('0.0f')};",
              *_clip_constants(v, s.clip),
+             *_residual_constants(v, add),
              "long wb, we; " + split,
              "for (long item = wb; item < we; ++item) {",
              f"  const long t = item % {owt}, oy = (item / {owt}) % {geo.oh}, og = (item / {owt * geo.oh}) % {ocg},"
              f" ni = item / {owt * geo.oh * ocg};",
              f"  const long ox0 = t * {rw};",
              f"  const {st} *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};",
-             f"  const {wt} *restrict w0 = Wp + og * {kh * kw * L if s.depthwise else cb * kh * kw * q_words * nv * word}L;"]
+             f"  const {wt} *restrict w0 = Wp + og * {kh * kw * L if s.depthwise else cb * kh * kwl * q_words * nv * word}L;"]
     if rem:
         lines += [f"  if (t < {full}) {{"] + ["    " + ln for ln in body(rw)] + ["  } else {"]
         lines += ["    " + ln for ln in body(rem)] + ["  }"]
