@@ -365,3 +365,26 @@ def test_quantized_mlp(tmp_path, kind: str) -> None:
         else:
             np.testing.assert_array_equal(got, want, err_msg=f"{kind} threads={threads}")
         compiled.close()
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_gemm_with_float_output_runs_as_qgemm(tmp_path, per_channel: bool) -> None:
+    """A classifier Gemm between DQs whose output stays float (smelt's quantizer leaves the
+    model's outputs fp32: ResNet-50's fc) becomes QGemm with float output, as onnxruntime
+    rewrites it: its 8-bit weights, not the dequantized float ones, and onnxruntime's answer
+    bit for bit (the float Gemm on dequantized weights differs in the last places)."""
+    src = tmp_path / "f.onnx"
+    _mlp(src)
+    calib = [{"x": RNG.standard_normal((6, 32)).astype(np.float32)} for _ in range(4)]
+    model, _ = smelt.quantize(str(src), calib, per_channel=per_channel)
+    ops = [n.op for n in lower(model, CompileOptions(threads=1)).nodes]
+    assert ops.count("QGemm") == 2 and "Gemm" not in ops, ops  # the hidden one and the float-output one
+    feeds = {"x": RNG.standard_normal((6, 32)).astype(np.float32) * 2}
+    want = _ort(model, feeds)[0]
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        assert compiled.fallback_nodes == [], compiled.fallback_report
+        got = compiled.run(feeds)[0]
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, want, err_msg=f"threads={threads}")
+        compiled.close()

@@ -313,6 +313,32 @@ def _lower_gemm(g: Graph, producers: dict[str, Node], node: Node, x: tuple[str, 
     _finish(g, node, q, relu, "QGemm", [x[0], x[1], x[2], w[0], w[1], w[2], bias, ys, yz], dead)
 
 
+def _lower_gemm_float(g: Graph, producers: dict[str, Node], node: Node, x: tuple[str, str, str]) -> None:
+    """``Gemm(DQ(a), DQ(W)[, DQ(bias)])`` with a float output (no Q after it: a classifier
+    writing the model's logits) → ``com.microsoft`` QGemm without y_scale, float out, as
+    onnxruntime's QDQ transformer rewrites it: the product in exact int32 over 8-bit weights
+    (a quarter of the float weights' bytes), then ``float(acc + C) * (alpha * a_scale *
+    w_scale[j])``."""
+    if _dtype(g, node.outputs[0]) != "float32" or _dtype(g, x[0]) not in ("uint8", "int8"):
+        return
+    bv = g.values.get(node.inputs[1])
+    if bv is None or bv.shape is None or len(bv.shape) != 2 or int(node.attr("transA", 0)):
+        return
+    trans_b = int(node.attr("transB", 0))
+    w = _weights(g, _dq(g, producers, node.inputs[1]), int(bv.shape[0 if trans_b else 1]), 0 if trans_b else 1)
+    c = node.inputs[2] if len(node.inputs) > 2 else ""
+    if w is None or (c and float(node.attr("beta", 1.0)) != 1.0):
+        return
+    bias = _bias(g, producers, c, x[1], w[1])
+    if bias is None:
+        return
+    node.attrs = {"alpha": float(node.attr("alpha", 1.0)), "transA": 0, "transB": trans_b}
+    node.attr_protos = []
+    node.op, node.domain = "QGemm", MS_DOMAIN
+    node.inputs = [x[0], x[1], _zero_point(g, x[2], x[0]), w[0], w[1], _zero_point(g, w[2], w[0]), bias]
+    g.opset.setdefault(MS_DOMAIN, 1)
+
+
 def _lower_clip(g: Graph, producers: dict[str, Node], consumers: dict[str, list[Node]], node: Node,
                 dead: list[Node], gone: set[int]) -> None:
     """``Q(Clip|Relu(DQ(x)))`` → smelt's ``QLinearClip``: each of the 256 codes through the float
@@ -354,7 +380,11 @@ def lower_qdq(g: Graph) -> Graph:
             continue
         out = _output_q(g, consumers, node.outputs[0])
         x = _activation(g, _dq(g, producers, node.inputs[0]))
-        if out is None or x is None:
+        if x is None:
+            continue
+        if out is None:
+            if node.op == "Gemm":
+                _lower_gemm_float(g, producers, node, x)
             continue
         q, relu = out
         ys, yz = q.inputs[1], q.inputs[2]
