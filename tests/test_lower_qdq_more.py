@@ -388,3 +388,34 @@ def test_gemm_with_float_output_runs_as_qgemm(tmp_path, per_channel: bool) -> No
         assert got.dtype == np.float32
         np.testing.assert_array_equal(got, want, err_msg=f"threads={threads}")
         compiled.close()
+
+
+def test_matmul_with_float_output_runs_as_matmul_integer_to_float() -> None:
+    """The same for a MatMul whose output stays float: onnxruntime's MatMulIntegerToFloat,
+    bit for bit; a rank-1 A, which the integer template does not take, stays a float MatMul."""
+    w = lambda *s: (RNG.standard_normal(s) * 0.2).astype(np.float32)  # noqa: E731
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"]), helper.make_node("MatMul", ["v", "w3"], ["z"])]
+    inits = [numpy_helper.from_array(w(32, 48), "w1"), numpy_helper.from_array(w(48, 10), "w2"),
+             numpy_helper.from_array(w(32, 7), "w3")]
+    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 32]),
+                                            helper.make_tensor_value_info("v", TensorProto.FLOAT, [32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6, 10]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, [7])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    feed = lambda: {"x": RNG.standard_normal((2, 6, 32)).astype(np.float32),  # noqa: E731
+                    "v": RNG.standard_normal(32).astype(np.float32)}
+    q, _ = smelt.quantize(model, [feed() for _ in range(4)])
+    ops = [n.op for n in lower(q, CompileOptions(threads=1)).nodes]
+    assert ops.count("MatMulIntegerToFloat") == 1 and ops.count("MatMul") == 1, ops
+    feeds = feed()
+    want = _ort(q, feeds)
+    for threads in (1, 2):
+        compiled = smelt.compile(q, threads=threads)
+        assert compiled.fallback_nodes == [], compiled.fallback_report
+        y, z = compiled.run(feeds)
+        np.testing.assert_array_equal(y, want[0], err_msg=f"threads={threads}")
+        # (onnxruntime runs the rank-1 one as MatMulIntegerToFloat too: the last places differ)
+        np.testing.assert_allclose(z, want[1], rtol=1e-5, atol=1e-6, err_msg=f"threads={threads}")
+        compiled.close()

@@ -313,6 +313,16 @@ def _lower_gemm(g: Graph, producers: dict[str, Node], node: Node, x: tuple[str, 
     _finish(g, node, q, relu, "QGemm", [x[0], x[1], x[2], w[0], w[1], w[2], bias, ys, yz], dead)
 
 
+def _native_or_undo(g: Graph, node: Node, before: tuple) -> None:
+    """Keep ``node``'s rewrite into an integer op only where a native template runs it (an A of
+    rank 1, K past the exact int32 range): else it goes back to the float op it was, which is
+    native, rather than to a fallback."""
+    from smelt.codegen.registry import find_template  # (the registry imports the templates)
+
+    if find_template(node, g)[0] is None:
+        node.op, node.domain, node.inputs, node.attrs, node.attr_protos = before
+
+
 def _lower_gemm_float(g: Graph, producers: dict[str, Node], node: Node, x: tuple[str, str, str]) -> None:
     """``Gemm(DQ(a), DQ(W)[, DQ(bias)])`` with a float output (no Q after it: a classifier
     writing the model's logits) → ``com.microsoft`` QGemm without y_scale, float out, as
@@ -332,11 +342,32 @@ def _lower_gemm_float(g: Graph, producers: dict[str, Node], node: Node, x: tuple
     bias = _bias(g, producers, c, x[1], w[1])
     if bias is None:
         return
+    before = (node.op, node.domain, list(node.inputs), dict(node.attrs), list(node.attr_protos))
     node.attrs = {"alpha": float(node.attr("alpha", 1.0)), "transA": 0, "transB": trans_b}
     node.attr_protos = []
     node.op, node.domain = "QGemm", MS_DOMAIN
     node.inputs = [x[0], x[1], _zero_point(g, x[2], x[0]), w[0], w[1], _zero_point(g, w[2], w[0]), bias]
     g.opset.setdefault(MS_DOMAIN, 1)
+    _native_or_undo(g, node, before)
+
+
+def _lower_matmul_float(g: Graph, producers: dict[str, Node], node: Node, x: tuple[str, str, str]) -> None:
+    """``MatMul(DQ(a), DQ(W))`` with a float output → ``com.microsoft`` MatMulIntegerToFloat, as
+    onnxruntime's QDQ transformer rewrites it: the product in exact int32 over the 8-bit
+    weights, then ``float(acc) * (a_scale * w_scale[j])``. Constant 2-D weights per tensor or
+    per column only (an activation B or a batched one stays float, as there)."""
+    bv = g.values.get(node.inputs[1])
+    if (_dtype(g, node.outputs[0]) != "float32" or _dtype(g, x[0]) not in ("uint8", "int8")
+            or bv is None or bv.shape is None or len(bv.shape) != 2):
+        return
+    w = _weights(g, _dq(g, producers, node.inputs[1]), int(bv.shape[1]), 1)
+    if w is None:
+        return
+    before = (node.op, node.domain, list(node.inputs), dict(node.attrs), list(node.attr_protos))
+    node.op, node.domain = "MatMulIntegerToFloat", MS_DOMAIN
+    node.inputs = [x[0], w[0], x[1], w[1], _zero_point(g, x[2], x[0]), _zero_point(g, w[2], w[0])]
+    g.opset.setdefault(MS_DOMAIN, 1)
+    _native_or_undo(g, node, before)
 
 
 def _lower_clip(g: Graph, producers: dict[str, Node], consumers: dict[str, list[Node]], node: Node,
@@ -385,6 +416,8 @@ def lower_qdq(g: Graph) -> Graph:
         if out is None:
             if node.op == "Gemm":
                 _lower_gemm_float(g, producers, node, x)
+            elif node.op == "MatMul":
+                _lower_matmul_float(g, producers, node, x)
             continue
         q, relu = out
         ys, yz = q.inputs[1], q.inputs[2]
