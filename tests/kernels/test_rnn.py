@@ -573,33 +573,6 @@ def test_zero_initial_state_first_step(isa, monkeypatch, tmp_path):
     _check(cases)
 
 
-@pytest.mark.parametrize("isa", ["native", "avx2", pytest.param("scalar", marks=pytest.mark.slow)])
-def test_step_prefetches_with_hidden_split(isa, monkeypatch, tmp_path):
-    """Each step prefetches the previous h of the hidden blocks the other threads own and, with
-    write intent, its own new h and Y lines; the projection asks for the next tile's XW lines
-    with write intent (layout 0). Under a forced hidden split (grid 1 x 2) the threads own
-    unequal block ranges (H=40: 2 + 1 blocks, a padded tail; H=130: 5 + 4), odd and single
-    batches, layout 1 (Y's batch stride), Y omitted (no Y prefetch), the GRU's two phases (only
-    the candidate phase writes h), sequence lengths; each ISA, 2 threads, against onnxruntime."""
-    force_isa(isa, monkeypatch, tmp_path)
-    lbr0 = {"linear_before_reset": 0}
-    cases = [Case("LSTM", 4, 3, 6, 40, init=True, peep=True),
-             Case("LSTM", 3, 1, 5, 130, "reverse", 1, seq="rand"),
-             Case("LSTM", 3, 5, 4, 33, outputs=("Y_h", "Y_c")),
-             Case("GRU", 4, 3, 5, 40, "forward", 1, attrs=lbr0, init=True),
-             Case("GRU", 3, 2, 6, 130, "bidirectional", seq="rand", attrs={"linear_before_reset": 1}),
-             Case("RNN", 3, 7, 5, 33, init=True)]
-    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
-    model, _, _, _ = _models(cases, 0)
-    src = smelt.compile(annotate(model, grid=(1, 2)), threads=2).source_path.read_text()
-    assert src.count("/* the other threads' h lines") >= len(cases)
-    assert "/* this step's h and Y lines, with write intent" in src
-    assert "__builtin_prefetch(hn + m * " in src and "__builtin_prefetch(y + m * ybs + j, 1, 3);" in src
-    assert "__builtin_prefetch(XW + (m0 + 6 + 0) * " in src
-    _check(cases, threads=(2,), transform=lambda m: annotate(m, grid=(1, 2)))
-    _check(cases[:3], threads=(1,))
-
-
 @pytest.mark.parametrize("isa", ["avx2", "scalar"])
 def test_isa_headers(isa, monkeypatch):
     """The recurrence rendered with each ISA header the host runs (kernels/csrc/rnn_vec_*.h: AVX2

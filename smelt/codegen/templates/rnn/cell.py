@@ -25,9 +25,6 @@ from smelt.codegen.templates.rnn.gates import act_code, clip_code
 # H=128 B=4 3481 -> 2798 (3 rows x 3 ymm with the loads first: about the same; the GRU's 2-row
 # logical tile gained nothing as a native one, and without "unroll 2" no variant gained).
 NATIVE_TILE_ROWS = 2
-H_PREFETCH = True
-KC_BYTES = 16384
-W_PREFETCH = True
 
 
 def _gate_groups(gates: list[int], most: int) -> list[list[int]]:
@@ -265,7 +262,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     # One chunk: no blocking, the accumulators never leave registers.
     nb_most = max(nb for _, nb in pairs)
     rbytes = cfg.nhb * H * G * VL * 4
-    kc = max(16, min(H, ((32768 if l2_bytes and rbytes > l2_bytes else KC_BYTES) // (nb_most * G * VL * 4)) // 16 * 16))
+    kc = max(16, min(H, ((32768 if l2_bytes and rbytes > l2_bytes else 16384) // (nb_most * G * VL * 4)) // 16 * 16))
     stream = bool(l2_bytes) and rbytes > l2_bytes * 3 // 4
     # R beyond L2 is streamed from L3 every step (H=1024). Then odd steps walk the hidden blocks
     # in reverse, so a step starts on the blocks the last one ended with, still in L2 (batch 1,
@@ -400,27 +397,6 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
         return;
     }}""")
     acc_floats = max([cpg * chunk_acc] + [bc * ng * VL for bc in gs_rows])
-    # The previous h of the hidden blocks other threads own (a grid with hidden groups) was
-    # written by their cores: the K loops' broadcasts of it missed to the other core's cache, 10-20
-    # misses at a time every 16 k, a latency chain the FMAs waited on once per step. One prefetch
-    # per line at the start of the step overlaps them all with the K loops' first part (the blocks
-    # this thread wrote itself). LSTM E=H=256 B=10, 2 threads (Zen 4): dot kernels -4% on-CPU time.
-    h_prefetch = (f"""if (KH) for (long m = blo; m < bhi; ++m) {{ /* the other threads' h lines (see cell_code) */
-        const float *hr = {kin} + m * {Hp}L;
-        for (long j = 0; j < hb0 * {VL}L; j += {VL}) __builtin_prefetch(hr + j, 0, 3);
-        for (long j = hb1 * {VL}L; j < {Hp}; j += {VL}) __builtin_prefetch(hr + j, 0, 3);
-    }}""") if H_PREFETCH else ""
-    # This step's stores: the new h lines (read by the other threads' cores last step, so each
-    # store needs them invalidated there first) and the Y lines (cold: the output, first written
-    # now). Asked for with write intent here, the ownership requests run under the K loops
-    # instead of filling the store queue in the gate math.
-    out_lines = [f"__builtin_prefetch(hn + m * {Hp}L + j, 1, 3);"] if phase != "a" else []
-    if cfg.y and phase != "a":
-        out_lines.append("__builtin_prefetch(y + m * ybs + j, 1, 3);")
-    if W_PREFETCH and out_lines:
-        h_prefetch += (f"""
-    for (long m = blo; m < bhi; ++m) /* this step's h and Y lines, with write intent (see cell_code) */
-        for (long j = hb0 * {VL}L; j < hb1 * {VL}L; j += {VL}) {{ {' '.join(out_lines)} }}""")
     return "\n".join(kernels) + "\n" + gate_fn + f"""
 static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, float *cs,
                   const float *pp, const float *rbh, float *zb, float *rh, float *y,
@@ -430,7 +406,6 @@ static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, 
     const long KH = zh ? 0 : {H}; /* h = 0: no h·R (one empty K block still runs the tiles' XW loads) */
     float acc[{acc_floats}] __attribute__((aligned(64)));
     const int rev = {int(stream)} && (t & 1);
-    {h_prefetch}
     {chr(10).join(gs_code)}
     /* balanced row chunks of at most {mb_most} rows (at most two distinct sizes), in groups of
        {cpg} chunks; per group, K blocks of {kc} (all chunks per block), then the gate math */

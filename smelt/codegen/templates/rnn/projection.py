@@ -11,7 +11,6 @@ from smelt.codegen.templates.rnn.common import CB
 PANEL = 64  # GEMM panel width (4 vectors)
 GEMM_MR = 6  # GEMM rows per register tile
 GEMM_KC = 128  # GEMM K block: a 64-column panel slice of 32 KiB stays in L1
-XW_PREFETCH = True
 GEMM_MC_BLOCKS = 8  # GEMM 6-row tiles per block: a 48x64 XW tile (12 KiB) stays in L1 across K blocks
 
 
@@ -99,14 +98,6 @@ def gemm_code(cfg: RnnConfig, dynamic: bool = False, rows: int | None = None) ->
     # then cut into blocks of <= GEMM_MC_BLOCKS tiles of one panel. Splitting whole 48-row blocks
     # instead left the threads unbalanced when there are few panels (GRU H=64: 3 panels x
     # T=100 rows as 48+48+4-row blocks gave one thread 196 rows, the other 104).
-    # XW (T*B rows: megabytes) is written once, to lines in no cache: each tile's first stores
-    # waited for their ownership requests. The next tile's lines are asked for with write intent
-    # during the first K block of this one (a tile's FMAs take ~1 us, a request from DRAM ~0.1).
-    xw_prefetch = ""
-    if XW_PREFETCH and cfg.layout == 0:
-        lines = " ".join(f"__builtin_prefetch(XW + (m0 + {GEMM_MR} + {m}) * {N}L + col + {v * VL}, 1, 3);"
-                         for m in range(GEMM_MR) for v in range(PANEL // VL))
-        xw_prefetch = f"if (k0 == 0 && m0 + {2 * GEMM_MR} <= M) {{ {lines} }}"
     body = f"""
 static void FNAME(const float *X, float *XW, const float *Wp, const float *bias, long M, long TB,
                   int tid, int nt) {{
@@ -123,7 +114,6 @@ static void FNAME(const float *X, float *XW, const float *Wp, const float *bias,
         for (long k0 = 0; k0 < {K}; k0 += {kc}) {{
             const long k1 = SMELT_MIN(k0 + {kc}, {K}L);
             for (long m0 = t0 * {GEMM_MR}; m0 < t1 * {GEMM_MR}; m0 += {GEMM_MR}) {{
-                {xw_prefetch}
                 {f"if (p < {n_panels - 1}) {{ {dispatch(4)} }} else " if n_panels > 1 else ""}{{ {dispatch(nv_last)} }}
                 {CB}
             }}
