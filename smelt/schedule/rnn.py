@@ -29,8 +29,7 @@ from smelt.codegen.kernels.rnn_config import (
     VL,
     RnnConfig,
     config,
-    gate_split_rows,
-    tile_rows,
+    gate_split_parts,
 )
 from smelt.codegen.kernels.rnn_vec import rnn_vec
 from smelt.ir.graph import Graph, Node
@@ -285,6 +284,7 @@ class RnnSchedule:
     gate_major: bool  # R packed [g][H][16] per hidden block, for the cell's gate-split passes
     acc_budget: int  # logical-vector accumulators of a register tile (the target's)
     pipeline: tuple[str, ...] = ()  # the stacked chain this node belongs to (head first), or ()
+    two_parts: bool = False  # a thread's R slice stays in L2: gate-split passes in two row parts too
 
     def grid_table(self) -> dict[int, dict[int, tuple[int, int]]]:
         """{pool threads: {batch rows: (xi, xj)}}."""
@@ -324,15 +324,21 @@ def decide_rnn(node: Node, g: Graph, target: Target, threads: int, db: TuningDB 
     # R streamed from L3 every step and a thread's rows too many for one register tile: pack R
     # gate-major, so the cell's gate-split passes each stream one contiguous run (see cell_code)
     rows = {c for gp in grids.values() for (xi, _) in gp.values() for c in (B // xi, -(-B // xi))}
+    # A thread's R slice under the P-thread grid within 3/4 of L2 (read from there every step):
+    # its rows up to 2 x GATE_SPLIT_ROWS may run as two gate-split parts (gate_split_parts)
+    gsize = P if cfg.D == 1 or seq_dirs else max(1, P // 2)
+    xj_p = grids[gsize][B][1] if B in grids[gsize] else 1
+    units = cfg.nhb if cfg.D == 1 or seq_dirs or gsize < P else cfg.D * cfg.nhb
+    two_parts = -(-units // xj_p) * cfg.H * cfg.G * VL * 4 <= l2 * 3 // 4
     gate_major = (not dynamic and level != "baseline" and not (cfg.op == "GRU" and not cfg.lbr)
                   and cfg.nhb * cfg.H * cfg.G * VL * 4 > l2 * 3 // 4
-                  and any(tile_rows(cfg.G, budget) < bc <= gate_split_rows(budget) for bc in rows))
+                  and any(gate_split_parts(bc, cfg.G, budget, two_parts) for bc in rows))
     if pipeline:  # the pipeline's per-layer cells use the interleaved R layout
         gate_major = False
     return RnnSchedule(level=level, threads=P,
                        grids=tuple((p, b, xi, xj) for p, gp in sorted(grids.items()) for b, (xi, xj) in sorted(gp.items())),
                        directions_in_sequence=seq_dirs, gate_major=gate_major, acc_budget=budget,
-                       pipeline=pipeline)
+                       pipeline=pipeline, two_parts=gate_major and two_parts)
 
 
 def decide_rnn_graph(g: Graph, target: Target, threads: int, db: TuningDB | None) -> None:

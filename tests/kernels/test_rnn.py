@@ -439,9 +439,13 @@ def test_gate_split_gate_major():
     thread's rows. Row counts just above the tile (LSTM 7, GRU 9), at the limit (12) and
     above it (13: not gate-major), run-time weights (the C packer's gate-major path), 1 and 2
     threads; the forced row split (2, 1) runs row chunks of 3-6 on the gate-major layout."""
-    from smelt.codegen.kernels.rnn_config import GATE_SPLIT_ROWS
+    from smelt.codegen.kernels.rnn_config import GATE_SPLIT_ROWS, gate_split_parts
 
     assert GATE_SPLIT_ROWS == 12
+    # two parts: balanced, each above one register tile, each pass covering two gates or more
+    assert gate_split_parts(20, 4, 24) == [10, 10] and gate_split_parts(15, 4, 24) == [8, 7]
+    assert gate_split_parts(13, 4, 24) == [] and gate_split_parts(25, 4, 24) == []
+    assert gate_split_parts(10, 4, 6) == [] and gate_split_parts(5, 4, 6) == [5]  # AVX2: one part only
     cases = [Case("LSTM", 3, 7, 8, 400, seq="rand", init=True, peep=True),
              Case("LSTM", 2, 12, 5, 400, "reverse"),
              Case("LSTM", 3, 13, 6, 400, init=True),
@@ -450,6 +454,37 @@ def test_gate_split_gate_major():
              Case("GRU", 2, 12, 4, 400, "bidirectional", attrs={"linear_before_reset": 1}, runtime_weights=True)]
     _check(cases, threads=(1, 2))
     _check(cases[:2], threads=(2,), transform=lambda m: annotate(m, grid=(2, 1)))
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", pytest.param("scalar", marks=pytest.mark.slow)])
+def test_gate_split_two_parts(isa, monkeypatch, tmp_path):
+    """A thread's rows beyond GATE_SPLIT_ROWS, up to twice that, whose R slice stays in L2 under
+    the grid (R as a whole beyond 3/4 of L2; a 1 MiB L2 here, as on Zen 4): two parts of
+    gate-split passes (rnn_config.gate_split_parts), each part's passes and then its gate math
+    per hidden block. LSTM 20 rows (10 + 10), 15 (8 + 7, peepholes, lengths), GRU lbr 19
+    (10 + 9), run-time weights; a forced hidden split (each thread half of R: two parts), the
+    same code on a pool of one thread, and a row split that gives each thread one part (24 rows
+    over 2). Each ISA (AVX2's 6 accumulators: never two parts)."""
+    import dataclasses
+
+    from smelt.codegen.kernels.rnn_config import gate_split_parts
+    from smelt.codegen.kernels.rnn_vec import rnn_vec
+
+    target = dataclasses.replace(force_isa(isa, monkeypatch, tmp_path), l2_bytes=1 << 20)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    budget = rnn_vec(target).acc_budget(target)
+    cases = [Case("LSTM", 3, 20, 6, 256, init=True),
+             Case("LSTM", 2, 15, 5, 256, "reverse", seq="rand", peep=True),
+             Case("GRU", 3, 19, 4, 300, attrs={"linear_before_reset": 1}, init=True),
+             Case("LSTM", 2, 24, 3, 256, runtime_weights=True)]
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
+    model, _, _, _ = _models(cases[:1], 0)
+    two = "gate split: 10 rows x gates 01 + 23 + 10 rows x gates 01 + 23"
+    split = smelt.compile(annotate(model, grid=(1, 2)), threads=2).source_path.read_text()
+    assert (two in split) == (gate_split_parts(20, 4, budget) == [10, 10])  # AVX-512: 24 accumulators
+    _check(cases, threads=(2,), transform=lambda m: annotate(m, grid=(1, 2)))
+    _check(cases[:2], threads=(1,))
+    _check(cases[3:], threads=(2,), transform=lambda m: annotate(m, grid=(2, 1)))
 
 
 def test_calibration_stores_and_is_used(tmp_path, monkeypatch):

@@ -53,6 +53,7 @@ class RnnConfig:
     yh: str
     yc: str
     rgm: bool = False  # R packed gate-major per hidden block ([g][H][16]); else [H][G*16]
+    two_parts: bool = False  # a thread's R slice stays in L2: gate-split passes in two row parts too
     acc_budget: int = ACC_BUDGET  # logical-vector accumulators of a register tile (the target's; RnnVecIsa)
 
     @property
@@ -170,6 +171,26 @@ def gate_split_rows(budget: int) -> int:
     """Most rows of a gate-split pass: GATE_SPLIT_ROWS, and at least one gate's accumulator per
     row must fit the register budget (AVX2's 6: a 10-row pass spilled every FMA)."""
     return min(GATE_SPLIT_ROWS, budget)
+
+
+def gate_split_parts(rows: int, ng: int, budget: int, two: bool = True) -> list[int]:
+    """The row parts a thread's ``rows`` run as gate-split passes over ``ng`` gates (R packed
+    gate-major), or [] for row-chunk tiles. One part: above one register tile and at most
+    ``gate_split_rows``. Two balanced parts, each above one register tile, up to twice that, when
+    a part's pass still covers two gates or more: each R load then feeds 10-12 rows' FMAs and
+    the accumulators stay in registers over the whole K, where the row chunks of 5 reloaded them
+    every K block (AVX-512, LSTM H=256, a thread's 20 rows x 8 hidden blocks, 1-thread C harness
+    of the cell, 3 paired runs: 5.22-5.34 vs 5.32-5.47 ms per 100 steps). Only with ``two``: the
+    schedule's word that the thread's R slice stays in L2 (the parts read it twice a step; from
+    L3 that doubles the stream the row chunks' K blocking shares). With one gate per pass
+    (AVX2's 6 accumulators) the parts would read R 2G times a step: not taken."""
+    tile, most = tile_rows(ng, budget), gate_split_rows(budget)
+    if tile < rows <= most:
+        return [rows]
+    first = -(-rows // 2)
+    if two and most < rows <= 2 * most and rows - first > tile and budget // first >= 2 and ng >= 2:
+        return [first, rows - first]
+    return []
 
 
 def tile_rows(ng: int, budget: int) -> int:

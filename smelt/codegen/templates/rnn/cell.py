@@ -8,7 +8,7 @@ from smelt.codegen.kernels.rnn_config import (
     REC_GROUP_ROWS,
     VL,
     RnnConfig,
-    gate_split_rows,
+    gate_split_parts,
     tile_rows,
 )
 from smelt.codegen.kernels.tile import RegisterTile
@@ -214,7 +214,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     acts = cfg.acts[d]
     gates = {"": list(range(G)), "a": [0, 1], "b": [2]}[phase]
     ng = len(gates)
-    mb_most = mb_logical = tile_rows(ng, cfg.acc_budget)
+    mb_most = tile_rows(ng, cfg.acc_budget)
     # A logical tile of one row (AVX2 LSTM: 4 gates x 2 ymm of the 6 x 2 budget): rows of 2 and
     # more run as native-vector tiles instead (_native_dot_code); rows of 1 keep the logical tile
     # (its split accumulator set for batch 1; batch 1 renders as without native tiles).
@@ -276,9 +276,12 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     # Gate split: a thread's rows in one tile, over the gates in passes (see GATE_SPLIT_ROWS)
     # (with the logical tile's rows, as the schedule chose R's gate-major packing by: at 2 rows
     # the gate split was 1-2% faster than the native tiles, AVX2 LSTM H=256 B=2)
-    gs_rows = [bc for bc in row_counts if mb_logical < bc <= gate_split_rows(cfg.acc_budget)] if cfg.rgm else []
-    gs_groups = {bc: _gate_groups(gates, max(1, cfg.acc_budget // bc)) for bc in gs_rows}
-    kernels += [_dot_code(cfg, grp, bc, 1, kin_lbr, acc_gates=gates) for bc in gs_rows for grp in gs_groups[bc]]
+    # (a thread's rows beyond GATE_SPLIT_ROWS: two parts of gate-split passes, gate_split_parts)
+    gs_parts = {bc: parts for bc in row_counts if cfg.rgm for parts in [gate_split_parts(bc, ng, cfg.acc_budget, cfg.two_parts)] if parts}
+    gs_rows = list(gs_parts)
+    gs_sizes = sorted({pr for parts in gs_parts.values() for pr in parts})
+    gs_groups = {pr: _gate_groups(gates, max(1, cfg.acc_budget // pr)) for pr in gs_sizes}
+    kernels += [_dot_code(cfg, grp, pr, 1, kin_lbr, acc_gates=gates) for pr in gs_sizes for grp in gs_groups[pr]]
 
     # the gate math of one (row, hidden block) of a tile; a{g} are the loaded accumulators
     L: list[str] = []
@@ -382,21 +385,27 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     zz_doc = ("; on odd steps in reverse order, so a\n       step starts with the blocks the last one ended with, still in L2" if stream else "")
     gs_code = []
     for bc in gs_rows:
-        passes = " ".join(f"FNAME_s{bc}g{''.join(str(g) for g in grp)}(Rp, xw + blo * {N}L, {kin} + blo * {Hp}L, rbh, hb, "
-                          f"acc, 0, KH, hbn);" for grp in gs_groups[bc])
-        gs_code.append(f"""if (B == {bc}) {{ /* gate split: {bc} rows x gates {' + '.join(''.join(str(g) for g in grp) for grp in gs_groups[bc])}, whole K per pass */
+        work, r0 = [], 0
+        for pr in gs_parts[bc]:  # per part: its passes, then its rows' gate math
+            work += [f"FNAME_s{pr}g{''.join(str(g) for g in grp)}(Rp, xw + (blo + {r0}) * {N}L, {kin} + (blo + {r0}) * {Hp}L, "
+                     f"rbh, hb, acc, 0, KH, hbn);" for grp in gs_groups[pr]]
+            work += [f"for (long m = 0; m < {pr}; ++m)",
+                     f"    FNAME_g(acc + m * {ng * VL}, xw, hp, hn, cs, pp, zb, rh, y, slen, t, blo + {r0} + m, hb, ybs);"]
+            r0 += pr
+        desc = " + ".join(f"{pr} rows x gates {' + '.join(''.join(str(g) for g in grp) for grp in gs_groups[pr])}"
+                          for pr in gs_parts[bc])
+        body = "\n            ".join(work)
+        gs_code.append(f"""if (B == {bc}) {{ /* gate split: {desc}, whole K per pass */
         const long nit = hb1 - hb0;
         for (long it = 0; it < nit; ++it) {{
             const long i = rev ? nit - 1 - it : it, hb = hb0 + i, inx = rev ? i - 1 : i + 1;
             const long hbn = inx < 0 || inx >= nit ? hb : hb0 + inx;
-            {passes}
-            for (long m = 0; m < {bc}; ++m)
-                FNAME_g(acc + m * {ng * VL}, xw, hp, hn, cs, pp, zb, rh, y, slen, t, blo + m, hb, ybs);
+            {body}
             {CB}
         }}
         return;
     }}""")
-    acc_floats = max([cpg * chunk_acc] + [bc * ng * VL for bc in gs_rows])
+    acc_floats = max([cpg * chunk_acc] + [pr * ng * VL for pr in gs_sizes])
     return "\n".join(kernels) + "\n" + gate_fn + f"""
 static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, float *cs,
                   const float *pp, const float *rbh, float *zb, float *rh, float *y,

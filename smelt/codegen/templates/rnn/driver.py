@@ -76,6 +76,7 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     grids = sched.grid_table()
     seq_dirs = sched.directions_in_sequence
     cfg.rgm = sched.gate_major
+    cfg.two_parts = sched.two_parts
 
     # ---- weights: packed at compile time when constant, else by a first step each run ----
     src: dict[str, str] = {}
