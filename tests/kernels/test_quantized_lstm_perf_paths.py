@@ -31,8 +31,9 @@ CASES = {
     "h20-e13-perchannel": (6, 1, 13, 20, "forward", False, False, "QInt8", True),
     # T = 1, E = 1
     "t1-e1": (1, 1, 1, 32, "forward", False, True, "QInt8", False),
-    # 4H*H = 65536: the recurrence split over threads (barrier per step), two blocks per panel
-    "split-h128": (9, 1, 24, 128, "forward", False, False, "QInt8", False),
+    # 4H*H*B = 2^19 (REC_PARALLEL_MIN_MACS): the recurrence split over threads (barrier per
+    # step), two blocks per panel
+    "split-h256-b2": (9, 2, 24, 256, "forward", False, False, "QInt8", False),
     # B > 1 with ragged row tiles in both products, peepholes, initial state, reverse
     "b5-reverse-peep": (7, 5, 17, 48, "reverse", True, True, "QInt8", False),
     # uint8 weights with zero points (onnxruntime's quantizer always writes symmetric int8 for
@@ -118,6 +119,8 @@ def test_fast_paths_match_onnxruntime(case: str, isa: str, monkeypatch, cache, t
         kernel = next(i.schedule for i in compiled.plan.step_infos() if i.op == "DynamicQuantizeLSTM")
         assert kernel["micro_kernel"].split()[0] != "", kernel
         assert _expected_form(isa, wtype, target) in kernel["micro_kernel"], kernel
+        if case.startswith("split"):  # the split path is what this case is for
+            assert "up to 1 thread" not in kernel["threads"], kernel
         for name, g, ref in zip(("Y", "Y_h", "Y_c"), got, want, strict=True):
             assert g.shape == ref.shape, (name, g.shape, ref.shape)
             err = float(np.abs(g - ref).max())
@@ -133,13 +136,13 @@ def test_fast_paths_match_onnxruntime(case: str, isa: str, monkeypatch, cache, t
 @pytest.mark.sanitize
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_fast_paths_clean_under_sanitizers(isa: str, tmp_path) -> None:
-    """The quad form, the split recurrence (H=128: a flag barrier per step) and ragged batch
+    """The quad form, the split recurrence (H=256, B=2: a flag barrier per step) and ragged batch
     tiles under AddressSanitizer and UBSan, at 1 and 2 threads (tests/test_sanitize.py's
     harness: a child process, compared with onnxruntime)."""
     from test_sanitize import _check_clean, _isa_or_skip
 
     _isa_or_skip(isa)
     rng = np.random.default_rng(7)
-    src, dst, _ = _model(tmp_path, 3, 2, 19, 128, "forward", True, False, rng)
+    src, dst, _ = _model(tmp_path, 3, 2, 19, 256, "forward", True, False, rng)
     quantization.quantize_dynamic(str(src), str(dst), weight_type=quantization.QuantType.QInt8)
     _check_clean(onnx.load(str(dst)), isa, tmp_path)

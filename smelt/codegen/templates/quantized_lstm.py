@@ -64,9 +64,11 @@ EIGHT_BIT = ("int8", "uint8")
 # R_zero_point
 X, W, R, BIAS, SEQ_LENS, INIT_H, INIT_C, PEEP, W_SCALE, W_ZERO, R_SCALE, R_ZERO = range(12)
 LANES = LOGICAL_LANES  # hidden units per block: the RNN vector math's 16-lane logical vector
-# multiply-adds per recurrence step below which one thread runs it: a step of H=64 (16K MACs,
-# ~0.1 us) is shorter than the flag barrier a split needs (~0.1-0.3 us between two cores)
-REC_PARALLEL_MIN_MACS = 1 << 16
+# multiply-adds per recurrence step below which one thread runs it: the split's flag barrier and
+# the h lines crossing cores cost what halving the step saves up to H=256 at batch 1 (262K MACs,
+# ~2 us on one thread): quiet Zen 4, 2 threads, E=H=256 B1, split against one thread: T=10
+# 63 against 58 us, T=100 287 against 290 us. H=1024 (4.2M MACs a step) splits.
+REC_PARALLEL_MIN_MACS = 1 << 19
 PORTABLE_TILE = (4, 64)  # portable C: rows x columns of the plain-loop tile
 
 
