@@ -244,8 +244,11 @@ def fuse_dw_pw(g: Graph, target: Target, options: CompileOptions) -> Graph:
     # the expand 1x1 before each fused pair, when its only reader is the pair
     for node in fused.values():
         producer = next((n for n in g.nodes if node.inputs[0] in n.outputs), None)
+        # (a 1x1 that is itself the project conv of an earlier fused pair stays there: PP-LCNet's
+        # dw -> pw -> dw -> pw chains, where taking it as the next pair's expand lost that pair)
         if (producer is None or producer.op != "Conv" or producer.domain not in ("", "ai.onnx")
-                or producer.name in options.force_fallback or len(consumers.get(node.inputs[0], [])) != 1):
+                or producer.name in options.force_fallback or producer.name in fused or producer.name in drop
+                or len(consumers.get(node.inputs[0], [])) != 1):
             continue
         if not options.expand_fusion or expand_fusable(producer, node, g) is not None:
             continue

@@ -73,10 +73,16 @@ def _chains() -> list[Case]:
         C("late", (1, 160, 7, 7)).conv(160, (1, 1)).mark().conv(320, (1, 1), post=("Clip",))
         .conv(320, (3, 3), group=320, pads=(1, 1, 1, 1), post=("Clip",))
         .conv(160, (1, 1), post=("residual",)).case(),
+        # PP-LCNet's dw -> pw -> dw -> pw: the first pair's 1x1 is not the second pair's expand
+        # (taking it as one dropped the first pair and left the second reading a removed value)
+        C("lcnet", (1, 16, 10, 10)).conv(16, (3, 3), group=16, pads=(1, 1, 1, 1), post=("Relu",))
+        .conv(32, (1, 1), post=("Relu",)).conv(32, (3, 3), group=32, strides=(2, 2), pads=(1, 1, 1, 1),
+                                                 post=("Relu",))
+        .conv(48, (1, 1), post=("Relu",)).case(),
     ]
 
 
-N_FUSED = 11  # one per chain
+N_FUSED = 13  # one per chain, two in lcnet
 # chains whose depthwise follows an expand 1x1 (ir, s2, odd, wide, b2, late): fused too
 N_EXPAND = 6
 
