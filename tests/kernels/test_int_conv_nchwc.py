@@ -174,10 +174,15 @@ def test_saturation_counters_match_nchw(monkeypatch, cache) -> None:
     """The numeric debug counters of the blocked kernel (per lane, in vectors) count what the
     NCHW kernel's scalar counters count: the elements clamped low and high, summed over the
     model (a fused ReLU's clamp at the zero point is not a saturation)."""
+    _check_saturation_totals(_cases(), monkeypatch, cache)
+
+
+def _check_saturation_totals(m, monkeypatch, cache) -> None:
+    """The model's clamp counts (low, high) on the blocked kernels (native) equal the NCHW
+    kernels' (scalar), and both ends are hit."""
     import smelt
 
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
-    m = _cases()
     model = m.build()
     totals = {}
     for isa in ("native", "scalar"):
@@ -395,21 +400,7 @@ def test_residual_add_written_in_place(monkeypatch, cache) -> None:
 def test_saturation_counters_with_fused_add(monkeypatch, cache) -> None:
     """The fused epilogue counts the conv's clamps and the add's, as the separate kernels do:
     the model's totals equal the NCHW kernels' (scalar), and both ends are hit."""
-    import smelt
-
-    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
-    m = _blocks()
-    model = m.build()
-    totals = {}
-    for isa in ("native", "scalar"):
-        target = _isa_target(isa, monkeypatch)
-        monkeypatch.setattr("smelt.compiler.detect", lambda target=target: target)
-        compiled = smelt.compile(model, threads=2, count_saturation=True)
-        compiled.run(m.feeds)
-        counts = compiled.saturation_counts()
-        totals[isa] = tuple(sum(c[i] for c in counts.values()) for i in (0, 1))
-        compiled.close()
-    assert totals["native"] == totals["scalar"] and min(totals["scalar"]) > 0, totals
+    _check_saturation_totals(_blocks(), monkeypatch, cache)
 
 
 def test_add_constants_match_the_qlinear_add_kernel() -> None:
