@@ -105,6 +105,21 @@ def attention_flops(node: Node, g: Graph) -> int:
     return 4 * int(q[0]) * int(q[1]) * int(k[1]) * int(q[2])
 
 
+def dw_pw_flops(node: Node, g: Graph) -> int:
+    """schedule/dwpw.py's fused DwPwConv: the depthwise conv and the 1x1 that reads it, and the
+    expand 1x1 before them when fused too (inputs x, dw W, dw B, pw W, pw B[, ex W, ex B])."""
+    out, x = _shape(g, node.outputs[0]), _shape(g, node.inputs[0])
+    dw_w, pw_w = _shape(g, node.inputs[1]), _shape(g, node.inputs[3])
+    if not out or not x or not dw_w or not pw_w:
+        return 0
+    n, _, oh, ow = out
+    c = int(pw_w[1])
+    total = 2 * int(np.prod(out)) * c + 2 * n * c * oh * ow * int(np.prod(dw_w[1:]))
+    if len(node.inputs) > 5 and node.inputs[5]:
+        total += 2 * n * c * int(np.prod(x[2:])) * int(np.prod(_shape(g, node.inputs[5])[1:]))
+    return int(total)
+
+
 TRAITS: dict[str, OpTraits] = {}
 for _op in UNARY_ELEMENTWISE:
     TRAITS[_op] = OpTraits("elementwise", "oblivious")
@@ -120,6 +135,7 @@ TRAITS.update({
     "Gemm": OpTraits("out_fusable", "dependent", gemm_flops),
     "MatMul": OpTraits("out_fusable", "dependent", gemm_flops),
     "HeadAttention": OpTraits("opaque", "dependent", attention_flops),  # domain ai.smelt
+    "DwPwConv": OpTraits("opaque", "dependent", dw_pw_flops),  # domain ai.smelt
     "BatchNormalization": OpTraits("elementwise", "tolerant"),
     "MaxPool": OpTraits("opaque", "tolerant"),
     "AveragePool": OpTraits("opaque", "tolerant"),
