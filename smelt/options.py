@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 from smelt.target import Target, check_isa_choice
 
 LAYOUT_MODES = ("nchw", "conv", "propagate", "global")
-WINOGRAD_MODES = (True, False, "always")
+# winograd and dw_pw_fusion: on where the cost model says, off, or wherever legal (tests)
+SWITCH_MODES = (True, False, "always")
 WINOGRAD_ORDERS = ("auto", "banded", "phased")
 
 
@@ -78,8 +79,10 @@ class CompileOptions:
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_MODES:
             raise ValueError(f"layout must be one of {', '.join(LAYOUT_MODES)} (given {self.layout!r})")
-        if self.winograd not in WINOGRAD_MODES or isinstance(self.winograd, int) and not isinstance(self.winograd, bool):
-            raise ValueError(f"winograd must be True, False or 'always' (given {self.winograd!r})")
+        for name in ("winograd", "dw_pw_fusion"):
+            value = getattr(self, name)
+            if value not in SWITCH_MODES or isinstance(value, int) and not isinstance(value, bool):
+                raise ValueError(f"{name} must be True, False or 'always' (given {value!r})")
         if self.winograd_order not in WINOGRAD_ORDERS:
             raise ValueError(f"winograd_order must be one of {', '.join(WINOGRAD_ORDERS)} (given {self.winograd_order!r})")
         check_isa_choice(self.isa)

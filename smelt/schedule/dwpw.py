@@ -218,7 +218,7 @@ def fuse_dw_pw(g: Graph, target: Target, options: CompileOptions) -> Graph:
     attributes and activation chain are kept in the attributes ``dw_attrs`` / ``dw_epilogue``."""
     if not options.dw_pw_fusion or g.shape_generic:
         return g
-    consumers = g.consumers()
+    consumers, producers = g.consumers(), g.producers()
     threads = options.codegen_threads(target)
     fused: dict[str, Node] = {}  # pw name -> fused node
     drop: set[str] = set()
@@ -243,7 +243,7 @@ def fuse_dw_pw(g: Graph, target: Target, options: CompileOptions) -> Graph:
         drop.add(dw.name)
     # the expand 1x1 before each fused pair, when its only reader is the pair
     for node in fused.values():
-        producer = next((n for n in g.nodes if node.inputs[0] in n.outputs), None)
+        producer = producers.get(node.inputs[0])
         # (a 1x1 that is itself the project conv of an earlier fused pair stays there: PP-LCNet's
         # dw -> pw -> dw -> pw chains, where taking it as the next pair's expand lost that pair)
         if (producer is None or producer.op != "Conv" or producer.domain not in ("", "ai.onnx")

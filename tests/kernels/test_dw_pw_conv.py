@@ -199,3 +199,11 @@ def test_fusion_switches_are_in_the_key():
     base = CompileOptions(threads=1)
     for name, other in (("dw_pw_fusion", False), ("dw_pw_fusion", "always"), ("expand_fusion", False)):
         assert CompileOptions(threads=1, **{name: other}).key(t) != base.key(t), name
+
+
+def test_fusion_switch_takes_only_its_modes() -> None:
+    """``dw_pw_fusion`` is True, False or "always"; anything else is named, not taken as on."""
+    for bad in ("alway", 1, None):
+        with pytest.raises(ValueError, match="dw_pw_fusion must be True, False or 'always'"):
+            CompileOptions(threads=1, dw_pw_fusion=bad)
+    assert CompileOptions(threads=1, dw_pw_fusion="always").dw_pw_fusion == "always"
