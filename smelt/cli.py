@@ -553,7 +553,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--suite", choices=["cnn", "rnn", "wild"],
                    help="the zoo CNNs, DeepCPU's Table 1 LSTM+GRU shapes, or trained models from PyPI wheels")
     p.add_argument("--against", default=None, metavar="PEERS",
-                   help="comma-separated peers (default: onnxruntime,openvino,torch)")
+                   help="comma-separated peers (default: onnxruntime,openvino,torch); smelt@avx2 (or any --isa "
+                   "cap) adds smelt held to that ISA, timed interleaved with the default build, and the report "
+                   "gives its share of its ISA's peak over the default build's (never counted as the best peer)")
     p.add_argument("--ablation", action="store_true",
                    help="NeoCPU Table 3: time the default build against smelt:nchw (NCHW baseline), smelt:conv "
                    "(NCHWc convs, transforms around each), smelt:direct (transforms eliminated) and smelt:global "

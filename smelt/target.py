@@ -124,7 +124,8 @@ _CAPS: dict[str, _Cap] = {
     # C's plain loops at the baseline's 128 bits (SSE2), with mul and add
     PORTABLE_ISA: _Cap((), ("sse4_2",), 128, 16, ("-mno-avx",)),
 }
-ISA_CHOICES: tuple[str, ...] = (*_CAPS, NATIVE_ISA)
+ISA_CAPS: tuple[str, ...] = tuple(_CAPS)
+ISA_CHOICES: tuple[str, ...] = (*ISA_CAPS, NATIVE_ISA)
 
 
 # What holds a peer to a cap (``smelt bench --isa``): oneDNN (PyTorch's convolutions, OpenVINO's

@@ -32,7 +32,7 @@ import numpy as np
 import onnx
 
 from smelt.runtime.artifact import ArtifactPlan
-from smelt.target import detect, isa_named_in
+from smelt.target import ISA_CAPS, detect, isa_named_in
 
 PEERS = ("onnxruntime", "openvino", "torch")
 INSTALL_HINT = 'pip install -e ".[peers]"'
@@ -99,14 +99,20 @@ _WINOGRAD = re.compile(r"Winograd F\((\d+)x\d+,\s*(\d+)x\d+\)")
 
 
 def _smelt(model: BenchModel, threads: int, layout: str = "propagate", engine: str = "smelt",
-           winograd: bool = True) -> Runner:
+           winograd: bool = True, isa: str | None = None) -> Runner:
     import sys
 
     import smelt
 
-    # the ISA cap comes from SMELT_ISA (``smelt bench --isa`` sets it with the peers' variables)
+    if isa is not None:
+        try:
+            detect().narrowed(isa)
+        except ValueError as exc:  # an ISA this host cannot run: the engine is skipped, with why
+            raise EngineUnavailable(str(exc)) from exc
+    # without ``isa`` the cap comes from SMELT_ISA (``smelt bench --isa`` sets it with the peers'
+    # variables)
     compiled = smelt.compile(model.proto, threads=threads, input_shapes={k: v.shape for k, v in model.feeds.items()},
-                             progress=sys.stderr.isatty(), layout=layout, winograd=winograd)
+                             progress=sys.stderr.isatty(), layout=layout, winograd=winograd, isa=isa)
     target = compiled.target
     return Runner(engine, smelt.__version__, compiled.run, compiled.close,
                   {"fallback_nodes": len(compiled.fallback_nodes),
@@ -127,6 +133,14 @@ def _smelt_variant(mode: str) -> Callable[[BenchModel, int], Runner]:
     """smelt compiled with another layout mode, as a peer: ``smelt:nchw`` etc. (the ablation).
     Direct convolutions only, so the steps measure layouts alone (NeoCPU's Table 3)."""
     return lambda model, threads: _smelt(model, threads, layout=mode, engine=f"smelt:{mode}", winograd=False)
+
+
+def _smelt_at(isa: str) -> Callable[[BenchModel, int], Runner]:
+    """smelt held to ``isa`` as a peer of the default build: ``smelt@avx2`` etc. Timed interleaved
+    with it in one process, so its share of its own ISA's peak compares with the default build's
+    share of the host's peak under the same machine state (two separate runs on a shared VM moved
+    both engines' times by up to 2x between them)."""
+    return lambda model, threads: _smelt(model, threads, engine=f"smelt@{isa}", isa=isa)
 
 
 def _onnxruntime(model: BenchModel, threads: int) -> Runner:
@@ -253,6 +267,20 @@ for _mode in SMELT_VARIANTS:
     ENGINES[f"smelt:{_mode}"] = _smelt_variant(_mode)
 ENGINES["smelt:direct"] = lambda model, threads: _smelt(model, threads, engine="smelt:direct", winograd=False)
 LAYOUT_ABLATION = "smelt:nchw,smelt:conv,smelt:direct,smelt:global"
+# smelt held to each ISA cap (``smelt@avx2``): the "AVX2 at parity" comparison in one run
+ISA_VARIANT_PREFIX = "smelt@"
+for _cap in ISA_CAPS:
+    ENGINES[f"{ISA_VARIANT_PREFIX}{_cap}"] = _smelt_at(_cap)
+
+
+def is_smelt_build(name: str) -> bool:
+    """True for smelt and its variants (``smelt:nchw``, ``smelt@avx2``): not peers to beat."""
+    return name == "smelt" or name.startswith(("smelt:", ISA_VARIANT_PREFIX))
+
+
+def isa_of_variant(name: str) -> str | None:
+    """The ISA an ``smelt@ISA`` engine is held to, else None."""
+    return name.removeprefix(ISA_VARIANT_PREFIX) if name.startswith(ISA_VARIANT_PREFIX) else None
 
 
 def parse_engines(spec: str | None) -> list[str]:
@@ -266,7 +294,8 @@ def parse_engines(spec: str | None) -> list[str]:
             continue
         if name not in ENGINES or name == "smelt":
             raise ValueError(f"unknown peer engine {raw.strip()!r}; choose from {', '.join(PEERS)} "
-                             f"(or the ablation's {LAYOUT_ABLATION})")
+                             f"(or the ablation's {LAYOUT_ABLATION}, or smelt held to an ISA: "
+                             f"{', '.join(ISA_VARIANT_PREFIX + i for i in ISA_CAPS)})")
         if name not in names:
             names.append(name)
     return names

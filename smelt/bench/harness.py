@@ -30,7 +30,14 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from smelt.bench.engines import ENGINES, BenchModel, EngineUnavailable, Runner
+from smelt.bench.engines import (
+    ENGINES,
+    BenchModel,
+    EngineUnavailable,
+    Runner,
+    is_smelt_build,
+    isa_of_variant,
+)
 from smelt.bench.timing import median_and_spread, time_interleaved
 from smelt.errors import SmeltError
 
@@ -178,10 +185,11 @@ def apply_isa_cap(isa: str | None) -> dict[str, str]:
 
 
 def machine_info(threads: int, measure_peak: bool | None = None, progress: bool = True,
-                 isa: str | None = None) -> dict:
+                 isa: str | None = None, also: Sequence[str] = ()) -> dict:
     """CPU (model, family/model numbers), ISAs, caches, cores and the measured fp32 peaks for
-    ``threads`` threads: ``peaks`` by ISA, for the host's ISA and smelt's (``isa``, its cap), so
-    each engine's share of peak is against the ISA it ran; ``peak_gflops`` is smelt's."""
+    ``threads`` threads: ``peaks`` by ISA, for the host's ISA, smelt's (``isa``, its cap) and the
+    ISAs in ``also`` (those of ``smelt@ISA`` peers), so each engine's share of peak is against the
+    ISA it ran; ``peak_gflops`` is smelt's."""
     from smelt.bench.peak import busy_note, peak_or_reason
     from smelt.target import detect
 
@@ -191,7 +199,7 @@ def machine_info(threads: int, measure_peak: bool | None = None, progress: bool 
             "isa": t.isa, "smelt_isa": mine.isa, "vector_bits": t.vector_bits, "cores": t.physical_cores,
             "caches": {"l1d_kib": t.l1d_bytes // 1024, "l2_kib": t.l2_bytes // 1024, "l3_kib": t.l3_bytes // 1024},
             "python": platform.python_version(), "peak_gflops": None, "peak": None, "peaks": {}}
-    for which in dict.fromkeys([mine.isa, t.isa]):
+    for which in dict.fromkeys([mine.isa, t.isa, *(a for a in also if a in t.isa_caps())]):
         peak, note = peak_or_reason(measure_peak, progress, isa=which)
         if peak is None:
             print(f"note: {note}; GFLOPS shares at {which} omitted", file=sys.stderr)
@@ -305,7 +313,7 @@ def summarize(model: BenchModel, results: dict[str, dict], samples: Mapping[str,
             res.setdefault("rel_error", None)
             continue
         res["smelt_speedup"] = res["median_ms"] / smelt_ms if smelt_ms else None
-        if name != "smelt" and res["median_ms"] < best_ms:
+        if not is_smelt_build(name) and res["median_ms"] < best_ms:
             best_peer, best_ms = name, res["median_ms"]
     return {
         "model": model.name,
@@ -367,7 +375,29 @@ def finish_report(report: dict) -> dict:
         "geomean_speedup_vs_best_peer": geomean(best),
         "min_speedup_vs_best_peer": min(best) if best else None,
     }
+    shares = isa_share_ratios(report)
+    if shares:
+        report["summary"]["isa_share_ratio"] = shares
     return report
+
+
+def isa_share_ratios(report: dict) -> dict[str, dict]:
+    """For each ``smelt@ISA`` engine: its share of its own ISA's peak over the default build's
+    share of the host ISA's peak, per model and as a geomean over the models (issue 14's "AVX2 at
+    parity": within 10%, i.e. a geomean of at least 0.9). Both builds were timed interleaved in
+    this run, so the ratio does not carry the drift between two runs."""
+    out: dict[str, dict] = {}
+    variants = sorted({n for m in report["models"] for n in m["engines"] if isa_of_variant(n)})
+    for name in variants:
+        per_model = {}
+        for m in report["models"]:
+            mine, other = m["engines"].get("smelt") or {}, m["engines"].get(name) or {}
+            if mine.get("peak_share") and other.get("peak_share"):
+                per_model[m["model"]] = other["peak_share"] / mine["peak_share"]
+        if per_model:
+            out[name] = {"isa": isa_of_variant(name), "geomean": geomean(list(per_model.values())),
+                         "min": min(per_model.values()), "models": per_model}
+    return out
 
 
 
@@ -390,7 +420,8 @@ def run_bench(models: Sequence[str], peers: Sequence[str], threads: int, *, batc
     if instances is not None:
         threads = threads_per_instance or 1
     cap_env = apply_isa_cap(isa)
-    machine = machine_info(threads, measure_peak, progress, isa=cap_env.get("SMELT_ISA"))
+    machine = machine_info(threads, measure_peak, progress, isa=cap_env.get("SMELT_ISA"),
+                           also=[v for v in map(isa_of_variant, peers) if v])
     settings = {"threads": threads, "batch": batch, "rounds": rounds, "warmup": warmup, "block": block,
                 "isa": cap_env.get("SMELT_ISA"), "isa_environment": cap_env,
                 "tolerance": tolerance, "peers": list(peers), "instances": instances,

@@ -113,7 +113,9 @@ REPORT_SCHEMA = {
             "type": "object",
             "required": ["models", "geomean_speedup", "geomean_speedup_vs_best_peer"],
             "properties": {"geomean_speedup": {"type": "object", "additionalProperties": _NUM},
-                           "geomean_speedup_vs_best_peer": _NUM},
+                           "geomean_speedup_vs_best_peer": _NUM,
+                           "isa_share_ratio": {"type": "object", "additionalProperties": {
+                               "type": "object", "required": ["isa", "geomean", "min", "models"]}}},
         },
     },
 }
@@ -268,6 +270,10 @@ def format_suite(report: dict, markdown: bool = False) -> str:
         lines = format_fallbacks(m)
         if lines and not lines[0].startswith("smelt: fully native"):
             notes += [f"{m['model']}: {lines[0].removeprefix('smelt: ')}", *lines[1:]]
+    for name, r in (summ.get("isa_share_ratio") or {}).items():
+        worst = min(r["models"], key=r["models"].get)
+        notes.append(f"{name}: share of the {r['isa']} peak over smelt's share of the {report['machine']['smelt_isa']} "
+                     f"peak, same run: geomean {r['geomean']:.2f}, lowest {r['min']:.2f} ({worst})")
     return "\n".join([table, *notes])
 
 

@@ -136,6 +136,51 @@ def test_mismatch_is_reported_and_not_timed_missing_and_broken_peers_do_not_cras
     assert "MISMATCH" in report.format_model(entry)
 
 
+def test_smelt_held_to_an_isa_is_a_variant_not_a_peer_and_its_share_ratio_is_reported():
+    """``smelt@avx2`` runs smelt's AVX2 code in the same interleaved run as the default build: it
+    ran at its ISA, its share is against that ISA's peak, it is never the "best peer", and the
+    summary gives its share over the default build's, per model and as a geomean."""
+    from smelt.target import detect
+
+    caps = [c for c in detect().isa_caps() if c != detect().isa]
+    if not caps:
+        pytest.skip("the host runs only one ISA")
+    variant = f"smelt@{caps[0]}"
+    assert parse_engines(f"ort,{variant}") == ["onnxruntime", variant]
+    factories = {"smelt": ENGINES["smelt"], variant: ENGINES[variant], "good": _numpy_engine("good")}
+    model = BenchModel(
+        "tiny", _tiny_model(), {"x": np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)})
+    peaks = {detect().isa: 100.0, caps[0]: 50.0}
+    entry = harness.bench_model(model, [variant, "good"], threads=1, rounds=2, warmup=1, block=2,
+                                peak_gflops=peaks, factories=factories, progress=False)
+    eng = entry["engines"]
+    assert eng[variant]["status"] == "ok" and eng[variant]["isa"] == caps[0]
+    assert eng[variant]["details"]["isa_note"].startswith("capped")
+    assert entry["best_peer"] == "good"  # not the variant, however fast it was
+    rep = harness.new_report([], {**FAKE_MACHINE, "isa": detect().isa, "smelt_isa": detect().isa, "peaks": peaks},
+                             {"threads": 1, "rounds": 2, "warmup": 1, "block": 2, "tolerance": 1e-4,
+                              "peers": [variant, "good"]})
+    rep["models"].append(entry)
+    rep = harness.finish_report(rep)
+    report.validate(rep)
+    ratio = rep["summary"]["isa_share_ratio"][variant]
+    expected = eng[variant]["peak_share"] / eng["smelt"]["peak_share"]
+    assert ratio["isa"] == caps[0] and ratio["models"] == {"tiny": pytest.approx(expected)}
+    assert ratio["geomean"] == pytest.approx(expected) and ratio["min"] == pytest.approx(expected)
+    assert f"{variant}: share of the {caps[0]} peak" in report.format_suite(rep)
+
+
+def test_smelt_held_to_an_isa_the_host_cannot_run_is_skipped_with_the_reason():
+    from smelt.target import ISA_CAPS, detect
+
+    missing = [c for c in ISA_CAPS if c not in detect().isa_caps()]
+    if not missing:
+        pytest.skip("the host runs every ISA smelt has")
+    model = BenchModel("tiny", _tiny_model(), {"x": np.zeros((1, 16), np.float32)})
+    with pytest.raises(EngineUnavailable, match="cannot run it"):
+        ENGINES[f"smelt@{missing[0]}"](model, 1)
+
+
 def test_smelt_failure_in_a_suite_is_recorded_and_the_run_goes_on(no_peak):
     def smelt_fails(model, threads):
         from smelt.errors import SmeltError
