@@ -162,6 +162,10 @@ class Chain:
                 s = self._name("s")
                 self.inits.append(const(s, _rand(oc, 1, 1)))
                 self._op("Mul", [self.cur, s])
+            elif op in ("prelu", "prelu_scalar"):  # slope per channel ([1, C, 1, 1]) or one slope
+                s = self._name("slope")
+                self.inits.append(const(s, _rand(1, oc, 1, 1) if op == "prelu" else _rand(1)))
+                self._op("PRelu", [self.cur, s])
             elif op == "Clip":
                 lo, hi = self._name("lo"), self._name("hi")
                 self.inits += [const(lo, np.float32(0.0)), const(hi, np.float32(6.0))]

@@ -57,6 +57,10 @@ PRELUDE = """\
 #define SMELT_EXPORT __attribute__((visibility("default")))
 #define SMELT_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SMELT_MAX(a, b) ((a) > (b) ? (a) : (b))
+/* PRelu: the product is taken unconditionally, so gcc if-converts and vectorizes a loop of it (a
+ * product under a branch is not: it might trap); a NaN takes the "not < 0" side, as onnxruntime */
+static inline float smelt_preluf(float a, float b) {{ const float m = a * b; return a < 0 ? m : a; }}
+static inline double smelt_prelu(double a, double b) {{ const double m = a * b; return a < 0 ? m : a; }}
 
 SMELT_EXPORT void *smelt_create_pool(int n, const int *cpus) {{ return smelt_pool_create(n, cpus); }}
 SMELT_EXPORT void smelt_destroy_pool(void *p) {{ smelt_pool_destroy((smelt_pool_t *)p); }}

@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-BINARY_OPS = ("Add", "Sub", "Mul", "Div")
+# PRelu(y, slope): y < 0 ? y * slope : y, with slope per channel (face and detection CNNs:
+# MTCNN, ArcFace); never swapped (the host's output is always its first input)
+BINARY_OPS = ("Add", "Sub", "Mul", "Div", "PRelu")
 BROADCASTS = ("full", "channel", "scalar")
 
 
@@ -27,7 +29,7 @@ class EpilogueBinary:
     swap: bool = False
 
     def __post_init__(self) -> None:
-        if self.op not in BINARY_OPS or self.broadcast not in BROADCASTS:
+        if self.op not in BINARY_OPS or self.broadcast not in BROADCASTS or (self.op == "PRelu" and self.swap):
             raise ValueError(f"bad binary epilogue entry {self!r}")
 
     def with_input(self, name: str) -> EpilogueBinary:

@@ -102,6 +102,8 @@ def _fuse_next(g: Graph, host: Node, producers: dict[str, Node], consumers: dict
         if a == b:
             return []
         other, swap = (b, False) if a == y else (a, True)
+        if swap and op.op == "PRelu":  # PRelu(other, y): y is the slope, not the value
+            return []
         ov = g.values[other]
         kind = broadcast_kind(yv.shape, ov.shape or (), _channel_axis(host, len(yv.shape))) if ov.is_static else None
         out_v = g.values[op.outputs[0]]

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 
 _BINARY_C = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
+# every binary epilogue op (ir/epilogue.py's BINARY_OPS) with a rendering here
+BINARY_EPILOGUE_OPS = (*_BINARY_C, "PRelu")
 
 # activations with a rendering here: the entries of smelt.ir.activations.ACTIVATIONS
 ACTIVATIONS = tuple(_TABLE)
@@ -128,6 +130,15 @@ def unary_float_expr(op: str, v: str, params: Mapping[str, float], dtype: str = 
     raise KeyError(op)
 
 
+def scalar_binary(op: str, a: str, b: str, dtype: str = "float32") -> str:
+    """C expression for the binary epilogue op ``op`` on expressions ``a`` (the host's value, or
+    the operand when swapped) and ``b``. PRelu calls the prelude's ``smelt_prelu[f]`` (codegen/
+    emit.py), whose unconditional product lets gcc vectorize a plain loop of it."""
+    if op == "PRelu":
+        return f"{_fn('smelt_prelu', dtype)}({a}, {b})"
+    return f"({a} {_BINARY_C[op]} {b})"
+
+
 # ------------------------------------------------------------------------------------------
 # vector C
 # ------------------------------------------------------------------------------------------
@@ -157,6 +168,14 @@ def vector_clamp(v: VectorOps, x: str, lo: str | None, hi: str | None) -> str:
     if hi is not None:
         x = v.op("min", hi, x)
     return x
+
+
+def vector_binary(v: VectorOps, op: str, x: str, operand: str, swap: bool = False) -> str:
+    """The binary epilogue op ``op`` on vectors ``x`` (the host's value) and ``operand``."""
+    if op == "PRelu":  # x >= 0 ? x : x * slope (an ordered compare: NaN takes NaN * slope = NaN)
+        return v.ge_zero_select(x, x, v.op("mul", x, operand))
+    fn = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}[op]
+    return v.op(fn, operand, x) if swap else v.op(fn, x, operand)
 
 
 def vector_leaky_relu(v: VectorOps, x: str, alpha: float) -> str:
@@ -228,7 +247,7 @@ def epilogue_expr(em: BlockEmitter, node: Node, acc: str, flat_index: str, chann
             idx = {"full": flat_index, "channel": channel, "scalar": "0"}[step.broadcast]
             other = f"{ptr}[{idx}]"
             a, b = (other, f"({expr})") if step.swap else (f"({expr})", other)
-            expr = f"({a} {_BINARY_C[step.op]} {b})"
+            expr = scalar_binary(step.op, a, b)
         else:
             expr = unary_float_expr(step.op, expr, step.param_dict())
     return expr

@@ -50,14 +50,17 @@ import numpy as np
 from smelt.codegen.emitter import BlockEmitter, c_literal
 from smelt.codegen.kernels.epilogue import (
     ACTIVATIONS,
+    BINARY_EPILOGUE_OPS,
     FMA_ACTIVATIONS,
     TileOperand,
     TileScale,
     epilogue_doc,
     epilogue_expr,
+    scalar_binary,
     scalar_clamp,
     scalar_relu,
     unary_float_expr,
+    vector_binary,
     vector_clamp,
     vector_relu,
     vector_unary_expr,
@@ -322,7 +325,6 @@ def microkernel(em: BlockEmitter, blk: Blocking, rows: int, nv: int, direct_a: b
 # op with its operand resolved to a pointer (``TileOperand``) or a constant factor (``TileScale``).
 
 
-_BIN = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
 TileOp = TileOperand | TileScale | EpilogueActivation
 
 
@@ -385,13 +387,13 @@ def _scalar_op(op: TileOp, expr: str, flat: str, row: str, col: str) -> str:
         if op.scale is not None:
             other = f"({_lit(op.scale)} * {other})"
         a, b = (other, f"({expr})") if op.swap else (f"({expr})", other)
-        return f"({a} {_BIN[name]} {b})"
+        return scalar_binary(name, a, b)
     return unary_float_expr(name, expr, op.param_dict())
 
 
 def vector_epilogue_ok(ep: TileEpilogue, blk: Blocking) -> bool:
     ok = set(ACTIVATIONS) if blk.fma else set(ACTIVATIONS) - FMA_ACTIVATIONS
-    return all(op.op in _BIN or op.op == "Scale" or op.op in ok for op in ep.all_ops())
+    return all(op.op in BINARY_EPILOGUE_OPS or op.op == "Scale" or op.op in ok for op in ep.all_ops())
 
 
 def _vector_op(v: VectorIsa, op: TileOp, x: str, operand: str | None) -> str:
@@ -403,8 +405,7 @@ def _vector_op(v: VectorIsa, op: TileOp, x: str, operand: str | None) -> str:
         o = operand
         if op.scale is not None:
             o = v.op("mul", v.set1(_lit(op.scale)), o)
-        fn = {"Add": "add", "Sub": "sub", "Mul": "mul", "Div": "div"}[name]
-        return v.op(fn, o, x) if op.swap else v.op(fn, x, o)
+        return vector_binary(v, name, x, o, op.swap)
     return vector_unary_expr(v, op, x)
 
 

@@ -28,6 +28,7 @@ from smelt.codegen.kernels import half, vtrig
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS, broadcast_strides, elementwise_loop
 from smelt.codegen.kernels.epilogue import (
     ACTIVATIONS,
+    scalar_binary,
     scalar_clamp,
     scalar_relu,
     unary_float_expr,
@@ -387,7 +388,7 @@ def _binary_expr(op: str, a: str, b: str, dt: str, attrs: dict | None = None) ->
     if op == "Pow" and fl:
         return f"{_fn('pow', dt)}({a}, {b})"
     if op == "PRelu" and fl:
-        return f"({a} < 0 ? {a} * {b} : {a})"
+        return scalar_binary(op, a, b, dt)
     return None
 
 
