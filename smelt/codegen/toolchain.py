@@ -112,7 +112,12 @@ def compile_flags(target: Target, *, sanitize: bool | None = None) -> list[str]:
              # gcc 12 at -O1 and above summarised some step functions (a tid-guarded loop
              # storing through a pointer loaded from the context) as free of side effects and
              # deleted their calls (tests/test_toolchain.py); these IPA analyses make that deduction
-             "-fno-ipa-pure-const", "-fno-ipa-modref"]
+             "-fno-ipa-pure-const", "-fno-ipa-modref",
+             # nothing reads errno or the FP exception flags: without these, sqrtf of a
+             # negative goes through libm's errno path and a product under a condition is not
+             # if-converted (loops of Sqrt, Elu, Max stayed scalar). Values are unchanged:
+             # neither flag licenses reassociation, contraction or dropping NaN/Inf/-0.
+             "-fno-math-errno", "-fno-trapping-math"]
     flags += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
               "-fno-sanitize-recover=undefined"] if sanitize else ["-O3"]
     return flags + arch_flags(target)

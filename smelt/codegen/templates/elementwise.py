@@ -224,7 +224,8 @@ def emit_unary(node: Node, g: Graph, em: BlockEmitter) -> None:
         half.half_helpers(em)
     shape = g.values[y].shape
     loop = elementwise_loop(shape, [g.values[x].shape],
-                            lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', half.load(dt, f'X[{idx[0]}]'))};")
+                            lambda idx, o: f"{bind_loads({'X[I0]': half.load(dt, f'X[{idx[0]}]')})} "
+                                           f"Y[{o}] = {expr.replace('X[I0]', 'x_')}; }}")
     em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
 
@@ -358,6 +359,15 @@ def _shift_expr(a: str, b: str, dt: str, left: bool) -> str:
     return f"({out} ? {fill} : ({t})({a} >> {b}))"  # gcc's >> of a negative value is arithmetic
 
 
+def bind_loads(loads: dict[str, str]) -> str:
+    """Opens a C block binding each operand load to a local (``A[IA]`` -> ``a_``: the key's first
+    letter, lower case, and "_"), closed by the caller with "}". An expression that names an
+    operand only under a condition (Max's NaN test, Where's arms) would otherwise load it
+    conditionally, which gcc does not vectorize (the load might fault); loaded up front, the
+    condition is a lane select."""
+    return "{ " + " ".join(f"const __typeof__({load}) {key[0].lower()}_ = {load};" for key, load in loads.items())
+
+
 def _binary_expr(op: str, a: str, b: str, dt: str, attrs: dict | None = None) -> str | None:
     fl = dt in FLOAT_TYPES
     attrs = attrs or {}
@@ -433,12 +443,25 @@ def _check_binary(node: Node, g: Graph) -> str | None:
     return None
 
 
+def _small_integer_power(g: Graph, exponent: str) -> int | None:
+    """2 or 3 when ``exponent`` is a constant scalar (any rank, one element) equal to it."""
+    c = g.values[exponent].const
+    if c is None or c.size != 1:
+        return None
+    e = float(c.reshape(()))
+    return int(e) if e in (2.0, 3.0) else None
+
+
 @register(BINARY_OPS, check=_check_binary, name="eltwise_binary", blocked=True)
 def emit_binary(node: Node, g: Graph, em: BlockEmitter) -> None:
     a, b = node.inputs
     y = node.outputs[0]
     dt = _dtype(g, a)
     expr = _binary_expr(node.op, "A[IA]", "B[IB]", half.compute_dtype(dt), _attrs(node))
+    if node.op == "Pow" and dt in ("float32", "float64") and (p := _small_integer_power(g, b)) is not None:
+        # onnxruntime's Pow takes x*x and x*x*x for a scalar exponent of 2 or 3 (not powf):
+        # the same products, and a loop gcc vectorizes
+        expr = " * ".join(["A[IA]"] * p)
     if _dtype(g, y) == "float16":  # float16 in, float16 out: computed in float, rounded back
         expr = half.store("float16", expr)
     if dt == "float16":
@@ -447,7 +470,8 @@ def emit_binary(node: Node, g: Graph, em: BlockEmitter) -> None:
         em.function("floor_mod", FLOAT_MOD_HELPERS + "\n" + FLOOR_MOD_HELPERS)
     loop = elementwise_loop(
         g.values[y].shape, [g.values[a].shape, g.values[b].shape],
-        lambda idx, o: f"Y[{o}] = {expr.replace('A[IA]', half.load(dt, f'A[{idx[0]}]')).replace('B[IB]', half.load(dt, f'B[{idx[1]}]'))};")
+        lambda idx, o: f"{bind_loads({'A[IA]': half.load(dt, f'A[{idx[0]}]'), 'B[IB]': half.load(dt, f'B[{idx[1]}]')})} "
+                       f"Y[{o}] = {expr.replace('A[IA]', 'a_').replace('B[IB]', 'b_')}; }}")
     em.step(f"const __typeof__(*{em.ptr(a)}) *restrict A = {em.ptr(a)};\n"
             f"const __typeof__(*{em.ptr(b)}) *restrict B = {em.ptr(b)};\n"
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
@@ -468,7 +492,8 @@ def emit_where(node: Node, g: Graph, em: BlockEmitter) -> None:
     y = node.outputs[0]
     loop = elementwise_loop(
         g.values[y].shape, [g.values[c].shape, g.values[a].shape, g.values[b].shape],
-        lambda idx, o: f"Y[{o}] = C[{idx[0]}] ? A[{idx[1]}] : B[{idx[2]}];")
+        lambda idx, o: f"{bind_loads({'C': f'C[{idx[0]}]', 'A': f'A[{idx[1]}]', 'B': f'B[{idx[2]}]'})} "
+                       f"Y[{o}] = c_ ? a_ : b_; }}")
     em.step(f"const uint8_t *restrict C = {em.ptr(c)};\n"
             f"const __typeof__(*{em.ptr(a)}) *restrict A = {em.ptr(a)};\n"
             f"const __typeof__(*{em.ptr(b)}) *restrict B = {em.ptr(b)};\n"

@@ -1,7 +1,8 @@
-"""PRelu fused into the epilogue of the conv / GEMM before it (per-channel, scalar and same-shape
-slopes), and the standalone element-wise PRelu, against onnxruntime at every ISA the host runs,
-1 and 2 threads. PRelu follows every conv of face and detection CNNs (MTCNN, ArcFace); unfused
-it was a branchy scalar loop (~9 ns an element with random signs)."""
+"""Element-wise ops on their fast paths, against onnxruntime at every ISA the host runs, 1 and 2
+threads: PRelu fused into the epilogue of the conv / GEMM before it (per-channel, scalar and
+same-shape slopes) and standalone, NaN/Inf/-0 as onnxruntime; Pow by a constant 2 or 3 as
+onnxruntime's products. PRelu follows every conv of face and detection CNNs (MTCNN, ArcFace);
+unfused it was a branchy scalar loop (~9 ns an element with random signs)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,29 @@ def test_prelu_nan_inf_and_signed_zero_as_onnxruntime(isa, threads, monkeypatch,
         np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
         np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
         np.testing.assert_allclose(np.nan_to_num(g), np.nan_to_num(w), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("exponent", [2.0, 3.0, 2.5])
+def test_pow_by_a_constant_scalar_equals_onnxruntime_bit_for_bit(isa, exponent, monkeypatch, cache):
+    """Pow(x, 2) and Pow(x, 3) are x*x and x*x*x in onnxruntime (not powf): smelt takes the same
+    products (a vectorized loop), bit for bit; other exponents stay powf (within 1 ulp). The
+    melspectrogram front ends (openWakeWord) square the STFT this way."""
+    from kernel_models import _isa_target
+
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa, monkeypatch)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    x = np.random.default_rng(2).uniform(-30, 30, (3, 257)).astype(np.float32)
+    x[0, :5] = [np.nan, np.inf, -np.inf, -0.0, 1e-30]
+    model = make_model([helper.make_node("Pow", ["x", "e"], ["y"])], [tensor("x", [3, 257])], [tensor("y", None)],
+                       [const("e", np.array([exponent], np.float32))])
+    want = ort_run(model, {"x": x})[0]
+    for threads in (1, 2):
+        got = smelt.compile(model, threads=threads).run({"x": x})[0]
+        if exponent in (2.0, 3.0):
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=2e-7)
