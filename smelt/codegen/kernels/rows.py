@@ -117,6 +117,52 @@ static inline float FNAME(float x) {
 """
 
 
+LOGF_SOURCE = """\
+static inline float FNAME(float x) {
+    /* Cephes' logf: x = m 2^e with m in [sqrt(1/2), sqrt(2)), log x = e ln2 + log m, log m by its
+     * minimax polynomial in m - 1 and ln2 in two parts: max error ~1 ulp. Branch-free, so loops
+     * calling it vectorize (glibc's logf does not without fast-math); denormals scaled by 2^23
+     * first; log(+-0) = -inf, log(x < 0) = NaN, log(inf) = inf, NaN kept. */
+    const int sub = x < 1.17549435e-38f;
+    const float xs = sub ? x * 8388608.0f : x;
+    int32_t ix;
+    memcpy(&ix, &xs, 4);
+    int32_t e = ((ix >> 23) & 0xff) - 126 - (sub ? 23 : 0);
+    const int32_t im = (ix & 0x007fffff) | 0x3f000000; /* m in [0.5, 1) */
+    float m;
+    memcpy(&m, &im, 4);
+    const int low = m < 0.707106781186547524f;
+    e -= low;
+    m = low ? m + m - 1.0f : m - 1.0f;
+    const float fe = (float)e, z = m * m;
+    float p = 7.0376836292e-2f;
+    p = p * m - 1.1514610310e-1f;
+    p = p * m + 1.1676998740e-1f;
+    p = p * m - 1.2420140846e-1f;
+    p = p * m + 1.4249322787e-1f;
+    p = p * m - 1.6668057665e-1f;
+    p = p * m + 2.0000714765e-1f;
+    p = p * m - 2.4999993993e-1f;
+    p = p * m + 3.3333331174e-1f;
+    float y = p * m * z;
+    y += fe * -2.12194440e-4f;
+    y += -0.5f * z;
+    float r = m + y;
+    r += fe * 0.693359375f;
+    r = x > 0.0f ? r : (x == 0.0f ? -INFINITY : NAN);
+    r = x == INFINITY ? x : r;
+    return x == x ? r : x;
+}
+"""
+
+
+def log_fn(em: BlockEmitter, dtype: str) -> str:
+    """Name of a C log for the element type: a vectorizable logf for float32, libm log else."""
+    if dtype == "float32":
+        return em.function("smelt_logf", LOGF_SOURCE, "vectorizable logf")
+    return fn_suffix("log", dtype)
+
+
 def exp_fn(em: BlockEmitter, dtype: str) -> str:
     """Name of a C exp for the element type: a vectorizable expf for float32, libm exp else."""
     if dtype == "float32":
