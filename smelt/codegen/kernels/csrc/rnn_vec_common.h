@@ -18,9 +18,8 @@ static inline VX_v VX_softplus(VX_v v) {
  * cache-line transfer per peer instead of the counter barrier's two or three (on this class of
  * VM a transfer is ~0.12 us, a pool barrier ~0.25 us). Flags are zeroed by step 1 of each run. */
 typedef struct { _Alignas(64) atomic_uint v; } VX_flag;
-static inline void VX_sync(VX_flag *f, int me, int n, unsigned epoch) {
-    if (n <= 1) return;
-    atomic_store_explicit(&f[me].v, epoch, memory_order_release);
+/* the waiting half of the barrier: until every peer of the group published ``epoch`` */
+static inline void VX_wait(VX_flag *f, int me, int n, unsigned epoch) {
     for (int j = 0; j < n; ++j) {
         if (j == me) continue;
         unsigned spins = 0;
@@ -29,4 +28,13 @@ static inline void VX_sync(VX_flag *f, int me, int n, unsigned epoch) {
             if (++spins > 2000u) { sched_yield(); spins = 0; } /* ~20 us: a peer thread was descheduled */
         }
     }
+}
+/* the publishing half: this thread finished the work of ``epoch`` (its stores before it) */
+static inline void VX_arrive(VX_flag *f, int me, int n, unsigned epoch) {
+    if (n > 1) atomic_store_explicit(&f[me].v, epoch, memory_order_release);
+}
+static inline void VX_sync(VX_flag *f, int me, int n, unsigned epoch) {
+    if (n <= 1) return;
+    VX_arrive(f, me, n, epoch);
+    VX_wait(f, me, n, epoch);
 }
