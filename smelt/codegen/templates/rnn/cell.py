@@ -236,7 +236,8 @@ def part_acc_floats(cfg: RnnConfig, phase: str, rows: set[int], native: VectorIs
     chunk_acc = max(mb * nb for mb, nb in pairs) * ng * VL
     cpg = max(1, REC_GROUP_ROWS // mb_most)
     nch = -(-max(rows) // mb_most)
-    return cfg.nhb * -(-nch // cpg) * cpg * chunk_acc
+    gs = max(gate_split_plan(cfg, ng, rows), default=0)  # gate-split rows: all of them per hidden block
+    return cfg.nhb * max(-(-nch // cpg) * cpg * chunk_acc, gs * ng * VL)
 
 
 def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
@@ -416,26 +417,28 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     for bc in gs_rows:
         work, r0 = [], 0
         for pr in gs_parts[bc]:  # per part: its passes, then its rows' gate math
-            work += [f"FNAME_s{pr}g{''.join(str(g) for g in grp)}(Rp, xw + (blo + {r0}) * {N}L, {kin} + (blo + {r0}) * {Hp}L, "
-                     f"rbh, hb, acc, 0, KH, hbn, 1);" for grp in gs_groups[pr]]
-            work += [f"for (long m = 0; m < {pr}; ++m)",
-                     f"    FNAME_g(acc + m * {ng * VL}, xw, hp, hn, cs, pp, zb, rh, y, slen, t, blo + {r0} + m, hb, ybs);"]
+            pa = f"pa + {r0 * ng * VL}"  # the part's rows' accumulators
+            work += ["for (int ri = 0; ri < nr; ++ri) if (part == 0 || ka[ri] < kb[ri]) {"]
+            work += [f"    FNAME_s{pr}g{''.join(str(g) for g in grp)}(Rp, xw + (blo + {r0}) * {N}L, {kin} + (blo + {r0}) * {Hp}L, "
+                     f"rbh, hb, {pa}, ka[ri], kb[ri], hbn, part != 2);" for grp in gs_groups[pr]]
+            work += ["}", f"if (part != 1) for (long m = 0; m < {pr}; ++m)",
+                     f"    FNAME_g({pa} + m * {ng * VL}, xw, hp, hn, cs, pp, zb, rh, y, slen, t, blo + {r0} + m, hb, ybs);"]
             r0 += pr
         desc = " + ".join(f"{pr} rows x gates {' + '.join(''.join(str(g) for g in grp) for grp in gs_groups[pr])}"
                           for pr in gs_parts[bc])
         body = "\n            ".join(work)
-        gs_code.append(f"""if (B == {bc}) {{ /* gate split: {desc}, whole K per pass */
-        if (part == 1) return; /* no K split: part 2 runs the whole K */
+        gs_code.append(f"""if (B == {bc}) {{ /* gate split: {desc}, whole K (of the part's ranges) per pass */
         const long nit = hb1 - hb0;
         for (long it = 0; it < nit; ++it) {{
             const long i = rev ? nit - 1 - it : it, hb = hb0 + i, inx = rev ? i - 1 : i + 1;
             const long hbn = inx < 0 || inx >= nit ? hb : hb0 + inx;
+            float *pa = part ? pacc + i * {bc * ng * VL}L : acc;
             {body}
             {CB}
         }}
         return;
     }}""")
-    acc_floats = max([cpg * chunk_acc] + [pr * ng * VL for pr in gs_sizes])
+    acc_floats = max([cpg * chunk_acc] + [bc * ng * VL for bc in gs_rows])
     return "\n".join(kernels) + "\n" + gate_fn + f"""
 static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, float *cs,
                   const float *pp, const float *rbh, float *zb, float *rh, float *y,

@@ -197,10 +197,11 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     # and it publishes its h at the end of the step without waiting. The flag crossing cores and
     # the peer that finished last are then hidden behind part 1 instead of stalling every step
     # (a 2-thread flag round trip on this VM: 0.5-0.8 us, at ~4 us of work a step at B=1 H=256).
-    # Not with the gate-split passes (whole K per pass) nor dynamic shapes (the held accumulators
-    # are sized for the static row counts).
+    # Not with dynamic shapes (the held accumulators are sized for the static row counts), nor
+    # for gate-split passes over an R slice streamed from L3 (H=1024 B=10, 20: every (row, hidden
+    # block)'s accumulators written and read back each step, beside a 100 us step).
     gs_rows = any(gate_split_plan(cfg, ng_, rows) for ng_ in ((2, 1) if two_phase else (G,)))
-    split = SPLIT_BARRIER and mode == "wcs" and not dynamic and not gs_rows
+    split = SPLIT_BARRIER and mode == "wcs" and not dynamic and (not gs_rows or cfg.two_parts)
     if split:
         per = max(part_acc_floats(cfg, ph, rows, nat) for ph in (("a", "b") if two_phase else ("",)))
         pacc = _scratch(em, P * D * per)
