@@ -242,10 +242,14 @@ def part_acc_floats(cfg: RnnConfig, phase: str, rows: set[int], native: VectorIs
 
 def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
               rows: set[int] | None = None, l2_bytes: int = 0, native: VectorIsa | None = None) -> str:
-    """FNAME(Rp, xw, hp, hn, cs, pp, rbh, zb, rh, y, slen, t, hb0, hb1, blo, bhi, ybs, zh) for
-    direction ``d``: hidden blocks [hb0, hb1) of batch rows [blo, bhi). ``zh`` != 0: the previous
-    h is all zeros (the first step without an initial state), so h·R is skipped (the tiles start
-    from XW and run an empty K range): a T=1 LSTM E=H=256 reads 1 MiB of weights instead of 2.
+    """FNAME(Rp, xw, hp, hn, cs, pp, rbh, zb, rh, y, slen, t, hb0, hb1, blo, bhi, ybs, zh, part,
+    ko0, ko1, pacc) for direction ``d``: hidden blocks [hb0, hb1) of batch rows [blo, bhi).
+    ``zh`` != 0: the previous h is all zeros (the first step without an initial state), so h·R
+    is skipped (the tiles start from XW and run an empty K range): a T=1 LSTM E=H=256 reads 1 MiB
+    of weights instead of 2. ``part``: 0 the whole cell; 1 only h·R over k in [ko0, ko1) (the h
+    this thread wrote, before it waits for its peers), every tile's accumulators left in
+    ``pacc`` (part_acc_floats); 2 the rest of K onto them, then the gate math (the driver's
+    split step barrier).
 
     ``phase``: "" (LSTM, RNN, GRU lbr=1: whole cell), "a" (GRU lbr=0: z, r and r ⊙ h) or "b"
     (GRU lbr=0: (r ⊙ h)·Rh, the candidate and the new state). The row range and ``ybs``
