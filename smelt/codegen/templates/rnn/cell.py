@@ -44,9 +44,10 @@ def _tile_nb(G: int, mb: int, budget: int) -> int:
 
 def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool, pf_ahead: int = 0,
               acc_gates: list[int] | None = None) -> str:
-    """FNAME_d{mb}x{nb}(Rp, xw, h, rbh, hb, acc, k0, k1, hbn): the gate pre-activations of ``mb``
-    batch rows x ``nb`` hidden blocks, ``xw + h·R^T`` accumulated in registers, stored to ``acc``
-    (``hbn``: the first hidden block of the tile the cell computes next, whose XW it prefetches).
+    """FNAME_d{mb}x{nb}(Rp, xw, h, rbh, hb, acc, k0, k1, hbn, fresh): the gate pre-activations of
+    ``mb`` batch rows x ``nb`` hidden blocks, ``h·R^T`` over k in [k0, k1) accumulated in registers
+    onto XW (``fresh``) or onto ``acc`` (a K range before), stored to ``acc`` (``hbn``: the first
+    hidden block of the tile the cell computes next, whose XW a fresh call prefetches).
     ``pf_ahead`` > 0: the variant ``FNAME_d{mb}x{nb}p`` also prefetches R that many k ahead into L2.
 
     A separate non-inlined function on purpose: inlined into the cell, GCC hoisted the gate
@@ -67,7 +68,7 @@ def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool,
         return (m * nb + n) * len(acc_order) + acc_order.index(g)
 
     L = [f"static __attribute__((noinline)) void FNAME_{name}(const float *Rp, const float *xw, "
-         "const float *h, const float *rbh, long hb, float *acc, long k0, long k1, long hbn) {",
+         "const float *h, const float *rbh, long hb, float *acc, long k0, long k1, long hbn, int fresh) {",
          "    (void)rbh; (void)hbn;"]
     for n in range(nb):
         L.append(f"    const float *rp{n} = Rp + (hb + {n}) * {H * G * VL}L;")
@@ -85,13 +86,13 @@ def _dot_code(cfg: RnnConfig, gates: list[int], mb: int, nb: int, kin_lbr: bool,
             first = VX.load(f"rbh + (hb + {n}) * {VL}")
         else:
             first = VX.load(f"xw + {m * N}L + (hb + {n}) * {G * VL} + {g * VL}")
-        return f"k0 == 0 ? {first} : {VX.load(f'acc + {slot(m, n, g) * VL}')}"
+        return f"fresh ? {first} : {VX.load(f'acc + {slot(m, n, g) * VL}')}"
 
     L += ["    " + x for x in tile.declare(init, by_row=True, one_per_line=True)]
     # XW of this step was written by the projection GEMM long before (T*B rows of it do not fit
     # L2), so the accumulators' first loads came from L3: fetch the next tile's lines now, a whole
     # K loop ahead (GRU B=10 H=256: recurrence 1.71 -> 1.57 ms).
-    L.append("    if (k0 == 0) {")
+    L.append("    if (fresh) {")
     for m in range(mb):
         for g in (gates if acc_gates is not None else range(G)):  # gate-split: each pass its own gates
             L.append(f"        __builtin_prefetch(xw + {m * N}L + hbn * {G * VL} + {g * VL}, 0, 3);")
@@ -150,12 +151,12 @@ def _native_dot_code(cfg: RnnConfig, nv: VectorIsa, gates: list[int], mb: int, k
     jp_most = max(1, (nv.registers - 1 - mb) // mb)  # J x mb accumulators + mb broadcasts + 1 load
     npass = -(-len(vecs) // jp_most)
     L = [f"static __attribute__((noinline)) void FNAME_{name}(const float *Rp, const float *xw, "
-         "const float *h, const float *rbh, long hb, float *acc, long k0, long k1, long hbn) {",
+         "const float *h, const float *rbh, long hb, float *acc, long k0, long k1, long hbn, int fresh) {",
          "    (void)rbh; (void)hbn;",
          f"    const float *rp0 = Rp + hb * {H * G * VL}L;"]
     for m in range(mb):
         L.append(f"    const float *h{m} = h + {m * cfg.Hp}L;")
-    L.append("    if (k0 == 0) {")
+    L.append("    if (fresh) {")
     for m in range(mb):
         for g in range(G):
             L.append(f"        __builtin_prefetch(xw + {m * N}L + hbn * {G * VL} + {g * VL}, 0, 3);")
@@ -174,7 +175,7 @@ def _native_dot_code(cfg: RnnConfig, nv: VectorIsa, gates: list[int], mb: int, k
             g, q = part[j]
             first = (f"rbh + hb * {VL} + {q * w}" if kin_lbr and g == 2
                      else f"xw + {m * N}L + hb * {G * VL} + {g * VL + q * w}")
-            return f"k0 == 0 ? {nv.load(first)} : {nv.load(at(m, g, q))}"
+            return f"fresh ? {nv.load(first)} : {nv.load(at(m, g, q))}"
 
         def pf(j: int, part: list[tuple[int, int]] = part) -> list[str]:
             g, q = part[j]
@@ -194,12 +195,61 @@ def _native_dot_code(cfg: RnnConfig, nv: VectorIsa, gates: list[int], mb: int, k
     return "\n".join(L)
 
 
+def _tile_plan(cfg: RnnConfig, ng: int, dynamic: bool, rows: set[int] | None,
+               native: VectorIsa | None) -> tuple[int, bool, list[int], set[tuple[int, int]]]:
+    """(most rows of a chunk, native-vector tiles, chunk sizes, (rows, hidden blocks) tiles) of
+    a cell computing ``ng`` gates (see cell_code)."""
+    mb_most = tile_rows(ng, cfg.acc_budget)
+    # A logical tile of one row (AVX2 LSTM: 4 gates x 2 ymm of the 6 x 2 budget): rows of 2 and
+    # more run as native-vector tiles instead (_native_dot_code); rows of 1 keep the logical tile
+    # (its split accumulator set for batch 1; batch 1 renders as without native tiles).
+    native_rows = native is not None and mb_most == 1 and (dynamic or max(rows or {cfg.B}) > 1)
+    if native_rows:
+        mb_most = NATIVE_TILE_ROWS
+    row_counts = sorted(rows or {cfg.B})
+    if dynamic:
+        sizes = list(range(1, mb_most + 1))
+    else:
+        sizes = sorted({s for bc in row_counts if bc > 0 for s, _ in _row_chunks(bc, mb_most)})
+    # (rows, hidden blocks) tiles: a group of nbt hidden blocks is chosen by the largest chunk
+    # (q + 1 rows, or q), and every chunk of that group uses it; leftover blocks go one by one
+    pairs: set[tuple[int, int]] = {(mb, 1) for mb in sizes}
+    for mb0 in (sizes if dynamic else [_row_chunks(bc, mb_most)[0][0] for bc in row_counts if bc > 0]):
+        nbt = 1 if native_rows and mb0 > 1 else _tile_nb(ng, mb0, cfg.acc_budget)
+        pairs |= {(mb, nbt) for mb in (mb0 - 1, mb0) if mb in sizes}
+    return mb_most, native_rows, sizes, pairs
+
+
+def gate_split_plan(cfg: RnnConfig, ng: int, rows: set[int]) -> dict[int, list[int]]:
+    """{a thread's row count: its gate-split parts} for the row counts that run as gate-split
+    passes over ``ng`` gates (R packed gate-major; see gate_split_parts), the others absent."""
+    return {bc: parts for bc in sorted(rows) if cfg.rgm
+            for parts in [gate_split_parts(bc, ng, cfg.acc_budget, cfg.two_parts)] if parts}
+
+
+def part_acc_floats(cfg: RnnConfig, phase: str, rows: set[int], native: VectorIsa | None) -> int:
+    """Floats of the accumulators one thread's cell call keeps from part 1 to part 2 (the K
+    split around the step barrier, see cell_code): every (hidden block, row group) of its
+    largest row count, as many hidden blocks as a direction has (an upper bound on a share)."""
+    ng = {"": cfg.G, "a": 2, "b": 1}[phase]
+    mb_most, _, _, pairs = _tile_plan(cfg, ng, False, rows, native)
+    chunk_acc = max(mb * nb for mb, nb in pairs) * ng * VL
+    cpg = max(1, REC_GROUP_ROWS // mb_most)
+    nch = -(-max(rows) // mb_most)
+    gs = max(gate_split_plan(cfg, ng, rows), default=0)  # gate-split rows: all of them per hidden block
+    return cfg.nhb * max(-(-nch // cpg) * cpg * chunk_acc, gs * ng * VL)
+
+
 def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
               rows: set[int] | None = None, l2_bytes: int = 0, native: VectorIsa | None = None) -> str:
-    """FNAME(Rp, xw, hp, hn, cs, pp, rbh, zb, rh, y, slen, t, hb0, hb1, blo, bhi, ybs, zh) for
-    direction ``d``: hidden blocks [hb0, hb1) of batch rows [blo, bhi). ``zh`` != 0: the previous
-    h is all zeros (the first step without an initial state), so h·R is skipped (the tiles start
-    from XW and run an empty K range): a T=1 LSTM E=H=256 reads 1 MiB of weights instead of 2.
+    """FNAME(Rp, xw, hp, hn, cs, pp, rbh, zb, rh, y, slen, t, hb0, hb1, blo, bhi, ybs, zh, part,
+    ko0, ko1, pacc) for direction ``d``: hidden blocks [hb0, hb1) of batch rows [blo, bhi).
+    ``zh`` != 0: the previous h is all zeros (the first step without an initial state), so h·R
+    is skipped (the tiles start from XW and run an empty K range): a T=1 LSTM E=H=256 reads 1 MiB
+    of weights instead of 2. ``part``: 0 the whole cell; 1 only h·R over k in [ko0, ko1) (the h
+    this thread wrote, before it waits for its peers), every tile's accumulators left in
+    ``pacc`` (part_acc_floats); 2 the rest of K onto them, then the gate math (the driver's
+    split step barrier).
 
     ``phase``: "" (LSTM, RNN, GRU lbr=1: whole cell), "a" (GRU lbr=0: z, r and r ⊙ h) or "b"
     (GRU lbr=0: (r ⊙ h)·Rh, the candidate and the new state). The row range and ``ybs``
@@ -214,13 +264,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     acts = cfg.acts[d]
     gates = {"": list(range(G)), "a": [0, 1], "b": [2]}[phase]
     ng = len(gates)
-    mb_most = tile_rows(ng, cfg.acc_budget)
-    # A logical tile of one row (AVX2 LSTM: 4 gates x 2 ymm of the 6 x 2 budget): rows of 2 and
-    # more run as native-vector tiles instead (_native_dot_code); rows of 1 keep the logical tile
-    # (its split accumulator set for batch 1; batch 1 renders as without native tiles).
-    native_rows = native is not None and mb_most == 1 and (dynamic or max(rows or {B}) > 1)
-    if native_rows:
-        mb_most = NATIVE_TILE_ROWS
+    mb_most, native_rows, sizes, pairs = _tile_plan(cfg, ng, dynamic, rows, native)
 
     def tile_nb(mb: int) -> int:
         return 1 if native_rows and mb > 1 else _tile_nb(ng, mb, cfg.acc_budget)
@@ -230,10 +274,6 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
             return _native_dot_code(cfg, native, gates, mb, kin_lbr, pf)
         return _dot_code(cfg, gates, mb, nb, kin_lbr, pf)
     row_counts = sorted(rows or {B})
-    if dynamic:
-        sizes = list(range(1, mb_most + 1))
-    else:
-        sizes = sorted({s for bc in row_counts if bc > 0 for s, _ in _row_chunks(bc, mb_most)})
     last_mask = (1 << (H % VL)) - 1 if H % VL else 0
     nhb = cfg.nhb
     def clip(e: str) -> str:
@@ -246,12 +286,6 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
         return act_code(name, a, b, e)
 
     kin = "rh" if phase == "b" else "hp"
-    # (rows, hidden blocks) tiles: a group of nbt hidden blocks is chosen by the largest chunk
-    # (q + 1 rows, or q), and every chunk of that group uses it; leftover blocks go one by one
-    pairs: set[tuple[int, int]] = {(mb, 1) for mb in sizes}
-    for mb0 in (sizes if dynamic else [_row_chunks(bc, mb_most)[0][0] for bc in row_counts if bc > 0]):
-        nbt = tile_nb(mb0)
-        pairs |= {(mb, nbt) for mb in (mb0 - 1, mb0) if mb in sizes}
     # K block: the nb hidden blocks' R rows of one K block stay in L1 while every chunk of a row
     # group streams them (otherwise each chunk re-read the slice from L2; at H=1024 from L3).
     # R within L2 (or just at it, mostly kept there by the reverse walk below): <= 16 KiB, half
@@ -277,7 +311,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     # (with the logical tile's rows, as the schedule chose R's gate-major packing by: at 2 rows
     # the gate split was 1-2% faster than the native tiles, AVX2 LSTM H=256 B=2)
     # (a thread's rows beyond GATE_SPLIT_ROWS: two parts of gate-split passes, gate_split_parts)
-    gs_parts = {bc: parts for bc in row_counts if cfg.rgm for parts in [gate_split_parts(bc, ng, cfg.acc_budget, cfg.two_parts)] if parts}
+    gs_parts = gate_split_plan(cfg, ng, set(row_counts))
     gs_rows = list(gs_parts)
     gs_sizes = sorted({pr for parts in gs_parts.values() for pr in parts})
     gs_groups = {pr: _gate_groups(gates, max(1, cfg.acc_budget // pr)) for pr in gs_sizes}
@@ -369,7 +403,7 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     # dispatch: for each group of nb hidden blocks, for each row chunk: dot kernel, then gates
     def call(mb: int, nb: int, pf: bool = False) -> str:
         return (f"FNAME_d{mb}x{nb}{'p' if pf else ''}(Rp, xw + b0 * {N}L, {kin} + b0 * {Hp}L, rbh, hb, "
-                f"acc + (c - c0) * {chunk_acc}, k0, k1, hbn);")
+                f"acc + (c - c0) * {chunk_acc}, k0, k1, hbn, fresh);")
 
     def switch() -> str:
         if not pf_chunk:
@@ -387,39 +421,53 @@ def cell_code(cfg: RnnConfig, d: int, phase: str = "", dynamic: bool = False,
     for bc in gs_rows:
         work, r0 = [], 0
         for pr in gs_parts[bc]:  # per part: its passes, then its rows' gate math
-            work += [f"FNAME_s{pr}g{''.join(str(g) for g in grp)}(Rp, xw + (blo + {r0}) * {N}L, {kin} + (blo + {r0}) * {Hp}L, "
-                     f"rbh, hb, acc, 0, KH, hbn);" for grp in gs_groups[pr]]
-            work += [f"for (long m = 0; m < {pr}; ++m)",
-                     f"    FNAME_g(acc + m * {ng * VL}, xw, hp, hn, cs, pp, zb, rh, y, slen, t, blo + {r0} + m, hb, ybs);"]
+            pa = f"pa + {r0 * ng * VL}"  # the part's rows' accumulators
+            work += ["for (int ri = 0; ri < nr; ++ri) if (part == 0 || ka[ri] < kb[ri]) {"]
+            work += [f"    FNAME_s{pr}g{''.join(str(g) for g in grp)}(Rp, xw + (blo + {r0}) * {N}L, {kin} + (blo + {r0}) * {Hp}L, "
+                     f"rbh, hb, {pa}, ka[ri], kb[ri], hbn, part != 2);" for grp in gs_groups[pr]]
+            work += ["}", f"if (part != 1) for (long m = 0; m < {pr}; ++m)",
+                     f"    FNAME_g({pa} + m * {ng * VL}, xw, hp, hn, cs, pp, zb, rh, y, slen, t, blo + {r0} + m, hb, ybs);"]
             r0 += pr
         desc = " + ".join(f"{pr} rows x gates {' + '.join(''.join(str(g) for g in grp) for grp in gs_groups[pr])}"
                           for pr in gs_parts[bc])
         body = "\n            ".join(work)
-        gs_code.append(f"""if (B == {bc}) {{ /* gate split: {desc}, whole K per pass */
+        gs_code.append(f"""if (B == {bc}) {{ /* gate split: {desc}, whole K (of the part's ranges) per pass */
         const long nit = hb1 - hb0;
         for (long it = 0; it < nit; ++it) {{
             const long i = rev ? nit - 1 - it : it, hb = hb0 + i, inx = rev ? i - 1 : i + 1;
             const long hbn = inx < 0 || inx >= nit ? hb : hb0 + inx;
+            float *pa = part ? pacc + i * {bc * ng * VL}L : acc;
             {body}
             {CB}
         }}
         return;
     }}""")
-    acc_floats = max([cpg * chunk_acc] + [pr * ng * VL for pr in gs_sizes])
+    acc_floats = max([cpg * chunk_acc] + [bc * ng * VL for bc in gs_rows])
     return "\n".join(kernels) + "\n" + gate_fn + f"""
 static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, float *cs,
                   const float *pp, const float *rbh, float *zb, float *rh, float *y,
-                  const int32_t *slen, int t, int hb0, int hb1, long blo, long bhi, long ybs, int zh) {{
+                  const int32_t *slen, int t, int hb0, int hb1, long blo, long bhi, long ybs, int zh,
+                  int part, long ko0, long ko1, float *pacc) {{
     const long B = bhi - blo;
     if (B <= 0) return;
     const long KH = zh ? 0 : {H}; /* h = 0: no h·R (one empty K block still runs the tiles' XW loads) */
-    float acc[{acc_floats}] __attribute__((aligned(64)));
+    float acc_l[{acc_floats}] __attribute__((aligned(64)));
+    float *acc = acc_l;
+    /* K ranges: part 0 the whole K; part 1 [ko0, ko1) (h this thread wrote) into pacc, no gate
+       math; part 2 the rest, [0, ko0) and [ko1, KH), from pacc, then the gate math */
+    const long ka[2] = {{ part == 2 ? 0 : part == 1 ? ko0 : 0, ko1 }};
+    const long kb[2] = {{ part == 2 ? ko0 : part == 1 ? ko1 : KH, KH }};
+    const int nr = part == 2 ? 2 : 1;
+    if (part == 2) /* the peers' h just arrived from their cores: ask for all its lines at once */
+        for (long b = blo; b < bhi; ++b)
+            for (int ri = 0; ri < 2; ++ri)
+                for (long k = ka[ri]; k < kb[ri]; k += 16) __builtin_prefetch({kin} + b * {Hp}L + k, 0, 3);
     const int rev = {int(stream)} && (t & 1);
     {chr(10).join(gs_code)}
     /* balanced row chunks of at most {mb_most} rows (at most two distinct sizes), in groups of
        {cpg} chunks; per group, K blocks of {kc} (all chunks per block), then the gate math */
     const long nch = (B + {mb_most - 1}) / {mb_most}, q = B / nch, r = B % nch;
-    const long mb0 = r ? q + 1 : q;
+    const long mb0 = r ? q + 1 : q, ngrp = (nch + {cpg - 1}) / {cpg};
     const long kc = nch == 1 ? {H} : {kc};
     long nbt0 = 1;
     switch (mb0) {{ {nbt_cases} default: break; }}
@@ -432,13 +480,17 @@ static void FNAME(const float *Rp, const float *xw, const float *hp, float *hn, 
         const long hbn = inx < 0 || inx >= nit ? hb : inx < ngr ? hb0 + inx * nbt0 : hb0 + ngr * nbt0 + (inx - ngr);
         for (long c0 = 0; c0 < nch; c0 += {cpg}) {{
             const long c1 = SMELT_MIN(c0 + {cpg}, nch);
-            for (long k0 = 0; k0 < KH || k0 == 0; k0 += kc) {{
-                const long k1 = SMELT_MIN(k0 + kc, KH);
+            if (part) acc = pacc + (i * ngrp + c0 / {cpg}) * {cpg * chunk_acc}L; /* kept across the parts */
+            for (int ri = 0; ri < nr; ++ri)
+            for (long k0 = ka[ri]; k0 < kb[ri] || (part == 0 && k0 == 0); k0 += kc) {{
+                const long k1 = SMELT_MIN(k0 + kc, kb[ri]);
+                const int fresh = part != 2 && k0 == ka[ri];
                 for (long c = c0; c < c1; ++c) {{
                     const long mb = c < r ? q + 1 : q, b0 = blo + (c < r ? c * (q + 1) : r * (q + 1) + (c - r) * q);
                     {switch()}
                 }}
             }}
+            if (part == 1) continue;
             for (long c = c0; c < c1; ++c) {{
                 const long mb = c < r ? q + 1 : q, b0 = blo + (c < r ? c * (q + 1) : r * (q + 1) + (c - r) * q);
                 for (long m = 0; m < mb; ++m) for (long n = 0; n < nbt; ++n)

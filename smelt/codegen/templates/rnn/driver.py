@@ -13,7 +13,7 @@ from smelt.codegen.kernels.rnn_config import (
 )
 from smelt.codegen.kernels.rnn_vec import vmath_source
 from smelt.codegen.registry import register
-from smelt.codegen.templates.rnn.cell import cell_code
+from smelt.codegen.templates.rnn.cell import cell_code, gate_split_plan, part_acc_floats
 from smelt.codegen.templates.rnn.common import CB, _schedule, _scratch, native_vector
 from smelt.codegen.templates.rnn.dynamic import _dyn_output_shapes
 from smelt.codegen.templates.rnn.packing import _pack_code, pack_bias, pack_p, pack_r, pack_w
@@ -21,6 +21,10 @@ from smelt.codegen.templates.rnn.pipeline import emit_pipeline
 from smelt.codegen.templates.rnn.projection import gemm_code
 from smelt.errors import VerifyError
 from smelt.ir.graph import Graph, Node
+
+# The recurrence's step barrier as arrive / wait around the h this thread wrote (emit_rnn's
+# `split`); False renders the whole-step barrier (kept for A/B measurement).
+SPLIT_BARRIER = True
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,8 +191,25 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     # without an initial h, step 0's previous h is all zeros: the cells skip h·R then
     zh = "0" if cfg.h0 else "s == 0"
 
-    def call(cell: str, d: int) -> str:
+    # The step barrier split in halves around the h·R of the h this thread wrote (wcs: a thread
+    # keeps its hidden blocks, so the K range of its own h needs no peer): part 1 runs that K
+    # range, the thread then waits for its peers' h, part 2 runs the rest of K and the gate math,
+    # and it publishes its h at the end of the step without waiting. The flag crossing cores and
+    # the peer that finished last are then hidden behind part 1 instead of stalling every step
+    # (a 2-thread flag round trip on this VM: 0.5-0.8 us, at ~4 us of work a step at B=1 H=256).
+    # Not with dynamic shapes (the held accumulators are sized for the static row counts), nor
+    # for gate-split passes over an R slice streamed from L3 (H=1024 B=10, 20: every (row, hidden
+    # block)'s accumulators written and read back each step, beside a 100 us step).
+    gs_rows = any(gate_split_plan(cfg, ng_, rows) for ng_ in ((2, 1) if two_phase else (G,)))
+    split = SPLIT_BARRIER and mode == "wcs" and not dynamic and (not gs_rows or cfg.two_parts)
+    if split:
+        per = max(part_acc_floats(cfg, ph, rows, nat) for ph in (("a", "b") if two_phase else ("",)))
+        pacc = _scratch(em, P * D * per)
+
+    def call(cell: str, d: int, kpart: str = "0") -> str:
         t = "T - 1 - s" if cfg.reverse[d] else "s"
+        tail = (f", {kpart}, ulo{d} * {VL}L, SMELT_MIN(uhi{d} * {VL}L, {H}L), {pacc} + ((long)tid * {D} + {d}) * {per}L"
+                if split else ", 0, 0, 0, (float *)0")
         yarg = f"y + (long)t * ({ydir[1]}) + {d} * ({ydir[0]})" if cfg.y else "y"
         sb = d * Bmax * Hp
         return (f"{{ const int t = {t};\n"
@@ -196,13 +217,22 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
                 f"hp + {sb}, hn + {sb}, {off(cbuf, cfg.op == 'LSTM', sb)}, "
                 f"{off(pp, bool(cfg.p), d * 3 * Hp)}, {off(rbh, has_rbh, d * Hp)}, "
                 f"{off(zbuf, two_phase, sb)}, {off(rhbuf, two_phase, sb)}, {yarg}, "
-                f"slen, t, ulo{d}, uhi{d}, blo, bhi, {ydir[2]}, {zh}); }}")
+                f"slen, t, ulo{d}, uhi{d}, blo, bhi, {ydir[2]}, {zh}{tail}); }}")
 
-    def per_dir(cells: list[str], dirs: list[int]) -> str:
-        return "\n    ".join(f"if (ulo{d} < uhi{d}) {call(cells[d], d)}" for d in dirs)
+    def per_dir(cells: list[str], dirs: list[int], kpart: str = "0") -> str:
+        return "\n    ".join(f"if (ulo{d} < uhi{d}) {call(cells[d], d, kpart)}" for d in dirs)
+
+    def halves(cells: list[str], dirs: list[int], when: str) -> str:
+        """The cells of a step phase: split around the barrier's wait when ``when`` holds."""
+        if not split:
+            return per_dir(cells, dirs)
+        return (f"if (sn > 1 && ({when})) {{\n    {per_dir(cells, dirs, '1')}\n    {wait}\n    "
+                f"{per_dir(cells, dirs, '2')}\n    }} else {{\n    {per_dir(cells, dirs)}\n    }}")
 
     rotate = mode != "wcs"  # without WCS a partition moves to another thread every step
     bar = f"{vx}_sync((({vx}_flag *){flags}) + sbase, sme, sn, ++epoch);"
+    arrive = f"{vx}_arrive((({vx}_flag *){flags}) + sbase, sme, sn, ++epoch);"
+    wait = f"{vx}_wait((({vx}_flag *){flags}) + sbase, sme, sn, epoch);"
 
     def loop(dirs: list[int]) -> str:
         body = []
@@ -216,11 +246,17 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
                 body.append(f"{{ const long t_ = {tt}; {gemm}({xrow}, {orow}, {wp}, {bx}, B, 1, lid, nact); }}")
             body.append(bar)
         body += [f"const float *hp = {hbuf} + (s & 1) * {state}L;",
-                 f"float *hn = {hbuf} + ((s + 1) & 1) * {state}L;",
-                 per_dir(cells_a, dirs)]
-        if two_phase:
-            body += [bar, per_dir(cells_b, dirs)]
-        body.append(f"if (s + 1 < T) {bar}")
+                 f"float *hn = {hbuf} + ((s + 1) & 1) * {state}L;"]
+        if split:  # every barrier as arrive (end of a phase) ... wait (inside the next one)
+            body.append(halves(cells_a, dirs, "s > 0"))
+            if two_phase:  # phase b reads every thread's r ⊙ h (none to wait for when h = 0)
+                body += [arrive, halves(cells_b, dirs, f"!({zh})")]
+            body.append(f"if (s + 1 < T) {arrive}")
+        else:
+            body.append(per_dir(cells_a, dirs))
+            if two_phase:
+                body += [bar, per_dir(cells_b, dirs)]
+            body.append(f"if (s + 1 < T) {bar}")
         return "for (int s = 0; s < T; ++s) {\n    " + "\n    ".join(body) + "\n}"
 
     # grid table: [p][b] -> (xi, xj); p = threads of the direction group

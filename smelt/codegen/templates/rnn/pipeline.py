@@ -78,7 +78,7 @@ def emit_pipeline(chain: list[Node], g: Graph, em: BlockEmitter) -> None:
         t_expr = f"{T - 1} - t" if cfg.reverse[0] else "t"
         yrow = f"{y} + (long)tt * {B * H}" if cfg.y else y
         calls = [f"{c}({rp}, {xwrow}, hp, hn, {cbuf}, {pp}, {rbh}, {zb}, {rh}, {yrow}, (const int32_t *)0, tt, "
-                 f"0, {nhb}, 0, {B}, {H}, {'0' if cfg.h0 else 't == 0'});" for c in cells]
+                 f"0, {nhb}, 0, {B}, {H}, {'0' if cfg.h0 else 't == 0'}, 0, 0, 0, (float *)0);" for c in cells]
         layer_code.append(f"""if ({li} >= l0 && {li} < l1) {{ const int t = tau - {li};
     if (t >= 0 && t < {T}) {{ const int tt = {t_expr};
         const float *hp = {hbuf} + (t & 1) * {B * Hp}; float *hn = {hbuf} + ((t + 1) & 1) * {B * Hp};
