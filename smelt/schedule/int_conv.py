@@ -69,6 +69,8 @@ LOAD_COST = 0.25
 # (measured on Zen 4 at 1 thread: ResNet-50's 512-channel 3x3 on 7x7, 4 px x 64 oc 598 us, 7 px
 # x 48 oc 508 us; its 256-channel 3x3 on 14x14, 5 px x 64 oc 528 us, 14 px x 32 oc 494 us)
 L2_LOAD_COST = 1.0
+# the depthwise kernel's rows in pairs (``IntConvSchedule.row_pairs``) where the ISA can form them
+DW_ROW_PAIRS = True
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,11 @@ class IntConvSchedule:
     # an NCHW<b>c plane are contiguous): no ragged tile per row (56 = 9 x 6 + 2; 3136 = 522 x 6 + 4)
     flat: bool = False
     depthwise: bool = False  # the depthwise kernel: one channel per lane, group_k 1, nv 1
+    # depthwise: kernel rows taken two at a time, one row's input byte in the low int16 of each
+    # lane and the next row's in the high one (``u8x2_to_i16_pairs``), against the two rows'
+    # weights: one pair dot per two taps (a 3x3: 6 dots per output vector, not 9), for a
+    # shuffle per column pair that the widening of one row's bytes already cost
+    row_pairs: bool = False
     clip: ClipRequant | None = None  # a QLinearClip fused into the epilogue
     residual: ResidualAdd | None = None  # a QLinearAdd fused into the epilogue (read as input 9)
     # fewer input channels than a quad (the RGB stem): each input row copied with its channels
@@ -219,7 +226,7 @@ class IntConvSchedule:
     def describe(self) -> str:
         form = {"u8s8_dot_acc": "u8s8 quads", "u8s7_dot_acc": "u8 x 7-bit quads"}.get(self.dot, "int16 pairs")
         if self.depthwise:
-            form = "depthwise, u8 widened x int16"
+            form = "depthwise, u8 widened x int16" + (", kernel rows in pairs" if self.row_pairs else "")
         inb = f"rows of (kx, channel) quads, {self.ib} channels" if self.kx_packed else f"input block {self.ib}"
         return (f"{form}, block {self.block}, {inb}{' (copied, padded)' if self.copy_input else ''}, "
                 f"tile {self.rw} px x {self.nv * self.block} oc{', relu' if self.relu else ''}"
@@ -450,7 +457,8 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
         # them, or blocks a plain input with channels past C at 0)
         return IntConvSchedule(block=block, group_k=1, dot="i16_dot_acc", ib=block,
                                copy_input=padded or in_block != block, nv=1, rw=depthwise_tile(geo, v.registers),
-                               relu=relu, depthwise=True, clip=clip)
+                               relu=relu, depthwise=True, clip=clip,
+                               row_pairs=DW_ROW_PAIRS and geo.kh >= 2 and v.has("u8x2_to_i16_pairs"))
     w = _const(g, node.inputs[3])
     if v.has("u8s8_dot_acc"):
         dot = "u8s8_dot_acc"

@@ -34,6 +34,9 @@ DEPTHWISE = [
     (48, 8, 9, 3, 1, (0, 0, 0, 0), 1),  # unpadded: the blocked input read in place
     (40, 9, 10, 3, 1, (2, 2, 2, 2), 2),  # dilation
     (16, 11, 23, 5, 1, (2, 2, 2, 2), 1),  # 5x5, a row wider than any tile
+    (24, 9, 10, 2, 1, (0, 0, 1, 1), 1),  # 2x2: kernel rows all in pairs (no single last row)
+    (16, 6, 9, 4, 2, (1, 2, 2, 1), 1),  # 4x4, stride 2: two row pairs
+    (32, 5, 7, 1, 1, (0, 0, 0, 0), 1),  # 1x1: one row, nothing to pair
 ]
 
 
@@ -125,6 +128,7 @@ def _check(m: _Model, isa: str, monkeypatch, cache, *, fused_form: str | None = 
             # every conv blocked (depthwise ones on their kernel), every Clip and ReLU fused
             assert templates.count("int_conv_nchwc") >= ops.count("QLinearConv") > 0, templates
             assert "depthwise" in algorithms and "QLinearClip" not in ops and "Max" not in ops, ops
+            assert "kernel rows in pairs" in algorithms, algorithms  # (every vector ISA forms the pairs)
             if fused_form:
                 assert f"clip fused ({fused_form})" in algorithms, algorithms
         else:

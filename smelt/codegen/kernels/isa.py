@@ -229,6 +229,12 @@ AVX512 = VectorIsa(
            # the 16 bytes at {p} zero-extended into the int32 lanes (the int8 depthwise conv's
            # input: one channel per lane, the high int16 of each lane 0 for i16_dot_acc)
            ("u8_to_i32", "_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)({p})))"),
+           # the 16 bytes at {p} and at {q} zero-extended into the low and the high int16 of the
+           # int32 lanes (two kernel rows of the depthwise conv's input: one i16_dot_acc does both)
+           ("u8x2_to_i16_pairs", "({{ const __m128i a_ = _mm_loadu_si128((const __m128i *)({p})), "
+                                 "b_ = _mm_loadu_si128((const __m128i *)({q})); _mm512_cvtepu8_epi16("
+                                 "_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(a_, b_)), "
+                                 "_mm_unpackhi_epi8(a_, b_), 1)); }})"),
            ("i32_to_f32", "_mm512_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm512_roundscale_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm512_cvttps_epi32({a})"),
@@ -272,6 +278,8 @@ AVX2 = VectorIsa(
                             "_mm256_set1_epi16(1)))"),
            ("word_set1", "_mm256_set1_epi32(" + _LOAD32 + ")"),
            ("u8_to_i32", "_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)({p})))"),
+           ("u8x2_to_i16_pairs", "_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)({p})), "
+                                 "_mm_loadl_epi64((const __m128i *)({q}))))"),
            ("i32_to_f32", "_mm256_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm256_round_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm256_cvttps_epi32({a})"),

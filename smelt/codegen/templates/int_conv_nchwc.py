@@ -148,11 +148,19 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
 
     # -- compile-time constants --------------------------------------------------------------
     w = np.asarray(g.values[ins[3]].const).astype(np.int8)
+    dw_slots = -(-kh // 2) if s.row_pairs else kh  # weight rows per channel block (depthwise)
     if s.depthwise:
-        # [channel block][ky][kx][lane] int32 words, the weight as int16 in the low half, 0 above
-        wpad = np.zeros((cp, kh, kw), np.int32)
-        wpad[:oc] = w.reshape(oc, kh, kw).astype(np.int16).view(np.uint16)
-        packed = np.ascontiguousarray(wpad.reshape(cb, L, kh, kw).transpose(0, 2, 3, 1))
+        # [channel block][ky][kx][lane] int32 words, the weight as int16 in the low half, 0 above;
+        # row_pairs: [channel block][row pair][kx][lane], rows 2p and 2p + 1 in the low and high
+        # halves (an odd kernel's last row alone, 0 above)
+        w16 = w.reshape(oc, kh, kw).astype(np.int16).view(np.uint16).astype(np.uint32)
+        wpad = np.zeros((cp, dw_slots, kw), np.uint32)
+        if s.row_pairs:
+            wpad[:oc, :] = w16[:, 0::2]
+            wpad[:oc, :kh // 2] |= w16[:, 1::2] << 16
+        else:
+            wpad[:oc] = w16
+        packed = np.ascontiguousarray(wpad.view(np.int32).reshape(cb, L, dw_slots, kw).transpose(0, 2, 3, 1))
     elif s.kx_packed:
         # [ocg][ky][word][vector][lane][4]: a kernel row's (kx, channel) values in input order,
         # zeros past kw * C
@@ -379,20 +387,33 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         # one channel block; per kernel row every input column the run spans is loaded once and
         # feeds each accumulator whose window covers it
         out = [f"const {it} bv0 = {v.x('i32_loadu', p=f'BI + og * {L}')};",
-               f"{it} " + ", ".join(f"c{r}_0 = bv0" for r in range(width)) + ";",
-               f"for (long ky = 0; ky < {kh}; ++ky) {{",
-               f"  const uint8_t *restrict sp = s0 + og * {hs_ * ws_ * L}L + ky * {geo.dh * ws_ * L}L;",
-               f"  const int32_t *restrict wq = w0 + ky * {kw * L};"]
-        out += [f"  const {it} k{kx} = {v.x('i32_loadu', p=f'wq + {kx * L}')};" for kx in range(kw)]
-        for col in range((width - 1) * geo.sw + (kw - 1) * geo.dw + 1):
-            uses = [(r, (col - r * geo.sw) // geo.dw) for r in range(width)
-                    if col >= r * geo.sw and (col - r * geo.sw) % geo.dw == 0 and (col - r * geo.sw) // geo.dw < kw]
-            if not uses:
-                continue
-            out.append(f"  {{ const {it} a = {v.x('u8_to_i32', p=f'sp + {col * L}')};")
-            out += [f"    c{r}_0 = {v.x(dot, a='a', b=f'k{kx}', c=f'c{r}_0')};" for r, kx in uses]
-            out.append("  }")
-        out.append("}")
+               f"{it} " + ", ".join(f"c{r}_0 = bv0" for r in range(width)) + ";"]
+        row = geo.dh * ws_ * L  # bytes from one kernel row's input to the next
+
+        def kernel_row(slot: str, first: str, pair: bool) -> list[str]:
+            # one kernel row (or, paired, two): the input columns the run spans, each loaded once
+            # and fed to every accumulator whose window covers it
+            rows = [f"  const uint8_t *restrict sp = s0 + og * {hs_ * ws_ * L}L + ({first}) * {row}L;",
+                    f"  const int32_t *restrict wq = w0 + ({slot}) * {kw * L};"]
+            rows += [f"  const {it} k{kx} = {v.x('i32_loadu', p=f'wq + {kx * L}')};" for kx in range(kw)]
+            for col in range((width - 1) * geo.sw + (kw - 1) * geo.dw + 1):
+                uses = [(r, (col - r * geo.sw) // geo.dw) for r in range(width)
+                        if col >= r * geo.sw and (col - r * geo.sw) % geo.dw == 0 and (col - r * geo.sw) // geo.dw < kw]
+                if not uses:
+                    continue
+                load = (v.x("u8x2_to_i16_pairs", p=f"sp + {col * L}", q=f"sp + {row + col * L}") if pair
+                        else v.x("u8_to_i32", p=f"sp + {col * L}"))
+                rows.append(f"  {{ const {it} a = {load};")
+                rows += [f"    c{r}_0 = {v.x(dot, a='a', b=f'k{kx}', c=f'c{r}_0')};" for r, kx in uses]
+                rows.append("  }")
+            return rows
+
+        if not s.row_pairs:
+            out += [f"for (long ky = 0; ky < {kh}; ++ky) {{", *kernel_row("ky", "ky", False), "}"]
+            return out + epilogue(width, 0)
+        out += [f"for (long kp = 0; kp < {kh // 2}; ++kp) {{", *kernel_row("kp", "2 * kp", True), "}"]
+        if kh % 2:  # the last row alone
+            out += ["{", *kernel_row(str(kh // 2), str(kh - 1), False), "}"]
         return out + epilogue(width, 0)
 
     body = dw_tile if s.depthwise else tile
@@ -416,7 +437,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              f" ni = item / {owt * geo.oh * ocg};",
              f"  const long ox0 = t * {rw};",
              f"  const {st} *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};",
-             f"  const {wt} *restrict w0 = Wp + og * {kh * kw * L if s.depthwise else cb * kh * kwl * q_words * nv * word}L;"]
+             f"  const {wt} *restrict w0 = Wp + og * {dw_slots * kw * L if s.depthwise else cb * kh * kwl * q_words * nv * word}L;"]
     if rem:
         lines += [f"  if (t < {full}) {{"] + ["    " + ln for ln in body(rw)] + ["  } else {"]
         lines += ["    " + ln for ln in body(rem)] + ["  }"]
