@@ -71,6 +71,8 @@ LOAD_COST = 0.25
 L2_LOAD_COST = 1.0
 # the depthwise kernel's rows in pairs (``IntConvSchedule.row_pairs``) where the ISA can form them
 DW_ROW_PAIRS = True
+# a padded depthwise conv on a blocked input pads in its kernel (``IntConvSchedule.pad_in_kernel``)
+DW_PAD_IN_KERNEL = True
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,11 @@ class IntConvSchedule:
     # weights: one pair dot per two taps (a 3x3: 6 dots per output vector, not 9), for a
     # shuffle per column pair that the widening of one row's bytes already cost
     row_pairs: bool = False
+    # depthwise on a blocked input: the padding is the kernel's (rows outside the input read from
+    # a row of zero-point bytes, columns outside it in the tiles at the row's ends are the zero
+    # point's vector), not a copy of the whole input into a padded buffer first (a pass over the
+    # block's largest tensor, and a step and its barrier per conv)
+    pad_in_kernel: bool = False
     clip: ClipRequant | None = None  # a QLinearClip fused into the epilogue
     residual: ResidualAdd | None = None  # a QLinearAdd fused into the epilogue (read as input 9)
     # fewer input channels than a quad (the RGB stem): each input row copied with its channels
@@ -228,6 +235,8 @@ class IntConvSchedule:
         if self.depthwise:
             form = "depthwise, u8 widened x int16" + (", kernel rows in pairs" if self.row_pairs else "")
         inb = f"rows of (kx, channel) quads, {self.ib} channels" if self.kx_packed else f"input block {self.ib}"
+        if self.pad_in_kernel:
+            inb += " (padded in the kernel)"
         return (f"{form}, block {self.block}, {inb}{' (copied, padded)' if self.copy_input else ''}, "
                 f"tile {self.rw} px x {self.nv * self.block} oc{', relu' if self.relu else ''}"
                 f"{(', clip fused (' + ('fma' if self.clip.affine else 'div') + ')') if self.clip else ''}"
@@ -455,8 +464,10 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     if geo.group > 1:
         # one channel per lane: the kernel reads the NCHW<block>c bytes as they are (a copy pads
         # them, or blocks a plain input with channels past C at 0)
-        return IntConvSchedule(block=block, group_k=1, dot="i16_dot_acc", ib=block,
-                               copy_input=padded or in_block != block, nv=1, rw=depthwise_tile(geo, v.registers),
+        in_kernel = DW_PAD_IN_KERNEL and padded and in_block == block
+        return IntConvSchedule(block=block, group_k=1, dot="i16_dot_acc", ib=block, pad_in_kernel=in_kernel,
+                               copy_input=(padded and not in_kernel) or in_block != block, nv=1,
+                               rw=depthwise_tile(geo, v.registers),
                                relu=relu, depthwise=True, clip=clip,
                                row_pairs=DW_ROW_PAIRS and geo.kh >= 2 and v.has("u8x2_to_i16_pairs"))
     w = _const(g, node.inputs[3])

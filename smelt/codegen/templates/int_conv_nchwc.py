@@ -383,26 +383,50 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
             out += epilogue(width, j)
         return out
 
-    def dw_tile(width: int) -> list[str]:
+    def dw_tile(width: int, at: int | None = None) -> list[str]:
         # one channel block; per kernel row every input column the run spans is loaded once and
-        # feeds each accumulator whose window covers it
+        # feeds each accumulator whose window covers it. pad_in_kernel: the unpadded input, a row
+        # outside it read from ZR (the zero point's bytes), and in a tile at a known first output
+        # column ``at`` (the tiles at the row's ends) a column outside it is the zero point's
+        # vector instead of a load
         out = [f"const {it} bv0 = {v.x('i32_loadu', p=f'BI + og * {L}')};",
                f"{it} " + ", ".join(f"c{r}_0 = bv0" for r in range(width)) + ";"]
         row = geo.dh * ws_ * L  # bytes from one kernel row's input to the next
 
+        def row_ptr(name: str, iy: str) -> str:
+            return (f"  const uint8_t *restrict {name} = (unsigned long)({iy}) < {geo.h} ? "
+                    f"S + ((ni * {cb} + og) * {geo.h} + ({iy})) * {geo.w * L}L : ZR;")
+
         def kernel_row(slot: str, first: str, pair: bool) -> list[str]:
             # one kernel row (or, paired, two): the input columns the run spans, each loaded once
             # and fed to every accumulator whose window covers it
-            rows = [f"  const uint8_t *restrict sp = s0 + og * {hs_ * ws_ * L}L + ({first}) * {row}L;",
-                    f"  const int32_t *restrict wq = w0 + ({slot}) * {kw * L};"]
+            if not s.pad_in_kernel:
+                rows = [f"  const uint8_t *restrict sp = s0 + og * {hs_ * ws_ * L}L + ({first}) * {row}L;",
+                        "  const uint8_t *restrict sq = sp + " + str(row) + ";" if pair else ""]
+                col0 = 0
+            else:
+                iy = f"oy * {geo.sh} - {geo.pt} + ({first}) * {geo.dh}"
+                rows = [row_ptr("sp", iy), row_ptr("sq", f"{iy} + {geo.dh}") if pair else ""]
+                col0 = (at * geo.sw - geo.pl) if at is not None else None
+                if at is None:  # every column inside: both rows from the tile's first input column
+                    rows += [f"  sp += (ox0 * {geo.sw} - {geo.pl}) * {L}L;" ,
+                             f"  sq += (ox0 * {geo.sw} - {geo.pl}) * {L}L;" if pair else ""]
+                    col0 = 0
+            rows = [r for r in rows if r]
+            rows.append(f"  const int32_t *restrict wq = w0 + ({slot}) * {kw * L};")
             rows += [f"  const {it} k{kx} = {v.x('i32_loadu', p=f'wq + {kx * L}')};" for kx in range(kw)]
             for col in range((width - 1) * geo.sw + (kw - 1) * geo.dw + 1):
                 uses = [(r, (col - r * geo.sw) // geo.dw) for r in range(width)
                         if col >= r * geo.sw and (col - r * geo.sw) % geo.dw == 0 and (col - r * geo.sw) // geo.dw < kw]
                 if not uses:
                     continue
-                load = (v.x("u8x2_to_i16_pairs", p=f"sp + {col * L}", q=f"sp + {row + col * L}") if pair
-                        else v.x("u8_to_i32", p=f"sp + {col * L}"))
+                ix = col0 + col
+                if s.pad_in_kernel and at is not None and not 0 <= ix < geo.w:
+                    load = "zp2" if pair else "zp1"  # a padded column
+                elif pair:
+                    load = v.x("u8x2_to_i16_pairs", p=f"sp + {ix * L}", q=f"sq + {ix * L}")
+                else:
+                    load = v.x("u8_to_i32", p=f"sp + {ix * L}")
                 rows.append(f"  {{ const {it} a = {load};")
                 rows += [f"    c{r}_0 = {v.x(dot, a='a', b=f'k{kx}', c=f'c{r}_0')};" for r, kx in uses]
                 rows.append("  }")
@@ -438,7 +462,30 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              f"  const long ox0 = t * {rw};",
              f"  const {st} *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};",
              f"  const {wt} *restrict w0 = Wp + og * {dw_slots * kw * L if s.depthwise else cb * kh * kwl * q_words * nv * word}L;"]
-    if rem:
+    if s.pad_in_kernel:
+        # the tiles whose windows reach past the row's ends: their own code, the first output
+        # column known, so each padded column is the zero point's vector; the others read in place
+        span = (kw - 1) * geo.dw
+        edges = [t for t in range(owt) if t * rw * geo.sw - geo.pl < 0
+                 or (t * rw + (rw if t < full else rem) - 1) * geo.sw - geo.pl + span >= geo.w]
+        loop = next(i for i, ln in enumerate(lines) if ln.startswith("for (long item"))
+        lines[loop:loop] = [
+            f"static const uint8_t ZR[{geo.w * L}] = {{[0 ... {geo.w * L - 1}] = {xz}}};  /* a padded row */",
+            # a padded column: the zero point in the low int16 of each lane (one row) or in both (a row pair)
+            f"const {it} zp1 = {v.x('i32_set1', a=str(xz))}, zp2 = {v.x('i32_set1', a=str(xz | xz << 16))};"]
+        lines.append("  (void)s0;")
+        for t in edges:
+            lines += [f"  if (t == {t}) {{"] + ["    " + ln for ln in body(rw if t < full else rem, t * rw)] + ["  } else"]
+        inner = [t for t in range(owt) if t not in edges]
+        widths = sorted({rw if t < full else rem for t in inner})
+        if len(widths) == 2:
+            lines += [f"  if (t < {full}) {{"] + ["    " + ln for ln in body(rw)] + ["  } else {"]
+            lines += ["    " + ln for ln in body(rem)] + ["  }"]
+        elif widths:
+            lines += ["  {"] + ["    " + ln for ln in body(widths[0])] + ["  }"]
+        else:
+            lines += ["  {}"]
+    elif rem:
         lines += [f"  if (t < {full}) {{"] + ["    " + ln for ln in body(rw)] + ["  } else {"]
         lines += ["    " + ln for ln in body(rem)] + ["  }"]
     else:
