@@ -38,7 +38,9 @@ Everything about how such a conv runs is decided here, once, and written on the 
   layout: one channel per int32 lane, the input bytes zero-extended (``u8_to_i32``) and
   multiplied by int16 weights with the pair dot (``i16_dot_acc``, the high half 0; VNNI's
   vpdpwssd), a row of ``rw`` output pixels per tile, each input column loaded once per kernel
-  row and used by every output pixel that reads it (``depthwise_tile``).
+  row and used by every output pixel that reads it (``depthwise_tile``); kernel rows in pairs
+  where the ISA forms them (``row_pairs``: one pair dot per two taps), and a padded conv on a
+  blocked input pads in its kernel (``pad_in_kernel``: no padded copy, no step before it).
 
 The zero-point compensation (``x_zero * sum(W)`` per output channel) and the requantization
 multiplier ``(x_scale * w_scale[o]) / y_scale`` are folded at compile time by the template.

@@ -32,7 +32,13 @@ Renders the ``IntConvSchedule`` the layout planner wrote (``schedule/int_conv.py
   kernel row each input column the run spans is loaded once, its bytes zero-extended into the
   lanes (``u8_to_i32``), and multiplied into every accumulator that reads it by the pair dot with
   the tap's int16 weights in the low half of each lane (the high halves are 0 on both sides);
-  the same folded bias and epilogue.
+  with ``row_pairs`` two kernel rows at once: one row's byte in the low int16 of each lane and
+  the next row's in the high one (``u8x2_to_i16_pairs``), against both rows' weights, so the
+  pair dot does two taps (an odd kernel's last row alone, as before). With ``pad_in_kernel`` it
+  reads a blocked input in place, unpadded: a kernel row outside the input reads a static row of
+  zero-point bytes, and the tiles whose windows cross a row's ends are rendered apart with their
+  first column known, a column outside the input being the zero point's vector; the same
+  folded bias and epilogue.
 
 Bit-exact with the NCHW template (int_conv.py) and so with onnxruntime's QLinearConv.
 """
