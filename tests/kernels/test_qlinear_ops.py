@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from kernel_models import force_isa
+from kernel_models import AVX_VNNI, force_isa
 from onnx import TensorProto, helper, numpy_helper
 
 import smelt
@@ -277,7 +277,7 @@ def test_qgemm(isa: str, monkeypatch, cache) -> None:
     _check(m)
 
 
-@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("isa", [*ISAS, AVX_VNNI])
 def test_gemm_seven_bit_weights(isa: str, monkeypatch, cache) -> None:
     """Weights in [-64, 63] (quantized with reduce_range): the u8 x 7-bit quads on hosts without
     VNNI (vpmaddubsw, exact there), VNNI's quads or the pairs elsewhere; the extremes of both
@@ -306,3 +306,6 @@ def test_gemm_seven_bit_weights(isa: str, monkeypatch, cache) -> None:
             else:
                 m.node(op, [a, b, a_scale, bs, az, bz], np.float32)
     _check(m)
+    if isa == "avx2":  # (no VNNI: the 7-bit quads, not the pairs)
+        infos = list(smelt.compile(m.build()).plan.step_infos())
+        assert len({s.node for s in infos if "u8 x 7-bit quads" in s.schedule.get("algorithm", "")}) == 12, infos
