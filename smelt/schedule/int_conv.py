@@ -19,8 +19,10 @@ Everything about how such a conv runs is decided here, once, and written on the 
   channels (the RGB stem) is instead copied as rows of interleaved channels and each kernel
   row's kw * C (kx, channel) values are read as ceil(kw * C / 4) quads (``kx_packed``: the 7x7
   stem's 21 values in 6 words, not 7 words of 3 channels and a zero);
-- whether the input is first **copied** into a zero-point-padded blocked buffer (padding,
-  plain input, or a block the kernel does not read directly);
+- whether the input is first **copied** into a zero-point-padded blocked buffer (plain input,
+  a block the kernel does not read directly, or padding the kernel does not take itself); a
+  padded conv reading its producer's block in quads takes the padding in the kernel instead
+  (``pad_in_kernel``: no copy step, see ``edge_tiles``);
 - the **register tile** (``nv`` vectors of output channels x ``rw`` output pixels of one row)
   from the register count and a small cost model (``choose_tile``);
 - the **fused ReLU** (the ``Max(y, y_zero_point)`` that lower_qdq writes for a Relu before the
@@ -73,8 +75,9 @@ LOAD_COST = 0.25
 L2_LOAD_COST = 1.0
 # the depthwise kernel's rows in pairs (``IntConvSchedule.row_pairs``) where the ISA can form them
 DW_ROW_PAIRS = True
-# a padded depthwise conv on a blocked input pads in its kernel (``IntConvSchedule.pad_in_kernel``)
-DW_PAD_IN_KERNEL = True
+# a padded conv takes its padding in the kernel (``pad_in_kernel``) when at most this many tiles
+# of a row touch a column border: each such tile is its own unrolled body
+MAX_EDGE_TILES = 4
 
 
 @dataclass(frozen=True)
@@ -216,11 +219,6 @@ class IntConvSchedule:
     # weights: one pair dot per two taps (a 3x3: 6 dots per output vector, not 9), for a
     # shuffle per column pair that the widening of one row's bytes already cost
     row_pairs: bool = False
-    # depthwise on a blocked input: the padding is the kernel's (rows outside the input read from
-    # a row of zero-point bytes, columns outside it in the tiles at the row's ends are the zero
-    # point's vector), not a copy of the whole input into a padded buffer first (a pass over the
-    # block's largest tensor, and a step and its barrier per conv)
-    pad_in_kernel: bool = False
     clip: ClipRequant | None = None  # a QLinearClip fused into the epilogue
     residual: ResidualAdd | None = None  # a QLinearAdd fused into the epilogue (read as input 9)
     # fewer input channels than a quad (the RGB stem): each input row copied with its channels
@@ -231,15 +229,22 @@ class IntConvSchedule:
     # the residual whose dead buffer the output may take (codegen/inplace.py checks liveness): each
     # output vector is computed from the residual's vector at the same place just before it is stored
     inplace_operand: str | None = None
+    # a padded input read in place (no zero-point-padded copy: the copy step cost ResNet-50's
+    # 3x3 convs ~5 us each at 1 thread, ~12 at 2, where the copy reads what the other core
+    # wrote): rows outside the input read a row of zero-point bytes, and the tiles of a row
+    # that touch a column border (``edge_tiles``) skip the taps outside it, their accumulators
+    # starting at the folded bias plus x_zero times the skipped taps' weights (the same sums).
+    # The depthwise kernel likewise (a row outside: the zero-point row; in an edge tile a column
+    # outside: the zero point's vector instead of a load): MobileNet's 3x3s on its largest tensors
+    pad_in_kernel: bool = False
 
     def describe(self) -> str:
         form = {"u8s8_dot_acc": "u8s8 quads", "u8s7_dot_acc": "u8 x 7-bit quads"}.get(self.dot, "int16 pairs")
         if self.depthwise:
             form = "depthwise, u8 widened x int16" + (", kernel rows in pairs" if self.row_pairs else "")
         inb = f"rows of (kx, channel) quads, {self.ib} channels" if self.kx_packed else f"input block {self.ib}"
-        if self.pad_in_kernel:
-            inb += " (padded in the kernel)"
-        return (f"{form}, block {self.block}, {inb}{' (copied, padded)' if self.copy_input else ''}, "
+        copy = " (copied, padded)" if self.copy_input else " (padded in the kernel)" if self.pad_in_kernel else ""
+        return (f"{form}, block {self.block}, {inb}{copy}, "
                 f"tile {self.rw} px x {self.nv * self.block} oc{', relu' if self.relu else ''}"
                 f"{(', clip fused (' + ('fma' if self.clip.affine else 'div') + ')') if self.clip else ''}"
                 f"{', residual add fused' if self.residual else ''}")
@@ -429,6 +434,18 @@ def choose_tile(geo: IntConvGeometry, lanes: int, registers: int, l1_bytes: int 
     return best[1], best[2]
 
 
+def edge_tiles(geo: IntConvGeometry, rw: int) -> list[int]:
+    """The tiles of ``rw`` output pixels along a row (``ow`` pixels, the last tile ragged) that
+    read a column outside the input: a tap kx of output pixel ox reads column
+    ox * sw + kx * dw - pl."""
+    out = []
+    for t in range(-(-geo.ow // rw)):
+        first, last = t * rw, min(geo.ow, (t + 1) * rw) - 1
+        if first * geo.sw - geo.pl < 0 or last * geo.sw + (geo.kw - 1) * geo.dw - geo.pl >= geo.w:
+            out.append(t)
+    return out
+
+
 def depthwise_tile(geo: IntConvGeometry, registers: int) -> int:
     """rw: output pixels of a row per depthwise tile. Per kernel row the tile loads the
     (rw - 1) * stride + kw input columns it spans once each and runs kw * rw dots; more pixels
@@ -451,9 +468,10 @@ def depthwise_tile(geo: IntConvGeometry, registers: int) -> int:
 
 def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu: bool,
                       clip: ClipRequant | None = None, residual: ResidualAdd | None = None,
-                      inplace: bool = False) -> IntConvSchedule:
+                      inplace: bool = False, pad_in_kernel: bool = True) -> IntConvSchedule:
     """The schedule of ``node`` (``int_nchwc_reason`` is None) reading an input in the layout
-    of block ``in_block`` (1: plain)."""
+    of block ``in_block`` (1: plain). ``pad_in_kernel``: a padded input in the kernel's own
+    block may be read in place (``IntConvSchedule.pad_in_kernel``)."""
     geo = geometry(node, g)
     assert isinstance(geo, IntConvGeometry)
     v = int_isa(target)
@@ -466,7 +484,7 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     if geo.group > 1:
         # one channel per lane: the kernel reads the NCHW<block>c bytes as they are (a copy pads
         # them, or blocks a plain input with channels past C at 0)
-        in_kernel = DW_PAD_IN_KERNEL and padded and in_block == block
+        in_kernel = pad_in_kernel and padded and in_block == block
         return IntConvSchedule(block=block, group_k=1, dot="i16_dot_acc", ib=block, pad_in_kernel=in_kernel,
                                copy_input=(padded and not in_kernel) or in_block != block, nv=1,
                                rw=depthwise_tile(geo, v.registers),
@@ -483,6 +501,7 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     # the pair form always reads a copy, widened to uint16: one 32-bit broadcast is then a pair
     # (bytes would need a broadcast and a zero-extension per pixel and word)
     direct = in_block == block and not padded and group_k == QUAD
+    readable = in_block == block and group_k == QUAD  # the producer's bytes as the kernel reads them
     ib = block if direct else min(block, -(-geo.c // group_k) * group_k)
     flat = is_flat(geo)
     packed = group_k == QUAD and geo.c < QUAD and geo.kw > 1 and geo.dw == 1 and in_block == 1
@@ -492,8 +511,11 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     else:
         tiled = flattened(geo) if flat else geo
     nv, rw = choose_tile(tiled, block, v.registers, target.l1d_bytes or 32 << 10, 1 if group_k == QUAD else 2)
+    in_kernel = (pad_in_kernel and readable and padded and not flat and not packed
+                 and len(edge_tiles(geo, rw)) <= MAX_EDGE_TILES)
     # over the residual's buffer only where the conv does not read it: its own input would be
     # overwritten while other tiles still read it
     over = residual.residual if residual is not None and inplace and residual.residual != node.inputs[0] else None
-    return IntConvSchedule(block=block, group_k=group_k, dot=dot, ib=ib, copy_input=not direct, nv=nv, rw=rw, relu=relu,
-                           flat=flat, clip=clip, residual=residual, inplace_operand=over, kx_packed=packed)
+    return IntConvSchedule(block=block, group_k=group_k, dot=dot, ib=ib, copy_input=not (direct or in_kernel), nv=nv,
+                           rw=rw, relu=relu, flat=flat, clip=clip, residual=residual, inplace_operand=over,
+                           kx_packed=packed, pad_in_kernel=in_kernel)

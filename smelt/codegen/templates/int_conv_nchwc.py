@@ -10,6 +10,12 @@ Renders the ``IntConvSchedule`` the layout planner wrote (``schedule/int_conv.py
   row's channels interleaved, and the kernel reads a kernel row's kw * C values as quads whose
   slots past them have zero weights (a row's last quad may read 3 bytes past it: the buffer has 4
   spare bytes);
+- **padding in the kernel** (``pad_in_kernel``: a padded input already in the kernel's block, read
+  in quads): no copy; per kernel row the tile reads the input row, or a row of zero-point bytes
+  when it lies outside the input, and in the tiles touching a column border (``edge_tiles``: the
+  first and last of a row, each its own body) the pixels at the border read a tap outside the
+  input from that zero-point row too (a pointer chosen per kernel column, outside the word
+  loop), so every sum is the padded copy's;
 - **kernel**: per work item (image, group of nv output-channel vectors, output row, run of rw
   output pixels) an nv x rw register tile of int32 sums over (input block, ky, kx, word): for
   each word, nv weight vectors (lanes = output channels, each lane holding the word's group_k
@@ -57,6 +63,7 @@ from smelt.schedule.int_conv import (
     ClipRequant,
     IntConvSchedule,
     ResidualAdd,
+    edge_tiles,
     flattened,
     geometry,
     int_isa,
@@ -256,6 +263,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         hs_, ws_, sptr = hs, wsz, src
     else:
         hs_, ws_, sptr = geo.h, geo.w, em.ptr(x)
+    inpad = s.pad_in_kernel
+    edges = edge_tiles(geo, rw) if inpad else []
 
     # -- the kernel ----------------------------------------------------------------------------
     word = L * gk  # weight elements per vector
@@ -360,41 +369,61 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         out.append("}")
         return out
 
-    def tile(width: int) -> list[str]:
+    def tile(width: int, edge: int | None = None) -> list[str]:
+        """One register tile of ``width`` pixels; ``edge``: the index of a tile touching a column
+        border (``pad_in_kernel``), whose pixels there read a tap outside the input from the
+        zero-point row instead."""
         # the accumulators start at the folded bias (bias - x_zero * sum(W)): no add afterwards
         out = [f"const {it} bv{j} = {v.x('i32_loadu', p=f'BI + (og * {nv} + {j}) * {L}')};" for j in range(nv)]
-        out += [f"{it} " + ", ".join(f"c{r}_{j} = bv{j}" for r in range(width) for j in range(nv)) + ";",
-               f"for (long bi = 0; bi < {cb}; ++bi) {{",
-               f"  const {st} *restrict sc = s0 + bi * {hs_ * ws_ * ib}L;",
-               f"  const {wt} *restrict wc = w0 + bi * {kh * kwl * q_words * nv * word}L;",
-               f"  for (long ky = 0; ky < {kh}; ++ky) {{",
-               f"    for (long kx = 0; kx < {kwl}; ++kx) {{",
-               f"      const {st} *restrict sp = sc + (ky * {geo.dh * ws_} + kx * {geo.dw}) * {ib}L;",
-               f"      const {wt} *restrict wq = wc + (ky * {kwl} + kx) * {q_words * nv * word}L;",
-               # not unrolled where the whole reduction is one or two such loops (a 1x1 conv on
-               # 16 or 32 channels): gcc then unrolled everything, hoisted every word's broadcasts
-               # and spilled most of the register tile (MobileNetV2's first expand: 256 -> 215 us);
-               # elsewhere its unrolling of the word loop is the faster code (ResNet-50's 1x1
-               # stride-2 downsample: 452 us unrolled, 770 us not)
-               *(["      _Pragma(\"GCC unroll 1\")"] if cb * kh * kwl <= 2 else []),
-               f"      for (long q = 0; q < {q_words}; ++q) {{"]
+        out += [f"{it} " + ", ".join(f"c{r}_{j} = bv{j}" for r in range(width) for j in range(nv)) + ";"]
+        out += [f"for (long bi = 0; bi < {cb}; ++bi) {{",
+                f"  const {st} *restrict sc = s0 + bi * {hs_ * ws_ * ib}L;",
+                f"  const {wt} *restrict wc = w0 + bi * {kh * kwl * q_words * nv * word}L;",
+                f"  for (long ky = 0; ky < {kh}; ++ky) {{"]
+        if inpad:  # the input row, or a row of zero-point bytes above and below the input
+            out += [f"    const long iy = oy * {geo.sh} + ky * {geo.dh} - {geo.pt};",
+                    f"    const {st} *sr = (unsigned long)iy < {geo.h}UL ? "
+                    f"sc + (iy * {geo.w}L + ox0 * {geo.sw} - {geo.pl}) * {ib} : ZB;"]
+        else:
+            out.append(f"    const {st} *sr = sc + ky * {geo.dh * ws_ * ib}L;")
+
+        # an edge tile's pixels with a tap outside the input: column (t * rw + r) * sw + kx * dw - pl
+        border = {} if edge is None else {
+            r: (edge * rw + r) * geo.sw - geo.pl for r in range(width)
+            if not all(0 <= (edge * rw + r) * geo.sw + kx * geo.dw - geo.pl < geo.w for kx in range(kw))}
+        out += [f"    for (long kx = 0; kx < {kwl}; ++kx) {{",
+                f"      const {st} *restrict sp = sr + kx * {geo.dw * ib}L;",
+                f"      const {wt} *restrict wq = wc + (ky * {kwl} + kx) * {q_words * nv * word}L;"]
+        # (per kernel column, outside the word loop: the zero-point row where the tap is outside)
+        out += [f"      const {st} *restrict p{r} = (unsigned long)({c0} + kx * {geo.dw}) < {geo.w}UL ? "
+                f"sp + {r * geo.sw * ib} : ZB;" for r, c0 in border.items()]
+        # not unrolled where the whole reduction is one or two such loops (a 1x1 conv on
+        # 16 or 32 channels): gcc then unrolled everything, hoisted every word's broadcasts
+        # and spilled most of the register tile (MobileNetV2's first expand: 256 -> 215 us);
+        # elsewhere its unrolling of the word loop is the faster code (ResNet-50's 1x1
+        # stride-2 downsample: 452 us unrolled, 770 us not)
+        out += [*(["      _Pragma(\"GCC unroll 1\")"] if cb * kh * kwl <= 2 else []),
+                f"      for (long q = 0; q < {q_words}; ++q) {{"]
         out += [f"        const {it} b{j} = {v.x('i32_loadu', p=f'wq + q * {nv * word} + {j * word}')};"
                 for j in range(nv)]
         for r in range(width):
-            out.append(f"        {{ const {it} a = {v.x('word_set1', p=f'sp + {r * geo.sw * ib} + q * {gk}')};")
+            src = f"p{r} + q * {gk}" if r in border else f"sp + {r * geo.sw * ib} + q * {gk}"
+            out.append(f"        {{ const {it} a = {v.x('word_set1', p=src)};")
             out += [f"          c{r}_{j} = {v.x(dot, a='a', b=f'b{j}', c=f'c{r}_{j}')};" for j in range(nv)]
             out.append("        }")
-        out += ["      }", "    }", "  }", "}"]
+        out += ["      }", "    }"]
+        out += ["  }", "}"]
         for j in range(nv):
             out += epilogue(width, j)
         return out
 
-    def dw_tile(width: int, at: int | None = None) -> list[str]:
+    def dw_tile(width: int, edge: int | None = None) -> list[str]:
         # one channel block; per kernel row every input column the run spans is loaded once and
         # feeds each accumulator whose window covers it. pad_in_kernel: the unpadded input, a row
-        # outside it read from ZR (the zero point's bytes), and in a tile at a known first output
-        # column ``at`` (the tiles at the row's ends) a column outside it is the zero point's
-        # vector instead of a load
+        # outside it read from ZR (the zero point's bytes), and in a tile touching a column border
+        # (``edge``: its index, so its first column is known) a column outside the input is the
+        # zero point's vector instead of a load
+        at = None if edge is None else edge * rw
         out = [f"const {it} bv0 = {v.x('i32_loadu', p=f'BI + og * {L}')};",
                f"{it} " + ", ".join(f"c{r}_0 = bv0" for r in range(width)) + ";"]
         row = geo.dh * ws_ * L  # bytes from one kernel row's input to the next
@@ -447,7 +476,13 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         return out + epilogue(width, 0)
 
     body = dw_tile if s.depthwise else tile
-    lines = [f"const {wt} *restrict Wp = {em.weight(packed)};",
+    pad_consts = []
+    if inpad and not s.depthwise:  # (the depthwise kernel's zero-point row and vectors: below)
+        # a row of zero-point bytes as wide as a tile's columns (x_zero * W: what the folded bias takes off)
+        span = (rw - 1) * geo.sw + (kw - 1) * geo.dw + 1
+        pad_consts.append(f"const uint8_t *restrict ZB = {em.weight(np.full(span * ib, xz, np.uint8))};")
+    lines = [*pad_consts,
+             f"const {wt} *restrict Wp = {em.weight(packed)};",
              f"const int32_t *restrict BI = {em.weight(bias.astype(np.int32))};",
              f"const float *restrict MU = {em.weight(mult)};",
              f"const {st} *restrict S = {sptr};",
@@ -466,36 +501,31 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              f"  const long t = item % {owt}, oy = (item / {owt}) % {geo.oh}, og = (item / {owt * geo.oh}) % {ocg},"
              f" ni = item / {owt * geo.oh * ocg};",
              f"  const long ox0 = t * {rw};",
-             f"  const {st} *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};",
+             (f"  const {st} *restrict s0 = S + ni * {cb * hs_ * ws_ * ib}L;" if inpad else
+              f"  const {st} *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};"),
              f"  const {wt} *restrict w0 = Wp + og * {dw_slots * kw * L if s.depthwise else cb * kh * kwl * q_words * nv * word}L;"]
-    if s.pad_in_kernel:
-        # the tiles whose windows reach past the row's ends: their own code, the first output
-        # column known, so each padded column is the zero point's vector; the others read in place
-        span = (kw - 1) * geo.dw
-        edges = [t for t in range(owt) if t * rw * geo.sw - geo.pl < 0
-                 or (t * rw + (rw if t < full else rem) - 1) * geo.sw - geo.pl + span >= geo.w]
+    if inpad and s.depthwise:
+        # rows outside the input: a row of zero-point bytes as wide as the input's (an interior
+        # tile reads it from its own first column); columns outside it: the zero point's vector
         loop = next(i for i, ln in enumerate(lines) if ln.startswith("for (long item"))
         lines[loop:loop] = [
             f"static const uint8_t ZR[{geo.w * L}] = {{[0 ... {geo.w * L - 1}] = {xz}}};  /* a padded row */",
-            # a padded column: the zero point in the low int16 of each lane (one row) or in both (a row pair)
+            # the zero point in the low int16 of each lane (one row) or in both halves (a row pair)
             f"const {it} zp1 = {v.x('i32_set1', a=str(xz))}, zp2 = {v.x('i32_set1', a=str(xz | xz << 16))};"]
         lines.append("  (void)s0;")
-        for t in edges:
-            lines += [f"  if (t == {t}) {{"] + ["    " + ln for ln in body(rw if t < full else rem, t * rw)] + ["  } else"]
-        inner = [t for t in range(owt) if t not in edges]
-        widths = sorted({rw if t < full else rem for t in inner})
-        if len(widths) == 2:
-            lines += [f"  if (t < {full}) {{"] + ["    " + ln for ln in body(rw)] + ["  } else {"]
-            lines += ["    " + ln for ln in body(rem)] + ["  }"]
-        elif widths:
-            lines += ["  {"] + ["    " + ln for ln in body(widths[0])] + ["  }"]
-        else:
-            lines += ["  {}"]
-    elif rem:
-        lines += [f"  if (t < {full}) {{"] + ["    " + ln for ln in body(rw)] + ["  } else {"]
-        lines += ["    " + ln for ln in body(rem)] + ["  }"]
+    interior = [t for t in range(owt) if t not in edges]
+    cases = [(f"t == {t}", body(rw if t < full else rem, t)) for t in edges]
+    if any(t < full for t in interior):
+        cases.append((f"t < {full}", body(rw)))
+    if rem and owt - 1 in interior:
+        cases.append(("1", body(rem)))
+    if len(cases) == 1:
+        lines += ["  " + ln for ln in cases[0][1]]
     else:
-        lines += ["  " + ln for ln in body(rw)]
+        for k, (cond, code) in enumerate(cases):
+            head = "if" if k == 0 else "} else if" if k < len(cases) - 1 else "} else"
+            lines += [f"  {head} ({cond}) {{" if k < len(cases) - 1 else "  } else {"] + ["    " + ln for ln in code]
+        lines.append("  }")
     lines.append("}")
     lines += [f"int32_t cl[{L}], ch[{L}]; {v.x('i32_storeu', p='cl', a='vlo')} {v.x('i32_storeu', p='ch', a='vhi')}",
               "long nlo = 0, nhi = 0;",
