@@ -78,6 +78,13 @@ DW_ROW_PAIRS = True
 # a padded conv takes its padding in the kernel (``pad_in_kernel``) when at most this many tiles
 # of a row touch a column border: each such tile is its own unrolled body
 MAX_EDGE_TILES = 4
+# ``row_bands`` where the conv's int8 weights are at most this many bytes (every thread then
+# reads all of them: cheap for these, a waste for the late layers' large ones) and its output has
+# at least ROW_BANDS_MIN_TILES (row, tile) pairs (a band's ragged end then costs little balance):
+# MobileNet's convs at 112, 56 and 28 pixels, the ones with the large tensors
+ROW_BANDS_MAX_WEIGHTS = 16 << 10
+ROW_BANDS_MIN_TILES = 32
+ROW_BANDS = True
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,11 @@ class IntConvSchedule:
     # weights: one pair dot per two taps (a 3x3: 6 dots per output vector, not 9), for a
     # shuffle per column pair that the widening of one row's bytes already cost
     row_pairs: bool = False
+    # the threads split the output by bands of rows (each thread every output-channel group over
+    # its band, groups outermost), not by groups: a thread then reads the rows of a block's
+    # tensors that it wrote itself, from its own core's L2, from the expand to the depthwise to
+    # the project (splitting by groups, a thread reads half of each tensor from the other core)
+    row_bands: bool = False
     clip: ClipRequant | None = None  # a QLinearClip fused into the epilogue
     residual: ResidualAdd | None = None  # a QLinearAdd fused into the epilogue (read as input 9)
     # fewer input channels than a quad (the RGB stem): each input row copied with its channels
@@ -247,7 +259,7 @@ class IntConvSchedule:
         return (f"{form}, block {self.block}, {inb}{copy}, "
                 f"tile {self.rw} px x {self.nv * self.block} oc{', relu' if self.relu else ''}"
                 f"{(', clip fused (' + ('fma' if self.clip.affine else 'div') + ')') if self.clip else ''}"
-                f"{', residual add fused' if self.residual else ''}")
+                f"{', residual add fused' if self.residual else ''}{', row bands' if self.row_bands else ''}")
 
 
 def int_isa(target: Target) -> VectorIsa:
@@ -489,7 +501,8 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
                                copy_input=(padded and not in_kernel) or in_block != block, nv=1,
                                rw=depthwise_tile(geo, v.registers),
                                relu=relu, depthwise=True, clip=clip,
-                               row_pairs=DW_ROW_PAIRS and geo.kh >= 2 and v.has("u8x2_to_i16_pairs"))
+                               row_pairs=DW_ROW_PAIRS and geo.kh >= 2 and v.has("u8x2_to_i16_pairs"),
+                               row_bands=_row_bands(geo, depthwise_tile(geo, v.registers)))
     w = _const(g, node.inputs[3])
     if v.has("u8s8_dot_acc"):
         dot = "u8s8_dot_acc"
@@ -518,4 +531,10 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     over = residual.residual if residual is not None and inplace and residual.residual != node.inputs[0] else None
     return IntConvSchedule(block=block, group_k=group_k, dot=dot, ib=ib, copy_input=not (direct or in_kernel), nv=nv,
                            rw=rw, relu=relu, flat=flat, clip=clip, residual=residual, inplace_operand=over,
-                           kx_packed=packed, pad_in_kernel=in_kernel)
+                           kx_packed=packed, pad_in_kernel=in_kernel, row_bands=_row_bands(tiled, rw))
+
+
+def _row_bands(geo: IntConvGeometry, rw: int) -> bool:
+    """Whether the threads split ``geo`` (as the kernel tiles it) by bands of rows (``row_bands``)."""
+    return (ROW_BANDS and geo.oc * (geo.c // geo.group) * geo.kh * geo.kw <= ROW_BANDS_MAX_WEIGHTS
+            and geo.oh * -(-geo.ow // rw) >= ROW_BANDS_MIN_TILES)

@@ -36,7 +36,9 @@ DEPTHWISE = [
     (16, 11, 23, 5, 1, (2, 2, 2, 2), 1),  # 5x5, a row wider than any tile
     (24, 9, 10, 2, 1, (0, 0, 1, 1), 1),  # 2x2: kernel rows all in pairs (no single last row)
     (16, 6, 9, 4, 2, (1, 2, 2, 1), 1),  # 4x4, stride 2: two row pairs
+    (8, 28, 28, 3, 1, (1, 1, 1, 1), 1),  # enough rows for row bands (the block's 1x1s and depthwise), batch 2
     (32, 5, 7, 1, 1, (0, 0, 0, 0), 1),  # 1x1: one row, nothing to pair
+    (24, 33, 35, 3, 2, (1, 1, 1, 1), 1),  # row bands, stride 2, bands not a multiple of a row's tiles
 ]
 
 
@@ -132,6 +134,7 @@ def _check(m: _Model, isa: str, monkeypatch, cache, *, fused_form: str | None = 
             assert "kernel rows in pairs" in algorithms, algorithms  # (every vector ISA forms the pairs)
             if pad_in_kernel:  # the MobileNet blocks' padded depthwise convs on a blocked input
                 assert "(padded in the kernel)" in algorithms, algorithms
+                assert "row bands" in algorithms, algorithms  # (split over 2 threads by rows)
             if fused_form:
                 assert f"clip fused ({fused_form})" in algorithms, algorithms
         else:

@@ -272,6 +272,12 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     full, rem = divmod(geo.ow, rw)
     total = geo.n * ocg * geo.oh * owt
     macs = geo.n * oc * geo.oh * geo.ow * (c // geo.group) * kh * kw
+    # row_bands: each thread a band of the (row, tile) pairs, every group and image over it
+    pixels = geo.oh * owt
+    # (nested loops, not one item index: dividing by the band's run-time length cost more than
+    # a small tile's dots)
+    bands = (f"long pb, pe; smelt_range({pixels}, tid, nt, &pb, &pe);" if macs >= PARALLEL_MIN_MACS else
+             f"long pb = 0, pe = tid == 0 ? {pixels} : 0;") + f" wb = 0; we = {geo.n * ocg};"
     split = (f"smelt_range({total}, tid, nt, &wb, &we);" if macs >= PARALLEL_MIN_MACS
              else f"wb = 0; we = tid == 0 ? {total} : 0;")
     yb = layout_block(g.values[y].layout)
@@ -496,10 +502,11 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              f"const {it} yzi = {v.x('i32_set1', a=str(yz))}; const {v.t} kz0 = {v.set1('0.0f')};",
              *_clip_constants(v, s.clip),
              *_residual_constants(v, add),
-             "long wb, we; " + split,
-             "for (long item = wb; item < we; ++item) {",
-             f"  const long t = item % {owt}, oy = (item / {owt}) % {geo.oh}, og = (item / {owt * geo.oh}) % {ocg},"
-             f" ni = item / {owt * geo.oh * ocg};",
+             "long wb, we; " + (bands if s.row_bands else split),
+             "for (long item = wb; item < we; ++item)" + (" for (long p = pb; p < pe; ++p) {" if s.row_bands else " {"),
+             (f"  const long og = item % {ocg}, ni = item / {ocg}, t = p % {owt}, oy = p / {owt};" if s.row_bands else
+              f"  const long t = item % {owt}, oy = (item / {owt}) % {geo.oh}, og = (item / {owt * geo.oh}) % {ocg},"
+              f" ni = item / {owt * geo.oh * ocg};"),
              f"  const long ox0 = t * {rw};",
              (f"  const {st} *restrict s0 = S + ni * {cb * hs_ * ws_ * ib}L;" if inpad else
               f"  const {st} *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};"),
@@ -507,7 +514,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     if inpad and s.depthwise:
         # rows outside the input: a row of zero-point bytes as wide as the input's (an interior
         # tile reads it from its own first column); columns outside it: the zero point's vector
-        loop = next(i for i, ln in enumerate(lines) if ln.startswith("for (long item"))
+        loop = next(i for i, ln in enumerate(lines) if ln.startswith("for (long item"))  # (before the loop)
         lines[loop:loop] = [
             f"static const uint8_t ZR[{geo.w * L}] = {{[0 ... {geo.w * L - 1}] = {xz}}};  /* a padded row */",
             # the zero point in the low int16 of each lane (one row) or in both halves (a row pair)
