@@ -72,7 +72,8 @@ LOAD_COST = 0.25
 # x 48 oc 508 us; its 256-channel 3x3 on 14x14, 5 px x 64 oc 528 us, 14 px x 32 oc 494 us)
 L2_LOAD_COST = 1.0
 # a padded conv takes its padding in the kernel (``pad_in_kernel``) when at most this many tiles
-# of a row touch a column border: each such tile is its own unrolled body
+# of a row touch a column border: each such tile is its own body (its border pixels' taps
+# choose between the input and a zero-point row)
 MAX_EDGE_TILES = 4
 
 
@@ -222,9 +223,9 @@ class IntConvSchedule:
     inplace_operand: str | None = None
     # a padded input read in place (no zero-point-padded copy: the copy step cost ResNet-50's
     # 3x3 convs ~5 us each at 1 thread, ~12 at 2, where the copy reads what the other core
-    # wrote): rows outside the input read a row of zero-point bytes, and the tiles of a row
-    # that touch a column border (``edge_tiles``) skip the taps outside it, their accumulators
-    # starting at the folded bias plus x_zero times the skipped taps' weights (the same sums)
+    # wrote): rows outside the input read a row of zero-point bytes, and in the tiles of a row
+    # that touch a column border (``edge_tiles``) the border pixels read their taps outside
+    # it from that row too (the same sums as the padded copy's)
     pad_in_kernel: bool = False
 
     def describe(self) -> str:
