@@ -76,7 +76,8 @@ L2_LOAD_COST = 1.0
 # the depthwise kernel's rows in pairs (``IntConvSchedule.row_pairs``) where the ISA can form them
 DW_ROW_PAIRS = True
 # a padded conv takes its padding in the kernel (``pad_in_kernel``) when at most this many tiles
-# of a row touch a column border: each such tile is its own unrolled body
+# of a row touch a column border: each such tile is its own body (its border pixels' taps
+# choose between the input and a zero-point row)
 MAX_EDGE_TILES = 4
 # ``row_bands`` where the conv's int8 weights are at most this many bytes (every thread then
 # reads all of them: cheap for these, a waste for the late layers' large ones) and its output has
@@ -243,11 +244,11 @@ class IntConvSchedule:
     inplace_operand: str | None = None
     # a padded input read in place (no zero-point-padded copy: the copy step cost ResNet-50's
     # 3x3 convs ~5 us each at 1 thread, ~12 at 2, where the copy reads what the other core
-    # wrote): rows outside the input read a row of zero-point bytes, and the tiles of a row
-    # that touch a column border (``edge_tiles``) skip the taps outside it, their accumulators
-    # starting at the folded bias plus x_zero times the skipped taps' weights (the same sums).
-    # The depthwise kernel likewise (a row outside: the zero-point row; in an edge tile a column
-    # outside: the zero point's vector instead of a load): MobileNet's 3x3s on its largest tensors
+    # wrote): rows outside the input read a row of zero-point bytes, and in the tiles of a row
+    # that touch a column border (``edge_tiles``) the border pixels read their taps outside
+    # it from that row too (the same sums as the padded copy's). The depthwise kernel likewise
+    # (a row outside: the zero-point row; in an edge tile a column outside: the zero point's
+    # vector instead of a load): MobileNet's 3x3s on its largest tensors
     pad_in_kernel: bool = False
 
     def describe(self) -> str:

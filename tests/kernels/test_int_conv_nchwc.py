@@ -486,3 +486,51 @@ def test_edge_tiles() -> None:
     assert edge_tiles(geo(13, 3, 1, 0, 2), 4) == [2, 3]  # no left pad: the right pad reaches two pixels
     assert edge_tiles(geo(20, 5, 1, 2, 2), 1) == [0, 1, 18, 19]
     assert edge_tiles(geo(9, 3, 1, 2, 2, 2), 3) == [0, 2]  # dilated
+
+
+# -- tile edges of the epilogue and of the output channels -------------------------------------
+# A tile's pixels leftover after its groups of four are stored two by two through one saturating
+# pack (``i32x2_store_u8``), and a last output-channel group that the channels do not fill runs
+# only its vectors. Widths leaving 1, 2 and 3 pixels after the fours (flat 1x1 planes of 6, 7,
+# 10, 35 pixels; 3x3 rows of 5, 7, 14), output channels of 5, 6, 7 and 13 vectors of 16 (10, 11,
+# 13, 26 of AVX2's 8) against the tiles the schedule picks (checked to include both), with a fused ReLU, a fused residual add and a
+# plain graph output, 1 and 2 threads, every ISA with the blocked kernel.
+TILE_CASES = [  # (C, OC, H, W, k)
+    (16, 80, 2, 3, 1), (16, 104, 2, 5, 1), (16, 208, 2, 5, 1), (32, 80, 5, 7, 1),
+    (16, 80, 5, 5, 3), (16, 88, 4, 7, 3), (16, 208, 3, 14, 3), (48, 80, 4, 14, 3),
+]
+
+
+@pytest.mark.parametrize("isa", ["native", AVX_VNNI, "avx2"])
+def test_tile_leftovers_and_ragged_channel_groups(isa: str, monkeypatch, cache) -> None:
+    import smelt
+    from smelt.schedule.int_conv import IntConvGeometry, choose_tile, flattened, int_isa
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa, monkeypatch)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    m = _Residual()
+    for i, (c, oc, h, w, k) in enumerate(TILE_CASES):
+        x = m.input((1 + i % 2, c, h, w))
+        m.params[x] = (0.02, 7)
+        a = m.qconv(x, c, oc, k, 1, yz=(0, 9, 128, 255)[i % 4], y_scale=0.05, relu=i % 2 == 0)
+        b = m.qconv(a, oc, oc, k, 1, yz=30, y_scale=0.04)  # its output joins a: the fused add
+        m.output(m.qconv(m.qadd(b, a, 0.03, (5, 250)[i % 2]), oc, 16, 1, 1, yz=3, y_scale=0.1))
+    # the first conv of each case as the schedule tiles it: both edges are reached
+    v = int_isa(target)
+    tiles = []
+    for c, oc, h, w, k in TILE_CASES:
+        p = k // 2
+        geo = IntConvGeometry(n=1, c=c, h=h, w=w, oc=oc, kh=k, kw=k, oh=h, ow=w, sh=1, sw=1, dh=1, dw=1, pt=p, pl=p,
+                              pb=p, pr=p)
+        nv, rw = choose_tile(flattened(geo) if k == 1 else geo, v.lanes, v.registers, target.l1d_bytes or 32 << 10,
+                             1 if v.has("u8s8_dot_acc") else 2)
+        tiles.append((-(-oc // v.lanes) % nv, rw % 4))
+    assert any(ragged for ragged, _ in tiles) and any(left >= 2 for _, left in tiles), tiles
+    model = m.build()
+    want = ort_run(model, m.feeds)
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        for i, (g, w_) in enumerate(zip(compiled.run(m.feeds), want, strict=True)):
+            np.testing.assert_array_equal(g, w_, err_msg=f"output {i} ({isa}, {threads} threads)")
+        compiled.close()

@@ -301,8 +301,23 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         out = [f"if (og * {nv} + {j} < {-(-oc // L)}) {{",
                f"  const {v.t} mv = {v.loadu(f'MU + (og * {nv} + {j}) * {L}')};"]
         packed = 4 * (width // 4) if grouped else 0
+        # then two pixels' vectors by one pack (``i32x2_store_u8``): a tile of 6 or 14 pixels
+        # stored its last two through the per-vector clamp, conversion and narrowing store
+        paired = packed + 2 * ((width - packed) // 2) if grouped and v.has("i32x2_store_u8") else packed
+
+        def pack_store(r: int) -> list[str]:
+            """The saturating pack of the group that pixel r closes (none where it does not)."""
+            if r < packed and r % 4 == 3:
+                dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r - 3}) * {L}"
+                return ["  " + v.x("i32x4_store_u8", p=dst, a="q0", b="q1", c="q2", d="q3")]
+            if packed <= r < paired and (r - packed) % 2 == 1:
+                dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r - 1}) * {L}"
+                return ["  " + v.x("i32x2_store_u8", p=dst, a="q0", b="q1")]
+            return []
+
         for r in range(width):
-            in_pack = r < packed
+            in_pack = r < paired
+            slot = r % 4 if r < packed else (r - packed) % 2
             if in_pack and not affine and s.clip is None and add is None:
                 # the conversion rounds half to even and the zero point is an integer add: one
                 # op fewer than rounding in float (the saturating pack is the clamp); a fused
@@ -313,10 +328,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                         f"vhi = {v.x('f32_gt_count', a='fc', b='hiv', c='vhi')}; }}"]
                 if low_keep["f"]:
                     out.append(f"    f = {v.op('max', 'f', 'kz0')};")
-                out.append(f"    q{r % 4} = {v.x('i32_add', a=v.x('f32_to_i32_even', a='f'), b='yzi')}; }}")
-                if r % 4 == 3:
-                    dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r - 3}) * {L}"
-                    out.append("  " + v.x("i32x4_store_u8", p=dst, a="q0", b="q1", c="q2", d="q3"))
+                out.append(f"    q{slot} = {v.x('i32_add', a=v.x('f32_to_i32_even', a='f'), b='yzi')}; }}")
+                out += pack_store(r)
                 continue
             out += [f"  {{ {v.t} f = {v.x('i32_to_f32', a=f'c{r}_{j}')};",
                     f"    f = {v.x('f32_round_even', a=v.op('mul', 'f', 'mv'))};"]
@@ -359,10 +372,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                     out.append(f"    f = {v.op('min', v.op('max', v.x('f32_round_even', a='f'), 'lov'), 'hiv')};")
             cvt = "f32_to_i32_even" if affine or (add is not None and in_pack) else "f32_to_i32"  # (else already rounded)
             if in_pack:
-                out.append(f"    q{r % 4} = {v.x(cvt, a='f')}; }}")
-                if r % 4 == 3:
-                    dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r - 3}) * {L}"
-                    out.append("  " + v.x("i32x4_store_u8", p=dst, a="q0", b="q1", c="q2", d="q3"))
+                out.append(f"    q{slot} = {v.x(cvt, a='f')}; }}")
+                out += pack_store(r)
             elif yb > 1:
                 dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}) * {L}"
                 out.append(f"    {v.x(store, p=dst, a=v.x(cvt, a='f'))} }}")
@@ -370,18 +381,19 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                 out += [f"    {yt} tb[{L}]; {v.x(store, p='tb', a=v.x(cvt, a='f'))}",
                         f"    const long o0 = (og * {nv} + {j}) * {L}, on = SMELT_MIN({L}, {oc} - o0);",
                         f"    for (long l = 0; l < on; ++l) Y[((ni * {oc} + o0 + l) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}] = tb[l]; }}"]
-        if packed:
+        if paired:
             out.insert(2, f"  {it} q0, q1, q2, q3;")
         out.append("}")
         return out
 
-    def tile(width: int, edge: int | None = None) -> list[str]:
-        """One register tile of ``width`` pixels; ``edge``: the index of a tile touching a column
-        border (``pad_in_kernel``), whose pixels there read a tap outside the input from the
-        zero-point row instead."""
+    def tile(width: int, edge: int | None = None, nvt: int = nv) -> list[str]:
+        """One register tile of ``width`` pixels and ``nvt`` output-channel vectors (fewer than nv
+        in a last group that the channels do not fill); ``edge``: the index of a tile touching a
+        column border (``pad_in_kernel``), whose pixels there read a tap outside the input from
+        the zero-point row instead."""
         # the accumulators start at the folded bias (bias - x_zero * sum(W)): no add afterwards
-        out = [f"const {it} bv{j} = {v.x('i32_loadu', p=f'BI + (og * {nv} + {j}) * {L}')};" for j in range(nv)]
-        out += [f"{it} " + ", ".join(f"c{r}_{j} = bv{j}" for r in range(width) for j in range(nv)) + ";"]
+        out = [f"const {it} bv{j} = {v.x('i32_loadu', p=f'BI + (og * {nv} + {j}) * {L}')};" for j in range(nvt)]
+        out += [f"{it} " + ", ".join(f"c{r}_{j} = bv{j}" for r in range(width) for j in range(nvt)) + ";"]
         out += [f"for (long bi = 0; bi < {cb}; ++bi) {{",
                 f"  const {st} *restrict sc = s0 + bi * {hs_ * ws_ * ib}L;",
                 f"  const {wt} *restrict wc = w0 + bi * {kh * kwl * q_words * nv * word}L;",
@@ -411,15 +423,15 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         out += [*(["      _Pragma(\"GCC unroll 1\")"] if cb * kh * kwl <= 2 else []),
                 f"      for (long q = 0; q < {q_words}; ++q) {{"]
         out += [f"        const {it} b{j} = {v.x('i32_loadu', p=f'wq + q * {nv * word} + {j * word}')};"
-                for j in range(nv)]
+                for j in range(nvt)]
         for r in range(width):
             src = f"p{r} + q * {gk}" if r in border else f"sp + {r * geo.sw * ib} + q * {gk}"
             out.append(f"        {{ const {it} a = {v.x('word_set1', p=src)};")
-            out += [f"          c{r}_{j} = {v.x(dot, a='a', b=f'b{j}', c=f'c{r}_{j}')};" for j in range(nv)]
+            out += [f"          c{r}_{j} = {v.x(dot, a='a', b=f'b{j}', c=f'c{r}_{j}')};" for j in range(nvt)]
             out.append("        }")
         out += ["      }", "    }"]
         out += ["  }", "}"]
-        for j in range(nv):
+        for j in range(nvt):
             out += epilogue(width, j)
         return out
 
@@ -481,7 +493,6 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
             out += ["{", *kernel_row(str(kh // 2), str(kh - 1), False), "}"]
         return out + epilogue(width, 0)
 
-    body = dw_tile if s.depthwise else tile
     pad_consts = []
     if inpad and not s.depthwise:  # (the depthwise kernel's zero-point row and vectors: below)
         # a row of zero-point bytes as wide as a tile's columns (x_zero * W: what the folded bias takes off)
@@ -520,19 +531,34 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
             # the zero point in the low int16 of each lane (one row) or in both halves (a row pair)
             f"const {it} zp1 = {v.x('i32_set1', a=str(xz))}, zp2 = {v.x('i32_set1', a=str(xz | xz << 16))};"]
         lines.append("  (void)s0;")
-    interior = [t for t in range(owt) if t not in edges]
-    cases = [(f"t == {t}", body(rw if t < full else rem, t)) for t in edges]
-    if any(t < full for t in interior):
-        cases.append((f"t < {full}", body(rw)))
-    if rem and owt - 1 in interior:
-        cases.append(("1", body(rem)))
-    if len(cases) == 1:
-        lines += ["  " + ln for ln in cases[0][1]]
-    else:
+
+    def chain(nvt: int) -> list[str]:
+        """The item's tile: the edge tiles' own bodies, the full tiles', the ragged last one's."""
+        def one(width: int, edge: int | None) -> list[str]:
+            return dw_tile(width, edge) if s.depthwise else tile(width, edge, nvt)
+
+        interior = [t for t in range(owt) if t not in edges]
+        cases = [(f"t == {t}", one(rw if t < full else rem, t)) for t in edges]
+        if any(t < full for t in interior):
+            cases.append((f"t < {full}", one(rw, None)))
+        if rem and owt - 1 in interior:
+            cases.append(("1", one(rem, None)))
+        if len(cases) == 1:
+            return cases[0][1]
+        out = []
         for k, (cond, code) in enumerate(cases):
-            head = "if" if k == 0 else "} else if" if k < len(cases) - 1 else "} else"
-            lines += [f"  {head} ({cond}) {{" if k < len(cases) - 1 else "  } else {"] + ["    " + ln for ln in code]
-        lines.append("  }")
+            head = "if" if k == 0 else "} else if"
+            out += [f"{head} ({cond}) {{" if k < len(cases) - 1 else "} else {"] + ["  " + ln for ln in code]
+        return out + ["}"]
+
+    # a last output-channel group the channels do not fill runs only its vectors (ResNet-50's
+    # 512-channel 3x3 convs: 11 groups of 3 vectors, the last 2; it computed 528 channels)
+    nv_last = -(-oc // L) - (ocg - 1) * nv
+    if s.depthwise or nv_last == nv:
+        lines += ["  " + ln for ln in chain(nv)]
+    else:
+        lines += [f"  if (og == {ocg - 1}) {{"] + ["    " + ln for ln in chain(nv_last)] + ["  } else {"]
+        lines += ["    " + ln for ln in chain(nv)] + ["  }"]
     lines.append("}")
     lines += [f"int32_t cl[{L}], ch[{L}]; {v.x('i32_storeu', p='cl', a='vlo')} {v.x('i32_storeu', p='ch', a='vhi')}",
               "long nlo = 0, nhi = 0;",
