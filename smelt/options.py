@@ -75,6 +75,9 @@ class CompileOptions:
     # ... and the 1x1 expand conv before such a pair too (MobileNet-v2's whole inverted-residual
     # block): its output rows go to a ring buffer as the bands need them
     expand_fusion: bool = True
+    # a padded blocked int8 conv reads its producer's NCHW<b>c bytes in place and takes the
+    # padding in the kernel (schedule/int_conv.py ``pad_in_kernel``); off: a zero-point-padded copy first
+    int_conv_pad_in_kernel: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_MODES:

@@ -19,8 +19,10 @@ Everything about how such a conv runs is decided here, once, and written on the 
   channels (the RGB stem) is instead copied as rows of interleaved channels and each kernel
   row's kw * C (kx, channel) values are read as ceil(kw * C / 4) quads (``kx_packed``: the 7x7
   stem's 21 values in 6 words, not 7 words of 3 channels and a zero);
-- whether the input is first **copied** into a zero-point-padded blocked buffer (padding,
-  plain input, or a block the kernel does not read directly);
+- whether the input is first **copied** into a zero-point-padded blocked buffer (plain input,
+  a block the kernel does not read directly, or padding the kernel does not take itself); a
+  padded conv reading its producer's block in quads takes the padding in the kernel instead
+  (``pad_in_kernel``: no copy step, see ``edge_tiles``);
 - the **register tile** (``nv`` vectors of output channels x ``rw`` output pixels of one row)
   from the register count and a small cost model (``choose_tile``);
 - the **fused ReLU** (the ``Max(y, y_zero_point)`` that lower_qdq writes for a Relu before the
@@ -38,7 +40,9 @@ Everything about how such a conv runs is decided here, once, and written on the 
   layout: one channel per int32 lane, the input bytes zero-extended (``u8_to_i32``) and
   multiplied by int16 weights with the pair dot (``i16_dot_acc``, the high half 0; VNNI's
   vpdpwssd), a row of ``rw`` output pixels per tile, each input column loaded once per kernel
-  row and used by every output pixel that reads it (``depthwise_tile``).
+  row and used by every output pixel that reads it (``depthwise_tile``); kernel rows in pairs
+  where the ISA forms them (``row_pairs``: one pair dot per two taps), and a padded conv on a
+  blocked input pads in its kernel (``pad_in_kernel``: no padded copy, no step before it).
 
 The zero-point compensation (``x_zero * sum(W)`` per output channel) and the requantization
 multiplier ``(x_scale * w_scale[o]) / y_scale`` are folded at compile time by the template.
@@ -69,6 +73,19 @@ LOAD_COST = 0.25
 # (measured on Zen 4 at 1 thread: ResNet-50's 512-channel 3x3 on 7x7, 4 px x 64 oc 598 us, 7 px
 # x 48 oc 508 us; its 256-channel 3x3 on 14x14, 5 px x 64 oc 528 us, 14 px x 32 oc 494 us)
 L2_LOAD_COST = 1.0
+# the depthwise kernel's rows in pairs (``IntConvSchedule.row_pairs``) where the ISA can form them
+DW_ROW_PAIRS = True
+# a padded conv takes its padding in the kernel (``pad_in_kernel``) when at most this many tiles
+# of a row touch a column border: each such tile is its own body (its border pixels' taps
+# choose between the input and a zero-point row)
+MAX_EDGE_TILES = 4
+# ``row_bands`` where the conv's int8 weights are at most this many bytes (every thread then
+# reads all of them: cheap for these, a waste for the late layers' large ones) and its output has
+# at least ROW_BANDS_MIN_TILES (row, tile) pairs (a band's ragged end then costs little balance):
+# MobileNet's convs at 112, 56 and 28 pixels, the ones with the large tensors
+ROW_BANDS_MAX_WEIGHTS = 16 << 10
+ROW_BANDS_MIN_TILES = 32
+ROW_BANDS = True
 
 
 @dataclass(frozen=True)
@@ -205,6 +222,16 @@ class IntConvSchedule:
     # an NCHW<b>c plane are contiguous): no ragged tile per row (56 = 9 x 6 + 2; 3136 = 522 x 6 + 4)
     flat: bool = False
     depthwise: bool = False  # the depthwise kernel: one channel per lane, group_k 1, nv 1
+    # depthwise: kernel rows taken two at a time, one row's input byte in the low int16 of each
+    # lane and the next row's in the high one (``u8x2_to_i16_pairs``), against the two rows'
+    # weights: one pair dot per two taps (a 3x3: 6 dots per output vector, not 9), for a
+    # shuffle per column pair that the widening of one row's bytes already cost
+    row_pairs: bool = False
+    # the threads split the output by bands of rows (each thread every output-channel group over
+    # its band, groups outermost), not by groups: a thread then reads the rows of a block's
+    # tensors that it wrote itself, from its own core's L2, from the expand to the depthwise to
+    # the project (splitting by groups, a thread reads half of each tensor from the other core)
+    row_bands: bool = False
     clip: ClipRequant | None = None  # a QLinearClip fused into the epilogue
     residual: ResidualAdd | None = None  # a QLinearAdd fused into the epilogue (read as input 9)
     # fewer input channels than a quad (the RGB stem): each input row copied with its channels
@@ -215,16 +242,25 @@ class IntConvSchedule:
     # the residual whose dead buffer the output may take (codegen/inplace.py checks liveness): each
     # output vector is computed from the residual's vector at the same place just before it is stored
     inplace_operand: str | None = None
+    # a padded input read in place (no zero-point-padded copy: the copy step cost ResNet-50's
+    # 3x3 convs ~5 us each at 1 thread, ~12 at 2, where the copy reads what the other core
+    # wrote): rows outside the input read a row of zero-point bytes, and in the tiles of a row
+    # that touch a column border (``edge_tiles``) the border pixels read their taps outside
+    # it from that row too (the same sums as the padded copy's). The depthwise kernel likewise
+    # (a row outside: the zero-point row; in an edge tile a column outside: the zero point's
+    # vector instead of a load): MobileNet's 3x3s on its largest tensors
+    pad_in_kernel: bool = False
 
     def describe(self) -> str:
         form = {"u8s8_dot_acc": "u8s8 quads", "u8s7_dot_acc": "u8 x 7-bit quads"}.get(self.dot, "int16 pairs")
         if self.depthwise:
-            form = "depthwise, u8 widened x int16"
+            form = "depthwise, u8 widened x int16" + (", kernel rows in pairs" if self.row_pairs else "")
         inb = f"rows of (kx, channel) quads, {self.ib} channels" if self.kx_packed else f"input block {self.ib}"
-        return (f"{form}, block {self.block}, {inb}{' (copied, padded)' if self.copy_input else ''}, "
+        copy = " (copied, padded)" if self.copy_input else " (padded in the kernel)" if self.pad_in_kernel else ""
+        return (f"{form}, block {self.block}, {inb}{copy}, "
                 f"tile {self.rw} px x {self.nv * self.block} oc{', relu' if self.relu else ''}"
                 f"{(', clip fused (' + ('fma' if self.clip.affine else 'div') + ')') if self.clip else ''}"
-                f"{', residual add fused' if self.residual else ''}")
+                f"{', residual add fused' if self.residual else ''}{', row bands' if self.row_bands else ''}")
 
 
 def int_isa(target: Target) -> VectorIsa:
@@ -411,6 +447,18 @@ def choose_tile(geo: IntConvGeometry, lanes: int, registers: int, l1_bytes: int 
     return best[1], best[2]
 
 
+def edge_tiles(geo: IntConvGeometry, rw: int) -> list[int]:
+    """The tiles of ``rw`` output pixels along a row (``ow`` pixels, the last tile ragged) that
+    read a column outside the input: a tap kx of output pixel ox reads column
+    ox * sw + kx * dw - pl."""
+    out = []
+    for t in range(-(-geo.ow // rw)):
+        first, last = t * rw, min(geo.ow, (t + 1) * rw) - 1
+        if first * geo.sw - geo.pl < 0 or last * geo.sw + (geo.kw - 1) * geo.dw - geo.pl >= geo.w:
+            out.append(t)
+    return out
+
+
 def depthwise_tile(geo: IntConvGeometry, registers: int) -> int:
     """rw: output pixels of a row per depthwise tile. Per kernel row the tile loads the
     (rw - 1) * stride + kw input columns it spans once each and runs kw * rw dots; more pixels
@@ -433,9 +481,10 @@ def depthwise_tile(geo: IntConvGeometry, registers: int) -> int:
 
 def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu: bool,
                       clip: ClipRequant | None = None, residual: ResidualAdd | None = None,
-                      inplace: bool = False) -> IntConvSchedule:
+                      inplace: bool = False, pad_in_kernel: bool = True) -> IntConvSchedule:
     """The schedule of ``node`` (``int_nchwc_reason`` is None) reading an input in the layout
-    of block ``in_block`` (1: plain)."""
+    of block ``in_block`` (1: plain). ``pad_in_kernel``: a padded input in the kernel's own
+    block may be read in place (``IntConvSchedule.pad_in_kernel``)."""
     geo = geometry(node, g)
     assert isinstance(geo, IntConvGeometry)
     v = int_isa(target)
@@ -448,9 +497,13 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     if geo.group > 1:
         # one channel per lane: the kernel reads the NCHW<block>c bytes as they are (a copy pads
         # them, or blocks a plain input with channels past C at 0)
-        return IntConvSchedule(block=block, group_k=1, dot="i16_dot_acc", ib=block,
-                               copy_input=padded or in_block != block, nv=1, rw=depthwise_tile(geo, v.registers),
-                               relu=relu, depthwise=True, clip=clip)
+        in_kernel = pad_in_kernel and padded and in_block == block
+        return IntConvSchedule(block=block, group_k=1, dot="i16_dot_acc", ib=block, pad_in_kernel=in_kernel,
+                               copy_input=(padded and not in_kernel) or in_block != block, nv=1,
+                               rw=depthwise_tile(geo, v.registers),
+                               relu=relu, depthwise=True, clip=clip,
+                               row_pairs=DW_ROW_PAIRS and geo.kh >= 2 and v.has("u8x2_to_i16_pairs"),
+                               row_bands=_row_bands(geo, depthwise_tile(geo, v.registers)))
     w = _const(g, node.inputs[3])
     if v.has("u8s8_dot_acc"):
         dot = "u8s8_dot_acc"
@@ -462,6 +515,7 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     # the pair form always reads a copy, widened to uint16: one 32-bit broadcast is then a pair
     # (bytes would need a broadcast and a zero-extension per pixel and word)
     direct = in_block == block and not padded and group_k == QUAD
+    readable = in_block == block and group_k == QUAD  # the producer's bytes as the kernel reads them
     ib = block if direct else min(block, -(-geo.c // group_k) * group_k)
     flat = is_flat(geo)
     packed = group_k == QUAD and geo.c < QUAD and geo.kw > 1 and geo.dw == 1 and in_block == 1
@@ -471,8 +525,17 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
     else:
         tiled = flattened(geo) if flat else geo
     nv, rw = choose_tile(tiled, block, v.registers, target.l1d_bytes or 32 << 10, 1 if group_k == QUAD else 2)
+    in_kernel = (pad_in_kernel and readable and padded and not flat and not packed
+                 and len(edge_tiles(geo, rw)) <= MAX_EDGE_TILES)
     # over the residual's buffer only where the conv does not read it: its own input would be
     # overwritten while other tiles still read it
     over = residual.residual if residual is not None and inplace and residual.residual != node.inputs[0] else None
-    return IntConvSchedule(block=block, group_k=group_k, dot=dot, ib=ib, copy_input=not direct, nv=nv, rw=rw, relu=relu,
-                           flat=flat, clip=clip, residual=residual, inplace_operand=over, kx_packed=packed)
+    return IntConvSchedule(block=block, group_k=group_k, dot=dot, ib=ib, copy_input=not (direct or in_kernel), nv=nv,
+                           rw=rw, relu=relu, flat=flat, clip=clip, residual=residual, inplace_operand=over,
+                           kx_packed=packed, pad_in_kernel=in_kernel, row_bands=_row_bands(tiled, rw))
+
+
+def _row_bands(geo: IntConvGeometry, rw: int) -> bool:
+    """Whether the threads split ``geo`` (as the kernel tiles it) by bands of rows (``row_bands``)."""
+    return (ROW_BANDS and geo.oc * (geo.c // geo.group) * geo.kh * geo.kw <= ROW_BANDS_MAX_WEIGHTS
+            and geo.oh * -(-geo.ow // rw) >= ROW_BANDS_MIN_TILES)

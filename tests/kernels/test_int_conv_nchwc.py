@@ -412,3 +412,125 @@ def test_add_constants_match_the_qlinear_add_kernel() -> None:
         sa, sb, sc = (float(np.float32(s)) for s in RES_RNG.uniform(1e-3, 0.2, 3))
         za, zb, zc = (int(z) for z in RES_RNG.integers(0, 256, 3))
         assert add_constants(sa, za, sb, zb, sc, zc) == tuple(float(k) for k in kernel_constants(sa, za, sb, zb, sc, zc))
+
+
+# -- padding taken in the kernel (schedule/int_conv.py ``pad_in_kernel``) -----------------------
+# A padded conv reading a blocked value in quads reads it in place: rows outside the input read a
+# zero-point row, the tiles touching a column border leave those taps out and start from the
+# bias plus x_zero times their weights. Against onnxruntime and against the zero-point-padded
+# copy (the option off): channels at, above and past the block (16, 32, 48; 8 and 24 in AVX2's
+# 8-lane blocks), odd and tiny widths and heights against the tiles (a width smaller than one
+# tile, whose only tile touches both borders), stride 2, asymmetric pads (one side 0), pads of 2
+# with dilation 2, a 5x5 kernel, zero points at both ends of the range (the padded taps' share is
+# x_zero times the weights: 0 and 255 both reach it), 7-bit weights on AVX2, 1 and 2 threads.
+PAD_CASES = [  # (C, OC, H, W, k, stride, pads (t, l, b, r), dilation, input zero point)
+    (16, 32, 9, 13, 3, 1, (1, 1, 1, 1), 1, 255),
+    (32, 16, 7, 7, 3, 1, (1, 1, 1, 1), 1, 0),
+    (48, 48, 14, 14, 3, 2, (1, 1, 1, 1), 1, 131),
+    (16, 24, 5, 29, 3, 1, (0, 1, 2, 1), 1, 7),
+    (32, 32, 3, 2, 3, 1, (1, 1, 1, 1), 1, 200),
+    (16, 16, 8, 9, 3, 1, (2, 2, 2, 2), 2, 90),
+    (16, 40, 11, 10, 5, 2, (2, 2, 2, 2), 1, 33),
+    (8, 24, 6, 11, 3, 2, (1, 0, 1, 1), 1, 250),
+]
+
+
+def _pad_model(seven_bit: bool) -> _Model:
+    m = _Model()
+    for i, (c, oc, h, w, k, s, pads, d, xz) in enumerate(PAD_CASES):
+        x = m.input((1 + i % 2, 5, h, w))
+        # a 1x1 conv writes the blocked input (zero point xz: its output's), the padded conv reads it
+        a = m.conv(x, 5, c, 1, 1, (0, 0, 0, 0), 1, xz=3, yz=xz, y_scale=0.03, per_channel=True, bias=True,
+                   relu=i % 2 == 0, seven_bit=seven_bit)
+        m.output(m.conv(a, c, oc, k, s, pads, d, xz=xz, yz=(0, 128, 255)[i % 3], y_scale=0.05, per_channel=i % 2 == 1,
+                        bias=i % 3 != 1, relu=i % 4 == 3, seven_bit=seven_bit))
+    return m
+
+
+@pytest.mark.parametrize("isa,seven_bit", [("native", False), (AVX_VNNI, False), ("avx2", True)])
+def test_padding_in_the_kernel(isa: str, seven_bit: bool, monkeypatch, cache) -> None:
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa, monkeypatch)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    m = _pad_model(seven_bit)
+    model = m.build()
+    want = ort_run(model, m.feeds)
+    for threads in (1, 2):
+        for on in (True, False):
+            compiled = smelt.compile(model, threads=threads, schedule={"int_conv_pad_in_kernel": on})
+            algos = [s.schedule.get("algorithm", "") for s in compiled.plan.step_infos()]
+            in_kernel = sum("padded in the kernel" in a for a in algos)
+            # every padded conv whose input is blocked in its own block (AVX2's 8-lane blocks: all;
+            # AVX-512's 16: those of 16, 32 and 48 channels)
+            expected = len(PAD_CASES) if target.isa != "avx512" else sum(c % 16 == 0 for c, *_ in PAD_CASES)
+            assert in_kernel == (expected if on else 0), (in_kernel, algos)
+            for i, (g, w) in enumerate(zip(compiled.run(m.feeds), want, strict=True)):
+                np.testing.assert_array_equal(g, w, err_msg=f"case {i} ({isa}, {threads} threads, in kernel {on})")
+            compiled.close()
+
+
+def test_edge_tiles() -> None:
+    """The tiles whose pixels read a column outside the input, and only those."""
+    from smelt.schedule.int_conv import IntConvGeometry, edge_tiles
+
+    def geo(w: int, k: int, s: int, pl: int, pr: int, d: int = 1) -> IntConvGeometry:
+        ow = (w + pl + pr - (k - 1) * d - 1) // s + 1
+        return IntConvGeometry(n=1, c=16, h=4, w=w, oc=16, kh=k, kw=k, oh=4, ow=ow, sh=s, sw=s, dh=d, dw=d,
+                               pt=0, pl=pl, pb=0, pr=pr)
+
+    assert edge_tiles(geo(56, 3, 1, 1, 1), 14) == [0, 3]
+    assert edge_tiles(geo(56, 3, 2, 1, 1), 6) == [0]  # stride 2: the last tap of the last pixel is column 55
+    assert edge_tiles(geo(7, 3, 1, 1, 1), 7) == [0]  # one tile touching both borders
+    assert edge_tiles(geo(13, 3, 1, 0, 2), 4) == [2, 3]  # no left pad: the right pad reaches two pixels
+    assert edge_tiles(geo(20, 5, 1, 2, 2), 1) == [0, 1, 18, 19]
+    assert edge_tiles(geo(9, 3, 1, 2, 2, 2), 3) == [0, 2]  # dilated
+
+
+# -- tile edges of the epilogue and of the output channels -------------------------------------
+# A tile's pixels leftover after its groups of four are stored two by two through one saturating
+# pack (``i32x2_store_u8``), and a last output-channel group that the channels do not fill runs
+# only its vectors. Widths leaving 1, 2 and 3 pixels after the fours (flat 1x1 planes of 6, 7,
+# 10, 35 pixels; 3x3 rows of 5, 7, 14), output channels of 5, 6, 7 and 13 vectors of 16 (10, 11,
+# 13, 26 of AVX2's 8) against the tiles the schedule picks (checked to include both), with a fused ReLU, a fused residual add and a
+# plain graph output, 1 and 2 threads, every ISA with the blocked kernel.
+TILE_CASES = [  # (C, OC, H, W, k)
+    (16, 80, 2, 3, 1), (16, 104, 2, 5, 1), (16, 208, 2, 5, 1), (32, 80, 5, 7, 1),
+    (16, 80, 5, 5, 3), (16, 88, 4, 7, 3), (16, 208, 3, 14, 3), (48, 80, 4, 14, 3),
+]
+
+
+@pytest.mark.parametrize("isa", ["native", AVX_VNNI, "avx2"])
+def test_tile_leftovers_and_ragged_channel_groups(isa: str, monkeypatch, cache) -> None:
+    import smelt
+    from smelt.schedule.int_conv import IntConvGeometry, choose_tile, flattened, int_isa
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa, monkeypatch)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    m = _Residual()
+    for i, (c, oc, h, w, k) in enumerate(TILE_CASES):
+        x = m.input((1 + i % 2, c, h, w))
+        m.params[x] = (0.02, 7)
+        a = m.qconv(x, c, oc, k, 1, yz=(0, 9, 128, 255)[i % 4], y_scale=0.05, relu=i % 2 == 0)
+        b = m.qconv(a, oc, oc, k, 1, yz=30, y_scale=0.04)  # its output joins a: the fused add
+        m.output(m.qconv(m.qadd(b, a, 0.03, (5, 250)[i % 2]), oc, 16, 1, 1, yz=3, y_scale=0.1))
+    # the first conv of each case as the schedule tiles it: both edges are reached
+    v = int_isa(target)
+    tiles = []
+    for c, oc, h, w, k in TILE_CASES:
+        p = k // 2
+        geo = IntConvGeometry(n=1, c=c, h=h, w=w, oc=oc, kh=k, kw=k, oh=h, ow=w, sh=1, sw=1, dh=1, dw=1, pt=p, pl=p,
+                              pb=p, pr=p)
+        nv, rw = choose_tile(flattened(geo) if k == 1 else geo, v.lanes, v.registers, target.l1d_bytes or 32 << 10,
+                             1 if v.has("u8s8_dot_acc") else 2)
+        tiles.append((-(-oc // v.lanes) % nv, rw % 4))
+    assert any(ragged for ragged, _ in tiles) and any(left >= 2 for _, left in tiles), tiles
+    model = m.build()
+    want = ort_run(model, m.feeds)
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        for i, (g, w_) in enumerate(zip(compiled.run(m.feeds), want, strict=True)):
+            np.testing.assert_array_equal(g, w_, err_msg=f"output {i} ({isa}, {threads} threads)")
+        compiled.close()

@@ -34,6 +34,11 @@ DEPTHWISE = [
     (48, 8, 9, 3, 1, (0, 0, 0, 0), 1),  # unpadded: the blocked input read in place
     (40, 9, 10, 3, 1, (2, 2, 2, 2), 2),  # dilation
     (16, 11, 23, 5, 1, (2, 2, 2, 2), 1),  # 5x5, a row wider than any tile
+    (24, 9, 10, 2, 1, (0, 0, 1, 1), 1),  # 2x2: kernel rows all in pairs (no single last row)
+    (16, 6, 9, 4, 2, (1, 2, 2, 1), 1),  # 4x4, stride 2: two row pairs
+    (8, 28, 28, 3, 1, (1, 1, 1, 1), 1),  # enough rows for row bands (the block's 1x1s and depthwise), batch 2
+    (32, 5, 7, 1, 1, (0, 0, 0, 0), 1),  # 1x1: one row, nothing to pair
+    (24, 33, 35, 3, 2, (1, 1, 1, 1), 1),  # row bands, stride 2, bands not a multiple of a row's tiles
 ]
 
 
@@ -106,7 +111,8 @@ def _reference(model, feeds):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
-def _check(m: _Model, isa: str, monkeypatch, cache, *, fused_form: str | None = None) -> None:
+def _check(m: _Model, isa: str, monkeypatch, cache, *, fused_form: str | None = None,
+           pad_in_kernel: bool = False) -> None:
     import smelt
 
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
@@ -125,6 +131,10 @@ def _check(m: _Model, isa: str, monkeypatch, cache, *, fused_form: str | None = 
             # every conv blocked (depthwise ones on their kernel), every Clip and ReLU fused
             assert templates.count("int_conv_nchwc") >= ops.count("QLinearConv") > 0, templates
             assert "depthwise" in algorithms and "QLinearClip" not in ops and "Max" not in ops, ops
+            assert "kernel rows in pairs" in algorithms, algorithms  # (every vector ISA forms the pairs)
+            if pad_in_kernel:  # the MobileNet blocks' padded depthwise convs on a blocked input
+                assert "(padded in the kernel)" in algorithms, algorithms
+                assert "row bands" in algorithms, algorithms  # (split over 2 threads by rows)
             if fused_form:
                 assert f"clip fused ({fused_form})" in algorithms, algorithms
         else:
@@ -138,7 +148,8 @@ def _check(m: _Model, isa: str, monkeypatch, cache, *, fused_form: str | None = 
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_depthwise_and_clip_fusion(isa: str, monkeypatch, cache) -> None:
-    _check(_depthwise_cases(), isa, monkeypatch, cache, fused_form="fma" if isa != "scalar" else None)
+    _check(_depthwise_cases(), isa, monkeypatch, cache, fused_form="fma" if isa != "scalar" else None,
+           pad_in_kernel=True)
 
 
 def _clip_cases() -> _Model:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from kernel_models import force_isa
+from kernel_models import AVX_VNNI, force_isa
 from onnx import TensorProto, helper, numpy_helper
 
 import smelt
@@ -275,3 +275,37 @@ def test_qgemm(isa: str, monkeypatch, cache) -> None:
                     out_type = at
                 m.node("QGemm", ins, out_type, transA=trans_a, transB=trans_b, alpha=alpha)
     _check(m)
+
+
+@pytest.mark.parametrize("isa", [*ISAS, AVX_VNNI])
+def test_gemm_seven_bit_weights(isa: str, monkeypatch, cache) -> None:
+    """Weights in [-64, 63] (quantized with reduce_range): the u8 x 7-bit quads on hosts without
+    VNNI (vpmaddubsw, exact there), VNNI's quads or the pairs elsewhere; the extremes of both
+    operands in every product's reach (A all 255 in one row, B at -64 and 63)."""
+    force_isa(isa, monkeypatch, cache)
+    m = Model(24)
+    for mm, k, n in ((1, 40, 23), (9, 33, 70), (7, 130, 17), (3, 1, 5)):
+        bvals = m.rng.integers(-64, 64, (k, n)).astype(np.int8)
+        bvals[0, :] = 63
+        bvals[-1, ::2] = -64
+        for op in ("QGemm", "MatMulIntegerToFloat", "DynamicQuantizeMatMul"):
+            b = m.const(bvals)
+            bs = m.const(m.rng.uniform(0.001, 0.02, (n,)).astype(np.float32))
+            bz = m.const(np.zeros((n,), np.int8))
+            if op == "DynamicQuantizeMatMul":
+                m.node(op, [_floats(m, (mm, k)), b, bs, bz], np.float32)
+                continue
+            a = m.data(np.uint8, (mm, k))
+            m.feeds[a][0] = 255
+            az = m.const(np.uint8(m.rng.integers(0, 256)))
+            a_scale = m.const(np.float32(m.rng.uniform(0.01, 0.1)))
+            if op == "QGemm":
+                ins = [a, a_scale, az, b, bs, bz, m.const(m.rng.integers(-5000, 5000, (n,)).astype(np.int32)),
+                       m.const(np.float32(m.rng.uniform(0.05, 0.5))), m.const(np.uint8(m.rng.integers(0, 256)))]
+                m.node(op, ins, np.uint8)
+            else:
+                m.node(op, [a, b, a_scale, bs, az, bz], np.float32)
+    _check(m)
+    if isa == "avx2":  # (no VNNI: the 7-bit quads, not the pairs)
+        infos = list(smelt.compile(m.build()).plan.step_infos())
+        assert len({s.node for s in infos if "u8 x 7-bit quads" in s.schedule.get("algorithm", "")}) == 12, infos

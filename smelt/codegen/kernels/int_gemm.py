@@ -73,16 +73,17 @@ def pair_word(lo: str, hi: str) -> str:
 
 
 def tile_loop(v: VectorIsa, mr: int, nv: int, *, k2: int, a_row: str, b_panel: str, tile: str,
-              group: int = PAIR) -> list[str]:
+              group: int = PAIR, dot: str | None = None) -> list[str]:
     """C lines computing one MR x (nv * lanes) tile into int32 ``tile`` (row-major, nr wide).
 
     ``k2``: the K words; ``a_row(r)`` is a format string with ``{r}``: a pointer to the packed A
     words of tile row r (already clamped to a valid row); ``b_panel`` a pointer to the panel's
-    packed words (int16 pairs, or int8 quads with ``group`` QUAD)."""
+    packed words (int16 pairs, or int8 quads with ``group`` QUAD). ``dot``: the quads' dot when
+    not VNNI's u8s8_dot_acc (u8s7_dot_acc: the caller checked every B value is in [-64, 63])."""
     it = v.x("itype")
     lanes = v.lanes
     nr = nv * lanes
-    dot = "i16_dot_acc" if group == PAIR else "u8s8_dot_acc"
+    dot = dot or ("i16_dot_acc" if group == PAIR else "u8s8_dot_acc")
     elem = 2 if group == PAIR else 4  # B elements per int32 lane and word
     lines = [f"const int32_t *restrict a{r} = {a_row.format(r=r)};" for r in range(mr)]
     lines.append(f"const {'int16_t' if group == PAIR else 'int8_t'} *restrict bp = {b_panel};")

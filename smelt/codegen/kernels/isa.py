@@ -229,6 +229,12 @@ AVX512 = VectorIsa(
            # the 16 bytes at {p} zero-extended into the int32 lanes (the int8 depthwise conv's
            # input: one channel per lane, the high int16 of each lane 0 for i16_dot_acc)
            ("u8_to_i32", "_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)({p})))"),
+           # the 16 bytes at {p} and at {q} zero-extended into the low and the high int16 of the
+           # int32 lanes (two kernel rows of the depthwise conv's input: one i16_dot_acc does both)
+           ("u8x2_to_i16_pairs", "({{ const __m128i a_ = _mm_loadu_si128((const __m128i *)({p})), "
+                                 "b_ = _mm_loadu_si128((const __m128i *)({q})); _mm512_cvtepu8_epi16("
+                                 "_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi8(a_, b_)), "
+                                 "_mm_unpackhi_epi8(a_, b_), 1)); }})"),
            ("i32_to_f32", "_mm512_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm512_roundscale_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm512_cvttps_epi32({a})"),
@@ -245,6 +251,11 @@ AVX512 = VectorIsa(
                               "_mm512_packs_epi32({c}, {d})); _mm512_storeu_si512((void *)({p}), "
                               "_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, "
                               "3, 7, 11, 15), q_)); }}"),
+           # two int32 vectors {a} {b} saturated to [0, 255] and stored as 32 consecutive bytes at
+           # {p}: per 128-bit lane k the packs leave a's dword k in dword 4k and b's in 4k + 1
+           ("i32x2_store_u8", "{{ __m512i q_ = _mm512_packs_epi32({a}, {b}); q_ = _mm512_packus_epi16(q_, q_); "
+                              "_mm256_storeu_si256((__m256i *)({p}), _mm512_castsi512_si256(_mm512_permutexvar_epi32("
+                              "_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), q_))); }}"),
            # int32 lanes already within [0, 255] stored as bytes at {p}
            ("i32_store_u8", "_mm_storeu_si128((__m128i *)({p}), _mm512_cvtepi32_epi8({a}));")))
 
@@ -272,6 +283,8 @@ AVX2 = VectorIsa(
                             "_mm256_set1_epi16(1)))"),
            ("word_set1", "_mm256_set1_epi32(" + _LOAD32 + ")"),
            ("u8_to_i32", "_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)({p})))"),
+           ("u8x2_to_i16_pairs", "_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)({p})), "
+                                 "_mm_loadl_epi64((const __m128i *)({q}))))"),
            ("i32_to_f32", "_mm256_cvtepi32_ps({a})"),
            ("f32_round_even", "_mm256_round_ps({a}, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)"),
            ("f32_to_i32", "_mm256_cvttps_epi32({a})"),
@@ -282,6 +295,10 @@ AVX2 = VectorIsa(
            ("i32x4_store_u8", "{{ __m256i q_ = _mm256_packus_epi16(_mm256_packs_epi32({a}, {b}), "
                               "_mm256_packs_epi32({c}, {d})); _mm256_storeu_si256((__m256i *)({p}), "
                               "_mm256_permutevar8x32_epi32(q_, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))); }}"),
+           # two vectors as 16 bytes: per 128-bit lane k the packs leave a's dword in 4k, b's in 4k + 1
+           ("i32x2_store_u8", "{{ __m256i q_ = _mm256_packs_epi32({a}, {b}); q_ = _mm256_packus_epi16(q_, q_); "
+                              "_mm_storeu_si128((__m128i *)({p}), _mm256_castsi256_si128("
+                              "_mm256_permutevar8x32_epi32(q_, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0)))); }}"),
            # no vpmovdb before AVX-512: saturating packs (exact for in-range lanes), two dwords out
            ("i32_store_u8", "{{ __m256i t_ = _mm256_packs_epi32({a}, {a}); t_ = _mm256_packus_epi16(t_, t_); "
                             "int32_t l_ = _mm256_cvtsi256_si32(t_), h_ = _mm256_extract_epi32(t_, 4); "

@@ -336,15 +336,17 @@ def emit_clip(node: Node, g: Graph, em: BlockEmitter) -> None:
     dt = _dtype(g, x)
     # an absent float bound is ONNX's default, the type's range (Clip() maps +-Inf to +-FLT_MAX)
     defaults = clip_default_bounds(dt) if dt in FLOAT_TYPES else (None, None)
-    bounds = []
-    for b, default in zip(_clip_bounds(node, g), defaults, strict=True):
+    bounds, decl = [], []
+    for i, (b, default) in enumerate(zip(_clip_bounds(node, g), defaults, strict=True)):
         mode, val = b if b else (None, default)
-        bounds.append(f"({em.ptr(val)}[0])" if mode == "ptr" else None if val is None else c_literal(val, dt))
+        if mode == "ptr":  # read once: through the pointer, every store to Y could change it (no vectorizing)
+            decl.append(f"const __typeof__(*{em.ptr(val)}) B{i} = {em.ptr(val)}[0];\n")
+        bounds.append(f"B{i}" if mode == "ptr" else None if val is None else c_literal(val, dt))
     expr = scalar_clamp("X[I0]", *bounds)
     loop = elementwise_loop(g.values[y].shape, [g.values[x].shape],
                             lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', f'X[{idx[0]}]')};")
     em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"
-            f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
+            f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{''.join(decl)}{loop}")
 
 
 ARITH = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}

@@ -10,6 +10,12 @@ Renders the ``IntConvSchedule`` the layout planner wrote (``schedule/int_conv.py
   row's channels interleaved, and the kernel reads a kernel row's kw * C values as quads whose
   slots past them have zero weights (a row's last quad may read 3 bytes past it: the buffer has 4
   spare bytes);
+- **padding in the kernel** (``pad_in_kernel``: a padded input already in the kernel's block, read
+  in quads): no copy; per kernel row the tile reads the input row, or a row of zero-point bytes
+  when it lies outside the input, and in the tiles touching a column border (``edge_tiles``: the
+  first and last of a row, each its own body) the pixels at the border read a tap outside the
+  input from that zero-point row too (a pointer chosen per kernel column, outside the word
+  loop), so every sum is the padded copy's;
 - **kernel**: per work item (image, group of nv output-channel vectors, output row, run of rw
   output pixels) an nv x rw register tile of int32 sums over (input block, ky, kx, word): for
   each word, nv weight vectors (lanes = output channels, each lane holding the word's group_k
@@ -32,7 +38,13 @@ Renders the ``IntConvSchedule`` the layout planner wrote (``schedule/int_conv.py
   kernel row each input column the run spans is loaded once, its bytes zero-extended into the
   lanes (``u8_to_i32``), and multiplied into every accumulator that reads it by the pair dot with
   the tap's int16 weights in the low half of each lane (the high halves are 0 on both sides);
-  the same folded bias and epilogue.
+  with ``row_pairs`` two kernel rows at once: one row's byte in the low int16 of each lane and
+  the next row's in the high one (``u8x2_to_i16_pairs``), against both rows' weights, so the
+  pair dot does two taps (an odd kernel's last row alone, as before). With ``pad_in_kernel`` it
+  reads a blocked input in place, unpadded: a kernel row outside the input reads a static row of
+  zero-point bytes, and the tiles whose windows cross a row's ends are rendered apart with their
+  first column known, a column outside the input being the zero point's vector; the same
+  folded bias and epilogue.
 
 Bit-exact with the NCHW template (int_conv.py) and so with onnxruntime's QLinearConv.
 """
@@ -51,6 +63,7 @@ from smelt.schedule.int_conv import (
     ClipRequant,
     IntConvSchedule,
     ResidualAdd,
+    edge_tiles,
     flattened,
     geometry,
     int_isa,
@@ -148,11 +161,19 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
 
     # -- compile-time constants --------------------------------------------------------------
     w = np.asarray(g.values[ins[3]].const).astype(np.int8)
+    dw_slots = -(-kh // 2) if s.row_pairs else kh  # weight rows per channel block (depthwise)
     if s.depthwise:
-        # [channel block][ky][kx][lane] int32 words, the weight as int16 in the low half, 0 above
-        wpad = np.zeros((cp, kh, kw), np.int32)
-        wpad[:oc] = w.reshape(oc, kh, kw).astype(np.int16).view(np.uint16)
-        packed = np.ascontiguousarray(wpad.reshape(cb, L, kh, kw).transpose(0, 2, 3, 1))
+        # [channel block][ky][kx][lane] int32 words, the weight as int16 in the low half, 0 above;
+        # row_pairs: [channel block][row pair][kx][lane], rows 2p and 2p + 1 in the low and high
+        # halves (an odd kernel's last row alone, 0 above)
+        w16 = w.reshape(oc, kh, kw).astype(np.int16).view(np.uint16).astype(np.uint32)
+        wpad = np.zeros((cp, dw_slots, kw), np.uint32)
+        if s.row_pairs:
+            wpad[:oc, :] = w16[:, 0::2]
+            wpad[:oc, :kh // 2] |= w16[:, 1::2] << 16
+        else:
+            wpad[:oc] = w16
+        packed = np.ascontiguousarray(wpad.view(np.int32).reshape(cb, L, dw_slots, kw).transpose(0, 2, 3, 1))
     elif s.kx_packed:
         # [ocg][ky][word][vector][lane][4]: a kernel row's (kx, channel) values in input order,
         # zeros past kw * C
@@ -242,6 +263,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         hs_, ws_, sptr = hs, wsz, src
     else:
         hs_, ws_, sptr = geo.h, geo.w, em.ptr(x)
+    inpad = s.pad_in_kernel
+    edges = edge_tiles(geo, rw) if inpad else []
 
     # -- the kernel ----------------------------------------------------------------------------
     word = L * gk  # weight elements per vector
@@ -249,6 +272,12 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     full, rem = divmod(geo.ow, rw)
     total = geo.n * ocg * geo.oh * owt
     macs = geo.n * oc * geo.oh * geo.ow * (c // geo.group) * kh * kw
+    # row_bands: each thread a band of the (row, tile) pairs, every group and image over it
+    pixels = geo.oh * owt
+    # (nested loops, not one item index: dividing by the band's run-time length cost more than
+    # a small tile's dots)
+    bands = (f"long pb, pe; smelt_range({pixels}, tid, nt, &pb, &pe);" if macs >= PARALLEL_MIN_MACS else
+             f"long pb = 0, pe = tid == 0 ? {pixels} : 0;") + f" wb = 0; we = {geo.n * ocg};"
     split = (f"smelt_range({total}, tid, nt, &wb, &we);" if macs >= PARALLEL_MIN_MACS
              else f"wb = 0; we = tid == 0 ? {total} : 0;")
     yb = layout_block(g.values[y].layout)
@@ -272,8 +301,23 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         out = [f"if (og * {nv} + {j} < {-(-oc // L)}) {{",
                f"  const {v.t} mv = {v.loadu(f'MU + (og * {nv} + {j}) * {L}')};"]
         packed = 4 * (width // 4) if grouped else 0
+        # then two pixels' vectors by one pack (``i32x2_store_u8``): a tile of 6 or 14 pixels
+        # stored its last two through the per-vector clamp, conversion and narrowing store
+        paired = packed + 2 * ((width - packed) // 2) if grouped and v.has("i32x2_store_u8") else packed
+
+        def pack_store(r: int) -> list[str]:
+            """The saturating pack of the group that pixel r closes (none where it does not)."""
+            if r < packed and r % 4 == 3:
+                dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r - 3}) * {L}"
+                return ["  " + v.x("i32x4_store_u8", p=dst, a="q0", b="q1", c="q2", d="q3")]
+            if packed <= r < paired and (r - packed) % 2 == 1:
+                dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r - 1}) * {L}"
+                return ["  " + v.x("i32x2_store_u8", p=dst, a="q0", b="q1")]
+            return []
+
         for r in range(width):
-            in_pack = r < packed
+            in_pack = r < paired
+            slot = r % 4 if r < packed else (r - packed) % 2
             if in_pack and not affine and s.clip is None and add is None:
                 # the conversion rounds half to even and the zero point is an integer add: one
                 # op fewer than rounding in float (the saturating pack is the clamp); a fused
@@ -284,10 +328,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                         f"vhi = {v.x('f32_gt_count', a='fc', b='hiv', c='vhi')}; }}"]
                 if low_keep["f"]:
                     out.append(f"    f = {v.op('max', 'f', 'kz0')};")
-                out.append(f"    q{r % 4} = {v.x('i32_add', a=v.x('f32_to_i32_even', a='f'), b='yzi')}; }}")
-                if r % 4 == 3:
-                    dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r - 3}) * {L}"
-                    out.append("  " + v.x("i32x4_store_u8", p=dst, a="q0", b="q1", c="q2", d="q3"))
+                out.append(f"    q{slot} = {v.x('i32_add', a=v.x('f32_to_i32_even', a='f'), b='yzi')}; }}")
+                out += pack_store(r)
                 continue
             out += [f"  {{ {v.t} f = {v.x('i32_to_f32', a=f'c{r}_{j}')};",
                     f"    f = {v.x('f32_round_even', a=v.op('mul', 'f', 'mv'))};"]
@@ -330,10 +372,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                     out.append(f"    f = {v.op('min', v.op('max', v.x('f32_round_even', a='f'), 'lov'), 'hiv')};")
             cvt = "f32_to_i32_even" if affine or (add is not None and in_pack) else "f32_to_i32"  # (else already rounded)
             if in_pack:
-                out.append(f"    q{r % 4} = {v.x(cvt, a='f')}; }}")
-                if r % 4 == 3:
-                    dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r - 3}) * {L}"
-                    out.append("  " + v.x("i32x4_store_u8", p=dst, a="q0", b="q1", c="q2", d="q3"))
+                out.append(f"    q{slot} = {v.x(cvt, a='f')}; }}")
+                out += pack_store(r)
             elif yb > 1:
                 dst = f"Y + (((ni * {oc // L} + og * {nv} + {j}) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}) * {L}"
                 out.append(f"    {v.x(store, p=dst, a=v.x(cvt, a='f'))} }}")
@@ -341,62 +381,125 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                 out += [f"    {yt} tb[{L}]; {v.x(store, p='tb', a=v.x(cvt, a='f'))}",
                         f"    const long o0 = (og * {nv} + {j}) * {L}, on = SMELT_MIN({L}, {oc} - o0);",
                         f"    for (long l = 0; l < on; ++l) Y[((ni * {oc} + o0 + l) * {geo.oh} + oy) * {geo.ow}L + ox0 + {r}] = tb[l]; }}"]
-        if packed:
+        if paired:
             out.insert(2, f"  {it} q0, q1, q2, q3;")
         out.append("}")
         return out
 
-    def tile(width: int) -> list[str]:
+    def tile(width: int, edge: int | None = None, nvt: int = nv) -> list[str]:
+        """One register tile of ``width`` pixels and ``nvt`` output-channel vectors (fewer than nv
+        in a last group that the channels do not fill); ``edge``: the index of a tile touching a
+        column border (``pad_in_kernel``), whose pixels there read a tap outside the input from
+        the zero-point row instead."""
         # the accumulators start at the folded bias (bias - x_zero * sum(W)): no add afterwards
-        out = [f"const {it} bv{j} = {v.x('i32_loadu', p=f'BI + (og * {nv} + {j}) * {L}')};" for j in range(nv)]
-        out += [f"{it} " + ", ".join(f"c{r}_{j} = bv{j}" for r in range(width) for j in range(nv)) + ";",
-               f"for (long bi = 0; bi < {cb}; ++bi) {{",
-               f"  const {st} *restrict sc = s0 + bi * {hs_ * ws_ * ib}L;",
-               f"  const {wt} *restrict wc = w0 + bi * {kh * kwl * q_words * nv * word}L;",
-               f"  for (long ky = 0; ky < {kh}; ++ky) {{",
-               f"    for (long kx = 0; kx < {kwl}; ++kx) {{",
-               f"      const {st} *restrict sp = sc + (ky * {geo.dh * ws_} + kx * {geo.dw}) * {ib}L;",
-               f"      const {wt} *restrict wq = wc + (ky * {kwl} + kx) * {q_words * nv * word}L;",
-               # not unrolled where the whole reduction is one or two such loops (a 1x1 conv on
-               # 16 or 32 channels): gcc then unrolled everything, hoisted every word's broadcasts
-               # and spilled most of the register tile (MobileNetV2's first expand: 256 -> 215 us);
-               # elsewhere its unrolling of the word loop is the faster code (ResNet-50's 1x1
-               # stride-2 downsample: 452 us unrolled, 770 us not)
-               *(["      _Pragma(\"GCC unroll 1\")"] if cb * kh * kwl <= 2 else []),
-               f"      for (long q = 0; q < {q_words}; ++q) {{"]
+        out = [f"const {it} bv{j} = {v.x('i32_loadu', p=f'BI + (og * {nv} + {j}) * {L}')};" for j in range(nvt)]
+        out += [f"{it} " + ", ".join(f"c{r}_{j} = bv{j}" for r in range(width) for j in range(nvt)) + ";"]
+        out += [f"for (long bi = 0; bi < {cb}; ++bi) {{",
+                f"  const {st} *restrict sc = s0 + bi * {hs_ * ws_ * ib}L;",
+                f"  const {wt} *restrict wc = w0 + bi * {kh * kwl * q_words * nv * word}L;",
+                f"  for (long ky = 0; ky < {kh}; ++ky) {{"]
+        if inpad:  # the input row, or a row of zero-point bytes above and below the input
+            out += [f"    const long iy = oy * {geo.sh} + ky * {geo.dh} - {geo.pt};",
+                    f"    const {st} *sr = (unsigned long)iy < {geo.h}UL ? "
+                    f"sc + (iy * {geo.w}L + ox0 * {geo.sw} - {geo.pl}) * {ib} : ZB;"]
+        else:
+            out.append(f"    const {st} *sr = sc + ky * {geo.dh * ws_ * ib}L;")
+
+        # an edge tile's pixels with a tap outside the input: column (t * rw + r) * sw + kx * dw - pl
+        border = {} if edge is None else {
+            r: (edge * rw + r) * geo.sw - geo.pl for r in range(width)
+            if not all(0 <= (edge * rw + r) * geo.sw + kx * geo.dw - geo.pl < geo.w for kx in range(kw))}
+        out += [f"    for (long kx = 0; kx < {kwl}; ++kx) {{",
+                f"      const {st} *restrict sp = sr + kx * {geo.dw * ib}L;",
+                f"      const {wt} *restrict wq = wc + (ky * {kwl} + kx) * {q_words * nv * word}L;"]
+        # (per kernel column, outside the word loop: the zero-point row where the tap is outside)
+        out += [f"      const {st} *restrict p{r} = (unsigned long)({c0} + kx * {geo.dw}) < {geo.w}UL ? "
+                f"sp + {r * geo.sw * ib} : ZB;" for r, c0 in border.items()]
+        # not unrolled where the whole reduction is one or two such loops (a 1x1 conv on
+        # 16 or 32 channels): gcc then unrolled everything, hoisted every word's broadcasts
+        # and spilled most of the register tile (MobileNetV2's first expand: 256 -> 215 us);
+        # elsewhere its unrolling of the word loop is the faster code (ResNet-50's 1x1
+        # stride-2 downsample: 452 us unrolled, 770 us not)
+        out += [*(["      _Pragma(\"GCC unroll 1\")"] if cb * kh * kwl <= 2 else []),
+                f"      for (long q = 0; q < {q_words}; ++q) {{"]
         out += [f"        const {it} b{j} = {v.x('i32_loadu', p=f'wq + q * {nv * word} + {j * word}')};"
-                for j in range(nv)]
+                for j in range(nvt)]
         for r in range(width):
-            out.append(f"        {{ const {it} a = {v.x('word_set1', p=f'sp + {r * geo.sw * ib} + q * {gk}')};")
-            out += [f"          c{r}_{j} = {v.x(dot, a='a', b=f'b{j}', c=f'c{r}_{j}')};" for j in range(nv)]
+            src = f"p{r} + q * {gk}" if r in border else f"sp + {r * geo.sw * ib} + q * {gk}"
+            out.append(f"        {{ const {it} a = {v.x('word_set1', p=src)};")
+            out += [f"          c{r}_{j} = {v.x(dot, a='a', b=f'b{j}', c=f'c{r}_{j}')};" for j in range(nvt)]
             out.append("        }")
-        out += ["      }", "    }", "  }", "}"]
-        for j in range(nv):
+        out += ["      }", "    }"]
+        out += ["  }", "}"]
+        for j in range(nvt):
             out += epilogue(width, j)
         return out
 
-    def dw_tile(width: int) -> list[str]:
+    def dw_tile(width: int, edge: int | None = None) -> list[str]:
         # one channel block; per kernel row every input column the run spans is loaded once and
-        # feeds each accumulator whose window covers it
+        # feeds each accumulator whose window covers it. pad_in_kernel: the unpadded input, a row
+        # outside it read from ZR (the zero point's bytes), and in a tile touching a column border
+        # (``edge``: its index, so its first column is known) a column outside the input is the
+        # zero point's vector instead of a load
+        at = None if edge is None else edge * rw
         out = [f"const {it} bv0 = {v.x('i32_loadu', p=f'BI + og * {L}')};",
-               f"{it} " + ", ".join(f"c{r}_0 = bv0" for r in range(width)) + ";",
-               f"for (long ky = 0; ky < {kh}; ++ky) {{",
-               f"  const uint8_t *restrict sp = s0 + og * {hs_ * ws_ * L}L + ky * {geo.dh * ws_ * L}L;",
-               f"  const int32_t *restrict wq = w0 + ky * {kw * L};"]
-        out += [f"  const {it} k{kx} = {v.x('i32_loadu', p=f'wq + {kx * L}')};" for kx in range(kw)]
-        for col in range((width - 1) * geo.sw + (kw - 1) * geo.dw + 1):
-            uses = [(r, (col - r * geo.sw) // geo.dw) for r in range(width)
-                    if col >= r * geo.sw and (col - r * geo.sw) % geo.dw == 0 and (col - r * geo.sw) // geo.dw < kw]
-            if not uses:
-                continue
-            out.append(f"  {{ const {it} a = {v.x('u8_to_i32', p=f'sp + {col * L}')};")
-            out += [f"    c{r}_0 = {v.x(dot, a='a', b=f'k{kx}', c=f'c{r}_0')};" for r, kx in uses]
-            out.append("  }")
-        out.append("}")
+               f"{it} " + ", ".join(f"c{r}_0 = bv0" for r in range(width)) + ";"]
+        row = geo.dh * ws_ * L  # bytes from one kernel row's input to the next
+
+        def row_ptr(name: str, iy: str) -> str:
+            return (f"  const uint8_t *restrict {name} = (unsigned long)({iy}) < {geo.h} ? "
+                    f"S + ((ni * {cb} + og) * {geo.h} + ({iy})) * {geo.w * L}L : ZR;")
+
+        def kernel_row(slot: str, first: str, pair: bool) -> list[str]:
+            # one kernel row (or, paired, two): the input columns the run spans, each loaded once
+            # and fed to every accumulator whose window covers it
+            if not s.pad_in_kernel:
+                rows = [f"  const uint8_t *restrict sp = s0 + og * {hs_ * ws_ * L}L + ({first}) * {row}L;",
+                        "  const uint8_t *restrict sq = sp + " + str(row) + ";" if pair else ""]
+                col0 = 0
+            else:
+                iy = f"oy * {geo.sh} - {geo.pt} + ({first}) * {geo.dh}"
+                rows = [row_ptr("sp", iy), row_ptr("sq", f"{iy} + {geo.dh}") if pair else ""]
+                col0 = (at * geo.sw - geo.pl) if at is not None else None
+                if at is None:  # every column inside: both rows from the tile's first input column
+                    rows += [f"  sp += (ox0 * {geo.sw} - {geo.pl}) * {L}L;" ,
+                             f"  sq += (ox0 * {geo.sw} - {geo.pl}) * {L}L;" if pair else ""]
+                    col0 = 0
+            rows = [r for r in rows if r]
+            rows.append(f"  const int32_t *restrict wq = w0 + ({slot}) * {kw * L};")
+            rows += [f"  const {it} k{kx} = {v.x('i32_loadu', p=f'wq + {kx * L}')};" for kx in range(kw)]
+            for col in range((width - 1) * geo.sw + (kw - 1) * geo.dw + 1):
+                uses = [(r, (col - r * geo.sw) // geo.dw) for r in range(width)
+                        if col >= r * geo.sw and (col - r * geo.sw) % geo.dw == 0 and (col - r * geo.sw) // geo.dw < kw]
+                if not uses:
+                    continue
+                ix = col0 + col
+                if s.pad_in_kernel and at is not None and not 0 <= ix < geo.w:
+                    load = "zp2" if pair else "zp1"  # a padded column
+                elif pair:
+                    load = v.x("u8x2_to_i16_pairs", p=f"sp + {ix * L}", q=f"sq + {ix * L}")
+                else:
+                    load = v.x("u8_to_i32", p=f"sp + {ix * L}")
+                rows.append(f"  {{ const {it} a = {load};")
+                rows += [f"    c{r}_0 = {v.x(dot, a='a', b=f'k{kx}', c=f'c{r}_0')};" for r, kx in uses]
+                rows.append("  }")
+            return rows
+
+        if not s.row_pairs:
+            out += [f"for (long ky = 0; ky < {kh}; ++ky) {{", *kernel_row("ky", "ky", False), "}"]
+            return out + epilogue(width, 0)
+        out += [f"for (long kp = 0; kp < {kh // 2}; ++kp) {{", *kernel_row("kp", "2 * kp", True), "}"]
+        if kh % 2:  # the last row alone
+            out += ["{", *kernel_row(str(kh // 2), str(kh - 1), False), "}"]
         return out + epilogue(width, 0)
 
-    body = dw_tile if s.depthwise else tile
-    lines = [f"const {wt} *restrict Wp = {em.weight(packed)};",
+    pad_consts = []
+    if inpad and not s.depthwise:  # (the depthwise kernel's zero-point row and vectors: below)
+        # a row of zero-point bytes as wide as a tile's columns (x_zero * W: what the folded bias takes off)
+        span = (rw - 1) * geo.sw + (kw - 1) * geo.dw + 1
+        pad_consts.append(f"const uint8_t *restrict ZB = {em.weight(np.full(span * ib, xz, np.uint8))};")
+    lines = [*pad_consts,
+             f"const {wt} *restrict Wp = {em.weight(packed)};",
              f"const int32_t *restrict BI = {em.weight(bias.astype(np.int32))};",
              f"const float *restrict MU = {em.weight(mult)};",
              f"const {st} *restrict S = {sptr};",
@@ -410,18 +513,52 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              f"const {it} yzi = {v.x('i32_set1', a=str(yz))}; const {v.t} kz0 = {v.set1('0.0f')};",
              *_clip_constants(v, s.clip),
              *_residual_constants(v, add),
-             "long wb, we; " + split,
-             "for (long item = wb; item < we; ++item) {",
-             f"  const long t = item % {owt}, oy = (item / {owt}) % {geo.oh}, og = (item / {owt * geo.oh}) % {ocg},"
-             f" ni = item / {owt * geo.oh * ocg};",
+             "long wb, we; " + (bands if s.row_bands else split),
+             "for (long item = wb; item < we; ++item)" + (" for (long p = pb; p < pe; ++p) {" if s.row_bands else " {"),
+             (f"  const long og = item % {ocg}, ni = item / {ocg}, t = p % {owt}, oy = p / {owt};" if s.row_bands else
+              f"  const long t = item % {owt}, oy = (item / {owt}) % {geo.oh}, og = (item / {owt * geo.oh}) % {ocg},"
+              f" ni = item / {owt * geo.oh * ocg};"),
              f"  const long ox0 = t * {rw};",
-             f"  const {st} *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};",
-             f"  const {wt} *restrict w0 = Wp + og * {kh * kw * L if s.depthwise else cb * kh * kwl * q_words * nv * word}L;"]
-    if rem:
-        lines += [f"  if (t < {full}) {{"] + ["    " + ln for ln in body(rw)] + ["  } else {"]
-        lines += ["    " + ln for ln in body(rem)] + ["  }"]
+             (f"  const {st} *restrict s0 = S + ni * {cb * hs_ * ws_ * ib}L;" if inpad else
+              f"  const {st} *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};"),
+             f"  const {wt} *restrict w0 = Wp + og * {dw_slots * kw * L if s.depthwise else cb * kh * kwl * q_words * nv * word}L;"]
+    if inpad and s.depthwise:
+        # rows outside the input: a row of zero-point bytes as wide as the input's (an interior
+        # tile reads it from its own first column); columns outside it: the zero point's vector
+        loop = next(i for i, ln in enumerate(lines) if ln.startswith("for (long item"))  # (before the loop)
+        lines[loop:loop] = [
+            f"static const uint8_t ZR[{geo.w * L}] = {{[0 ... {geo.w * L - 1}] = {xz}}};  /* a padded row */",
+            # the zero point in the low int16 of each lane (one row) or in both halves (a row pair)
+            f"const {it} zp1 = {v.x('i32_set1', a=str(xz))}, zp2 = {v.x('i32_set1', a=str(xz | xz << 16))};"]
+        lines.append("  (void)s0;")
+
+    def chain(nvt: int) -> list[str]:
+        """The item's tile: the edge tiles' own bodies, the full tiles', the ragged last one's."""
+        def one(width: int, edge: int | None) -> list[str]:
+            return dw_tile(width, edge) if s.depthwise else tile(width, edge, nvt)
+
+        interior = [t for t in range(owt) if t not in edges]
+        cases = [(f"t == {t}", one(rw if t < full else rem, t)) for t in edges]
+        if any(t < full for t in interior):
+            cases.append((f"t < {full}", one(rw, None)))
+        if rem and owt - 1 in interior:
+            cases.append(("1", one(rem, None)))
+        if len(cases) == 1:
+            return cases[0][1]
+        out = []
+        for k, (cond, code) in enumerate(cases):
+            head = "if" if k == 0 else "} else if"
+            out += [f"{head} ({cond}) {{" if k < len(cases) - 1 else "} else {"] + ["  " + ln for ln in code]
+        return out + ["}"]
+
+    # a last output-channel group the channels do not fill runs only its vectors (ResNet-50's
+    # 512-channel 3x3 convs: 11 groups of 3 vectors, the last 2; it computed 528 channels)
+    nv_last = -(-oc // L) - (ocg - 1) * nv
+    if s.depthwise or nv_last == nv:
+        lines += ["  " + ln for ln in chain(nv)]
     else:
-        lines += ["  " + ln for ln in body(rw)]
+        lines += [f"  if (og == {ocg - 1}) {{"] + ["    " + ln for ln in chain(nv_last)] + ["  } else {"]
+        lines += ["    " + ln for ln in chain(nv)] + ["  }"]
     lines.append("}")
     lines += [f"int32_t cl[{L}], ch[{L}]; {v.x('i32_storeu', p='cl', a='vlo')} {v.x('i32_storeu', p='ch', a='vhi')}",
               "long nlo = 0, nhi = 0;",
