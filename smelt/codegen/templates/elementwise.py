@@ -344,7 +344,7 @@ def emit_clip(node: Node, g: Graph, em: BlockEmitter) -> None:
         bounds.append(f"B{i}" if mode == "ptr" else None if val is None else c_literal(val, dt))
     expr = scalar_clamp("X[I0]", *bounds)
     loop = elementwise_loop(g.values[y].shape, [g.values[x].shape],
-                            lambda idx, o: f"Y[{o}] = {expr.replace('X[I0]', f'X[{idx[0]}]')};")
+                            lambda idx, o: f"{bind_loads({'X': f'X[{idx[0]}]'})} Y[{o}] = {expr.replace('X[I0]', 'x_')}; }}")
     em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{''.join(decl)}{loop}")
 
