@@ -534,3 +534,20 @@ def test_tile_leftovers_and_ragged_channel_groups(isa: str, monkeypatch, cache) 
         for i, (g, w_) in enumerate(zip(compiled.run(m.feeds), want, strict=True)):
             np.testing.assert_array_equal(g, w_, err_msg=f"output {i} ({isa}, {threads} threads)")
         compiled.close()
+
+
+def test_padding_copied_past_the_edge_tile_limit(monkeypatch, cache) -> None:
+    """More tiles touching a border than ``MAX_EDGE_TILES`` (here: any): the padded copy again,
+    still equal to onnxruntime."""
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    monkeypatch.setattr("smelt.schedule.int_conv.MAX_EDGE_TILES", 0)
+    m = _pad_model(False)
+    model = m.build()
+    compiled = smelt.compile(model, threads=2)
+    algos = " ".join(s.schedule.get("algorithm", "") for s in compiled.plan.step_infos())
+    assert "padded in the kernel" not in algos and "(copied, padded)" in algos, algos
+    for g, w in zip(compiled.run(m.feeds), ort_run(model, m.feeds), strict=True):
+        np.testing.assert_array_equal(g, w)
+    compiled.close()
