@@ -73,8 +73,8 @@ def _every_zoo_model_at_every_isa() -> list:
 @pytest.mark.parametrize(("name", "isa"), _every_zoo_model_at_every_isa())
 def test_every_zoo_model_at_every_isa_clean_under_sanitizers(name, isa, tmp_path):
     """Issue 14's acceptance: no crash and no sanitizer report on every zoo model at every ISA the
-    host can run, at 1 and 2 threads: ~45 s of CPU a case, so ~15 min of the sanitizer stage of
-    .ci/run on 2 cores (not the default run)."""
+    host can run, at 1 and 2 threads: ~45 s of CPU a case; the sanitizer stage of .ci/run took
+    20 min on 2 cores with them (not the default run)."""
     from smelt.frontend import zoo
     from smelt.target import detect
 
