@@ -73,8 +73,6 @@ LOAD_COST = 0.25
 # (measured on Zen 4 at 1 thread: ResNet-50's 512-channel 3x3 on 7x7, 4 px x 64 oc 598 us, 7 px
 # x 48 oc 508 us; its 256-channel 3x3 on 14x14, 5 px x 64 oc 528 us, 14 px x 32 oc 494 us)
 L2_LOAD_COST = 1.0
-# the depthwise kernel's rows in pairs (``IntConvSchedule.row_pairs``) where the ISA can form them
-DW_ROW_PAIRS = True
 # a padded conv takes its padding in the kernel (``pad_in_kernel``) when at most this many tiles
 # of a row touch a column border: each such tile is its own body (its border pixels' taps
 # choose between the input and a zero-point row)
@@ -85,7 +83,6 @@ MAX_EDGE_TILES = 4
 # MobileNet's convs at 112, 56 and 28 pixels, the ones with the large tensors
 ROW_BANDS_MAX_WEIGHTS = 16 << 10
 ROW_BANDS_MIN_TILES = 32
-ROW_BANDS = True
 
 
 @dataclass(frozen=True)
@@ -502,7 +499,7 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
                                copy_input=(padded and not in_kernel) or in_block != block, nv=1,
                                rw=depthwise_tile(geo, v.registers),
                                relu=relu, depthwise=True, clip=clip,
-                               row_pairs=DW_ROW_PAIRS and geo.kh >= 2 and v.has("u8x2_to_i16_pairs"),
+                               row_pairs=geo.kh >= 2 and v.has("u8x2_to_i16_pairs"),
                                row_bands=_row_bands(geo, depthwise_tile(geo, v.registers)))
     w = _const(g, node.inputs[3])
     if v.has("u8s8_dot_acc"):
@@ -537,5 +534,5 @@ def int_conv_schedule(node: Node, g: Graph, target: Target, in_block: int, relu:
 
 def _row_bands(geo: IntConvGeometry, rw: int) -> bool:
     """Whether the threads split ``geo`` (as the kernel tiles it) by bands of rows (``row_bands``)."""
-    return (ROW_BANDS and geo.oc * (geo.c // geo.group) * geo.kh * geo.kw <= ROW_BANDS_MAX_WEIGHTS
+    return (geo.oc * (geo.c // geo.group) * geo.kh * geo.kw <= ROW_BANDS_MAX_WEIGHTS
             and geo.oh * -(-geo.ow // rw) >= ROW_BANDS_MIN_TILES)
