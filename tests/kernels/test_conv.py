@@ -135,6 +135,10 @@ CONV_ND_CASES = [
     conv_case("c1d_pw", (1, 16, 100), 10, (1,)),
     conv_case("c1d_dw", (1, 6, 40), 6, (3,), group=6, pads=[1, 1], post=("residual",)),
     conv_case("c1d_grp", (1, 6, 20), 4, (3,), group=2),
+    # one input channel, no padding: the im2col matrix is a strided window view (an STFT frontend)
+    conv_case("c1d_window_stft", (1, 1, 1760), 257, (512,), strides=[160]),  # N=8: column kernel
+    conv_case("c1d_window_dil", (2, 1, 100), 9, (5,), strides=[3], dilations=[2], post=("Relu",)),
+    conv_case("c1d_window_s1", (1, 1, 70), 17, (7,), bias=False),
     conv_case("c3d", (1, 3, 5, 6, 7), 4, (3, 2, 3), pads=[1, 0, 1, 1, 1, 0]),
     conv_case("c3d_s2", (2, 2, 7, 6, 9), 9, (3, 3, 3), strides=[2, 1, 2], dilations=[1, 2, 1],
               pads=[1, 2, 0, 0, 1, 1], post=("Relu",)),
@@ -156,7 +160,7 @@ def test_conv2d(isa, monkeypatch, cache):
     _check(CONV2D_CASES if isa == "native" else CONV2D_CASES[1::2], isa, monkeypatch, cache)
 
 
-@pytest.mark.parametrize("isa", ["native", "scalar"])
+@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
 def test_conv_1d_3d(isa, monkeypatch, cache):
     _check(CONV_ND_CASES, isa, monkeypatch, cache)
 

@@ -126,6 +126,10 @@ GEMM_CASES = [
     gemm_case("g16x96x768", 16, 96, 768, c="scalar"),
     gemm_case("g37x673x20", 37, 673, 20, c="n", post=("Relu",)),
     gemm_case("g3x1345x9", 3, 1345, 9),
+    # N tails of 8 past whole 16-lane vectors (the AVX-512 column kernel) with ragged row groups
+    gemm_case("g33x8x70", 33, 8, 70, c="m1"),
+    gemm_case("g50x56x20", 50, 56, 20, post=("Relu",)),
+    gemm_case("g19x72x40_rt", 19, 72, 40, b_const=False, c="n"),
     # run-time B (packed per call), run-time A beyond MC
     gemm_case("g_rtb", 23, 101, 53, b_const=False, c="n", c_const=False),
     gemm_case("g_rta_big", 339, 50, 30, b_const=False),

@@ -13,6 +13,10 @@ with channel = output channel = GEMM row):
   rows that are contiguous in the image merge into one run), so a K row is one masked load
   per vector and run (stride 2: two loads and an even-lane permute); otherwise per-lane
   offsets (masked gathers, or a plain loop on other targets). Padding lanes are never read.
+- ``f32_conv1d_window_gemm_<mr>x<nr>__<isa>``: a 1-D conv with one input channel and no padding
+  (an STFT frontend): column n of the im2col matrix is the contiguous window starting at
+  x[n * stride], so B is a strided view of the signal, packed by the GEMM's generic packer
+  (no per-lane tables or gathers: 2.2x faster on openWakeWord's mel frontend).
 - ``f32_conv<S>d_depthwise_direct``: group == C, one input channel per group (1-D/2-D), any
   channel multiplier. AVX-512: a plane of up to ``DepthwiseKernel.plane_vectors`` vectors (16
   on 32 registers: 256 outputs) is one block of registers (16 flat outputs per vector) with
@@ -280,6 +284,13 @@ def emit_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
         b_op: object = Strided(x_ptr, geo.ihw, 1)
         kind = "1x1"
         em.schedule(algorithm="conv 1x1 as GEMM on NCHW (image rows are B)")
+    elif geo.rank == 1 and geo.cg == 1 and not any(geo.pads):
+        # one input channel, no padding (an STFT as a Conv1d): output n's receptive field is the
+        # contiguous window x[n*stride + k*dilation], so the im2col matrix is a plain strided view
+        # and the generic packer copies it without the per-lane tables and gathers
+        b_op = Strided(x_ptr, geo.dils[0], geo.strides[0])
+        kind = "window"
+        em.schedule(algorithm="conv 1-D, one input channel: im2col as a strided view packed into B")
     else:
         b_op = Im2col(x_ptr, geo)
         kind = "im2col"
