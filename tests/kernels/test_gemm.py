@@ -119,6 +119,9 @@ GEMM_CASES = [
     # block edges: MR=8, NR=48, KC=384, NC=672; M/N/K = 1
     gemm_case("g1x1x1", 1, 1, 1),
     gemm_case("g_fc", 1, 1000, 64, c="n", post=("Relu",)),
+    # one row: 4 accumulator sets over k mod 4, a K tail of 3, K blocks past KC, a ragged vector
+    gemm_case("g_fc_k_tail", 1, 70, 1543, c="n"),
+    gemm_case("g_fc_rt", 1, 33, 7, b_const=False, post=("Relu",)),
     gemm_case("g7x47x5", 7, 47, 5),
     gemm_case("g8x48x16", 8, 48, 16, c="1n"),
     gemm_case("g9x49x17", 9, 49, 17, c="mn"),
