@@ -174,6 +174,7 @@ class CompiledModel:
         # it skips validation and the variant lookup (a few microseconds of a 20 us model)
         self._fast: tuple[tuple, LoadedArtifact] | None = None
         self.compilations = 0  # variants built (or loaded from the disk cache) by this object
+        self._loop_bodies: list[CompiledModel] = []  # run-time Loops' bodies (closed with this model)
         # Ifs decided by small inputs and small inputs deciding shapes (smelt.frontend.control_flow):
         # compiled per branch taken / per value, so nothing is built before a call brings their values
         self._guards = guards(self.proto)
@@ -211,6 +212,25 @@ class CompiledModel:
                 shapes[name] = shape
         if len(shapes) == len([i for i in self._inputs if i[1] is not None]) and not self._guards:
             self._variant(self._key(shapes)).release()
+
+    def _compile_loop_body(self, body: onnx.ModelProto) -> CompiledModel:
+        """A Loop body (``runtime/loop.py``) compiled with this model's options and threads; its
+        variants are built at its first iterations, one per input shape."""
+        o = self.options
+        named = dict(opt_level=o.opt_level, allow_fallback=o.allow_fallback, layout=o.layout,
+                     use_tuning_db=o.use_tuning_db, winograd=o.winograd, isa=o.isa,
+                     count_saturation=o.count_saturation)
+        # the node names force_fallback gives are the outer graph's; the body's profile is its
+        # Loop step's time
+        skip = set(named) | {"threads", "force_fallback", "profile", "sanitize"}
+        rest = {f.name: getattr(o, f.name) for f in dataclasses.fields(o) if f.name not in skip}
+        body_model = CompiledModel(body, threads=self.threads, schedule=rest, progress=self.progress, **named)
+        # values that decide shapes in a body are mostly its iteration counters (a Slice at step
+        # i): a new value every iteration, so specializing on them would compile a variant per
+        # iteration up to the cap. The body runs the generic variant from the start.
+        body_model._decide = Decisions(body_model._guards, open_limit=0, warn=False)
+        self._loop_bodies.append(body_model)
+        return body_model
 
     # -- inputs ----------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -374,7 +394,8 @@ class CompiledModel:
             result = build(proto, shapes, options, progress=self.progress, shape_class=shape_class)
             art = LoadedArtifact(result.directory, result.lib_path, self.threads, list(detect().core_cpus),
                                  dynamic=dynamic,
-                                 arenas=self._arenas if self._share_arenas else None)
+                                 arenas=self._arenas if self._share_arenas else None,
+                                 compile_loop_body=self._compile_loop_body)
         except BaseException as err:
             with self._lock:
                 if self._pending.get(pkey) is pending:
@@ -469,8 +490,12 @@ class CompiledModel:
     @property
     def fallback_report(self) -> list[dict]:
         art = self._current()
-        return [] if art is None else [{"node": f.node, "op": f.op, "reason": f.reason}
-                                       for f in art.plan.fallback_steps]
+        if art is None:
+            return []
+        loops = art.loop_runners()
+        return [{"node": f.node, "op": f.op,
+                 "reason": f.reason + (f"; {loops[f.node].describe()}" if f.node in loops else "")}
+                for f in art.plan.fallback_steps]
 
     def saturation_counts(self) -> dict[str, tuple[int, int]]:
         """Per value an integer kernel writes (QuantizeLinear, QLinearConv, QLinearMatMul
@@ -558,8 +583,11 @@ class CompiledModel:
             arts = list(self._variants.values())
             self._variants.clear()
             self._builds.clear()
+            bodies, self._loop_bodies = self._loop_bodies, []
         for art in arts:
             art.close()
+        for body in bodies:
+            body.close()
 
     def _after_fork_in_child(self) -> None:
         """In a child after os.fork(): the lock may have been held by a thread that is gone, and

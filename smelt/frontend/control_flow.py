@@ -158,8 +158,12 @@ class Decisions:
     Without the cap, a caller passing a new Reshape target on every call would compile on every
     call; with it, those calls run the generic variant's fallback nodes instead."""
 
-    def __init__(self, guards: list[Guard]) -> None:
+    def __init__(self, guards: list[Guard], open_limit: int | None = None, warn: bool = True) -> None:
         self.guards = guards
+        # open-ended combinations to specialize for (None: settings.max_variants()); ``warn``:
+        # say once when the cap is reached
+        self.open_limit = open_limit
+        self.warn = warn
         self.names = sorted({i for g in guards for i in g.inputs})
         self._seen: dict[tuple, tuple] = {}
         self._specialized: set[tuple] = set()  # open-ended decision combinations compiled for
@@ -192,11 +196,11 @@ class Decisions:
         opened = tuple(d for g, d in zip(self.guards, decided, strict=True) if g.open_ended)
         if not any(d is not None for d in opened) or opened in self._specialized:
             return decided
-        limit = settings.max_variants()
+        limit = settings.max_variants() if self.open_limit is None else self.open_limit
         if len(self._specialized) < limit:
             self._specialized.add(opened)
             return decided
-        if not self._widened:
+        if not self._widened and self.warn:
             self._widened = True
             warn_widened(sorted({i for g in self.guards if g.open_ended for i in g.inputs}), limit)
         return tuple(None if g.open_ended else d for g, d in zip(self.guards, decided, strict=True))

@@ -43,16 +43,18 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from smelt.errors import SmeltError
 from smelt.runtime import artifact
 from smelt.runtime.artifact import ArtifactPlan, DynamicDims, NativeBlockEntry, TensorSpec
+from smelt.runtime.loop import BodyModel, NativeLoopRunner
 from smelt.runtime.memory import ArenaPool, shared_weights
 
 # Header words of a block's counter array (smelt_rt.h: SMELT_PROF_*).
@@ -269,7 +271,8 @@ class LoadedArtifact:
     """
 
     def __init__(self, directory: Path, lib_path: Path, n_threads: int, cpus: list[int],
-                 dynamic: bool = False, arenas: ArenaPool | None = None) -> None:
+                 dynamic: bool = False, arenas: ArenaPool | None = None,
+                 compile_loop_body: Callable[[onnx.ModelProto], BodyModel] | None = None) -> None:
         self.directory = directory
         self.dynamic = dynamic
         meta = artifact.load(directory)
@@ -335,6 +338,11 @@ class LoadedArtifact:
             else:
                 runner = _FallbackRunner(directory / step.model, list(step.inputs), list(step.outputs),
                                          check_shapes=not dynamic)
+                if step.op == "Loop" and compile_loop_body is not None:
+                    # a run-time trip count or condition: the body compiled, iterated in Python
+                    # (runtime/loop.py); the reference runner stays for what that cannot take
+                    runner = NativeLoopRunner(directory / step.model, list(step.inputs), list(step.outputs),
+                                              compile_loop_body, runner)
                 self.steps.append(("fallback", runner, step.node, step.op))
         if self.profiling and self.lib is not None:
             self._bind_profile_counters()
@@ -462,6 +470,11 @@ class LoadedArtifact:
             self._freed |= free
         if free:
             self._free()
+
+    def loop_runners(self) -> dict[str, NativeLoopRunner]:
+        """The fallback Loop steps whose bodies run compiled, by node name."""
+        return {step[2]: step[1] for step in self.steps
+                if step[0] == "fallback" and isinstance(step[1], NativeLoopRunner)}
 
     def close(self) -> None:
         """No new calls; free everything now, or when the calls in flight have returned."""

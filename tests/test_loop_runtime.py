@@ -1,0 +1,160 @@
+"""A Loop with a run-time trip count or condition runs its body compiled (runtime/loop.py), with
+onnxruntime's answers: carried values, scan outputs, the iteration number, outer values, Loop-
+invariant carried values (constant or not), an early stop, zero iterations, and carried shapes
+that keep changing (the reference takes over)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import assert_close, const, make_model, ort_run, tensor
+from onnx import TensorProto, helper
+
+import smelt
+from smelt.runtime.loop import MAX_BODY_SHAPES, NativeLoopRunner
+
+RNG = np.random.default_rng(11)
+D = 16
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _decoder(with_trip: bool = True, with_cond: bool = True) -> object:
+    """h <- tanh(h W + b + 0.01 i) while sum(h) < limit (and i < M): b is computed before the
+    Loop (an outer run-time value), W an outer constant; W2 (constant) and s (computed) are
+    carried unchanged; scan outputs: h each step and its max."""
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["h_in", "W"], ["hw"]),
+         helper.make_node("Add", ["hw", "b"], ["hb"]),
+         helper.make_node("Cast", ["it"], ["itf"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["itf", "step"], ["its"]),
+         helper.make_node("Add", ["hb", "its"], ["pre"]),
+         helper.make_node("MatMul", ["pre", "w2_in"], ["pre2"]),
+         helper.make_node("Mul", ["pre2", "s_in"], ["pre3"]),
+         helper.make_node("Tanh", ["pre3"], ["h_out"]),
+         helper.make_node("ReduceSum", ["h_out"], ["tot"], keepdims=0),
+         helper.make_node("Less", ["tot", "limit"], ["cond_out"]),
+         helper.make_node("ReduceMax", ["h_out"], ["hmax"], keepdims=0),
+         helper.make_node("Identity", ["h_out"], ["h_scan"])],
+        "body",
+        [tensor("it", [], TensorProto.INT64), tensor("cond_in", [], TensorProto.BOOL), tensor("h_in", [1, D]),
+         tensor("w2_in", [D, D]), tensor("s_in", [1])],
+        [tensor("cond_out", [], TensorProto.BOOL), tensor("h_out", [1, D]), tensor("w2_in", [D, D]),
+         tensor("s_in", [1]), tensor("h_scan", [1, D]), tensor("hmax", [])],
+        initializer=[const("step", np.array(0.01, np.float32))])
+    loop = helper.make_node("Loop", ["M" if with_trip else "", "c0" if with_cond else "", "x", "W2", "s"],
+                            ["h", "w2_out", "s_out", "hs", "maxes"], name="decode", body=body)
+    nodes = [helper.make_node("Relu", ["x"], ["b"], name="bias"),
+             helper.make_node("ReduceMean", ["x"], ["m"], keepdims=0, name="mean"),
+             helper.make_node("Abs", ["m"], ["ma"], name="abs"),
+             helper.make_node("Add", ["ma", "one"], ["s1"], name="plus1"),
+             helper.make_node("Reshape", ["s1", "shape1"], ["s"], name="scale"),
+             loop]
+    inputs = [tensor("x", [1, D]), tensor("limit", [])]
+    inputs += [tensor("M", [], TensorProto.INT64)] if with_trip else []
+    inputs += [tensor("c0", [], TensorProto.BOOL)] if with_cond else []
+    w = RNG.standard_normal((D, D)).astype(np.float32) * 0.4
+    w2 = (np.eye(D) + RNG.standard_normal((D, D)) * 0.1).astype(np.float32)
+    return make_model(nodes, inputs, [tensor("h", [1, D]), tensor("hs", None), tensor("maxes", None)],
+                      [const("W", w), const("W2", w2), const("one", np.array(1.0, np.float32)),
+                       const("shape1", np.array([1], np.int64))], opset=17)
+
+
+def _runner(compiled) -> NativeLoopRunner:
+    art = compiled._current()
+    found = [st[1] for st in art.steps if st[0] == "fallback" and isinstance(st[1], NativeLoopRunner)]
+    assert len(found) == 1, art.steps
+    return found[0]
+
+
+def _check(model, feeds, threads: int = 1, isa: str | None = None):
+    got = smelt.compile(model, threads=threads, isa=isa)
+    want = ort_run(model, feeds, threads)
+    out = got.run(feeds)
+    assert_close(out, want, rel=1e-5)
+    return got
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_trip_count_and_early_stop_match_onnxruntime(threads):
+    model = _decoder()
+    x = RNG.standard_normal((1, D)).astype(np.float32)
+    m = smelt.compile(model, threads=threads)
+    for trip, limit in [(1, 1e9), (7, 1e9), (40, 1e9), (40, 2.0), (40, -1e9)]:
+        feeds = {"x": x, "limit": np.array(limit, np.float32), "M": np.array(trip, np.int64),
+                 "c0": np.array(True)}
+        want = ort_run(model, feeds, threads)
+        assert_close(m.run(feeds), want, rel=1e-5)
+    runner = _runner(m)
+    assert not runner.use_reference, runner.reason
+    # the body runs native: every node of it, the carried weights as constants
+    assert m._loop_bodies and m._loop_bodies[0].fallback_nodes == []
+    assert runner.loop.invariant == [1, 2] and runner.loop.fed_invariant == [2]
+    [entry] = m.fallback_report
+    assert entry["node"] == "decode" and "body runs compiled by smelt" in entry["reason"], entry
+
+
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+def test_capped_isa(isa):
+    from smelt.target import detect
+
+    if isa not in detect().isa_caps():
+        pytest.skip(f"the host cannot run {isa}")
+    feeds = {"x": RNG.standard_normal((1, D)).astype(np.float32), "limit": np.array(3.0, np.float32),
+             "M": np.array(25, np.int64), "c0": np.array(True)}
+    _check(_decoder(), feeds, threads=2, isa=isa)
+
+
+def test_zero_iterations_and_a_false_condition():
+    model = _decoder()
+    x = RNG.standard_normal((1, D)).astype(np.float32)
+    m = smelt.compile(model, threads=1)
+    for trip, cond in [(0, True), (5, False)]:
+        feeds = {"x": x, "limit": np.array(1e9, np.float32), "M": np.array(trip, np.int64), "c0": np.array(cond)}
+        want = ort_run(model, feeds)
+        got = m.run(feeds)
+        assert_close(got[:1], want[:1], rel=1e-6)
+        assert [(g.shape, g.dtype) for g in got[1:]] == [(w.shape, w.dtype) for w in want[1:]]
+        assert [w.shape for w in want[1:]] == [(0, 1, D), (0,)]
+
+
+def test_while_loop_without_trip_count():
+    model = _decoder(with_trip=False)
+    feeds = {"x": RNG.standard_normal((1, D)).astype(np.float32), "limit": np.array(4.0, np.float32),
+             "c0": np.array(True)}
+    m = _check(model, feeds)
+    assert not _runner(m).use_reference
+
+
+def test_for_loop_without_condition():
+    model = _decoder(with_cond=False)
+    feeds = {"x": RNG.standard_normal((1, D)).astype(np.float32), "limit": np.array(1e9, np.float32),
+             "M": np.array(9, np.int64)}
+    _check(model, feeds, threads=2)
+
+
+def test_growing_carried_shape_goes_to_the_reference():
+    """seq <- concat(seq, seq[-1:] + 1): a new carried shape every iteration; past MAX_BODY_SHAPES
+    the reference runs the node (this call and the next), with the same answer."""
+    body = helper.make_graph(
+        [helper.make_node("Slice", ["seq_in", "minus1", "big", "zero"], ["last"]),
+         helper.make_node("Add", ["last", "one"], ["nxt"]),
+         helper.make_node("Concat", ["seq_in", "nxt"], ["seq_out"], axis=0),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body",
+        [tensor("it", [], TensorProto.INT64), tensor("cond_in", [], TensorProto.BOOL), tensor("seq_in", ["n", 3])],
+        [tensor("cond_out", [], TensorProto.BOOL), tensor("seq_out", ["m", 3])],
+        initializer=[const("minus1", np.array([-1], np.int64)), const("big", np.array([1 << 30], np.int64)),
+                     const("zero", np.array([0], np.int64)), const("one", np.array(1.0, np.float32))])
+    loop = helper.make_node("Loop", ["M", "", "x"], ["seq"], name="grow", body=body)
+    model = make_model([loop], [tensor("x", [1, 3]), tensor("M", [], TensorProto.INT64)],
+                       [tensor("seq", None)], opset=17)
+    m = smelt.compile(model, threads=1)
+    for _ in range(2):  # one trip count: one variant (a trip count fed as an input is specialized on)
+        feeds = {"x": RNG.standard_normal((1, 3)).astype(np.float32), "M": np.array(MAX_BODY_SHAPES + 3, np.int64)}
+        assert_close(m.run(feeds), ort_run(model, feeds), rel=1e-6)
+        runner = _runner(m)
+        assert runner.use_reference and "changed" in runner.reason
