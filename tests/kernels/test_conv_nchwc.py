@@ -78,8 +78,8 @@ def _chains() -> list[Case]:
         # the erf GELU applied after the tile's store (schedule.conv.epilogue_after_store): a flat
         # 1x1 with a ragged last pseudo-row, a padded 3x3 (edge tiles), 8-lane blocks (24
         # channels), the ic-outer order (small plane, 5 input blocks) with a residual after it
-        C("gelu", (2, 24, 9, 13)).conv(48, (1, 1), post=("gelu",)).conv(24, (3, 3), pads=(1, 1, 1, 1), post=("gelu",))
-        .conv(80, (1, 1), post=("gelu",)).mark().conv(80, (3, 3), pads=(1, 1, 1, 1), post=("gelu",))
+        C("gelu", (2, 24, 9, 13)).conv(48, (1, 1), post=("gelu",)).conv(24, (1, 1), post=("gelu",))
+        .conv(80, (3, 3), pads=(1, 1, 1, 1), post=("gelu",)).mark().conv(80, (3, 3), pads=(1, 1, 1, 1), post=("gelu",))
         .conv(80, (1, 1), post=("gelu", "residual")).case(),
         C("addb", (1, 16, 6, 7)).add_branches({"oc": 32, "ks": (1, 1)}, {"oc": 32, "ks": (3, 3), "pads": (1, 1, 1, 1)})
         .conv(16, (3, 3), pads=(1, 1, 1, 1)).case(),
