@@ -87,18 +87,34 @@ def emit_layout_transform(node: Node, g: Graph, em: BlockEmitter) -> None:
     # element (n, ch, p) of a layout with block b sits at ((n*C/b + ch/b)*HW + p)*b + ch%b
     src = f"((nn * {c // bi} + ch / {bi}) * {hw}L + p) * {bi} + ch % {bi}"
     dst = f"((nn * {c // bo} + ch / {bo}) * {hw}L + p) * {bo} + ch % {bo}"
+    # float32 between plain and one vector's block: lanes x lanes tiles transposed in registers
+    # (csrc/smelt_vec.h; gcc's own vectorization of the strided copy spent a permute per element)
+    vx = vector_isa(em.target, grp)
+    tiled = (ct == "float" and min(bi, bo) == 1 and vx.vector and vx.lanes == grp and vx.has("f32_transpose"))
+    body = ["    const long pt = p;  /* the scalar rest: the whole run, or the tail after the tiles */",
+            f"    for (int l = 0; l < {grp}; ++l) {{",
+            f"        const long ch = cg * {grp} + l;",
+            f"        for (long p = pt; p < p1; ++p) Y[{dst}] = X[{src}];",
+            "    }"]
+    if tiled:
+        # rows of the plain side: the group's channels, hw apart; of the blocked side: positions
+        plain = f"((nn * {c} + cg * {grp}) * {hw}L + p)"
+        blocked = f"((nn * {c // grp} + cg) * {hw}L + p) * {grp}"
+        xs, ys = (blocked, plain) if bo == 1 else (plain, blocked)
+        ss, ds = (grp, hw) if bo == 1 else (hw, grp)
+        body = [f"    for (; p + {grp} <= p1; p += {grp}) "
+                + vx.x("f32_transpose", src=f"X + {xs}", ss=str(ss), dst=f"Y + {ys}", ds=str(ds))] + body
     code = "\n".join([
         f"const {ct} *restrict X = {em.ptr(x)}; {ct} *restrict Y = {em.ptr(y)};",
         work_range(total, total > 1 and n * c * hw >= 4096, "lo", "hi"),
         "for (long it = lo; it < hi; ++it) {",
         f"    const long q = it % {chunks}, cg = (it / {chunks}) % {c // grp}, nn = it / {chunks * (c // grp)};",
         f"    const long p0 = q * {P}, p1 = SMELT_MIN(p0 + {P}, {hw}L);",
-        f"    for (int l = 0; l < {grp}; ++l) {{",
-        f"        const long ch = cg * {grp} + l;",
-        f"        for (long p = p0; p < p1; ++p) Y[{dst}] = X[{src}];",
-        "    }",
+        "    long p = p0;",
+        *body,
         "}"])
-    em.schedule(algorithm=f"layout transform {g.values[x].layout} -> {g.values[y].layout}",
+    em.schedule(algorithm=f"layout transform {g.values[x].layout} -> {g.values[y].layout}"
+                + (f", {grp}x{grp} tiles transposed in registers" if tiled else ""),
                 threads=f"static split over (image, {grp} channels, {P} positions)",
                 layout=f"{g.values[x].layout} -> {g.values[y].layout}")
     em.step(code)
