@@ -340,3 +340,21 @@ def test_epilogue_after_store_decision():
     assert not epilogue_after_store(node(add, gelu), "r")
     assert not epilogue_after_store(node(relu, add), None)
     assert not epilogue_after_store(node(), None)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_depth_to_space_from_blocked(isa, monkeypatch, cache):
+    """DepthToSpace reading its blocked producer's output directly (blocked.py
+    ``depth_to_space_nchwc``, no LayoutTransform between): DCR (what deconv_as_conv writes)
+    and CRD, blocksizes 2 and 3, 16- and 8-lane blocks, batch 2, an odd plane; against
+    onnxruntime at 1 and 2 threads."""
+    dcr = Chain("d2s_dcr", (2, 16, 5, 7)).conv(64, (1, 1), post=("Relu",))
+    crd = Chain("d2s_crd", (1, 8, 4, 6)).conv(72, (3, 3), pads=(1, 1, 1, 1))
+    cases = [dcr._op("DepthToSpace", [dcr.cur], blocksize=2).case(),
+             crd._op("DepthToSpace", [crd.cur], blocksize=3, mode="CRD").case()]
+
+    def check(compiled, target):
+        templates = [i.schedule.get("template") for i in compiled.plan.step_infos()]
+        assert templates.count("depth_to_space_nchwc") == 2, templates
+
+    check_cases(cases, isa, monkeypatch, cache, check, layout="propagate", winograd=False)

@@ -1,5 +1,5 @@
 """Templates on blocked (NCHW<b>c) layouts besides convolution: the layout transform itself,
-pooling, global pooling and BatchNormalization.
+pooling, global pooling, BatchNormalization and DepthToSpace from a blocked input.
 
 - ``LayoutTransform`` (domain ai.smelt, attributes ``src``/``dst`` layout names): re-blocks a
   4-D float32 (or 8-bit integer) value between plain NCHW and NCHW<b>c (or between two block sizes). Work items are
@@ -392,3 +392,57 @@ def emit_batchnorm_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                 threads="static split over (image, channel block)")
     em.schedule(epilogue=epilogue_doc(node))
     em.step("\n".join(L))
+
+
+# ------------------------------------------------------------------------------------------
+# DepthToSpace from a blocked input
+# ------------------------------------------------------------------------------------------
+def _check_d2s_nchwc(node: Node, g: Graph) -> str | None:
+    x, y = node.inputs[0], node.outputs[0]
+    if g.values[x].layout == PLAIN:
+        return "plain input (the plain DepthToSpace template takes it)"
+    if g.values[y].layout != PLAIN:
+        return "the blocked DepthToSpace writes a plain output"
+    if not _f32(g, x, y) or len(_dims(g, x)) != 4:
+        return "blocked DepthToSpace is 4-D float32"
+    r = int(node.attr("blocksize", 0))
+    if r < 1 or _dims(g, x)[1] % (r * r):
+        return "channels not divisible by blocksize^2"
+    if node.attr("mode", "DCR") not in ("DCR", "CRD"):
+        return f"unknown mode {node.attr('mode')!r}"
+    return None
+
+
+@register("DepthToSpace", versions=(1, 11, 13), check=_check_d2s_nchwc, name="depth_to_space_nchwc", blocked=True)
+def emit_depth_to_space_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
+    """DepthToSpace reading NCHW<b>c and writing plain NCHW: what a ConvTranspose whose stride
+    equals its kernel becomes (passes/deconv_as_conv.py: a blocked 1x1 conv, then this), without
+    the LayoutTransform to plain in between. Work items are (image, input row, output channel),
+    the channel fastest, so the r*r input channels an item reads share their blocks' rows with
+    the next items' (L1/L2); each item writes r whole output rows."""
+    x, y = node.inputs[0], node.outputs[0]
+    n, c, h, w = _dims(g, x)
+    b = block_of(g.values[x].layout)
+    r = int(node.attr("blocksize"))
+    cc = c // (r * r)
+    # input channel of output channel k at sub-position (i, j)
+    ch = (f"(i * {r} + j) * {cc} + k" if node.attr("mode", "DCR") == "DCR" else f"k * {r * r} + i * {r} + j")
+    total = n * h * cc
+    code = "\n".join([
+        f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};",
+        work_range(total, total > 1 and n * c * h * w >= 4096, "lo", "hi"),
+        "for (long it = lo; it < hi; ++it) {",
+        f"    const long k = it % {cc}, yy = (it / {cc}) % {h}, nn = it / {cc * h};",
+        f"    for (int i = 0; i < {r}; ++i) {{",
+        f"        float *restrict yr = Y + ((nn * {cc} + k) * {h * r} + yy * {r} + i) * {w * r}L;",
+        f"        for (int j = 0; j < {r}; ++j) {{",
+        f"            const long ch = {ch};",
+        f"            const float *restrict xr = X + ((nn * {c // b} + ch / {b}) * {h * w}L + yy * {w}) * {b} + ch % {b};",
+        f"            for (long xx = 0; xx < {w}; ++xx) yr[xx * {r} + j] = xr[xx * {b}];",
+        "        }",
+        "    }",
+        "}"])
+    em.schedule(algorithm=f"DepthToSpace {g.values[x].layout} -> plain, blocksize {r}",
+                threads="static split over (image, input row, output channel)",
+                layout=f"{g.values[x].layout} -> plain")
+    em.step(code)
