@@ -166,6 +166,12 @@ class Chain:
                 s = self._name("slope")
                 self.inits.append(const(s, _rand(1, oc, 1, 1) if op == "prelu" else _rand(1)))
                 self._op("PRelu", [self.cur, s])
+            elif op == "gelu":  # the exact GELU as exporters spell it: x * 0.5 * (1 + erf(x / sqrt2))
+                x, s2, one, half = self.cur, self._name("s2"), self._name("one"), self._name("half")
+                self.inits += [const(s2, np.float32(np.sqrt(2.0))), const(one, np.float32(1.0)),
+                               const(half, np.float32(0.5))]
+                self._op("Div", [x, s2])._op("Erf", [self.cur])._op("Add", [self.cur, one])
+                self._op("Mul", [x, self.cur])._op("Mul", [self.cur, half])
             elif op == "Clip":
                 lo, hi = self._name("lo"), self._name("hi")
                 self.inits += [const(lo, np.float32(0.0)), const(hi, np.float32(6.0))]

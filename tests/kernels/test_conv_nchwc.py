@@ -75,6 +75,12 @@ def _chains() -> list[Case]:
         C("icout", (2, 80, 7, 9)).mark().conv(48, (3, 3), pads=(1, 1, 1, 1), post=("Relu",))
         .conv(80, (1, 1), post=("residual", "Relu")).conv(96, (3, 3), strides=(2, 2), pads=(1, 0, 1, 1))
         .conv(64, (1, 1), bias=False, post=("chan_mul",)).case(),
+        # the erf GELU applied after the tile's store (schedule.conv.epilogue_after_store): a flat
+        # 1x1 with a ragged last pseudo-row, a padded 3x3 (edge tiles), 8-lane blocks (24
+        # channels), the ic-outer order (small plane, 5 input blocks) with a residual after it
+        C("gelu", (2, 24, 9, 13)).conv(48, (1, 1), post=("gelu",)).conv(24, (1, 1), post=("gelu",))
+        .conv(80, (3, 3), pads=(1, 1, 1, 1), post=("gelu",)).mark().conv(80, (3, 3), pads=(1, 1, 1, 1), post=("gelu",))
+        .conv(80, (1, 1), post=("gelu", "residual")).case(),
         C("addb", (1, 16, 6, 7)).add_branches({"oc": 32, "ks": (1, 1)}, {"oc": 32, "ks": (3, 3), "pads": (1, 1, 1, 1)})
         .conv(16, (3, 3), pads=(1, 1, 1, 1)).case(),
     ]
@@ -297,3 +303,58 @@ def test_direct_kernel_choices_follow_the_target():
     for t in (avx2, avx512):
         d = depthwise_kernel(geo, t)
         assert d.threaded and d.row_vectors + 2 <= t.vector_registers and d.plane_vectors <= t.vector_registers // 2
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+@pytest.mark.parametrize("inplace", [True, False])
+def test_gelu_epilogue_after_store(isa, inplace, monkeypatch, tmp_path):
+    """Convs with a fused erf GELU store their raw sums and apply the epilogue in a loop over the
+    stored vectors (``DirectKernel.epilogue_after_store``): the same answers as onnxruntime at 1
+    and 2 threads; with ``inplace`` off the residual conv (a "full" operand read after the store)
+    runs that way too, with it on the residual conv keeps the epilogue in registers."""
+    cases = [c for c in _chains() if c.name == "gelu"]
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
+
+    def check(compiled, target):
+        src = compiled.source_path.read_text()
+        loops = src.count("t = _mm512_load_ps(y + yo") + src.count("t = _mm256_load_ps(y + yo")
+        assert loops > 0, "no tile applies its epilogue after the store"
+
+    check_cases(cases, isa, monkeypatch, tmp_path, check, layout="propagate", winograd=False,
+                schedule={"inplace": inplace})
+
+
+def test_epilogue_after_store_decision():
+    """Only an activation of MEMORY_EPILOGUE_OPS moves the epilogue after the store, and never when
+    the output may overwrite a residual operand."""
+    from smelt.ir.epilogue import EpilogueActivation, EpilogueBinary
+    from smelt.ir.graph import Node
+    from smelt.schedule.conv import epilogue_after_store
+
+    def node(*steps):
+        return Node("Conv", "c", ["x", "w"], ["y"], epilogue=list(steps))
+
+    gelu, relu = EpilogueActivation("Gelu"), EpilogueActivation("Relu")
+    add = EpilogueBinary("Add", "r", "full")
+    assert epilogue_after_store(node(add, gelu), None)
+    assert not epilogue_after_store(node(add, gelu), "r")
+    assert not epilogue_after_store(node(relu, add), None)
+    assert not epilogue_after_store(node(), None)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_depth_to_space_from_blocked(isa, monkeypatch, cache):
+    """DepthToSpace reading its blocked producer's output directly (blocked.py
+    ``depth_to_space_nchwc``, no LayoutTransform between): DCR (what deconv_as_conv writes)
+    and CRD, blocksizes 2 and 3, 16- and 8-lane blocks, batch 2, an odd plane; against
+    onnxruntime at 1 and 2 threads."""
+    dcr = Chain("d2s_dcr", (2, 16, 5, 7)).conv(64, (1, 1), post=("Relu",))
+    crd = Chain("d2s_crd", (1, 8, 4, 6)).conv(72, (3, 3), pads=(1, 1, 1, 1))
+    cases = [dcr._op("DepthToSpace", [dcr.cur], blocksize=2).case(),
+             crd._op("DepthToSpace", [crd.cur], blocksize=3, mode="CRD").case()]
+
+    def check(compiled, target):
+        templates = [i.schedule.get("template") for i in compiled.plan.step_infos()]
+        assert templates.count("depth_to_space_nchwc") == 2, templates
+
+    check_cases(cases, isa, monkeypatch, cache, check, layout="propagate", winograd=False)

@@ -206,6 +206,8 @@ AVX512 = VectorIsa(
     features=("avx512f", "avx512bw", "avx512vl", "avx512dq"),
     gemm_kernel=(8, 48), embedded_broadcast=True, prefer_vector_width=512, bit_masks=True,
     extra=(("itype", "__m512i"),
+           # the lanes x lanes float tile at {src} (rows {ss} apart) transposed into {dst} (rows {ds} apart)
+           ("f32_transpose", "smelt_transpose16x16_ps({src}, {ss}, {dst}, {ds});"),
            ("i32_set1", "_mm512_set1_epi32({a})"),
            ("i32_setr", "_mm512_setr_epi32({a})"),
            ("i32_add", "_mm512_add_epi32({a}, {b})"),
@@ -272,6 +274,7 @@ AVX2 = VectorIsa(
     broadcast_fmt="_mm256_broadcast_ss({p})",
     cflags=("-mavx2", "-mfma"), features=("avx2", "fma"), gemm_kernel=(6, 16),
     extra=(("itype", "__m256i"),
+           ("f32_transpose", "smelt_transpose8x8_ps({src}, {ss}, {dst}, {ds});"),
            ("i32_set1", "_mm256_set1_epi32({a})"),
            ("i32_loadu", "_mm256_loadu_si256((const __m256i *)({p}))"),
            ("i32_add", "_mm256_add_epi32({a}, {b})"),

@@ -1,10 +1,10 @@
 """Templates on blocked (NCHW<b>c) layouts besides convolution: the layout transform itself,
-pooling, global pooling and BatchNormalization.
+pooling, global pooling, BatchNormalization and DepthToSpace from a blocked input.
 
 - ``LayoutTransform`` (domain ai.smelt, attributes ``src``/``dst`` layout names): re-blocks a
   4-D float32 (or 8-bit integer) value between plain NCHW and NCHW<b>c (or between two block sizes). Work items are
-  (image, output channel block, run of 64 positions); the inner loops move a b x 64 tile so
-  reads and writes both stay within a few cache lines.
+  (image, block of the coarser layout, run of 64 positions); the inner loops move a b x 64 tile
+  so reads and writes both stay in L1.
 - ``MaxPool`` / ``AveragePool`` (2-D, float32): one output row per work item; per output the
   in-bounds kernel window comes from compile-time tables (rows and columns), and the inner loop
   runs over the b lanes of the block (one vector). Averages divide by the in-bounds count, or by
@@ -77,24 +77,45 @@ def emit_layout_transform(node: Node, g: Graph, em: BlockEmitter) -> None:
     bi, bo = block_of(g.values[x].layout), block_of(g.values[y].layout)
     ct = c_type(g.values[x].dtype)
     P = 64
+    # a work item moves every channel of one block of the coarser layout (lcm of the two blocks):
+    # NCHW16c -> plain by single output channels read each input line 16 times, 400 items apart
+    # on a 160x160 plane, after L2 had dropped it (1.5 ms for 96 channels, now a b x 64 tile that
+    # stays in L1 both ways)
+    grp = math.lcm(bi, bo)
     chunks = -(-hw // P)
-    total = n * (c // bo) * chunks
+    total = n * (c // grp) * chunks
     # element (n, ch, p) of a layout with block b sits at ((n*C/b + ch/b)*HW + p)*b + ch%b
     src = f"((nn * {c // bi} + ch / {bi}) * {hw}L + p) * {bi} + ch % {bi}"
-    dst = f"((nn * {c // bo} + cb) * {hw}L + p) * {bo} + l"
+    dst = f"((nn * {c // bo} + ch / {bo}) * {hw}L + p) * {bo} + ch % {bo}"
+    # float32 between plain and one vector's block: lanes x lanes tiles transposed in registers
+    # (csrc/smelt_vec.h; gcc's own vectorization of the strided copy spent a permute per element)
+    vx = vector_isa(em.target, grp)
+    tiled = (ct == "float" and min(bi, bo) == 1 and vx.vector and vx.lanes == grp and vx.has("f32_transpose"))
+    body = ["    const long pt = p;  /* the scalar rest: the whole run, or the tail after the tiles */",
+            f"    for (int l = 0; l < {grp}; ++l) {{",
+            f"        const long ch = cg * {grp} + l;",
+            f"        for (long p = pt; p < p1; ++p) Y[{dst}] = X[{src}];",
+            "    }"]
+    if tiled:
+        # rows of the plain side: the group's channels, hw apart; of the blocked side: positions
+        plain = f"((nn * {c} + cg * {grp}) * {hw}L + p)"
+        blocked = f"((nn * {c // grp} + cg) * {hw}L + p) * {grp}"
+        xs, ys = (blocked, plain) if bo == 1 else (plain, blocked)
+        ss, ds = (grp, hw) if bo == 1 else (hw, grp)
+        body = [f"    for (; p + {grp} <= p1; p += {grp}) "
+                + vx.x("f32_transpose", src=f"X + {xs}", ss=str(ss), dst=f"Y + {ys}", ds=str(ds))] + body
     code = "\n".join([
         f"const {ct} *restrict X = {em.ptr(x)}; {ct} *restrict Y = {em.ptr(y)};",
         work_range(total, total > 1 and n * c * hw >= 4096, "lo", "hi"),
         "for (long it = lo; it < hi; ++it) {",
-        f"    const long q = it % {chunks}, cb = (it / {chunks}) % {c // bo}, nn = it / {chunks * (c // bo)};",
+        f"    const long q = it % {chunks}, cg = (it / {chunks}) % {c // grp}, nn = it / {chunks * (c // grp)};",
         f"    const long p0 = q * {P}, p1 = SMELT_MIN(p0 + {P}, {hw}L);",
-        f"    for (int l = 0; l < {bo}; ++l) {{",
-        f"        const long ch = cb * {bo} + l;",
-        f"        for (long p = p0; p < p1; ++p) Y[{dst}] = X[{src}];",
-        "    }",
+        "    long p = p0;",
+        *body,
         "}"])
-    em.schedule(algorithm=f"layout transform {g.values[x].layout} -> {g.values[y].layout}",
-                threads="static split over (image, channel block, 64 positions)",
+    em.schedule(algorithm=f"layout transform {g.values[x].layout} -> {g.values[y].layout}"
+                + (f", {grp}x{grp} tiles transposed in registers" if tiled else ""),
+                threads=f"static split over (image, {grp} channels, {P} positions)",
                 layout=f"{g.values[x].layout} -> {g.values[y].layout}")
     em.step(code)
 
@@ -371,3 +392,57 @@ def emit_batchnorm_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                 threads="static split over (image, channel block)")
     em.schedule(epilogue=epilogue_doc(node))
     em.step("\n".join(L))
+
+
+# ------------------------------------------------------------------------------------------
+# DepthToSpace from a blocked input
+# ------------------------------------------------------------------------------------------
+def _check_d2s_nchwc(node: Node, g: Graph) -> str | None:
+    x, y = node.inputs[0], node.outputs[0]
+    if g.values[x].layout == PLAIN:
+        return "plain input (the plain DepthToSpace template takes it)"
+    if g.values[y].layout != PLAIN:
+        return "the blocked DepthToSpace writes a plain output"
+    if not _f32(g, x, y) or len(_dims(g, x)) != 4:
+        return "blocked DepthToSpace is 4-D float32"
+    r = int(node.attr("blocksize", 0))
+    if r < 1 or _dims(g, x)[1] % (r * r):
+        return "channels not divisible by blocksize^2"
+    if node.attr("mode", "DCR") not in ("DCR", "CRD"):
+        return f"unknown mode {node.attr('mode')!r}"
+    return None
+
+
+@register("DepthToSpace", versions=(1, 11, 13), check=_check_d2s_nchwc, name="depth_to_space_nchwc", blocked=True)
+def emit_depth_to_space_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
+    """DepthToSpace reading NCHW<b>c and writing plain NCHW: what a ConvTranspose whose stride
+    equals its kernel becomes (passes/deconv_as_conv.py: a blocked 1x1 conv, then this), without
+    the LayoutTransform to plain in between. Work items are (image, input row, output channel),
+    the channel fastest, so the r*r input channels an item reads share their blocks' rows with
+    the next items' (L1/L2); each item writes r whole output rows."""
+    x, y = node.inputs[0], node.outputs[0]
+    n, c, h, w = _dims(g, x)
+    b = block_of(g.values[x].layout)
+    r = int(node.attr("blocksize"))
+    cc = c // (r * r)
+    # input channel of output channel k at sub-position (i, j)
+    ch = (f"(i * {r} + j) * {cc} + k" if node.attr("mode", "DCR") == "DCR" else f"k * {r * r} + i * {r} + j")
+    total = n * h * cc
+    code = "\n".join([
+        f"const float *restrict X = {em.ptr(x)}; float *restrict Y = {em.ptr(y)};",
+        work_range(total, total > 1 and n * c * h * w >= 4096, "lo", "hi"),
+        "for (long it = lo; it < hi; ++it) {",
+        f"    const long k = it % {cc}, yy = (it / {cc}) % {h}, nn = it / {cc * h};",
+        f"    for (int i = 0; i < {r}; ++i) {{",
+        f"        float *restrict yr = Y + ((nn * {cc} + k) * {h * r} + yy * {r} + i) * {w * r}L;",
+        f"        for (int j = 0; j < {r}; ++j) {{",
+        f"            const long ch = {ch};",
+        f"            const float *restrict xr = X + ((nn * {c // b} + ch / {b}) * {h * w}L + yy * {w}) * {b} + ch % {b};",
+        f"            for (long xx = 0; xx < {w}; ++xx) yr[xx * {r} + j] = xr[xx * {b}];",
+        "        }",
+        "    }",
+        "}"])
+    em.schedule(algorithm=f"DepthToSpace {g.values[x].layout} -> plain, blocksize {r}",
+                threads="static split over (image, input row, output channel)",
+                layout=f"{g.values[x].layout} -> plain")
+    em.step(code)

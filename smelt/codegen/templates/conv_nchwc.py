@@ -118,6 +118,8 @@ class _Gen:
         # y written over a residual operand (codegen/inplace.py): y may not be restrict
         self.yq = "" if y_aliased else "restrict "
         self.ep = ep
+        # (schedule.conv.epilogue_after_store; never over an aliased residual operand)
+        self.after_store = dk.epilogue_after_store and not y_aliased and not ep.empty()
         self.has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
         self.blk = _blocking(s.oc_bn)
         self.v = self.blk.vx
@@ -180,9 +182,9 @@ class _Gen:
         """Offset in y of output-channel block j, column r of the tile."""
         return f"yo + {j * self.OH * self.OW * self.s.oc_bn + r * self.s.oc_bn}"
 
-    def store_lines(self, j: int, r: int, acc: str) -> list[str]:
+    def store_lines(self, j: int, r: int, acc: str, flat: str | None = None) -> list[str]:
         ob = self.s.oc_bn
-        flat = self.out_flat(j, r)
+        flat = self.out_flat(j, r) if flat is None else flat
         col = f"ch + {j * ob}"
         lines = []
         vec = vector_epilogue_stmts(self.ep, self.em, self.blk, acc, None, flat, "0", col) if not self.ep.empty() else []
@@ -194,6 +196,22 @@ class _Gen:
             expr = scalar_epilogue(self.ep, self.em, f"y[{flat} + l]", f"({flat} + l)", "0", f"({col} + l)")
             lines.append(f"for (int l = 0; l < {ob}; ++l) y[{flat} + l] = {expr};")
         return lines
+
+    def finish_lines(self, jt: int, width: int) -> list[str]:
+        """The tile's stores with its epilogue: in registers, or (``epilogue_after_store``) the raw
+        sums stored first and the epilogue applied by a loop over the stored vectors, whose
+        constants stay in registers (same operations in the same order: the same bits)."""
+        if not self.after_store:
+            return ["    " + x for j in range(jt) for r in range(width) for x in self.store_lines(j, r, f"a{j}_{r}")]
+        v = self.v
+        out = [f"    {v.store(f'y + {self.out_flat(j, r)}', f'a{j}_{r}')}" for j in range(jt) for r in range(width)]
+        for j in range(jt):
+            flat = f"{self.out_flat(j, 0)} + (long)r * {self.s.oc_bn}"
+            out.append(f"    for (int r = 0; r < {width}; ++r) {{")
+            out.append(f"        {v.t} t = {v.load(f'y + {flat}')};")
+            out += ["        " + x for x in self.store_lines(j, 0, "t", flat)]
+            out.append("    }")
+        return out
 
     def tile_fn(self, width: int, jt: int, ow0: int | None, checked: bool = False) -> str:
         """A J x width tile; ``ow0`` known (an edge tile, padding taps dropped) or None (body);
@@ -264,7 +282,7 @@ class _Gen:
             L.append(f"{ind[:-4]}}}")
         L.append("        }")
         L.append("    }")
-        finish = ["    " + x for j in range(jt) for r in range(width) for x in self.store_lines(j, r, f"a{j}_{r}")]
+        finish = self.finish_lines(jt, width)
         if self.chunked:  # partial sums go back raw; the last chunk applies the epilogue
             L.append(f"    if (icb_hi == {icbs}) {{")
             L += ["    " + x for x in finish]
