@@ -121,3 +121,15 @@ def test_matmul_integer_per_row_a_zero_point(isa: str, monkeypatch, cache) -> No
         got = smelt.compile(model, threads=threads).run(feeds)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g, w.astype(np.int32))
+
+
+def test_tile_rows_never_exceed_the_product() -> None:
+    """An M-row product gets at most M tile rows (a classifier's M = 1 did six rows' dots), and
+    the register budget's rows otherwise; the results at M = 1, 3, 5 and past a tile are checked
+    against onnxruntime above (and QGemm's in test_qlinear_ops.py)."""
+    from smelt.schedule.gemm import int_dot_tile
+
+    assert int_dot_tile(32) == (6, 4) and int_dot_tile(16) == (6, 2)
+    assert int_dot_tile(32, 1) == (1, 4) and int_dot_tile(16, 3) == (3, 2)
+    assert int_dot_tile(32, 6) == (6, 4) and int_dot_tile(32, 1000) == (6, 4)
+    assert int_dot_tile(32, 0) == (1, 4)  # an empty product still renders one row

@@ -172,7 +172,7 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
     constant int8 B of zero point 0, raw byte quads (vpdpbusd) with A's zero point times B's
     column sums taken off."""
     batch, m, k, n, b_batched = _dims(g, io)  # type: ignore[misc]
-    mr, nv = int_dot_tile(v.registers)
+    mr, nv = int_dot_tile(v.registers, m)
     nr = nv * v.lanes
     bz = g.const(io["bz"]) if io["bz"] and b_const else None
     quad = (b_const and v.has("u8s8_dot_acc") and dtype_name(g, io["a"]) == "uint8"

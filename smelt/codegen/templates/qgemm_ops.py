@@ -319,7 +319,7 @@ def _a_elem(p: Gemm, row: str, col: str) -> str:
 
 
 def _emit_tiled(node: Node, em: BlockEmitter, p: Gemm, v) -> None:
-    mr, nv = int_dot_tile(v.registers)
+    mr, nv = int_dot_tile(v.registers, p.m)
     nr = nv * v.lanes
     u8s8 = p.a_type == "uint8" and p.b.dtype == np.int8 and not np.any(p.b_zero)
     # the quads: VNNI's exact u8 x s8 dot; else, on 7-bit weights (what quantizers write with
