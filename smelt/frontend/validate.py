@@ -51,7 +51,8 @@ from smelt.ir.graph import Graph, Node
 ONNX_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training")
 # attributes smelt itself puts on recurrent nodes (api's ``smelt_dynamic``, the rnn template's
 # ``annotate``); any other attribute outside the schema is refused, as onnxruntime refuses it
-SMELT_ATTRS = {op: frozenset({"smelt_dynamic", "smelt_rnn_schedule", "smelt_rnn_grid", "smelt_rnn_pipeline"})
+SMELT_ATTRS = {op: frozenset({"smelt_dynamic", "smelt_rnn_schedule", "smelt_rnn_grid", "smelt_rnn_pipeline",
+                                "smelt_rnn_split_barrier"})
                for op in ("LSTM", "GRU", "RNN")}
 AUTO_PAD = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}

@@ -138,11 +138,13 @@ def rnn_workload(cfg: RnnConfig, threads: int) -> dict:
 
 
 def annotate(model: onnx.ModelProto, schedule: str | None = None,
-             grid: tuple[int, int] | None = None, pipeline: bool | None = None) -> onnx.ModelProto:
+             grid: tuple[int, int] | None = None, pipeline: bool | None = None,
+             split_barrier: bool | None = None) -> onnx.ModelProto:
     """A copy of ``model`` whose recurrent nodes use ``schedule`` (one of SCHEDULES: DeepCPU's
     Fig. 4(a) ablation levels), a forced recurrence ``grid`` (xi row groups, xj hidden groups;
-    used by calibration) and/or force the pipeline plan for stacked layers on or off. Node
-    attributes, so each variant is its own cached artifact.
+    used by calibration), force the pipeline plan for stacked layers on or off, and/or the
+    split step barrier (``RnnSchedule.split_barrier``) off. Node attributes, so each variant is
+    its own cached artifact; the ones not given are cleared.
     """
     if schedule is not None and schedule not in SCHEDULES:
         raise ValueError(f"unknown RNN schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
@@ -151,7 +153,7 @@ def annotate(model: onnx.ModelProto, schedule: str | None = None,
     for n in out.graph.node:
         if n.op_type not in GATES:
             continue
-        ours = ("smelt_rnn_schedule", "smelt_rnn_grid", "smelt_rnn_pipeline")
+        ours = ("smelt_rnn_schedule", "smelt_rnn_grid", "smelt_rnn_pipeline", "smelt_rnn_split_barrier")
         keep = [a for a in n.attribute if a.name not in ours]
         del n.attribute[:]
         n.attribute.extend(keep)
@@ -161,6 +163,8 @@ def annotate(model: onnx.ModelProto, schedule: str | None = None,
             n.attribute.append(onnx.helper.make_attribute("smelt_rnn_grid", [int(grid[0]), int(grid[1])]))
         if pipeline is not None:
             n.attribute.append(onnx.helper.make_attribute("smelt_rnn_pipeline", int(bool(pipeline))))
+        if split_barrier is not None:
+            n.attribute.append(onnx.helper.make_attribute("smelt_rnn_split_barrier", int(bool(split_barrier))))
     return out
 
 
@@ -285,6 +289,10 @@ class RnnSchedule:
     acc_budget: int  # logical-vector accumulators of a register tile (the target's)
     pipeline: tuple[str, ...] = ()  # the stacked chain this node belongs to (head first), or ()
     two_parts: bool = False  # a thread's R slice stays in L2: gate-split passes in two row parts too
+    # the recurrence's step barrier as arrive / wait around the h·R of the h the thread wrote
+    # (the template's ``split``, where it applies); False: the whole-step barrier, forced by the
+    # node attribute ``smelt_rnn_split_barrier`` (``annotate``) for A/B measurements and tests
+    split_barrier: bool = True
 
     def grid_table(self) -> dict[int, dict[int, tuple[int, int]]]:
         """{pool threads: {batch rows: (xi, xj)}}."""
@@ -338,7 +346,8 @@ def decide_rnn(node: Node, g: Graph, target: Target, threads: int, db: TuningDB 
     return RnnSchedule(level=level, threads=P,
                        grids=tuple((p, b, xi, xj) for p, gp in sorted(grids.items()) for b, (xi, xj) in sorted(gp.items())),
                        directions_in_sequence=seq_dirs, gate_major=gate_major, acc_budget=budget,
-                       pipeline=pipeline, two_parts=gate_major and two_parts)
+                       pipeline=pipeline, two_parts=gate_major and two_parts,
+                       split_barrier=bool(int(node.attr("smelt_rnn_split_barrier", 1))))
 
 
 def decide_rnn_graph(g: Graph, target: Target, threads: int, db: TuningDB | None) -> None:

@@ -92,6 +92,38 @@ def test_time_interleaved_gives_each_engine_one_block_per_round_rotating():
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
 
 
+def test_settle_waits_for_spinning_threads():
+    """settle_idle returns once the process's threads stop using CPU (a peer engine's workers
+    spinning after its calls), not after a fixed time; and at most after ``most``."""
+    import threading
+    import time
+
+    from smelt.bench.timing import settle_idle
+
+    def spin(seconds: float) -> None:  # busy like a worker polling for work (GIL released often)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            time.sleep(0)
+
+    start = time.perf_counter()
+    settle_idle(0.0)
+    assert time.perf_counter() - start < 0.2  # idle already: one or two 10 ms slices
+    worker = threading.Thread(target=spin, args=(0.15,))
+    worker.start()
+    start = time.perf_counter()
+    settle_idle(0.01)
+    waited = time.perf_counter() - start
+    worker.join()
+    assert waited >= 0.13, f"returned after {waited:.3f} s while a thread still spun"
+    worker = threading.Thread(target=spin, args=(0.6,))
+    worker.start()
+    start = time.perf_counter()
+    settle_idle(0.01, most=0.2)
+    waited = time.perf_counter() - start
+    worker.join()
+    assert 0.2 <= waited < 0.45
+
+
 def test_time_interleaved_reports_rounds():
     seen = []
     time_interleaved({"a": lambda: None}, rounds=4, warmup=0, block=1, settle=0, on_round=seen.append)

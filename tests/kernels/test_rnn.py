@@ -490,7 +490,7 @@ def test_gate_split_two_parts(isa, monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("isa", ["native", "avx2", pytest.param("scalar", marks=pytest.mark.slow)])
 def test_split_step_barrier(isa, monkeypatch, tmp_path):
-    """The step barrier split around the h·R of the thread's own h (driver's SPLIT_BARRIER):
+    """The step barrier split around the h·R of the thread's own h (RnnSchedule.split_barrier):
     part 1 over the K range of the hidden blocks the thread owns, the wait for its peers, part
     2 over the rest of K from the kept accumulators, then the gate math. Hidden groups of 2 and
     3 threads (forced grids) on 2 and 3 threads; batch 1, at the AVX-512 row tile (6), above it
@@ -498,7 +498,8 @@ def test_split_step_barrier(isa, monkeypatch, tmp_path):
     H below a vector, not a multiple of 16, and with a thread of one block; GRU in both forms
     (two barriers a step without linear_before_reset), RNN, bidirectional (one hidden split
     over both directions), reverse, sequence lengths, initial states, peepholes; each ISA,
-    against onnxruntime, beside the whole-step barrier's code (SPLIT_BARRIER off)."""
+    against onnxruntime, beside the whole-step barrier's code (split_barrier off, forced by
+    ``annotate``)."""
     force_isa(isa, monkeypatch, tmp_path)
     lbr0, lbr1 = {"linear_before_reset": 0}, {"linear_before_reset": 1}
     cases = [Case("LSTM", 5, 1, 6, 40, init=True, peep=True, seq=[4]),
@@ -515,11 +516,9 @@ def test_split_step_barrier(isa, monkeypatch, tmp_path):
     assert "_wait(((" in src and "_arrive(((" in src and "_sync(((" not in src
     for grid in ((1, 2), (1, 3)):
         _check(cases, threads=(2, 3), transform=lambda m, grid=grid: annotate(m, grid=grid))
-    monkeypatch.setattr("smelt.codegen.templates.rnn.driver.SPLIT_BARRIER", False)
-    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path / "whole-step"))  # the cache keys the model, not the code
-    src = smelt.compile(annotate(model, grid=(1, 2)), threads=2).source_path.read_text()
+    src = smelt.compile(annotate(model, grid=(1, 2), split_barrier=False), threads=2).source_path.read_text()
     assert "_wait(((" not in src and "_sync(((" in src
-    _check(cases[:3], threads=(2,), transform=lambda m: annotate(m, grid=(1, 2)))
+    _check(cases[:3], threads=(2,), transform=lambda m: annotate(m, grid=(1, 2), split_barrier=False))
 
 
 def test_calibration_stores_and_is_used(tmp_path, monkeypatch):

@@ -22,10 +22,6 @@ from smelt.codegen.templates.rnn.projection import gemm_code
 from smelt.errors import VerifyError
 from smelt.ir.graph import Graph, Node
 
-# The recurrence's step barrier as arrive / wait around the h this thread wrote (emit_rnn's
-# `split`); False renders the whole-step barrier (kept for A/B measurement).
-SPLIT_BARRIER = True
-
 
 # --------------------------------------------------------------------------------------------
 # configuration
@@ -201,7 +197,7 @@ def emit_rnn(node: Node, g: Graph, em: BlockEmitter) -> None:
     # for gate-split passes over an R slice streamed from L3 (H=1024 B=10, 20: every (row, hidden
     # block)'s accumulators written and read back each step, beside a 100 us step).
     gs_rows = any(gate_split_plan(cfg, ng_, rows) for ng_ in ((2, 1) if two_phase else (G,)))
-    split = SPLIT_BARRIER and mode == "wcs" and not dynamic and (not gs_rows or cfg.two_parts)
+    split = sched.split_barrier and mode == "wcs" and not dynamic and (not gs_rows or cfg.two_parts)
     if split:
         per = max(part_acc_floats(cfg, ph, rows, nat) for ph in (("a", "b") if two_phase else ("",)))
         pacc = _scratch(em, P * D * per)
