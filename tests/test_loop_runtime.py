@@ -158,3 +158,28 @@ def test_growing_carried_shape_goes_to_the_reference():
         assert_close(m.run(feeds), ort_run(model, feeds), rel=1e-6)
         runner = _runner(m)
         assert runner.use_reference and "changed" in runner.reason
+
+
+def test_a_loop_carrying_a_sequence_stays_with_the_reference():
+    """A sequence is not a value a compiled body takes (onnx's test_loop13_seq): the reference
+    runs the node, with onnxruntime's answer, and the report says why."""
+    body = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["x", "axes"], ["xu"]),
+         helper.make_node("SequenceInsert", ["seq_in", "xu"], ["seq_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body",
+        [tensor("it", [], TensorProto.INT64), tensor("cond_in", [], TensorProto.BOOL),
+         helper.make_tensor_sequence_value_info("seq_in", TensorProto.FLOAT, None)],
+        [tensor("cond_out", [], TensorProto.BOOL),
+         helper.make_tensor_sequence_value_info("seq_out", TensorProto.FLOAT, None)],
+        initializer=[const("axes", np.array([0], np.int64))])
+    nodes = [helper.make_node("SequenceEmpty", [], ["seq0"], dtype=TensorProto.FLOAT, name="empty"),
+             helper.make_node("Loop", ["M", "", "seq0"], ["seq"], name="collect", body=body),
+             helper.make_node("ConcatFromSequence", ["seq"], ["y"], axis=0, name="join")]
+    model = make_model(nodes, [tensor("x", [3]), tensor("M", [], TensorProto.INT64)], [tensor("y", None)], opset=17)
+    feeds = {"x": RNG.standard_normal(3).astype(np.float32), "M": np.array(4, np.int64)}
+    m = smelt.compile(model, threads=1)
+    assert_close(m.run(feeds), ort_run(model, feeds), rel=0)
+    runner = _runner(m)
+    assert runner.use_reference and "sequences" in runner.reason
+    assert any("sequences" in e["reason"] for e in m.fallback_report if e["node"] == "collect")

@@ -17,8 +17,8 @@ A carried value the body passes through unchanged (output named as its input) is
 it leaves the body's inputs and outputs (fed once as a constant when it is one, else per call).
 Zero iterations give the initial values and empty scan outputs of the body's declared shapes
 (onnxruntime's answer; onnx.reference fails there). A Loop whose carried shapes keep changing (each
-new shape would be one more compiled variant), or whose body does not compile, is run by the
-reference instead, for the call and from then on.
+new shape would be one more compiled variant), whose body does not compile, or that carries
+sequences or optionals, is run by the reference instead, for the call and from then on.
 The loop control is Python (one native call per iteration plus the feed dictionary); the numpy it
 uses is the glue of a fallback step (stacking the scan outputs), not arithmetic of the model.
 """
@@ -113,6 +113,10 @@ class LoopBody:
         graph = helper.make_graph(list(body.node), f"{model.graph.name}_loop_body", inputs, outputs, inits)
         self.model = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
         self.fed_invariant = [j for j in self.invariant if j not in const_inv]
+        # sequences and optionals (a Loop building a sequence, SequenceMap's expansion) are not
+        # values a compiled body takes: such a Loop stays with the reference
+        typed = list(body.input) + list(body.output) + [graph_inputs[n] for n in self.outer_inputs]
+        self.tensors_only = all(vi.type.HasField("tensor_type") for vi in typed)
         # the node's inputs held by its model (a constant trip count, constant initial values)
         self.held = {name: numpy_helper.to_array(t) for name, t in consts.items()}
 
@@ -143,8 +147,9 @@ class NativeLoopRunner:
         self._compile_body = compile_body
         self._body: BodyModel | None = None
         self._shapes: set[tuple] = set()
-        self.use_reference = False
-        self.reason = ""  # why the reference took over, once it has
+        self.use_reference = not self.loop.tensors_only
+        # why the reference runs the node, once it does
+        self.reason = "" if self.loop.tensors_only else "the loop carries sequences or optionals"
 
     def describe(self) -> str:
         """How the node runs, for ``fallback_report``."""
@@ -192,6 +197,10 @@ class NativeLoopRunner:
             except SmeltError as err:
                 self._give_up(f"the body did not compile: {err}", env)
                 return
+        if any(not isinstance(env.get(n, lp.held.get(n)), np.ndarray)
+               for n in [lp.initial[j] for j in range(lp.n_carried)] + lp.outer_inputs):
+            self._give_up("a carried or outer value is not a tensor", env)
+            return
         iter_dtype = lp.value(env, lp.trip_count).dtype if lp.trip_count is not None else np.dtype(np.int64)
         carried = {j: lp.value(env, lp.initial[j]) for j in lp.varying}
         fixed = {lp.carried_in[j]: lp.value(env, lp.initial[j]) for j in lp.fed_invariant}
