@@ -174,7 +174,8 @@ class CompiledModel:
         # it skips validation and the variant lookup (a few microseconds of a 20 us model)
         self._fast: tuple[tuple, LoadedArtifact] | None = None
         self.compilations = 0  # variants built (or loaded from the disk cache) by this object
-        self._loop_bodies: list[CompiledModel] = []  # run-time Loops' bodies (closed with this model)
+        # run-time Loops' bodies by their serialized model, shared by the variants (closed with this model)
+        self._loop_bodies: dict[bytes, CompiledModel] = {}
         # Ifs decided by small inputs and small inputs deciding shapes (smelt.frontend.control_flow):
         # compiled per branch taken / per value, so nothing is built before a call brings their values
         self._guards = guards(self.proto)
@@ -215,7 +216,13 @@ class CompiledModel:
 
     def _compile_loop_body(self, body: onnx.ModelProto) -> CompiledModel:
         """A Loop body (``runtime/loop.py``) compiled with this model's options and threads; its
-        variants are built at its first iterations, one per input shape."""
+        variants are built at its first iterations, one per input shape. Every variant of this
+        model with the same body gets the same object."""
+        key = body.SerializeToString()
+        with self._lock:
+            known = self._loop_bodies.get(key)
+        if known is not None:
+            return known
         o = self.options
         named = dict(opt_level=o.opt_level, allow_fallback=o.allow_fallback, layout=o.layout,
                      use_tuning_db=o.use_tuning_db, winograd=o.winograd, isa=o.isa,
@@ -229,8 +236,11 @@ class CompiledModel:
         # i): a new value every iteration, so specializing on them would compile a variant per
         # iteration up to the cap. The body runs the generic variant from the start.
         body_model._decide = Decisions(body_model._guards, open_limit=0, warn=False)
-        self._loop_bodies.append(body_model)
-        return body_model
+        with self._lock:
+            kept = self._loop_bodies.setdefault(key, body_model)
+        if kept is not body_model:  # another variant made it meanwhile
+            body_model.close()
+        return kept
 
     # -- inputs ----------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -583,7 +593,7 @@ class CompiledModel:
             arts = list(self._variants.values())
             self._variants.clear()
             self._builds.clear()
-            bodies, self._loop_bodies = self._loop_bodies, []
+            bodies, self._loop_bodies = list(self._loop_bodies.values()), {}
         for art in arts:
             art.close()
         for body in bodies:

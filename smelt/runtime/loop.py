@@ -138,10 +138,8 @@ class NativeLoopRunner:
     ``compile_body``, iterated here. ``reference`` runs the whole node the old way (zero
     iterations, shapes that keep changing, a body smelt cannot compile)."""
 
-    def __init__(self, model_path: Path, inputs: list[str], outputs: Sequence[object],
-                 compile_body: Callable[[onnx.ModelProto], BodyModel], reference: object) -> None:
-        self.inputs = inputs
-        self.outputs = outputs
+    def __init__(self, model_path: Path, compile_body: Callable[[onnx.ModelProto], BodyModel],
+                 reference: object) -> None:
         self.reference = reference  # a _FallbackRunner (module.py): .run(env)
         self.loop = LoopBody(onnx.load(str(model_path)))
         self._compile_body = compile_body
@@ -172,14 +170,18 @@ class NativeLoopRunner:
         if any(shape is None for shape, _ in lp.scan_empty):
             self.reference.run(env)  # type: ignore[attr-defined]
             return
+        self._write(env, {}, [np.zeros((0, *shape), dtype) for shape, dtype in lp.scan_empty])  # type: ignore[misc]
+
+    def _write(self, env: dict[str, np.ndarray], carried: Mapping[int, np.ndarray],
+               scans: Sequence[np.ndarray]) -> None:
+        """The node's outputs into ``env``: the last carried values (the initial ones where the
+        body left them unchanged), then the scan outputs; unnamed (optional) outputs skipped."""
+        lp = self.loop
         names = list(lp.node.output)
-        for j in range(lp.n_carried):
-            if j < len(names) and names[j]:
-                env[names[j]] = lp.value(env, lp.initial[j])
-        for k, (shape, dtype) in enumerate(lp.scan_empty):
-            i = lp.n_carried + k
-            if i < len(names) and names[i]:
-                env[names[i]] = np.zeros((0, *shape), dtype)  # type: ignore[misc]
+        values = [carried[j] if j in carried else lp.value(env, lp.initial[j]) for j in range(lp.n_carried)]
+        for name, value in zip(names, [*values, *scans], strict=False):
+            if name:
+                env[name] = value
 
     def run(self, env: dict[str, np.ndarray]) -> None:
         if self.use_reference:
@@ -191,16 +193,15 @@ class NativeLoopRunner:
         if not bool(cond.reshape(-1)[0]) or (trip is not None and trip <= 0):
             self._no_iteration(env)
             return
+        if any(not isinstance(env.get(n, lp.held.get(n)), np.ndarray) for n in lp.initial + lp.outer_inputs):
+            self._give_up("a carried or outer value is not a tensor", env)
+            return
         if self._body is None:
             try:
                 self._body = self._compile_body(lp.model)
             except SmeltError as err:
                 self._give_up(f"the body did not compile: {err}", env)
                 return
-        if any(not isinstance(env.get(n, lp.held.get(n)), np.ndarray)
-               for n in [lp.initial[j] for j in range(lp.n_carried)] + lp.outer_inputs):
-            self._give_up("a carried or outer value is not a tensor", env)
-            return
         iter_dtype = lp.value(env, lp.trip_count).dtype if lp.trip_count is not None else np.dtype(np.int64)
         carried = {j: lp.value(env, lp.initial[j]) for j in lp.varying}
         fixed = {lp.carried_in[j]: lp.value(env, lp.initial[j]) for j in lp.fed_invariant}
@@ -230,12 +231,4 @@ class NativeLoopRunner:
                 raise SmeltError(f"Loop {lp.node.name!r}: the body's condition has {cond.size} values, not one")
             if not bool(cond.reshape(-1)[0]) or (trip is not None and i >= trip):
                 break
-        names = list(lp.node.output)
-        for j in range(lp.n_carried):
-            value = carried[j] if j in carried else lp.value(env, lp.initial[j])
-            if j < len(names) and names[j]:
-                env[names[j]] = value
-        for k in range(lp.n_scan):
-            name = names[lp.n_carried + k] if lp.n_carried + k < len(names) else ""
-            if name:
-                env[name] = np.stack(scans[k], axis=0)
+        self._write(env, carried, [np.stack(v, axis=0) for v in scans])

@@ -341,8 +341,7 @@ class LoadedArtifact:
                 if step.op == "Loop" and compile_loop_body is not None:
                     # a run-time trip count or condition: the body compiled, iterated in Python
                     # (runtime/loop.py); the reference runner stays for what that cannot take
-                    runner = NativeLoopRunner(directory / step.model, list(step.inputs), list(step.outputs),
-                                              compile_loop_body, runner)
+                    runner = NativeLoopRunner(directory / step.model, compile_loop_body, runner)
                 self.steps.append(("fallback", runner, step.node, step.op))
         if self.profiling and self.lib is not None:
             self._bind_profile_counters()
