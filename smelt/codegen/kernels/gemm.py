@@ -231,6 +231,18 @@ def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False
         lines += [f"            {v.prefetch(f'fr + r * ldf + {j * w}')}" for j in range(nv)]
         lines += ["        }", "    }"]
     between = [v.prefetch(f"A + {A_PREFETCH * mr}")] if A_PREFETCH and not direct_a else []
+
+    def step(t: RegisterTile, u: int = 0, indent: str = "        ", pre: list[str] | None = None) -> list[str]:
+        """One k step into accumulator set ``t``, at k + u."""
+        b, a = (f"B + {u} * ldb + " if u else "B + "), (f" + {u}" if u else "")
+        return t.fma_step(lambda j: v.masked_load(f"{b}{j * w}", "lm" if j == last else None),
+                          lambda r: v.set1(f"A[{r} * lda + k{a}]" if direct_a else f"A[{u * mr + r}]"),
+                          indent=indent, between=pre or [])
+
+    def advance(n: int) -> str:
+        ldb = f"{n} * ldb" if n > 1 else "ldb"
+        return f"        B += {ldb};" if direct_a else f"        A += {n * mr}; B += {ldb};"
+
     chains = ONE_ROW_K_CHAINS if rows == 1 else 1
     if chains > 1:
         # a one-row tile (a matrix-vector product) is nv FMA chains over K, latency-bound: run
@@ -240,24 +252,13 @@ def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False
         lines += ["    " + x for t in sets[1:] for x in t.declare(by_row=True)]
         lines += ["    long k = 0;", f"    for (; k + {chains} <= kc; k += {chains}) {{"]
         for u, t in enumerate(sets):
-            lines.append("        {")
-            lines += t.fma_step(lambda j, u=u: v.masked_load(f"B + {u} * ldb + {j * w}", "lm" if j == last else None),
-                                lambda r, u=u: v.set1(f"A[{r} * lda + k + {u}]" if direct_a else f"A[{u * mr + r}]"),
-                                indent="            ", between=between if u == 0 else [])
-            lines.append("        }")
-        lines += [f"        B += {chains} * ldb;" if direct_a else f"        A += {chains * mr}; B += {chains} * ldb;",
-                  "    }", "    for (; k < kc; ++k) {"]
-        lines += tile.fma_step(lambda j: v.masked_load(f"B + {j * w}", "lm" if j == last else None),
-                               lambda r: v.set1(f"A[{r} * lda + k]" if direct_a else f"A[{r}]"), indent="        ")
-        lines += ["        B += ldb;" if direct_a else f"        A += {mr}; B += ldb;", "    }"]
+            lines += ["        {", *step(t, u, "            ", between if u == 0 else None), "        }"]
+        lines += [advance(chains), "    }", "    for (; k < kc; ++k) {", *step(tile), advance(1), "    }"]
         for h in (1, 2):  # pairwise: (s0 + s1) + (s2 + s3)
             lines += ["    " + x for u in range(0, chains, 2 * h) for x in sets[u].add(sets[u + h], by_row=True)]
     else:
-        lines += ["    #pragma GCC unroll 4", "    for (long k = 0; k < kc; ++k) {"]
-        lines += tile.fma_step(lambda j: v.masked_load(f"B + {j * w}", "lm" if j == last else None),
-                               lambda r: v.set1(f"A[{r} * lda + k]" if direct_a else f"A[{r}]"), indent="        ",
-                               between=between)
-        lines += ["        B += ldb;" if direct_a else f"        A += {mr}; B += ldb;", "    }"]
+        lines += ["    #pragma GCC unroll 4", "    for (long k = 0; k < kc; ++k) {", *step(tile, pre=between),
+                  advance(1), "    }"]
     def ld(r: int, j: int) -> str:
         return v.masked_load(f"C + {r} * ldc + {j * w}", "lm" if j == last else None)
 
