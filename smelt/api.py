@@ -640,7 +640,8 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     ``conv_prefetch_weights``, ``conv_row_split``, ``dw_pw_fusion``, ``expand_fusion``,
     ``int_conv_pad_in_kernel``); each is part of the cache key.
     ``isa``: the widest vector ISA the compiled code may use, like oneDNN's ONEDNN_MAX_CPU_ISA:
-    avx512, avx2, scalar (portable C built without AVX) or native (default: $SMELT_ISA,
+    avx512, avx2_vnni (AVX2 with AVX-VNNI's integer dot products), avx2 (without them), scalar
+    (portable C built without AVX) or native (default: $SMELT_ISA,
     else the host's own). An ISA this host cannot run is a ValueError; part of the cache key.
     ``check``: after compiling, run the model once in smelt and in the reference (onnxruntime,
     else onnx.reference) on seeded random inputs (``input_shapes`` sizes symbolic dimensions) and

@@ -14,7 +14,7 @@ An unset or empty variable means its default.
 | SMELT_SPIN_US | an integer from 0 to 10**9 (microseconds) | 2000 |
 | SMELT_TUNING_DB | a file path, or off | <cache dir>/tuning.sqlite |
 | SMELT_DEBUG, SMELT_SANITIZE | 0 or 1 | 0 |
-| SMELT_ISA | avx512, avx2, scalar or native (the widest ISA compiled code may use) | native |
+| SMELT_ISA | avx512, avx2_vnni, avx2, scalar or native (the widest ISA compiled code may use) | native |
 | SMELT_POOL_SHARE | 0 or 1 (0: the barrier pool, no work sharing; read by the C runtime) | 1 |
 """
 

@@ -35,6 +35,8 @@ class Target:
     cpu_model: int = 0
     # the host's own ISA when this target is capped below it (``narrowed``); "" when not capped
     native_isa: str = ""
+    # the ``isa=`` cap this target was narrowed to ("avx2_vnni" is ISA "avx2" with AVX-VNNI); ""
+    cap: str = ""
 
     @property
     def vector_floats(self) -> int:
@@ -71,7 +73,9 @@ class Target:
 
     def narrowed(self, isa: str | None) -> Target:
         """This target held to at most ``isa`` (like oneDNN's ONEDNN_MAX_CPU_ISA): "avx512",
-        "avx2", or "scalar" (smelt's portable C, compiled without AVX). None or "native": unchanged.
+        "avx2_vnni" (AVX2 with AVX-VNNI's integer dot products), "avx2" (without them, also on a
+        host that has them), or "scalar" (smelt's portable C, compiled without AVX). None or
+        "native": unchanged.
 
         The narrowed target drops the wider ISA's feature flags, so its ``key()`` differs (no
         cached build is shared across caps) and ``compiler_flags()`` keeps gcc from using them
@@ -83,20 +87,24 @@ class Target:
         if isa not in self.isa_caps():
             raise ValueError(f"ISA {isa!r} was requested but this host cannot run it: {self.cpu} "
                              f"runs {self.isa} (it can be capped to {', '.join(self.isa_caps())})")
-        if isa == self.isa:
-            return self
         cap = _CAPS[isa]
-        return dataclasses.replace(self, isa=isa, vector_bits=cap.vector_bits, vector_registers=cap.vector_registers,
-                                   fma=self.fma and "fma" in cap.keeps,
-                                   flags=tuple(f for f in self.flags if f in cap.keeps),
-                                   native_isa=self.native_isa or self.isa)
+        family = cap.isa or isa
+        # the host's own ISA keeps its flags but for those the cap drops (an AVX2 host with
+        # AVX-VNNI under "avx2"); a narrower ISA keeps only its own
+        flags = tuple(f for f in self.flags if f not in cap.drops and (family == self.isa or f in cap.keeps))
+        if family == self.isa and flags == self.flags:
+            return self
+        return dataclasses.replace(self, isa=family, vector_bits=cap.vector_bits, vector_registers=cap.vector_registers,
+                                   fma=self.fma and "fma" in cap.keeps, flags=flags,
+                                   native_isa=self.native_isa or self.isa, cap=isa)
 
     def compiler_flags(self) -> tuple[str, ...]:
         """gcc flags (after -march=native) that keep the compiler's own vectorization within a
         capped ISA: without them gcc would auto-vectorize plain loops with the host's widest."""
         if self.arch != "x86_64" or not self.native_isa:
             return ()
-        return _CAPS[self.isa].gcc_flags if self.isa in _CAPS else ()
+        cap = self.cap or self.isa
+        return _CAPS[cap].gcc_flags if cap in _CAPS else ()
 
 
 # the ISA caps a user can ask for (``Target.narrowed``), widest first: the features a host needs
@@ -113,13 +121,21 @@ class _Cap:
     vector_bits: int
     vector_registers: int
     gcc_flags: tuple[str, ...]  # what stops gcc going past it after -march=native
+    isa: str = ""  # the vector ISA the code is written for (codegen/kernels/isa.py); "" = the cap's name
+    drops: tuple[str, ...] = ()  # flags it removes even on a host whose own ISA is the cap's
 
 
-_AVX2_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni")
+_AVX2_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c")
 _CAPS: dict[str, _Cap] = {
     "avx512": _Cap(("avx512f", "avx512bw", "avx512vl", "avx512dq"), (), 512, 32, ()),
+    # AVX2 with AVX-VNNI's ymm vpdpbusd/vpdpwssd for the integer kernels (Alder Lake and later
+    # Intel clients, Zen 5): oneDNN's AVX2_VNNI. The fp32 code is the same as "avx2"'s.
     # -mno-avx512f disables every AVX-512 extension (and the 16 extra registers)
-    "avx2": _Cap(("avx2",), _AVX2_FLAGS, 256, 16, ("-mno-avx512f",)),
+    "avx2_vnni": _Cap(("avx2", "avx_vnni"), (*_AVX2_FLAGS, "avx_vnni"), 256, 16, ("-mno-avx512f",), isa="avx2"),
+    # plain AVX2 (Haswell to Zen 4 without AVX-512): integer products through vpmaddubsw/vpmaddwd,
+    # like oneDNN's AVX2, also on a host that has AVX-VNNI, so that path is tested and measured
+    # there too
+    "avx2": _Cap(("avx2",), _AVX2_FLAGS, 256, 16, ("-mno-avx512f", "-mno-avxvnni"), drops=("avx_vnni",)),
     # -mno-avx: everything from AVX up (AVX2, FMA, AVX-512); gcc still vectorizes the portable
     # C's plain loops at the baseline's 128 bits (SSE2), with mul and add
     PORTABLE_ISA: _Cap((), ("sse4_2",), 128, 16, ("-mno-avx",)),
@@ -135,6 +151,7 @@ ISA_CHOICES: tuple[str, ...] = (*ISA_CAPS, NATIVE_ISA)
 _PEER_ENV: dict[str, dict[str, str]] = {
     "avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "ATEN_CPU_CAPABILITY": "avx512",
                "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+    "avx2_vnni": {"ONEDNN_MAX_CPU_ISA": "AVX2_VNNI", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
     PORTABLE_ISA: {"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default",
                    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},

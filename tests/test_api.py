@@ -303,7 +303,7 @@ def test_isa_cap_from_the_environment_and_the_argument_wins(monkeypatch, tmp_pat
     from smelt.errors import ConfigError
 
     monkeypatch.setenv("SMELT_ISA", "avx9000")
-    with pytest.raises(ConfigError, match="SMELT_ISA='avx9000'.*avx512, avx2, scalar, native"):
+    with pytest.raises(ConfigError, match="SMELT_ISA='avx9000'.*avx512, avx2_vnni, avx2, scalar, native"):
         smelt.compile(model, threads=1)
 
 
@@ -312,7 +312,7 @@ def test_isa_cap_errors_name_the_requested_and_the_host_isa(monkeypatch):
 
     from smelt.target import detect
 
-    with pytest.raises(ValueError, match="isa must be one of avx512, avx2, scalar, native"):
+    with pytest.raises(ValueError, match="isa must be one of avx512, avx2_vnni, avx2, scalar, native"):
         smelt.compile(_relu_add(), threads=1, isa="sse9")
     host = detect()
     # an AVX2-only host asked for AVX-512: the requested ISA, the host's model and ISA, the choices
@@ -342,7 +342,15 @@ def test_narrowed_target_describes_the_cap():
     avx2 = host.narrowed("avx2")
     assert (avx2.isa, avx2.vector_bits, avx2.vector_registers, avx2.native_isa) == ("avx2", 256, 16, "avx512")
     assert not any(f.startswith("avx512") for f in avx2.flags) and avx2.fma
-    assert avx2.compiler_flags() == ("-mno-avx512f",) and host.compiler_flags() == ()
+    assert avx2.compiler_flags() == ("-mno-avx512f", "-mno-avxvnni") and host.compiler_flags() == ()
+    # a host with AVX-VNNI (Zen 5, Alder Lake): "avx2_vnni" keeps its ymm dot products, "avx2"
+    # drops them, also where AVX2 is the host's own ISA (oneDNN's AVX2_VNNI and AVX2)
+    vnni = dataclasses.replace(host, flags=host.flags + ("avx_vnni",))
+    assert vnni.isa_caps() == ("avx512", "avx2_vnni", "avx2", "scalar")
+    assert "avx_vnni" in vnni.narrowed("avx2_vnni").flags and vnni.narrowed("avx2_vnni").isa == "avx2"
+    assert "avx_vnni" not in vnni.narrowed("avx2").flags
+    client = vnni.narrowed("avx2_vnni")
+    assert client.narrowed("avx2_vnni") is client and "avx_vnni" not in client.narrowed("avx2").flags
     scalar = host.narrowed("scalar")
     assert scalar.compiler_flags() == ("-mno-avx",) and not scalar.fma and scalar.flags == ("sse4_2",)
     assert len({host.key(), avx2.key(), scalar.key()}) == 3  # no build is shared across caps

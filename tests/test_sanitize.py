@@ -67,7 +67,9 @@ def _every_zoo_model_at_every_isa() -> list:
     from smelt.frontend import zoo
     from smelt.target import ISA_CAPS
 
-    return [pytest.param(name, isa, id=f"{name}-{isa}") for name in zoo.list_models() for isa in ISA_CAPS]
+    # "avx2_vnni" adds only integer dot products to "avx2": the fp32 zoo renders the same C
+    return [pytest.param(name, isa, id=f"{name}-{isa}") for name in zoo.list_models() for isa in ISA_CAPS
+            if isa != "avx2_vnni"]
 
 
 @pytest.mark.parametrize(("name", "isa"), _every_zoo_model_at_every_isa())
