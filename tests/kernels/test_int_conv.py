@@ -43,7 +43,50 @@ def test_conv_integer(isa: str, monkeypatch, cache) -> None:
         cases.add("ConvInteger", [x], consts=(w, np.uint8(128), np.int8(-3)), **attrs)
         cases.add("ConvInteger", [x], consts=(w,), **attrs)
         cases.add("ConvInteger", [x], consts=(w, np.uint8(255), np.int8(127)), **attrs)
+        # uint8 weights, asymmetric (what older quantize_dynamic writes): on VNNI hosts int8
+        # bytes W - 128 and a receptive-field sum times the offset (kernels/int_gemm.py)
+        wu = _q(np.uint8, oc, c // grp, k, k)
+        cases.add("ConvInteger", [x], consts=(wu, np.uint8(121), np.uint8(178)), **attrs)
+        cases.add("ConvInteger", [x], consts=(wu, np.uint8(0), np.uint8(255)), **attrs)
+        cases.add("ConvInteger", [x], consts=(wu,), **attrs)
     check(cases, feeds, opset=21)
+
+
+@pytest.mark.parametrize("isa", ["native", AVX_VNNI])
+def test_uint8_weights_take_the_quad_form_on_vnni(isa: str, monkeypatch, cache) -> None:
+    """ddddocr's uint8 ConvInteger/MatMulInteger ran as int16 pairs at half the VNNI rate; the
+    compile-time shift to int8 bytes puts them on vpdpbusd. Per-output-channel zero points of a
+    grouped conv (checked against the int64 definition: onnxruntime takes a scalar only)."""
+    from node_cases import build_model
+
+    import smelt
+
+    target = force_isa(isa, monkeypatch, cache)
+    if not ({"avx512_vnni", "avx_vnni"} & set(target.flags)):
+        pytest.skip("no VNNI at this ISA")
+    x, wu, wz = _q(np.uint8, 1, 6, 9, 7), _q(np.uint8, 10, 3, 3, 3), _q(np.uint8, 10)
+    cases = Cases()
+    cases.add("ConvInteger", ["x"], consts=(wu, np.uint8(119), wz), kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=2)
+    b = _q(np.uint8, 40, 70)
+    cases.add("MatMulInteger", ["a"], consts=(b, np.uint8(3), np.uint8(119)))
+    feeds = {"x": x, "a": _q(np.uint8, 5, 40)}
+    model = build_model(cases, feeds, opset=21)
+    xs = np.pad(x.astype(np.int64) - 119, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    w = wu.astype(np.int64) - wz.astype(np.int64)[:, None, None, None]
+    want = np.zeros((1, 10, 9, 7), np.int64)
+    for o in range(10):
+        gi = o // 5
+        for dy in range(3):
+            for dx in range(3):
+                want[0, o] += np.einsum("chw,c->hw", xs[0, 3 * gi:3 * gi + 3, dy:dy + 9, dx:dx + 7], w[o, :, dy, dx])
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        forms = {i.op: i.schedule.get("micro_kernel", "") for i in compiled.plan.step_infos()
+                 if i.op in ("ConvInteger", "MatMulInteger")}
+        assert all("dpbusd" in f for f in forms.values()) and len(forms) == 2, forms
+        got = compiled.run(feeds)
+        np.testing.assert_array_equal(got[0], want.astype(np.int32))
+        np.testing.assert_array_equal(got[1], (feeds["a"].astype(np.int64) - 3) @ (b.astype(np.int64) - 119))
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -7,11 +7,16 @@ word of A holds (A[i, 2q], A[i, 2q+1]); a B panel holds, for each pair q, NR col
 vpaddd; AVX512-VNNI's vpdpwssd) multiplies both pairs and adds them to the lane: exact, since
 |a|, |b| <= 255 gives |a*b + a'*b'| < 2^17, and K <= 2^15 keeps the int32 sum below 2^31.
 
-On VNNI hosts, when A is uint8 and B int8 with a zero point of 0 (symmetric weights, what
-static quantizers write), the quad form runs instead: A raw (not shifted) in words of four bytes
-along K, B as int8 quads, ``u8s8_dot_acc`` (vpdpbusd: four exact u8 x s8 products per lane,
-twice the pair form's rate); A's zero point comes off afterwards as ``a_zero * colsum(B)[j]``,
-a compile-time column sum (``quad_colsums``).
+On VNNI hosts, when A is uint8 and B constant and 8-bit, the quad form runs instead: A raw (not
+shifted) in words of four bytes along K, B as int8 quads, ``u8s8_dot_acc`` (vpdpbusd: four
+exact u8 x s8 products per lane, twice the pair form's rate). B int8 of zero point 0 (symmetric
+weights, what static quantizers write) is used as it is, and A's zero point comes off afterwards
+as ``a_zero * colsum(B)[j]``, a compile-time column sum (``quad_colsums``). Any other constant
+8-bit B (uint8, what older quantize_dynamic writes, or a nonzero zero point) is written as int8
+bytes ``B8 = B - 128`` (uint8) or ``B`` (int8), exact, with ``B - b_zero == B8 + off[j]``
+(``quad_weights``), and the sum is corrected by ``off[j] * (rowsum(A)[i] - K * a_zero)``: a
+row sum taken while A is packed, one multiply-add per stored element. This is the compile-time
+compensation oneDNN and MLAS use for s8 x s8 and u8 x u8 on VNNI.
 
 An MR x NR tile (``schedule.gemm.int_dot_tile``: MR rows, NV vectors of lanes) stays in
 registers over all of K; rows past the end of a ragged block read the last row again (one code
@@ -57,6 +62,23 @@ def quad_colsums(b: np.ndarray) -> np.ndarray:
     """[groups, N] int32 column sums of int8 ``b`` [groups, K, N]: what A's zero point times
     each column takes back off a quad-form sum."""
     return b.astype(np.int32).sum(axis=1).astype(np.int32)
+
+
+def quad_weights(b: np.ndarray, zero: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Constant 8-bit ``b`` [groups, K, N] (uint8 or int8) with zero points ``zero`` (broadcast
+    to [groups, N]) in the quad form: ``(b8, colsums, off)`` where ``b8`` is int8 (uint8 shifted
+    down by 128, int8 as is), ``colsums`` its [groups, N] column sums and ``off`` [groups, N]
+    int32 with ``b - zero == b8 + off``, so that
+    ``sum_k (a_k - za)(b_k - zero) == sum_k a_k b8_k - za * colsums + off * (sum_k a_k - K za)``.
+    ``off`` is all zero for int8 weights of zero point 0 (no row sums needed)."""
+    groups, _, n = b.shape
+    shift = 128 if b.dtype == np.uint8 else 0
+    b8 = (b.astype(np.int16) - shift).astype(np.int8)
+    z = np.asarray(zero).astype(np.int32).reshape(-1)
+    if z.size not in (1, n, groups * n):
+        raise ValueError(f"zero point of shape {np.shape(zero)} for weights {list(b.shape)}")
+    z = z.reshape(groups, n) if z.size == groups * n and z.size != n else np.broadcast_to(z, (groups, n))
+    return b8, quad_colsums(b8), np.ascontiguousarray(shift - z, dtype=np.int32)
 
 
 def quad_word(values: list[str]) -> str:

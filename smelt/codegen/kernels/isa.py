@@ -211,6 +211,7 @@ AVX512 = VectorIsa(
            ("i32_set1", "_mm512_set1_epi32({a})"),
            ("i32_setr", "_mm512_setr_epi32({a})"),
            ("i32_add", "_mm512_add_epi32({a}, {b})"),
+           ("i32_mullo", "_mm512_mullo_epi32({a}, {b})"),
            ("i32_mask_add", "_mm512_mask_add_epi32({a}, {m}, {b}, {c})"),
            ("i32_ge0_mask", "_mm512_cmpge_epi32_mask({a}, _mm512_setzero_si512())"),
            ("i32_lt_mask", "_mm512_cmplt_epi32_mask({a}, {b})"),
@@ -278,6 +279,7 @@ AVX2 = VectorIsa(
            ("i32_set1", "_mm256_set1_epi32({a})"),
            ("i32_loadu", "_mm256_loadu_si256((const __m256i *)({p}))"),
            ("i32_add", "_mm256_add_epi32({a}, {b})"),
+           ("i32_mullo", "_mm256_mullo_epi32({a}, {b})"),
            ("i32_storeu", "_mm256_storeu_si256((__m256i *)({p}), {a});"),
            ("i16_dot_acc", "_mm256_add_epi32({c}, _mm256_madd_epi16({a}, {b}))"),
            # u8 x s8 quads through vpmaddubsw, whose int16 pair sums saturate: exact ONLY for

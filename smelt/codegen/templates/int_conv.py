@@ -26,7 +26,7 @@ from smelt.codegen.kernels.int_gemm import (
     flush_counters,
     pack_b,
     pair_word,
-    quad_colsums,
+    quad_weights,
     quad_word,
     requantize,
     tile_loop,
@@ -144,13 +144,19 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
     wsub = (w_raw.astype(np.int16).reshape(oc, k) - wz[:, None]).astype(np.int16)  # [OC, CK], zero point off
     bmat = np.ascontiguousarray(wsub.reshape(group, ocg, k).transpose(0, 2, 1))  # [G, CK, OCg]
     v = with_int_dot(vector_isa(em.target), em.target)
-    # the quad form (vpdpbusd) where the host has it: uint8 input, int8 weights of zero point 0
-    quad = (v.has("u8s8_dot_acc") and dtype_name(g, io["x"]) == "uint8" and dtype_name(g, io["w"]) == "int8"
-            and not np.any(wz))
+    # the quad form (vpdpbusd) where the host has it: uint8 input, 8-bit weights; uint8 weights
+    # or a nonzero zero point as int8 bytes plus a row-sum correction (kernels/int_gemm.py)
+    quad = (v.has("u8s8_dot_acc") and dtype_name(g, io["x"]) == "uint8"
+            and dtype_name(g, io["w"]) in ("int8", "uint8"))
     group_k = QUAD if quad else PAIR
     kwords = -(-k // group_k)
     rows = n * group * p_count
+    offsets = None  # W - w_zero - its int8 bytes, per output channel, where not all zero
+    if quad:
+        w8, w_colsums, offsets = quad_weights(np.ascontiguousarray(w_raw.reshape(group, ocg, k).transpose(0, 2, 1)), wz)
+        offsets = offsets if np.any(offsets) else None
     ap = em.scratch(4 * rows * kwords, "int32")
+    rs = em.scratch(4 * rows, "int32") if offsets is not None else None  # receptive-field sums
     col = em.scratch((group_k * kwords) * (1 if quad else 2) * max(1, em.n_threads), "uint8" if quad else "int16")
     macs = rows * k * ocg
     split = ("smelt_range({total}, tid, nt, &wb, &we);" if macs >= PARALLEL_MIN_MACS
@@ -184,8 +190,9 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
         "    }",
         f"    while (q < {group_k * kwords}) col[q++] = 0;  /* the weights there are 0 */",
         f"    for (long j = 0; j < {kwords}; ++j) Ap[r * {kwords} + j] = {word};",
+        *([f"    {{ int32_t s = 0; for (long j = 0; j < {k}; ++j) s += col[j]; {rs}[r] = s; }}"] if rs else []),
         "}"]), name="int_conv_im2col",
-        doc=f"receptive field {cg}x{kh}x{kw} as {'u8 quads' if quad else 'int16 pairs'}")
+        doc=f"receptive field {cg}x{kh}x{kw} as {'u8 quads' if quad else 'int16 pairs'}{' and its sum' if rs else ''}")
     decl, store = _store(node, g, io, em, oc)
     if v.has("i16_dot_acc"):
         mr, nv = int_dot_tile(v.registers)
@@ -203,7 +210,7 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
                    f"    const long i0 = mb * {mr}, mr = SMELT_MIN({mr}, {p_count} - i0);"]
     acc = f"T[r * {nr} + jj]"
     if nv:
-        bq = w_raw.astype(np.int8).reshape(group, ocg, k).transpose(0, 2, 1) if quad else bmat
+        bq = w8 if quad else bmat
         packed = pack_b(np.ascontiguousarray(bq), nr, group_k)
         elem = "int8_t" if quad else "int16_t"
         body = tile_loop(v, mr, nv, k2=kwords,
@@ -211,9 +218,14 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
                          b_panel=f"Bp + (gi * {nb} + cb) * {kwords * nr * group_k}L", tile="T", group=group_k)
         head.insert(0, f"const {elem} *restrict Bp = {em.weight(packed)};")
         if quad:  # A's zero point times each column's weight sum comes off the raw-byte sum
-            head.insert(0, f"const int32_t *restrict CS = {em.weight(quad_colsums(np.ascontiguousarray(bq)))};")
+            head.insert(0, f"const int32_t *restrict CS = {em.weight(w_colsums)};")
             head.insert(0, f"const int32_t xz = {xz};")
-            acc = f"(T[r * {nr} + jj] - xz * CS[gi * {ocg} + cb * {nr} + jj])"
+            oi = f"gi * {ocg} + cb * {nr} + jj"
+            acc = f"(T[r * {nr} + jj] - xz * CS[{oi}])"
+            if offsets is not None:  # in int64: the terms may pass 2^31 where their sum does not
+                head[:0] = [f"const int32_t *restrict OFF = {em.weight(offsets)};", f"const int32_t *restrict RS = {rs};"]
+                acc = (f"(int32_t)((int64_t)T[r * {nr} + jj] - (int64_t)xz * CS[{oi}] + (int64_t)OFF[{oi}] * "
+                       f"((int64_t)RS[bg * {p_count} + i0 + r] - {k}LL * xz))")
         kernel_name = f"int_conv_{mr}x{nr}_{v.name}{'_u8s8' if quad else ''}"
     else:
         wpairs = np.zeros((group, 2 * kwords, ocg), np.int16)
@@ -240,7 +252,8 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
     if node.op == "QLinearConv":
         lines.append(flush_counters(em.saturation_counter(node.outputs[0])))
     dot = "u8s8_dot_acc" if quad else "i16_dot_acc"
-    em.schedule(algorithm=f"im2col as {'u8 quads (zero point off after the sum)' if quad else 'int16 pairs'}, "
+    form = "u8 quads (zero point off after the sum" + (", weights as int8 bytes)" if offsets is not None else ")")
+    em.schedule(algorithm=f"im2col as {form if quad else 'int16 pairs'}, "
                 "W packed per group, int32 sums into NCHW",
                 kernel="int_conv", layout="NCHW",
                 micro_kernel=f"{mr}x{nr} {v.name}" + (f" {v.x(dot, a='a', b='b', c='c')}" if nv else ""))

@@ -32,7 +32,7 @@ from smelt.codegen.kernels.int_gemm import (
     flush_counters,
     pack_b,
     pair_word,
-    quad_colsums,
+    quad_weights,
     quad_word,
     requantize,
     tile_loop,
@@ -175,16 +175,20 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
     mr, nv = int_dot_tile(v.registers, m)
     nr = nv * v.lanes
     bz = g.const(io["bz"]) if io["bz"] and b_const else None
+    # the quad form (vpdpbusd) on VNNI hosts for uint8 A and any constant 8-bit B: uint8 weights
+    # or a nonzero zero point through int8 bytes and a row-sum correction (kernels/int_gemm.py)
     quad = (b_const and v.has("u8s8_dot_acc") and dtype_name(g, io["a"]) == "uint8"
-            and dtype_name(g, io["b"]) == "int8" and (bz is None or not np.any(bz)))
+            and dtype_name(g, io["b"]) in ("int8", "uint8"))
     group = QUAD if quad else PAIR
     kw = -(-k // group)
     nb = -(-n // nr)
     groups = batch if b_batched else 1
+    offsets = None  # B - b_zero - int8 bytes per column, where not all zero
     if quad:
-        b_int8 = np.asarray(g.values[io["b"]].const).astype(np.int8).reshape(-1, k, n)
+        b_int8, colsums, offsets = quad_weights(np.asarray(g.values[io["b"]].const).reshape(-1, k, n),
+                                                bz if bz is not None else np.zeros(1, np.int32))
+        offsets = offsets if np.any(offsets) else None
         packed = pack_b(b_int8, nr, QUAD)
-        colsums = quad_colsums(b_int8)  # [B batches, N]
     elif b_const:
         packed = pack_b(_b_minus_zero(g, io).reshape(-1, k, n), nr, PAIR)
     else:
@@ -193,7 +197,12 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
     at = c_type(dtype_name(g, io["a"]))
     rows = batch * m
     ap = em.scratch(4 * rows * kw, "int32")
+    rs = em.scratch(4 * rows, "int32") if offsets is not None else None  # A's row sums
     decl_a = [f"const {at} *restrict A = {em.ptr(io['a'])};", f"int32_t *restrict Ap = {ap};"]
+    row_sum = []
+    if rs is not None:
+        decl_a.append(f"int32_t *restrict RS = {rs};")
+        row_sum = [f"    {{ int32_t s = 0; for (long kk = 0; kk < {k}; ++kk) s += ar[kk]; RS[r] = s; }}"]
     if io["az"]:
         decl_a.append(f"const {at} *restrict AZ = {em.ptr(io['az'])};")
     parallel = rows * k * n >= PARALLEL_MIN_MACS
@@ -210,8 +219,9 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
         f"    const int32_t za = {_zp_read(g, io, 'az', f'(r % {m})', m)}; (void)za;",
         f"    const {at} *restrict ar = A + r * {k};",
         f"    for (long q = 0; q < {kw}; ++q) Ap[r * {kw} + q] = {word};",
+        *row_sum,
         "}"]), name="int_matmul_pack_a",
-        doc=f"A {'as raw byte quads' if quad else '- zero point as int16 pairs'}, K={k}")
+        doc=f"A {'as raw byte quads' if quad else '- zero point as int16 pairs'}{' and row sums' if row_sum else ''}, K={k}")
     tile = em.scratch(4 * mr * nr * max(1, em.n_threads), "int32")
     decl, store = _requant(node, g, io, em)
     blocks_m = -(-m // mr)
@@ -220,13 +230,19 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
                        b_panel=panel, tile="T", group=group)
     acc = f"T[r * {nr} + jj]"
     vreq = _vector_requant(node, g, em, io, v, colsums=colsums if quad else None, groups=groups, n=n, nb=nb,
-                           nr=nr, m=m)
+                           nr=nr, m=m, offsets=offsets, k=k, row_sums=rs)
     if quad and vreq is None:  # the scalar store takes A's zero point times the column sums off
         decl = decl + [f"const int32_t *restrict CS = {em.weight(colsums)};"]
         if io["az"]:
             decl.append(f"const {at} *restrict AZ = {em.ptr(io['az'])};")
-        cs = f"CS[{'bi * ' + str(n) + ' + ' if b_batched else ''}j]"
-        acc = f"(T[r * {nr} + jj] - {_zp_read(g, io, 'az', 'i', m)} * {cs})"
+        col = f"{'bi * ' + str(n) + ' + ' if b_batched else ''}j"
+        za = _zp_read(g, io, "az", "i", m)
+        if offsets is None:
+            acc = f"(T[r * {nr} + jj] - {za} * CS[{col}])"
+        else:  # in int64: the terms may pass 2^31 where their sum does not (or wraps as ORT's)
+            decl += [f"const int32_t *restrict OFF = {em.weight(offsets)};", f"const int32_t *restrict RS = {rs};"]
+            acc = (f"(int32_t)((int64_t)T[r * {nr} + jj] - (int64_t){za} * CS[{col}] + (int64_t)OFF[{col}] * "
+                   f"((int64_t)RS[bi * {m} + i] - {k}LL * {za}))")
     b_ptr = em.weight(packed) if b_const else b_panels
     lines = decl + [
         f"const {'int8_t' if quad else 'int16_t'} *restrict Bp = {b_ptr};",
@@ -260,7 +276,9 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
     if node.op == "QLinearMatMul":
         lines.append(flush_counters(em.saturation_counter(node.outputs[0])))
     dot = "u8s8_dot_acc" if quad else "i16_dot_acc"
-    em.schedule(algorithm=("u8 x s8 quad dot products, A's zero point times B's column sums off after" if quad
+    em.schedule(algorithm=(("u8 x s8 quad dot products, A's zero point times B's column sums off after"
+                            + (", B as int8 bytes with A's row sums times its offset" if offsets is not None else ""))
+                           if quad
                            else "int16 pair dot products into int32, B - zero point packed per panel"
                            + (", A packed per call" if b_const else ", A and B packed per call")),
                 kernel="int_matmul", micro_kernel=f"{mr}x{nr} {v.name} {v.x(dot, a='a', b='b', c='c')}",
@@ -270,7 +288,9 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
 
 
 def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], v: VectorIsa, *,
-                    colsums: np.ndarray | None, groups: int, n: int, nb: int, nr: int, m: int) -> tuple[list[str], list[str]] | None:
+                    colsums: np.ndarray | None, groups: int, n: int, nb: int, nr: int, m: int,
+                    offsets: np.ndarray | None = None, k: int = 0,
+                    row_sums: str | None = None) -> tuple[list[str], list[str]] | None:
     """Declarations and the per-tile C storing a QLinearMatMul tile ``T`` requantized a vector
     at a time: the scalar statement's operations in the same order in every lane (the
     multiplier ``(a_scale * b_scale) / y_scale``, the product with the float sum, rounding half
@@ -291,6 +311,8 @@ def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], 
     quad = colsums is not None
     if quad and (az is None or az.size != 1):
         return None
+    if offsets is not None and not v.has("i32_mullo"):
+        return None
     y_type = dtype_name(g, node.outputs[0])
     info = np.iinfo(np.dtype(y_type))
     it, lanes = v.x("itype"), v.lanes
@@ -307,6 +329,10 @@ def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], 
         neg = np.zeros((colsums.shape[0], nb * nr), np.int64)
         neg[:, :n] = -int(az.reshape(-1)[0]) * colsums.astype(np.int64)
         decl.append(f"const int32_t *restrict NZ = {em.weight(neg.astype(np.int32))};")
+    if offsets is not None:  # B's offset from its int8 bytes times (A's row sum - K a_zero)
+        off = np.zeros((offsets.shape[0], nb * nr), np.int32)
+        off[:, :n] = offsets
+        decl += [f"const int32_t *restrict OFF = {em.weight(off)};", f"const int32_t *restrict RS = {row_sums};"]
     a_scale = "AS[i]" if _per_vector(g, io["as"], m) == "vector" else "AS[0]"
     y_zero = v.set1("(float)YZ[0]") if io["yz"] else v.zero()
     yt = c_type(y_type)
@@ -317,6 +343,10 @@ def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], 
     if quad:
         nz = f"NZ + {'bi' if groups > 1 else '0'} * {nb * nr}L + cb * {nr} + j0"
         body.append(f"    acc = {v.x('i32_add', a='acc', b=v.x('i32_loadu', p=nz))};")
+    if offsets is not None:
+        body.insert(2, f"const {it} rtv = {v.x('i32_set1', a=f'RS[bi * {m} + i] - {k} * {int(az.reshape(-1)[0])}')};")
+        offp = f"OFF + {'bi' if groups > 1 else '0'} * {nb * nr}L + cb * {nr} + j0"
+        body.append(f"    acc = {v.x('i32_add', a='acc', b=v.x('i32_mullo', a='rtv', b=v.x('i32_loadu', p=offp)))};")
     body += [f"    const {v.t} mv = {v.op('div', v.op('mul', 'asv', b_scale('j0')), 'ysv')};",
              f"    {v.t} f = {v.x('f32_round_even', a=v.op('mul', v.x('i32_to_f32', a='acc'), 'mv'))};",
              f"    f = {v.op('add', 'f', 'yzv')};",
