@@ -39,6 +39,7 @@ from smelt.codegen.kernels.int_gemm import (
     pack_b,
     pair_word,
     quad_colsums,
+    quad_weights,
     quad_word,
     requantize,
     tile_loop,
@@ -322,24 +323,32 @@ def _emit_tiled(node: Node, em: BlockEmitter, p: Gemm, v) -> None:
     mr, nv = int_dot_tile(v.registers, p.m)
     nr = nv * v.lanes
     u8s8 = p.a_type == "uint8" and p.b.dtype == np.int8 and not np.any(p.b_zero)
-    # the quads: VNNI's exact u8 x s8 dot; else, on 7-bit weights (what quantizers write with
-    # reduce_range for hosts without VNNI), vpmaddubsw's, which cannot saturate there (2 * 255 *
-    # 64 <= 32767): half the dot instructions of the int16 pairs (MobileNetV2's classifier on
-    # AVX2 ~0.16 -> ~0.09 ms)
+    # the quads: VNNI's exact u8 x s8 dot for any 8-bit B (uint8 or zero-pointed weights as int8
+    # bytes plus a row-sum correction, kernels/int_gemm.py); else, on 7-bit weights (what
+    # quantizers write with reduce_range for hosts without VNNI), vpmaddubsw's, which cannot
+    # saturate there (2 * 255 * 64 <= 32767): half the dot instructions of the int16 pairs
+    # (MobileNetV2's classifier on AVX2 ~0.16 -> ~0.09 ms)
+    vnni = p.a_type == "uint8" and p.b.dtype in (np.int8, np.uint8) and v.has("u8s8_dot_acc")
     seven_bit = u8s8 and p.b.size > 0 and int(p.b.min()) >= -64 and int(p.b.max()) <= 63
-    dot = ("u8s8_dot_acc" if u8s8 and v.has("u8s8_dot_acc") else
+    dot = ("u8s8_dot_acc" if vnni else
            "u8s7_dot_acc" if seven_bit and v.has("u8s7_dot_acc") else "i16_dot_acc")
     quad = dot != "i16_dot_acc"
     group = QUAD if quad else PAIR
     kw = -(-p.k // group)
     nb = -(-p.n // nr)
-    if quad:
+    offsets = None  # B - b_zero - its int8 bytes per column, where not all zero
+    if vnni:
+        b8, colsums, offsets = quad_weights(p.b[None], p.b_zero)
+        colsums, offsets = colsums[0], (offsets if np.any(offsets) else None)
+        packed = pack_b(b8, nr, QUAD)
+    elif quad:
         packed = pack_b(p.b.astype(np.int8)[None], nr, QUAD)
         colsums = quad_colsums(p.b.astype(np.int8)[None])[0]
     else:
         packed = pack_b((p.b.astype(np.int16) - p.b_zero.astype(np.int16))[None], nr, PAIR)
     at = c_type(p.a_type)
     ap = em.scratch(4 * p.m * kw, "int32")
+    rs = em.scratch(4 * p.m, "int32") if offsets is not None else None  # A's row sums
     parallel = p.m * p.k * p.n >= PARALLEL_MIN_MACS
     split = "smelt_range({total}, tid, nt, &wb, &we);" if parallel else "wb = 0; we = tid == 0 ? {total} : 0;"
     if quad:
@@ -352,9 +361,13 @@ def _emit_tiled(node: Node, em: BlockEmitter, p: Gemm, v) -> None:
         f"const {at} *restrict A = (const void *){p.a};", f"int32_t *restrict Ap = {ap};",
         "long wb, we; " + split.format(total=p.m),
         f"const int32_t za = {p.a_zero}; (void)za;",
-        "for (long r = wb; r < we; ++r)",
-        f"    for (long q = 0; q < {kw}; ++q) Ap[r * {kw} + q] = {word};"]),
-        name=f"{node.op.lower()}_pack_a", doc=f"A {'as raw byte quads' if quad else '- zero point as int16 pairs'}")
+        "for (long r = wb; r < we; ++r) {",
+        f"    for (long q = 0; q < {kw}; ++q) Ap[r * {kw} + q] = {word};",
+        *([f"    {{ int32_t s = 0; for (long kk = 0; kk < {p.k}; ++kk) s += {_a_elem(p, 'r', 'kk')}; {rs}[r] = s; }}"]
+          if rs else []),
+        "}"]),
+        name=f"{node.op.lower()}_pack_a",
+        doc=f"A {'as raw byte quads' if quad else '- zero point as int16 pairs'}{' and row sums' if rs else ''}")
     tile = em.scratch(4 * mr * nr * max(1, em.n_threads), "int32")
     kernel = tile_loop(v, mr, nv, k2=kw, a_row=f"Ap + (i0 + SMELT_MIN({{r}}, mr - 1)) * {kw}L",
                        b_panel=f"Bp + cb * {kw * nr * group}L", tile="T", group=group, dot=dot)
@@ -363,6 +376,10 @@ def _emit_tiled(node: Node, em: BlockEmitter, p: Gemm, v) -> None:
     if quad:
         extra = [f"const int32_t *restrict CS = {em.weight(colsums)};", f"const int32_t za = {p.a_zero};"]
         acc = f"(T[r * {nr} + jj] - za * CS[j])"
+    if offsets is not None:  # in int64: the terms may pass 2^31 where their sum does not
+        extra += [f"const int32_t *restrict OFF = {em.weight(offsets)};", f"const int32_t *restrict RS = {rs};"]
+        acc = (f"(int32_t)((int64_t)T[r * {nr} + jj] - (int64_t)za * CS[j] + (int64_t)OFF[j] * "
+               f"((int64_t)RS[i] - {p.k}LL * za))")
     blocks_m = -(-p.m // mr)
     lines = p.decl + extra + [
         f"const {'int8_t' if quad else 'int16_t'} *restrict Bp = {em.weight(packed)};",
