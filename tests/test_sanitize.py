@@ -52,6 +52,8 @@ def _isa_or_skip(isa: str) -> None:
 
     if isa == "avx2" and (detect().isa == "avx2" or "avx2" not in detect().isa_caps()):
         pytest.skip("avx2 is the native ISA here (or not runnable)")
+    if isa not in ("native", "avx2") and isa not in detect().isa_caps():
+        pytest.skip(f"host cannot run {isa}")
 
 
 @pytest.mark.parametrize("isa", ["native", "avx2"])
@@ -110,11 +112,12 @@ def test_wild_model_templates_clean_under_sanitizers(isa, tmp_path):
     _check_clean(model, isa, tmp_path)
 
 
-@pytest.mark.parametrize("isa", ["native", "avx2"])
+@pytest.mark.parametrize("isa", ["native", "avx2_vnni", "avx2"])
 def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
     """QuantizeLinear per axis and per tensor (float-to-int saturation is where C has undefined
-    behaviour), DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, ConvInteger,
-    QLinearConv, under the sanitizers."""
+    behaviour), DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, ConvInteger
+    (int8 and uint8 weights with zero points: the VNNI quads' row-sum correction), QLinearConv,
+    under the sanitizers."""
     from helpers import const, make_model, tensor
     from onnx import helper
 
@@ -137,6 +140,8 @@ def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
              helper.make_node("Reshape", ["dq", "shape4"], ["dq4"]),
              helper.make_node("ConvInteger", ["dq4", "cw", "dz"], ["ci"], pads=[1, 1, 1, 1], strides=[2, 2]),
              helper.make_node("Cast", ["ci"], ["cf"], to=1),
+             helper.make_node("ConvInteger", ["dq4", "cwu", "dz", "cwz"], ["cu"], pads=[1, 1, 1, 1]),
+             helper.make_node("Cast", ["cu"], ["cuf"], to=1),
              helper.make_node("QLinearConv", ["dq4", "ds", "dz", "cwg", "s0", "z8", "s1", "z1", "cb"], ["qc"],
                               pads=[1, 1, 1, 1], group=3),
              helper.make_node("DequantizeLinear", ["qc", "s1", "z1"], ["qcf"])]
@@ -146,10 +151,11 @@ def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
              const("z0", np.uint8(9)), const("s1", np.float32(0.2)), const("z1", np.uint8(100)),
              const("shape4", np.array([1, 3, 5, 7], np.int64)),
              const("cw", rng.integers(-128, 128, (4, 3, 3, 3)).astype(np.int8)),
+             const("cwu", rng.integers(0, 256, (5, 3, 3, 3)).astype(np.uint8)), const("cwz", np.uint8(119)),
              const("cwg", rng.integers(-128, 128, (6, 1, 3, 3)).astype(np.int8)), const("z8", np.int8(0)),
              const("cb", rng.integers(-1000, 1000, 6).astype(np.int32))]
     model = make_model(nodes, [tensor("x", [3, 5, 7])],
-                       [tensor(n, None) for n in ("d", "d0", "y", "mf", "qf", "cf", "qcf")], inits, opset=21)
+                       [tensor(n, None) for n in ("d", "d0", "y", "mf", "qf", "cf", "cuf", "qcf")], inits, opset=21)
     _check_clean(model, isa, tmp_path)
 
 
