@@ -199,7 +199,8 @@ def machine_info(threads: int, measure_peak: bool | None = None, progress: bool 
             "isa": t.isa, "smelt_isa": mine.isa, "vector_bits": t.vector_bits, "cores": t.physical_cores,
             "caches": {"l1d_kib": t.l1d_bytes // 1024, "l2_kib": t.l2_bytes // 1024, "l3_kib": t.l3_bytes // 1024},
             "python": platform.python_version(), "peak_gflops": None, "peak": None, "peaks": {}}
-    for which in dict.fromkeys([mine.isa, t.isa, *(a for a in also if a in t.isa_caps())]):
+    # peaks by vector ISA, what each engine reports it ran ("avx2_vnni" runs ISA "avx2")
+    for which in dict.fromkeys([mine.isa, t.isa, *(t.narrowed(a).isa for a in also if a in t.isa_caps())]):
         peak, note = peak_or_reason(measure_peak, progress, isa=which)
         if peak is None:
             print(f"note: {note}; GFLOPS shares at {which} omitted", file=sys.stderr)
