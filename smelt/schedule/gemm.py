@@ -62,14 +62,24 @@ def decide_gemm_graph(g: Graph, options: CompileOptions) -> None:
             node.schedule = gemm_schedule(options, g.shape_generic)
 
 
-def int_dot_tile(registers: int, rows: int | None = None) -> tuple[int, int]:
+INT_TILE_MAX_ROWS = 12  # rows of a narrow tile (fewer vectors per row): broadcasts stay cheap
+
+
+def int_dot_tile(registers: int, rows: int | None = None, columns: int | None = None,
+                 lanes: int = 16) -> tuple[int, int]:
     """The integer GEMM's register tile (rows MR, int32 vectors NV per row) for a vector ISA with
     ``registers`` registers: MR * NV accumulators, NV B vectors and one A broadcast must fit
     (32 registers: 6 x 4, 29 live; 16: 6 x 2, 15 live). ``rows``: the product's rows when known
     at compile time; MR is never more (a tile's rows past the end re-read the last row and
     their sums are dropped: ResNet-50's classifier, M = 1, did six rows' dots for one; its time
     did not change, since streaming its 2 MB of weights bounds it, but a one-row product whose
-    weights are in cache does six times fewer dots)."""
+    weights are in cache does six times fewer dots). ``columns``: the product's columns when
+    fewer than a full tile's (``lanes`` int32 per vector): NV shrinks to cover them and the
+    freed registers hold more rows, up to ``INT_TILE_MAX_ROWS`` (ddddocr's ConvIntegers with 24
+    output channels did 64 columns' dots for 24: 6 x 4 became 12 x 2)."""
     nv = 4 if registers >= 32 else 2
     mr = min(6, (registers - nv - 1) // nv)
+    if columns is not None and -(-columns // lanes) < nv:
+        nv = max(1, -(-columns // lanes))
+        mr = min(INT_TILE_MAX_ROWS, (registers - nv - 1) // nv)
     return (mr if rows is None else max(1, min(mr, rows))), nv

@@ -133,3 +133,20 @@ def test_tile_rows_never_exceed_the_product() -> None:
     assert int_dot_tile(32, 1) == (1, 4) and int_dot_tile(16, 3) == (3, 2)
     assert int_dot_tile(32, 6) == (6, 4) and int_dot_tile(32, 1000) == (6, 4)
     assert int_dot_tile(32, 0) == (1, 4)  # an empty product still renders one row
+
+
+def test_narrow_products_trade_vectors_for_rows() -> None:
+    """Fewer columns than a tile's vectors cover (ddddocr's 24-channel ConvIntegers under a
+    64-column tile): NV covers the columns and the freed registers hold more rows, every
+    accumulator, B vector and the A broadcast still in registers. The narrow tiles' answers are
+    checked against onnxruntime in test_int_conv.py (7, 8, 9, 20 and 33 output channels)."""
+    from smelt.schedule.gemm import INT_TILE_MAX_ROWS, int_dot_tile
+
+    assert int_dot_tile(32, columns=24, lanes=16) == (12, 2)
+    assert int_dot_tile(32, columns=16, lanes=16) == (INT_TILE_MAX_ROWS, 1)
+    assert int_dot_tile(16, columns=8, lanes=8) == (INT_TILE_MAX_ROWS, 1)
+    assert int_dot_tile(32, columns=64, lanes=16) == int_dot_tile(32) == int_dot_tile(32, columns=1000)
+    for registers, lanes in ((32, 16), (16, 8)):
+        for columns in range(1, 80):
+            mr, nv = int_dot_tile(registers, columns=columns, lanes=lanes)
+            assert mr * nv + nv + 1 <= registers and nv * lanes >= min(columns, int_dot_tile(registers)[1] * lanes)

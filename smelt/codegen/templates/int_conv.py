@@ -195,7 +195,7 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
         doc=f"receptive field {cg}x{kh}x{kw} as {'u8 quads' if quad else 'int16 pairs'}{' and its sum' if rs else ''}")
     decl, store = _store(node, g, io, em, oc)
     if v.has("i16_dot_acc"):
-        mr, nv = int_dot_tile(v.registers)
+        mr, nv = int_dot_tile(v.registers, columns=ocg, lanes=v.lanes)
         nr = nv * v.lanes
     else:  # portable: one row at a time against every output channel of the group
         mr, nv, nr = 1, 0, ocg
