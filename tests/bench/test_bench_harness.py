@@ -92,36 +92,41 @@ def test_time_interleaved_gives_each_engine_one_block_per_round_rotating():
     assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
 
 
-def test_settle_waits_for_spinning_threads():
+def test_settle_waits_for_spinning_threads(monkeypatch):
     """settle_idle returns once the process's threads stop using CPU (a peer engine's workers
-    spinning after its calls), not after a fixed time; and at most after ``most``."""
-    import threading
-    import time
+    spinning after its calls), not after a fixed time; and at most after ``most``. On a fake
+    clock: real spinning threads on a loaded 2-core CI machine got too little CPU to look busy
+    (the test once saw a 0.6 s spin as idle after 0.15 s)."""
+    import time as real_time
 
-    from smelt.bench.timing import settle_idle
+    from smelt.bench import timing
 
-    def spin(seconds: float) -> None:  # busy like a worker polling for work (GIL released often)
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            time.sleep(0)
+    class Clock:  # wall time advances in sleep(); process CPU time while a fake worker spins
+        def __init__(self, spin_until: float) -> None:
+            self.now, self.cpu, self.spin_until = 0.0, 0.0, spin_until
 
-    start = time.perf_counter()
-    settle_idle(0.0)
-    assert time.perf_counter() - start < 0.2  # idle already: one or two 10 ms slices
-    worker = threading.Thread(target=spin, args=(0.15,))
-    worker.start()
-    start = time.perf_counter()
-    settle_idle(0.01)
-    waited = time.perf_counter() - start
-    worker.join()
-    assert waited >= 0.13, f"returned after {waited:.3f} s while a thread still spun"
-    worker = threading.Thread(target=spin, args=(0.6,))
-    worker.start()
-    start = time.perf_counter()
-    settle_idle(0.01, most=0.2)
-    waited = time.perf_counter() - start
-    worker.join()
-    assert 0.2 <= waited < 0.45
+        def perf_counter(self) -> float:
+            return self.now
+
+        def process_time(self) -> float:
+            return self.cpu
+
+        def sleep(self, seconds: float) -> None:
+            busy = max(0.0, min(self.now + seconds, self.spin_until) - self.now)
+            self.now += seconds
+            self.cpu += busy  # one spinning thread: a CPU second per second
+
+    for spin, least, most, lo, hi in ((0.0, 0.0, 0.5, 0.0, 0.03),  # idle already: one slice
+                                      (0.15, 0.01, 0.5, 0.15, 0.18),  # waits the spin out
+                                      (0.6, 0.01, 0.2, 0.2, 0.22)):  # but never past ``most``
+        clock = Clock(spin)
+        monkeypatch.setattr(timing, "time", clock)
+        timing.settle_idle(least, most=most)
+        assert lo <= clock.now <= hi, (spin, least, most, clock.now)
+    monkeypatch.setattr(timing, "time", real_time)
+    start = real_time.perf_counter()
+    timing.settle_idle(0.0)  # the real clock: this process is idle, so it returns at once
+    assert real_time.perf_counter() - start < 0.2
 
 
 def test_time_interleaved_reports_rounds():
