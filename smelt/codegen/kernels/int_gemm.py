@@ -14,9 +14,10 @@ weights, what static quantizers write) is used as it is, and A's zero point come
 as ``a_zero * colsum(B)[j]``, a compile-time column sum (``quad_colsums``). Any other constant
 8-bit B (uint8, what older quantize_dynamic writes, or a nonzero zero point) is written as int8
 bytes ``B8 = B - 128`` (uint8) or ``B`` (int8), exact, with ``B - b_zero == B8 + off[j]``
-(``quad_weights``), and the sum is corrected by ``off[j] * (rowsum(A)[i] - K * a_zero)``: a
-row sum taken while A is packed, one multiply-add per stored element. This is the compile-time
-compensation oneDNN and MLAS use for s8 x s8 and u8 x u8 on VNNI.
+(``quad_weights``), and the sum is corrected by ``off[j] * (rowsum(A)[i] - K * a_zero)``
+(``quad_sum`` renders the store's expression): a row sum taken while A is packed, one
+multiply-add per stored element. This is the compile-time compensation oneDNN and MLAS use for
+s8 x s8 and u8 x u8 on VNNI.
 
 An MR x NR tile (``schedule.gemm.int_dot_tile``: MR rows, NV vectors of lanes) stays in
 registers over all of K; rows past the end of a ragged block read the last row again (one code
@@ -79,6 +80,17 @@ def quad_weights(b: np.ndarray, zero: np.ndarray) -> tuple[np.ndarray, np.ndarra
         raise ValueError(f"zero point of shape {np.shape(zero)} for weights {list(b.shape)}")
     z = z.reshape(groups, n) if z.size == groups * n and z.size != n else np.broadcast_to(z, (groups, n))
     return b8, quad_colsums(b8), np.ascontiguousarray(shift - z, dtype=np.int32)
+
+
+def quad_sum(tile: str, a_zero: str, column: str, k: int, row: str | None = None) -> str:
+    """C for the exact ``(A - a_zero)(B - b_zero)`` sum from a quad-form tile element ``tile``:
+    A's zero point times the column sum ``CS[column]`` off; with ``row`` (B not int8 of zero
+    point 0, ``quad_weights``' offsets) also ``OFF[column] * (RS[row] - K * a_zero)``, in int64:
+    the terms may pass 2^31 where their sum does not (and it wraps to int32 as onnxruntime's)."""
+    if row is None:
+        return f"({tile} - {a_zero} * CS[{column}])"
+    return (f"(int32_t)((int64_t){tile} - (int64_t){a_zero} * CS[{column}] + (int64_t)OFF[{column}] * "
+            f"((int64_t)RS[{row}] - {k}LL * {a_zero}))")
 
 
 def quad_word(values: list[str]) -> str:

@@ -26,6 +26,7 @@ from smelt.codegen.kernels.int_gemm import (
     flush_counters,
     pack_b,
     pair_word,
+    quad_sum,
     quad_weights,
     requantize,
     tile_loop,
@@ -232,12 +233,10 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
         if quad:  # A's zero point times each column's weight sum comes off the raw-byte sum
             head.insert(0, f"const int32_t *restrict CS = {em.weight(w_colsums)};")
             head.insert(0, f"const int32_t xz = {xz};")
-            oi = f"gi * {ocg} + cb * {nr} + jj"
-            acc = f"(T[r * {nr} + jj] - xz * CS[{oi}])"
-            if offsets is not None:  # in int64: the terms may pass 2^31 where their sum does not
+            if offsets is not None:
                 head[:0] = [f"const int32_t *restrict OFF = {em.weight(offsets)};", f"const int32_t *restrict RS = {rs};"]
-                acc = (f"(int32_t)((int64_t)T[r * {nr} + jj] - (int64_t)xz * CS[{oi}] + (int64_t)OFF[{oi}] * "
-                       f"((int64_t)RS[bg * {p_count} + i0 + r] - {k}LL * xz))")
+            acc = quad_sum(f"T[r * {nr} + jj]", "xz", f"gi * {ocg} + cb * {nr} + jj", k,
+                           None if offsets is None else f"bg * {p_count} + i0 + r")
         kernel_name = f"int_conv_{mr}x{nr}_{v.name}{'_u8s8' if quad else ''}"
     else:
         wpairs = np.zeros((group, 2 * kwords, ocg), np.int16)

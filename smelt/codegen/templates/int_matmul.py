@@ -32,6 +32,7 @@ from smelt.codegen.kernels.int_gemm import (
     flush_counters,
     pack_b,
     pair_word,
+    quad_sum,
     quad_weights,
     quad_word,
     requantize,
@@ -235,14 +236,11 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
         decl = decl + [f"const int32_t *restrict CS = {em.weight(colsums)};"]
         if io["az"]:
             decl.append(f"const {at} *restrict AZ = {em.ptr(io['az'])};")
-        col = f"{'bi * ' + str(n) + ' + ' if b_batched else ''}j"
-        za = _zp_read(g, io, "az", "i", m)
-        if offsets is None:
-            acc = f"(T[r * {nr} + jj] - {za} * CS[{col}])"
-        else:  # in int64: the terms may pass 2^31 where their sum does not (or wraps as ORT's)
+        if offsets is not None:
             decl += [f"const int32_t *restrict OFF = {em.weight(offsets)};", f"const int32_t *restrict RS = {rs};"]
-            acc = (f"(int32_t)((int64_t)T[r * {nr} + jj] - (int64_t){za} * CS[{col}] + (int64_t)OFF[{col}] * "
-                   f"((int64_t)RS[bi * {m} + i] - {k}LL * {za}))")
+        acc = quad_sum(f"T[r * {nr} + jj]", _zp_read(g, io, "az", "i", m),
+                       f"{'bi * ' + str(n) + ' + ' if b_batched else ''}j", k,
+                       None if offsets is None else f"bi * {m} + i")
     b_ptr = em.weight(packed) if b_const else b_panels
     lines = decl + [
         f"const {'int8_t' if quad else 'int16_t'} *restrict Bp = {b_ptr};",

@@ -38,7 +38,7 @@ from smelt.codegen.kernels.int_gemm import (
     flush_counters,
     pack_b,
     pair_word,
-    quad_colsums,
+    quad_sum,
     quad_weights,
     quad_word,
     requantize,
@@ -336,14 +336,11 @@ def _emit_tiled(node: Node, em: BlockEmitter, p: Gemm, v) -> None:
     group = QUAD if quad else PAIR
     kw = -(-p.k // group)
     nb = -(-p.n // nr)
-    offsets = None  # B - b_zero - its int8 bytes per column, where not all zero
-    if vnni:
+    offsets = None  # B - b_zero - its int8 bytes per column, where not all zero (VNNI only)
+    if quad:
         b8, colsums, offsets = quad_weights(p.b[None], p.b_zero)
-        colsums, offsets = colsums[0], (offsets if np.any(offsets) else None)
+        colsums, offsets = colsums[0], (offsets[0] if np.any(offsets) else None)
         packed = pack_b(b8, nr, QUAD)
-    elif quad:
-        packed = pack_b(p.b.astype(np.int8)[None], nr, QUAD)
-        colsums = quad_colsums(p.b.astype(np.int8)[None])[0]
     else:
         packed = pack_b((p.b.astype(np.int16) - p.b_zero.astype(np.int16))[None], nr, PAIR)
     at = c_type(p.a_type)
@@ -375,11 +372,9 @@ def _emit_tiled(node: Node, em: BlockEmitter, p: Gemm, v) -> None:
     extra = []
     if quad:
         extra = [f"const int32_t *restrict CS = {em.weight(colsums)};", f"const int32_t za = {p.a_zero};"]
-        acc = f"(T[r * {nr} + jj] - za * CS[j])"
-    if offsets is not None:  # in int64: the terms may pass 2^31 where their sum does not
-        extra += [f"const int32_t *restrict OFF = {em.weight(offsets)};", f"const int32_t *restrict RS = {rs};"]
-        acc = (f"(int32_t)((int64_t)T[r * {nr} + jj] - (int64_t)za * CS[j] + (int64_t)OFF[j] * "
-               f"((int64_t)RS[i] - {p.k}LL * za))")
+        if offsets is not None:
+            extra += [f"const int32_t *restrict OFF = {em.weight(offsets)};", f"const int32_t *restrict RS = {rs};"]
+        acc = quad_sum(f"T[r * {nr} + jj]", "za", "j", p.k, None if offsets is None else "i")
     blocks_m = -(-p.m // mr)
     lines = p.decl + extra + [
         f"const {'int8_t' if quad else 'int16_t'} *restrict Bp = {em.weight(packed)};",
