@@ -28,6 +28,7 @@ from smelt.passes.inline_if import inline_constant_ifs
 from smelt.passes.lower_qdq import lower_qdq
 from smelt.passes.runtime_if import convert_runtime_ifs
 from smelt.passes.shape_inference import infer_shapes
+from smelt.passes.slice_assign import slice_assign_as_where
 from smelt.passes.unroll_loops import unroll_loops
 
 Pass = Callable[[Graph], Graph]
@@ -45,11 +46,12 @@ def fold_to_fixpoint(g: Graph) -> Graph:
     Validation follows each inference, before the next fold evaluates a node. A node no template
     runs is then expanded into its schema's function body where that runs natively (its shapes
     are known only now; the body is folded and inferred by the next round); so is a Scan or Loop
-    of static length into its body once per iteration (``unroll_loops``)."""
+    of static length into its body once per iteration (``unroll_loops``), and a slice
+    assignment with run-time bounds into a select of static shape (``slice_assign``)."""
     for _ in range(MAX_FOLD_ROUNDS):
         before = _fold_signature(g)
         g = check_graph(infer_shapes(eliminate_identity(inline_constant_ifs(fold_constants(g)))))
-        g = unroll_loops(expand_functions(g))
+        g = slice_assign_as_where(unroll_loops(expand_functions(g)))
         if _fold_signature(g) == before:
             # what folding could not decide is decided at run time: the branches are inlined
             # under a select (runtime_if.py) and folded like the rest by the next rounds
