@@ -13,9 +13,9 @@ from onnx import TensorProto, helper
 
 import smelt
 from smelt.compiler import lower
-from smelt.options import CompileOptions
 from smelt.frontend.onnx_import import load_model
 from smelt.ir.graph import Graph
+from smelt.options import CompileOptions
 from smelt.passes.slice_assign import slice_assign_as_where
 from smelt.target import detect
 
