@@ -720,10 +720,17 @@ def check(model: ModelLike | CompiledModel, inputs: Mapping[str, np.ndarray] | N
 
 
 def _resolve_isa(isa: str | None) -> str | None:
-    """The argument wins over $SMELT_ISA; "native" (either way) is no cap, stored as None so a
-    native build shares its cache entry with one made without naming an ISA."""
+    """The argument wins over $SMELT_ISA; "native" (either way), or a cap that drops nothing on
+    this host, is no cap, stored as None so a native build shares its cache entry with one made
+    without naming an ISA. "avx2" on an AVX2 host with AVX-VNNI drops AVX-VNNI: a cap, kept."""
     chosen = isa if isa is not None else settings.isa()
-    return None if chosen in (None, NATIVE_ISA, detect().isa) else chosen
+    if chosen in (None, NATIVE_ISA):
+        return None
+    host = detect()
+    try:
+        return None if host.narrowed(chosen) == host else chosen
+    except ValueError:  # not a cap, or not one this host runs: CompileOptions names the problem
+        return chosen
 
 
 def _options(threads: int, **fields: object) -> CompileOptions:

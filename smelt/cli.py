@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import sys
@@ -625,6 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     args.command_line = ["smelt", *(sys.argv[1:] if argv is None else argv)]
     try:
         return args.func(args)
+    except BrokenPipeError:  # `smelt info | head`: the reader left; no traceback for that
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except SmeltError as exc:
         print(f"smelt: error: {exc}", file=sys.stderr)
         return 2

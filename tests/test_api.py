@@ -261,7 +261,8 @@ def test_isa_cap_generated_code_stays_within_it(isa, tmp_path, monkeypatch):
     want = ort_run(model, feeds)
     native = smelt.compile(model, threads=1)
     capped = smelt.compile(model, threads=1, isa=isa)
-    assert capped.target.isa == isa and capped.options.isa == isa
+    # a cap that drops nothing on this host (avx2 on an AVX2 host without AVX-VNNI) is no cap
+    assert capped.target.isa == isa and capped.options.isa == (None if capped.target == native.target else isa)
     assert_close(capped.run(feeds), want)
     dis = _disassembly(capped)
     assert "%zmm" not in dis and "%k1" not in dis

@@ -25,9 +25,10 @@ from smelt.frontend import zoo
 
 jsonschema = pytest.importorskip("jsonschema")
 
+# the peers report the host's ISA, whichever it is: the fake machine has a peak for each
 FAKE_MACHINE = {"cpu": "test", "isa": "avx512", "smelt_isa": "avx512", "cores": 2, "python": "3",
                 "caches": {"l1d_kib": 32, "l2_kib": 1024, "l3_kib": 32768}, "peak_gflops": 100.0,
-                "peaks": {"avx512": 100.0}, "peak": None}
+                "peaks": {"avx512": 100.0, "avx2": 50.0}, "peak": None}
 FAKE_PEAK = {"isa": "avx512", "vector_bits": 512, "cores": 2, "kernel": "avx512-fma", "accumulators": 24,
              "flops_per_iter": 768, "fma_gflops_1t": 220.0, "fma_gflops_all": 440.0, "fma_gflops_1t_max": 225.0,
              "fma_gflops_all_max": 450.0, "sgemm_gflops": 300.0, "sgemm_gflops_max": 310.0, "sgemm_n": 2048,
