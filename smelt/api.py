@@ -722,7 +722,8 @@ def check(model: ModelLike | CompiledModel, inputs: Mapping[str, np.ndarray] | N
 def _resolve_isa(isa: str | None) -> str | None:
     """The argument wins over $SMELT_ISA; "native" (either way), or a cap that drops nothing on
     this host, is no cap, stored as None so a native build shares its cache entry with one made
-    without naming an ISA. "avx2" on an AVX2 host with AVX-VNNI drops AVX-VNNI: a cap, kept."""
+    without naming an ISA. A cap narrower than the host in features alone (dropping the integer
+    dot products of a host whose vector ISA it keeps) is a cap, kept."""
     chosen = isa if isa is not None else settings.isa()
     if chosen in (None, NATIVE_ISA):
         return None

@@ -177,9 +177,10 @@ def apply_isa_cap(isa: str | None) -> dict[str, str]:
 
     isa = isa if isa is not None else settings.isa()  # SMELT_ISA caps the peers too
     target = detect().narrowed(isa)  # the error for an ISA this host cannot run
-    if not target.native_isa:  # no cap ("native", or the host's own ISA)
+    if not target.native_isa:  # no cap ("native", or a cap that drops nothing on this host)
         return {}
-    env = {"SMELT_ISA": target.isa, **peer_isa_environment(target.isa)}
+    cap = target.cap or target.isa  # the cap's name: "avx2_vnni" runs ISA "avx2" but keeps its dot products
+    env = {"SMELT_ISA": cap, **peer_isa_environment(cap)}
     os.environ.update(env)
     return env
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from kernel_models import force_isa
+from kernel_models import AVX_VNNI, force_isa
 from onnx import TensorProto, helper, numpy_helper
 
 import smelt
@@ -23,7 +23,7 @@ import smelt
 ort = pytest.importorskip("onnxruntime")
 quantization = pytest.importorskip("onnxruntime.quantization")
 
-ISAS = ["native", "avx2", "scalar"]
+ISAS = ["native", AVX_VNNI, "avx2", "scalar"]
 
 # name: (seq, batch, input, hidden, direction, peepholes, initial state, weight type, per channel)
 CASES = {
@@ -87,7 +87,7 @@ def _expected_form(isa: str, wtype: str, target) -> str:
     """The instruction the recurrence's micro-kernel should be spelled with."""
     if isa == "scalar":
         return "portable pairs"
-    if isa == "native" and "avx512_vnni" in target.flags:
+    if isa == AVX_VNNI or isa == "native" and {"avx512_vnni", "avx_vnni"} & set(target.flags):
         return "vpdpbusd" if wtype == "QInt8" else "vpdpwssd"  # u8 x u8: int16 pairs
     return "madd_epi16"
 
