@@ -234,7 +234,10 @@ class CompiledModel:
         body_model = CompiledModel(body, threads=self.threads, schedule=rest, progress=self.progress, **named)
         # values that decide shapes in a body are mostly its iteration counters (a Slice at step
         # i): a new value every iteration, so specializing on them would compile a variant per
-        # iteration up to the cap. The body runs the generic variant from the start.
+        # iteration up to the cap. The body runs the generic variant from the start: its value
+        # guards are dropped, and with no other guard (an If's) every iteration after the first
+        # takes ``run``'s fast path (same signature, no validation: ~25 us less per iteration)
+        body_model._guards = [g for g in body_model._guards if not g.open_ended]
         body_model._decide = Decisions(body_model._guards, open_limit=0, warn=False)
         with self._lock:
             kept = self._loop_bodies.setdefault(key, body_model)

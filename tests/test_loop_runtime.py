@@ -185,3 +185,111 @@ def test_a_loop_carrying_a_sequence_stays_with_the_reference():
     runner = _runner(m)
     assert runner.use_reference and "sequences" in runner.reason
     assert any("sequences" in e["reason"] for e in m.fallback_report if e["node"] == "collect")
+
+
+L = 12  # encoder positions of the attention decoder below
+
+
+def _attention_decoder(assign: str = "squeeze_add_zero") -> object:
+    """h <- tanh(h + att' enc), att = softmax(tanh(relu(enc Wk) + h Wq) v): each step attends over
+    keys relu(enc Wk), a
+    product of the outer value ``enc`` (carried through the loop as paddle2onnx carries it, by
+    the assignment ``assign``) and a weight: Loop-invariant work the runner hoists. ``assign``:
+    "squeeze_add_zero" (paddle2onnx's Squeeze(Add(Unsqueeze(enc), 0))), "identity", or the near
+    miss "add_one", which makes enc change and so keeps everything in the body."""
+    spell = {
+        "squeeze_add_zero": [helper.make_node("Unsqueeze", ["enc_in", "ax0"], ["enc_u"]),
+                             helper.make_node("Add", ["enc_u", "zero"], ["enc_a"]),
+                             helper.make_node("Squeeze", ["enc_a", "ax0"], ["enc_out"])],
+        "identity": [helper.make_node("Identity", ["enc_in"], ["enc_out"])],
+        "add_one": [helper.make_node("Unsqueeze", ["enc_in", "ax0"], ["enc_u"]),
+                    helper.make_node("Add", ["enc_u", "onef"], ["enc_a"]),
+                    helper.make_node("Squeeze", ["enc_a", "ax0"], ["enc_out"])],
+    }[assign]
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["enc_in", "Wk"], ["keys"]),         # [L, D]: invariant
+         helper.make_node("Relu", ["keys"], ["keys_r"]),                 # invariant too
+         helper.make_node("MatMul", ["h_in", "Wq"], ["q"]),              # [1, D]
+         helper.make_node("Add", ["keys_r", "q"], ["kq"]),
+         helper.make_node("Tanh", ["kq"], ["e"]),
+         helper.make_node("MatMul", ["e", "v"], ["score"]),              # [L, 1]
+         helper.make_node("Softmax", ["score"], ["att"], axis=0),
+         helper.make_node("Transpose", ["att"], ["att_t"], perm=[1, 0]),
+         helper.make_node("MatMul", ["att_t", "enc_in"], ["ctx"]),       # [1, D]
+         helper.make_node("Add", ["ctx", "h_in"], ["pre"]),
+         helper.make_node("Tanh", ["pre"], ["h_out"]),
+         helper.make_node("ReduceSum", ["h_out"], ["tot"], keepdims=0),
+         helper.make_node("Less", ["tot", "limit"], ["cond_out"]),
+         *spell],
+        "body",
+        [tensor("it", [], TensorProto.INT64), tensor("cond_in", [], TensorProto.BOOL), tensor("h_in", [1, D]),
+         tensor("enc_in", [L, D])],
+        [tensor("cond_out", [], TensorProto.BOOL), tensor("h_out", [1, D]), tensor("enc_out", [L, D])],
+        initializer=[const("ax0", np.array([0], np.int64)), const("zero", np.array(0.0, np.float32)),
+                     const("onef", np.array(1.0, np.float32))])
+    nodes = [helper.make_node("Relu", ["x"], ["enc"], name="encoder"),
+             helper.make_node("Loop", ["M", "", "h0", "enc"], ["h", "enc_last"], name="decode", body=body)]
+    inits = [const("Wk", (RNG.standard_normal((D, D)) * 0.3).astype(np.float32)),
+             const("Wq", (RNG.standard_normal((D, D)) * 0.3).astype(np.float32)),
+             const("v", (RNG.standard_normal((D, 1)) * 0.3).astype(np.float32))]
+    return make_model(nodes, [tensor("x", [L, D]), tensor("h0", [1, D]), tensor("limit", []),
+                              tensor("M", [], TensorProto.INT64)],
+                      [tensor("h", [1, D]), tensor("enc_last", [L, D])], inits, opset=17)
+
+
+def _attention_feeds(steps: int) -> dict[str, np.ndarray]:
+    return {"x": RNG.standard_normal((L, D)).astype(np.float32), "h0": RNG.standard_normal((1, D)).astype(np.float32),
+            "limit": np.array(1e9, np.float32), "M": np.array(steps, np.int64)}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("assign", ["squeeze_add_zero", "identity"])
+def test_loop_invariant_work_is_hoisted_out_of_the_iterations(assign, threads):
+    """The keys (MatMul and Relu of the carried-through encoder output) run once per call in the
+    prologue; the answers are onnxruntime's, for several trip counts on one compiled model."""
+    model = _attention_decoder(assign)
+    m = smelt.compile(model, threads=threads)
+    for steps in (1, 5, 17):
+        feeds = _attention_feeds(steps)
+        assert_close(m.run(feeds), ort_run(model, feeds, threads), rel=1e-5)
+    runner = _runner(m)
+    assert not runner.use_reference, runner.reason
+    lp = runner.loop
+    assert lp.invariant == [1] and lp.hoisted_nodes == 2 and lp.hoisted == ["keys_r"], (lp.invariant, lp.hoisted)
+    body_ops = [n.op_type for n in lp.model.graph.node]
+    assert body_ops.count("MatMul") == 3 and "Relu" not in body_ops  # Wq, v and the context
+    assert "loop-invariant nodes run once per call" in runner.describe()
+
+
+def test_a_changing_carried_value_is_not_hoisted():
+    """enc + 1 each iteration: not invariant, nothing moves, the answer still onnxruntime's."""
+    model = _attention_decoder("add_one")
+    m = smelt.compile(model, threads=1)
+    feeds = _attention_feeds(6)
+    assert_close(m.run(feeds), ort_run(model, feeds), rel=1e-5)
+    lp = _runner(m).loop
+    assert lp.invariant == [] and lp.prologue is None and lp.hoisted_nodes == 0
+
+
+def test_pass_through_chains():
+    from smelt.runtime.loop import _passes_through
+
+    def chain(*nodes):
+        return helper.make_graph(list(nodes), "b", [tensor("x", [2, 3])], [tensor("y", [2, 3])],
+                                 initializer=[const("a0", np.array([0], np.int64)), const("a1", np.array([1], np.int64)),
+                                              const("z", np.array(0.0, np.float32)),
+                                              const("z1", np.array([0.0], np.float32)),
+                                              const("one", np.array(1.0, np.float32)),
+                                              const("two", np.array(2.0, np.float32))])
+
+    u0, s0 = helper.make_node("Unsqueeze", ["x", "a0"], ["u"]), helper.make_node("Squeeze", ["t", "a0"], ["y"])
+    assert _passes_through(chain(u0, helper.make_node("Add", ["u", "z"], ["t"]), s0), "y", "x")
+    assert _passes_through(chain(u0, helper.make_node("Add", ["z1", "u"], ["t"]), s0), "y", "x")  # inside: [1] ok
+    assert _passes_through(chain(helper.make_node("Mul", ["x", "one"], ["y"])), "y", "x")
+    assert _passes_through(chain(helper.make_node("Identity", ["x"], ["y"])), "y", "x")
+    assert not _passes_through(chain(u0, helper.make_node("Add", ["u", "two"], ["t"]), s0), "y", "x")
+    assert not _passes_through(chain(u0, helper.make_node("Sub", ["z", "u"], ["t"]), s0), "y", "x")  # 0 - x
+    assert not _passes_through(chain(helper.make_node("Add", ["x", "z1"], ["y"])), "y", "x")  # [1] may broadcast
+    assert not _passes_through(chain(u0, helper.make_node("Identity", ["u"], ["t"]),
+                                     helper.make_node("Squeeze", ["t", "a1"], ["y"])), "y", "x")  # other axis
+    assert not _passes_through(chain(helper.make_node("Relu", ["x"], ["y"])), "y", "x")

@@ -13,8 +13,12 @@ semantics (``runtime/reference_ops.Loop``, the oracle):
   count M, while the iteration number is below M; the next condition is the body's;
 - the node's outputs: the last carried values, then each scan output stacked on a new axis 0.
 
-A carried value the body passes through unchanged (output named as its input) is Loop-invariant:
+A carried value the body passes through unchanged (output named as its input, or reached from it
+by paddle2onnx's assignment Squeeze(Add(Unsqueeze(x), 0)): ``_passes_through``) is Loop-invariant:
 it leaves the body's inputs and outputs (fed once as a constant when it is one, else per call).
+Work on such values is hoisted (``_hoist``, DeepCPU's hoisting): body nodes reading only
+Loop-invariant fed values and constants run once per call in a prologue model, and the body
+takes their results as inputs (SLANet's attention keys: a [L, 96] x [96, 256] product per step).
 Zero iterations give the initial values and empty scan outputs of the body's declared shapes
 (onnxruntime's answer; onnx.reference fails there). A Loop whose carried shapes keep changing (each
 new shape would be one more compiled variant), whose body does not compile, or that carries
@@ -84,8 +88,10 @@ class LoopBody:
         self.cond_shape = _static_shape(body.input[1])
         carried_in = [i.name for i in body.input[2:]]
         carried_out = [o.name for o in body.output[1:1 + self.n_carried]]
-        # Loop-invariant carried values: the body hands them back unchanged
-        self.invariant = [j for j in range(self.n_carried) if carried_out[j] == carried_in[j]]
+        # Loop-invariant carried values: the body hands them back unchanged (paddle2onnx's
+        # assignment Squeeze(Add(Unsqueeze(x), 0)) included: ``_passes_through``)
+        self.invariant = [j for j in range(self.n_carried)
+                          if carried_out[j] == carried_in[j] or _passes_through(body, carried_out[j], carried_in[j])]
         const_inv = {j for j in self.invariant if initial[j] in consts}
         self.varying = [j for j in range(self.n_carried) if j not in self.invariant]
         self.initial = initial
@@ -112,6 +118,16 @@ class LoopBody:
         outputs = [body.output[0]] + [body.output[1 + j] for j in self.varying] + list(body.output[1 + self.n_carried:])
         graph = helper.make_graph(list(body.node), f"{model.graph.name}_loop_body", inputs, outputs, inits)
         self.model = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+        # loop-invariant work (DeepCPU's hoisting): nodes that read only the values every
+        # iteration sees alike, one of them fed, run once per call in a prologue model whose
+        # outputs the body then takes as inputs (SLANet's attention keys, the encoder's features
+        # times a weight, were a [L, 96] x [96, 256] product at each of 501 steps)
+        self.prologue: onnx.ModelProto | None = None
+        self.hoisted: list[str] = []  # the prologue's outputs, fed to every iteration
+        self.hoisted_nodes = 0
+        split = _hoist(self.model, fed={vi.name for vi in inputs[2:] if not self._varying_name(vi.name)})
+        if split is not None:
+            self.prologue, self.model, self.hoisted, self.hoisted_nodes = split
         self.fed_invariant = [j for j in self.invariant if j not in const_inv]
         # sequences and optionals (a Loop building a sequence, SequenceMap's expansion) are not
         # values a compiled body takes: such a Loop stays with the reference
@@ -120,9 +136,136 @@ class LoopBody:
         # the node's inputs held by its model (a constant trip count, constant initial values)
         self.held = {name: numpy_helper.to_array(t) for name, t in consts.items()}
 
+    def _varying_name(self, name: str) -> bool:
+        return name in {self.carried_in[j] for j in self.varying}
+
     def value(self, env: Mapping[str, np.ndarray], name: str) -> np.ndarray:
         """One of the node's inputs: from the step's environment or the node's model."""
         return np.asarray(env[name] if name in env else self.held[name])
+
+
+def _constant_of(body: onnx.GraphProto, producers: dict, name: str) -> np.ndarray | None:
+    init = next((t for t in body.initializer if t.name == name), None)
+    if init is not None:
+        return numpy_helper.to_array(init)
+    node = producers.get(name)
+    if node is not None and node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
+        return numpy_helper.to_array(node.attribute[0].t)
+    return None
+
+
+def _passes_through(body: onnx.GraphProto, out: str, src: str) -> bool:
+    """Whether body output ``out`` is body input ``src`` unchanged: a chain of Identity, Squeeze
+    undoing an Unsqueeze on the same constant axes, and Add/Sub of a constant 0 or Mul/Div by a
+    constant 1 (one element; of rank 0, or inside the Unsqueeze, so nothing broadcasts). The
+    one thing such a chain changes is a float -0.0 plus 0 becoming +0.0: a carried value that
+    passes through it is taken as the same value, which equals it under every comparison."""
+    producers = {o: n for n in body.node for o in n.output if o}
+    squeezed: list[tuple[int, ...]] = []  # Squeeze axes met walking back, each to be undone
+    name = out
+    for _ in range(64):
+        if name == src:
+            return not squeezed
+        node = producers.get(name)
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return False
+        ins = list(node.input)
+        if node.op_type == "Identity":
+            name = ins[0]
+        elif node.op_type in ("Squeeze", "Unsqueeze"):
+            axes_c = _constant_of(body, producers, ins[1]) if len(ins) > 1 and ins[1] else None
+            if axes_c is None:
+                attr = next((a for a in node.attribute if a.name == "axes"), None)
+                axes_c = np.array(attr.ints) if attr is not None else None
+            if axes_c is None:
+                return False
+            axes = tuple(sorted(int(a) for a in axes_c.reshape(-1)))
+            if node.op_type == "Squeeze":
+                squeezed.append(axes)
+            elif not squeezed or squeezed.pop() != axes or any(a < 0 for a in axes):
+                return False
+            name = ins[0]
+        elif node.op_type in ("Add", "Sub", "Mul", "Div") and len(ins) == 2:
+            neutral = 0 if node.op_type in ("Add", "Sub") else 1
+            sides = [1] if node.op_type in ("Sub", "Div") else [1, 0]
+            for k in sides:
+                c = _constant_of(body, producers, ins[k])
+                if c is not None and c.size == 1 and (c.ndim == 0 or squeezed) and float(c.reshape(-1)[0]) == neutral:
+                    name = ins[1 - k]
+                    break
+            else:
+                return False
+        else:
+            return False
+    return False
+
+
+# ops whose result is not a function of their inputs: never hoisted out of an iteration
+_NOT_PURE = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                       "Bernoulli"})
+
+
+def _hoist(body: onnx.ModelProto, fed: set[str]) -> tuple[onnx.ModelProto, onnx.ModelProto, list[str], int] | None:
+    """Split ``body`` (a standalone body, ``LoopBody.model``) into (a prologue, the body that
+    remains, the prologue's outputs, how many nodes moved), or None when no node is worth it.
+
+    A node moves when every input it reads is the same at every iteration (a constant, one of
+    ``fed``: the Loop-invariant carried values and outer values, or a moved node's output) and at
+    least one is fed: nodes of constants alone stay, since constant folding already computes
+    them once and a weight stays a constant the GEMMs prepack. Nodes with subgraphs, random ones,
+    and those whose output the body returns stay. The prologue's outputs are the moved values
+    the remaining nodes read, typed by onnx's inference (when one cannot be typed, nothing
+    moves)."""
+    g = body.graph
+    constants = {t.name for t in g.initializer}
+    outputs = {o.name for o in g.output}
+    kind = {name: "const" for name in constants} | {name: "fed" for name in fed}
+    moved, const_nodes = [], []
+    for node in g.node:
+        ins = [i for i in node.input if i]
+        if node.op_type in _NOT_PURE or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                                           for a in node.attribute):
+            continue
+        if not all(i in kind for i in ins) or any(o in outputs for o in node.output):
+            continue
+        k = "fed" if any(kind[i] == "fed" for i in ins) else "const"
+        kind.update({o: k for o in node.output if o})
+        (moved if k == "fed" else const_nodes).append(node)
+    if not moved:
+        return None
+    moved_ids = {id(n) for n in moved}
+    rest = [n for n in g.node if id(n) not in moved_ids]
+    made = {o for n in moved for o in n.output if o}
+    needed = sorted({i for n in rest for i in n.input if i in made})
+    if not needed:
+        return None
+    try:
+        typed = onnx.shape_inference.infer_shapes(body)
+    except Exception:  # noqa: BLE001 - onnx's inference raises many kinds; nothing moves then
+        return None
+    elem = {vi.name: vi.type.tensor_type.elem_type for vi in typed.graph.value_info if vi.type.HasField("tensor_type")}
+    if any(not elem.get(n) for n in needed):
+        return None
+    # the prologue: the moved nodes the needed values come from, and the constant-only nodes
+    # they read, in the body's order (a moved node nothing needs was dead in the body: it goes)
+    wanted = set(needed)
+    kept: set[int] = set()
+    for node in reversed(g.node):
+        if (id(node) in moved_ids or any(node is c for c in const_nodes)) and any(o in wanted for o in node.output):
+            kept.add(id(node))
+            wanted.update(i for i in node.input if i)
+    prologue_nodes = [n for n in g.node if id(n) in kept]
+    read = {i for n in prologue_nodes for i in n.input if i}
+    p_inputs = [vi for vi in g.input if vi.name in read]
+    p_inits = [t for t in g.initializer if t.name in read]
+    hoisted_vis = [helper.make_tensor_value_info(n, elem[n], None) for n in needed]
+    prologue = helper.make_model(
+        helper.make_graph(prologue_nodes, f"{g.name}_prologue", p_inputs, hoisted_vis, p_inits),
+        opset_imports=list(body.opset_import), ir_version=body.ir_version)
+    remaining = helper.make_model(
+        helper.make_graph(rest, g.name, list(g.input) + hoisted_vis, list(g.output), list(g.initializer)),
+        opset_imports=list(body.opset_import), ir_version=body.ir_version)
+    return prologue, remaining, needed, sum(id(n) in moved_ids for n in prologue_nodes)
 
 
 def _static_shape(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
@@ -144,6 +287,7 @@ class NativeLoopRunner:
         self.loop = LoopBody(onnx.load(str(model_path)))
         self._compile_body = compile_body
         self._body: BodyModel | None = None
+        self._prologue: BodyModel | None = None  # the loop-invariant nodes (``LoopBody.prologue``)
         self._shapes: set[tuple] = set()
         self.use_reference = not self.loop.tensors_only
         # why the reference runs the node, once it does
@@ -156,8 +300,10 @@ class NativeLoopRunner:
         if self._body is None:
             return "its body is compiled by smelt at the first call that iterates"
         native, rest = len(self._body.native_nodes), len(self._body.fallback_nodes)
+        hoisted = (f"; {self.loop.hoisted_nodes} loop-invariant nodes run once per call, before it"
+                   if self._prologue is not None else "")
         return (f"its body runs compiled by smelt ({native} of {native + rest} nodes native), one native "
-                "call per iteration")
+                f"call per iteration{hoisted}")
 
     def _give_up(self, why: str, env: dict[str, np.ndarray]) -> None:
         self.use_reference, self.reason = True, why
@@ -199,6 +345,8 @@ class NativeLoopRunner:
         if self._body is None:
             try:
                 self._body = self._compile_body(lp.model)
+                if lp.prologue is not None:
+                    self._prologue = self._compile_body(lp.prologue)
             except SmeltError as err:
                 self._give_up(f"the body did not compile: {err}", env)
                 return
@@ -206,6 +354,10 @@ class NativeLoopRunner:
         carried = {j: lp.value(env, lp.initial[j]) for j in lp.varying}
         fixed = {lp.carried_in[j]: lp.value(env, lp.initial[j]) for j in lp.fed_invariant}
         fixed.update({n: lp.value(env, n) for n in lp.outer_inputs})
+        if self._prologue is not None:  # the loop-invariant nodes, once for all iterations
+            assert lp.prologue is not None
+            ins = [vi.name for vi in lp.prologue.graph.input]
+            fixed.update(zip(lp.hoisted, self._prologue.run({n: fixed[n] for n in ins}), strict=True))
         scans: list[list[np.ndarray]] = [[] for _ in range(lp.n_scan)]
         i = 0
         while True:
