@@ -37,6 +37,8 @@ are ``<scatter>/...`` and typed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 
@@ -47,7 +49,7 @@ _STANDARD = ("", "ai.onnx")
 _PASS_THROUGH = ("Squeeze", "Unsqueeze", "Reshape", "Identity")  # a one-element value's other spellings
 
 
-def _producer(g: Graph, producers: dict[str, Node], name: str, op: str) -> Node | None:
+def _producer(producers: dict[str, Node], name: str, op: str) -> Node | None:
     node = producers.get(name)
     return node if node is not None and node.op == op and node.domain in _STANDARD else None
 
@@ -72,9 +74,13 @@ def _const_ints(g: Graph, name: str) -> list[int] | None:
     return None if c is None or c.dtype.kind not in "iu" else [int(x) for x in c.reshape(-1)]
 
 
+@dataclass(frozen=True)
 class _Match:
-    def __init__(self, scatter: Node, axis: int, start: str, end: str, update: str) -> None:
-        self.scatter, self.axis, self.start, self.end, self.update = scatter, axis, start, end, update
+    scatter: Node
+    axis: int
+    start: str  # the slice's start and end (one-element integer values)
+    end: str
+    update: str  # v, before the Expand
 
 
 def _match(g: Graph, producers: dict[str, Node], sc: Node) -> _Match | None:
@@ -90,11 +96,11 @@ def _match(g: Graph, producers: dict[str, Node], sc: Node) -> _Match | None:
     if not 0 <= axis < rank:
         return None
     # update = Expand(v, Shape(Slice(x, s, e, [a], [1])))
-    expand = _producer(g, producers, update, "Expand")
-    shape = _producer(g, producers, expand.inputs[1], "Shape") if expand is not None else None
+    expand = _producer(producers, update, "Expand")
+    shape = _producer(producers, expand.inputs[1], "Shape") if expand is not None else None
     if shape is None or shape.attr("start") not in (None, 0) or shape.attr("end") is not None:
         return None
-    sl = _producer(g, producers, shape.inputs[0], "Slice")
+    sl = _producer(producers, shape.inputs[0], "Slice")
     if sl is None or len(sl.inputs) < 4 or sl.inputs[0] != data:
         return None
     axes = _const_ints(g, sl.inputs[3])
@@ -107,9 +113,9 @@ def _match(g: Graph, producers: dict[str, Node], sc: Node) -> _Match | None:
         if bv is None or not bv.is_static or bv.size != 1 or bv.dtype is None or np.dtype(bv.dtype).kind != "i":
             return None
     # index = Tile(Reshape(Range(s, e, 1), [1, .., -1 at a, .., 1]), reps)
-    tile = _producer(g, producers, index, "Tile")
-    reshape = _producer(g, producers, tile.inputs[0], "Reshape") if tile is not None else None
-    ramp = _producer(g, producers, reshape.inputs[0], "Range") if reshape is not None else None
+    tile = _producer(producers, index, "Tile")
+    reshape = _producer(producers, tile.inputs[0], "Reshape") if tile is not None else None
+    ramp = _producer(producers, reshape.inputs[0], "Range") if reshape is not None else None
     if ramp is None:
         return None
     target = _const_ints(g, reshape.inputs[1])
@@ -183,8 +189,11 @@ def _rewrite(g: Graph, m: _Match) -> list[Node]:
 
 def slice_assign_as_where(g: Graph) -> Graph:
     """Every ``x[.., s:e, ..] = v`` chain (module docstring) as a Where over a position mask."""
+    scatters = list(g.iter_op("ScatterElements"))
+    if not scatters:  # the usual case, every fold round: no producer map to build
+        return g
     producers = g.producers()
-    for sc in list(g.iter_op("ScatterElements")):
+    for sc in scatters:
         m = _match(g, producers, sc)
         if m is None:
             continue

@@ -125,7 +125,8 @@ class LoopBody:
         self.prologue: onnx.ModelProto | None = None
         self.hoisted: list[str] = []  # the prologue's outputs, fed to every iteration
         self.hoisted_nodes = 0
-        split = _hoist(self.model, fed={vi.name for vi in inputs[2:] if not self._varying_name(vi.name)})
+        varying_names = {carried_in[j] for j in self.varying}
+        split = _hoist(self.model, fed={vi.name for vi in inputs[2:] if vi.name not in varying_names})
         if split is not None:
             self.prologue, self.model, self.hoisted, self.hoisted_nodes = split
         self.fed_invariant = [j for j in self.invariant if j not in const_inv]
@@ -135,9 +136,6 @@ class LoopBody:
         self.tensors_only = all(vi.type.HasField("tensor_type") for vi in typed)
         # the node's inputs held by its model (a constant trip count, constant initial values)
         self.held = {name: numpy_helper.to_array(t) for name, t in consts.items()}
-
-    def _varying_name(self, name: str) -> bool:
-        return name in {self.carried_in[j] for j in self.varying}
 
     def value(self, env: Mapping[str, np.ndarray], name: str) -> np.ndarray:
         """One of the node's inputs: from the step's environment or the node's model."""
@@ -249,9 +247,10 @@ def _hoist(body: onnx.ModelProto, fed: set[str]) -> tuple[onnx.ModelProto, onnx.
     # the prologue: the moved nodes the needed values come from, and the constant-only nodes
     # they read, in the body's order (a moved node nothing needs was dead in the body: it goes)
     wanted = set(needed)
+    candidates = moved_ids | {id(n) for n in const_nodes}
     kept: set[int] = set()
     for node in reversed(g.node):
-        if (id(node) in moved_ids or any(node is c for c in const_nodes)) and any(o in wanted for o in node.output):
+        if id(node) in candidates and any(o in wanted for o in node.output):
             kept.add(id(node))
             wanted.update(i for i in node.input if i)
     prologue_nodes = [n for n in g.node if id(n) in kept]
