@@ -59,6 +59,10 @@ class CompileOptions:
     # the GEMM micro-kernel prefetches its C tile (and a same-shape residual operand) before its
     # K loop, so they arrive while the FMAs run
     gemm_prefetch_c: bool = True
+    # GEMMs with prepacked weights (B) prefetch the next B block of their loop nest into L2 while
+    # the current one computes, a share of its lines per micro-kernel call: weights streaming
+    # from DRAM (a transformer's, every call) otherwise stall each block's first row tile
+    gemm_prefetch_next_b: bool = True
     # NCHWc direct convs software-prefetch the next input-channel block's first input row into
     # L1 at the start of each block (its lines would otherwise miss at every block start)
     conv_prefetch_input: bool = True

@@ -33,6 +33,9 @@ class GemmSchedule:
     read_a_in_place: bool
     # the micro-kernel prefetches its C tile (and a residual operand) before the K loop
     prefetch_c: bool
+    # prepacked weights: the next B block is prefetched into L2 while this one computes
+    # (``options.gemm_prefetch_next_b``)
+    prefetch_next_b: bool
     # fewer multiply-adds than this: thread 0 alone (``PARALLEL_MIN_MACS``)
     parallel_min_macs: int
     # code that is the same for every M and N (a shape class's graph, ``Graph.shape_generic``):
@@ -43,7 +46,8 @@ class GemmSchedule:
     def problem_args(self) -> dict:
         """The kernel library's ``GemmProblem`` fields this schedule sets (kernels/gemm.py)."""
         return {"direct_b": self.read_b_in_place, "direct_a": self.read_a_in_place,
-                "prefetch_c": self.prefetch_c, "parallel_min_macs": self.parallel_min_macs,
+                "prefetch_c": self.prefetch_c, "prefetch_next_b": self.prefetch_next_b,
+                "parallel_min_macs": self.parallel_min_macs,
                 "runtime_shape": self.runtime_shape}
 
 
@@ -51,7 +55,8 @@ def gemm_schedule(options: CompileOptions, runtime_shape: bool = False) -> GemmS
     """The schedule every GEMM gets under ``options`` (nothing here depends on the shape)."""
     return GemmSchedule(read_b_in_place=options.gemm_read_b_in_place,
                         read_a_in_place=options.gemm_read_a_in_place,
-                        prefetch_c=options.gemm_prefetch_c, parallel_min_macs=PARALLEL_MIN_MACS,
+                        prefetch_c=options.gemm_prefetch_c, prefetch_next_b=options.gemm_prefetch_next_b,
+                        parallel_min_macs=PARALLEL_MIN_MACS,
                         runtime_shape=runtime_shape)
 
 

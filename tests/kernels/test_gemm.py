@@ -305,6 +305,28 @@ def test_packed_a_and_no_c_prefetch(isa, monkeypatch, tmp_path):
     check_cases(cases[1:2], isa, monkeypatch, tmp_path / "on", defaults)
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_next_b_block_prefetch(isa, monkeypatch, tmp_path):
+    """Prepacked weights: each micro-kernel call prefetches its share of the next B block (the
+    next K block, then the next NC block) into L2 (``gemm_prefetch_next_b``, on by default).
+    Cases past KC (two and five K blocks), past NC, one row and a ragged N: the same answers with
+    the prefetch and without it, and the kernels really differ."""
+    by_name = {c.name: c for c in GEMM_CASES}
+    cases = [by_name[n] for n in ("g17x97x385", "g16x96x768", "g3x1345x9", "g_fc_k_tail", "g37x673x20")]
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
+    share = "_mm_prefetch((const char *)(pf), _MM_HINT_T1)"
+
+    def on(compiled, target):
+        src = compiled.source_path.read_text()
+        assert "bnext = bptr + kb *" in src and share in src
+
+    def off(compiled, target):
+        assert "bnext" not in compiled.source_path.read_text()
+
+    check_cases(cases, isa, monkeypatch, tmp_path / "on", on)
+    check_cases(cases[:2], isa, monkeypatch, tmp_path / "off", off, schedule={"gemm_prefetch_next_b": False})
+
+
 def test_gemm_switches_are_in_the_key():
     """Every GEMM and conv kernel switch is a CompileOptions field that changes the artifact key."""
     from smelt.options import CompileOptions
@@ -312,7 +334,7 @@ def test_gemm_switches_are_in_the_key():
 
     t = detect()
     base = CompileOptions(threads=1)
-    for name in ("gemm_read_a_in_place", "gemm_prefetch_c", "conv_prefetch_input", "conv_prefetch_weights",
-                 "conv_row_split"):
+    for name in ("gemm_read_a_in_place", "gemm_prefetch_c", "gemm_prefetch_next_b", "conv_prefetch_input",
+                 "conv_prefetch_weights", "conv_row_split"):
         flipped = CompileOptions(threads=1, **{name: not getattr(base, name)})
         assert flipped.key(t) != base.key(t), name

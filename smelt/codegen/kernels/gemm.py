@@ -169,7 +169,7 @@ def define(em: BlockEmitter, base: str, code: str, doc: str) -> str:
 # ------------------------------------------------------------------------------------------
 UKR_SIG = ("(long kc, const float *restrict A, long lda, const float *restrict B, long ldb, float *restrict C, "
            "long ldc, int accum, int lastn, int ef, const float *restrict rb, const float *restrict cb, "
-           "const float *restrict fr, long ldf, float lo, float hi)")
+           "const float *restrict fr, long ldf, float lo, float hi, const char *pf, long pfn)")
 
 # Fused store epilogue of the micro-kernel (``ef`` bits, applied in this order on the last K
 # block): + rb[row], + cb[col], + fr[row * ldf + col], Relu, Clip(lo, hi).
@@ -192,6 +192,7 @@ def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False
         # compiler keeps acc in vector registers
         width = nv * blk.vec
         lines += [
+            "    (void)pf; (void)pfn;",
             f"    float acc[{rows}][{width}];",
             f"    const int ncols = {(nv - 1) * blk.vec} + lastn;",
             f"    for (int r = 0; r < {rows}; ++r) for (int j = 0; j < {width}; ++j) acc[r][j] = 0.0f;",
@@ -231,6 +232,9 @@ def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False
         lines += [f"            {v.prefetch(f'fr + r * ldf + {j * w}')}" for j in range(nv)]
         lines += ["        }", "    }"]
     between = [v.prefetch(f"A + {A_PREFETCH * mr}")] if A_PREFETCH and not direct_a else []
+    # the driver's share of the NEXT B block for this call: one L2 line per k step, so the lines
+    # arrive spread over the whole block's compute instead of stalling its first row tile
+    between.append(f"if (pfn > 0) {{ {v.prefetch_l2('pf')} pf += 64; --pfn; }}")
 
     def step(t: RegisterTile, u: int = 0, indent: str = "        ", pre: list[str] | None = None) -> list[str]:
         """One k step into accumulator set ``t``, at k + u."""
@@ -584,6 +588,8 @@ class GemmProblem:
     direct_a: bool = False
     # the micro-kernel prefetches its C tile before the K loop
     prefetch_c: bool = False
+    # prepacked B: each micro-kernel call prefetches its share of the next B block into L2
+    prefetch_next_b: bool = False
     # fewer multiply-adds than this (all items): thread 0 alone
     parallel_min_macs: int = 0
     # the same code for every M and N (``GemmSchedule.runtime_shape``)
@@ -672,7 +678,7 @@ def _dispatch(em: BlockEmitter, blk: Blocking, p: GemmProblem, direct_a: bool,
         vecs = -(-cols // blk.vec)
         lastn = cols - (vecs - 1) * blk.vec
         fn = microkernel(em, blk, rows, vecs, direct_a, p.prefetch_c)
-        return f"{fn}(kb, ap, lda, bp, ldb, cp, {p.ldc}, pc > 0, {lastn}, {eargs});"
+        return f"{fn}(kb, ap, lda, bp, ldb, cp, {p.ldc}, pc > 0, {lastn}, {eargs}, pf, pfn);"
 
     def by_cols(rows: int) -> str:
         if not n_tail:
@@ -689,7 +695,7 @@ def _dispatch(em: BlockEmitter, blk: Blocking, p: GemmProblem, direct_a: bool,
             for vecs in range(1, blk.nv + 1):
                 fn = microkernel(em, blk, rows, vecs, direct_a, p.prefetch_c)
                 cases.append(f"case {vecs}: {fn}(kb, ap, lda, bp, ldb, cp, {p.ldc}, pc > 0, "
-                             f"(int)(cols - {(vecs - 1) * blk.vec}), {eargs}); break;")
+                             f"(int)(cols - {(vecs - 1) * blk.vec}), {eargs}, pf, pfn); break;")
             return f"switch ((cols + {blk.vec - 1}) / {blk.vec}) {{ {' '.join(cases)} }}"
         return ("switch (rows) { "
                 + " ".join(f"case {r}: {{ {by_vectors(r)} }} break;" for r in range(blk.mr, 0, -1)) + " }")
@@ -832,6 +838,18 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
     else:
         inner.append(f"const float *restrict bptr = Bbase + bo + (jc / {nr}) * {p.K * nr}L + pc * {nr};")
         inner.append(f"const long bps = {p.K * nr}L; const long ldb = {nr};")
+    # prepacked weights: the next B block of this thread's (jc, pc) order is prefetched into L2
+    # while this one computes, each micro-kernel call taking an equal share of its panel's lines
+    # (weights of a whole network stream from DRAM, and a block's first row tile would otherwise
+    # wait on them: at ~16 B per cycle it needs several times what DRAM gives one core)
+    next_b = p.prefetch_next_b and blk.vx.vector and not pack_b and not direct_b
+    if next_b:
+        inner += ["const float *restrict bnext = 0; long nbn = 0, kbn = 0;",
+                  f"if (pc + kb < {p.K}) {{ bnext = bptr + kb * {nr}; nbn = nb; kbn = SMELT_MIN({kb_max}, {p.K} - pc - kb); }}",
+                  f"else if (jc + {blk.nc} < n1) {{ bnext = Bbase + bo + ((jc + {blk.nc}) / {nr}) * {p.K * nr}L; "
+                  f"nbn = SMELT_MIN({blk.nc}, n1 - jc - {blk.nc}); kbn = {kb_max}; }}",
+                  f"const long pf_rows = (SMELT_MIN({mc}, m1 - m0) + {mr - 1}) / {mr};  /* row tiles per block */",
+                  f"const long pf_lines = (kbn * {nr * 4} + 63) / 64, pf_share = (pf_lines + pf_rows - 1) / pf_rows;"]
     inner += [f"for (long ic = m0; ic < m1; ic += {mc}) {{",
               f"    const long mb = SMELT_MIN({mc}, m1 - ic);"]
     if direct_a:
@@ -857,6 +875,10 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
               f"        for (long jr = 0; jr < nb; jr += {nr}) {{",
               f"            long cols = SMELT_MIN({nr}, nb - jr); (void)cols;",
               f"            const float *restrict bp = bptr + (jr / {nr}) * bps;",
+              *(["            const char *pf = 0; long pfn = 0;",
+                 f"            if (bnext && jr < nbn) {{ const long l0 = SMELT_MIN(pf_lines, ((ic - m0 + ir) / {mr}) * pf_share); "
+                 f"pf = (const char *)(bnext + (jr / {nr}) * bps) + l0 * 64; pfn = SMELT_MIN(pf_share, pf_lines - l0); }}"]
+                if next_b else ["            const char *pf = 0; long pfn = 0;"]),
               f"            float *restrict cp = Y + co + (ic + ir) * {p.ldc}L + jc + jr;",
               f"            const long coff = co + (ic + ir) * {p.ldc}L + jc + jr;",
               "            const long grow = grow0 + ic + ir, gcol = jc + jr;",

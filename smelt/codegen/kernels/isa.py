@@ -136,6 +136,10 @@ class VectorIsa:
         """Statement: bring the cache line at ``ptr`` into L1."""
         return f"_mm_prefetch((const char *)({ptr}), _MM_HINT_T0);"
 
+    def prefetch_l2(self, ptr: str) -> str:
+        """Statement: bring the cache line at ``ptr`` into L2 (not L1)."""
+        return f"_mm_prefetch((const char *)({ptr}), _MM_HINT_T1);"
+
     # ---- arithmetic -------------------------------------------------------------------------
     def op(self, name: str, a: str, b: str) -> str:
         """``name`` in add, sub, mul, div, max, min. max/min return their SECOND operand when
