@@ -287,6 +287,8 @@ ATTENTION_CASES = [  # (B, S, Sk, heads, D, mask, nan guard)
     (1, 33, 17, 5, 24, "heads", False),  # a head dim of 1.5 AVX-512 vectors, per-head mask
     (1, 1, 1, 2, 16, "full", True),  # one query, one key
     (1, 70, 83, 2, 16, "keys", False),  # whole score tiles and a narrower last one (ViT's 197 keys)
+    (1, 17, 48, 2, 64, "none", False),  # exactly one 8-row x 48-key tile wide; 2 + 1 row items
+    (1, 9, 145, 2, 80, "keys", False),  # 3 tiles of 48 keys + one vector; D of 5 vectors: PV passes 3 + 2
 ]
 
 

@@ -34,7 +34,17 @@ from smelt.codegen.kernels.rows import row_expsum_fn, row_reduce_fn
 from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
 
-ROWS = 4  # query rows per work item (the register tile's broadcast rows)
+
+def tile_shape(v: VectorIsa) -> tuple[int, int]:
+    """(query rows per work item, key vectors per score tile) for a vector ISA.
+
+    Each item streams its head's K^T and V (Sk x D each: 384 KiB apiece for Whisper's 1500 keys)
+    from L2 once per pass, so the rows per item set the L2 traffic per FMA. With 32 registers
+    8 rows x 3 key vectors (24 accumulators) read half the bytes per FMA of 4 x 4 (Whisper-tiny's
+    encoder attention, Zen 5: 4 rows ran at ~56% of peak, L2-bound). 16 registers: 4 x 2."""
+    if not v.vector:
+        return 4, 1
+    return (8, 3) if v.registers >= 32 else (4, 2)
 
 
 def _dims(node: Node, g: Graph) -> tuple[int, int, int, int, int]:
@@ -80,7 +90,7 @@ def emit_attention(node: Node, g: Graph, em: BlockEmitter) -> None:
     strides = _mask_strides(node, g, (b, h, s, sk))
     v_isa = vector_isa(em.target)
     lanes = v_isa.lanes
-    jv = 4 if v_isa.registers >= 32 else 2
+    nrows, jv = tile_shape(v_isa)
     jb = jv * lanes  # keys per score tile
     skp = -(-sk // lanes) * lanes
     full, tail = skp // jb, skp % jb  # whole tiles of jb keys, then one of ``tail`` (ViT's 197: 3 x 64 + 16)
@@ -102,27 +112,27 @@ def emit_attention(node: Node, g: Graph, em: BlockEmitter) -> None:
         "    }",
         "}"]), name="f32_attention_pack_kt",
         doc=f"K^T per head: {full} tiles [{d}][{jb}] + [{d}][{tail}] for {b}x{h} heads")
-    # step 2: per item of ROWS query rows of one head
-    rblocks = -(-s // ROWS)
+    # step 2: per item of nrows query rows of one head
+    rblocks = -(-s // nrows)
     items = b * h * rblocks
     fmax = row_reduce_fn(em, "max", "float32")
     fexp = row_expsum_fn(em, "float32", store=True)
-    sbuf = em.scratch(em.n_threads * 2 * ROWS * skp * 4)
+    sbuf = em.scratch(em.n_threads * 2 * nrows * skp * 4)
     lines = [f"const float *restrict Q = {em.ptr(node.inputs[0])}; const float *restrict V = {em.ptr(node.inputs[2])};",
              f"const float *restrict KT = {kt}; float *restrict O = {em.ptr(node.outputs[0])};",
-             f"float *restrict Sc = {sbuf} + (long)tid * {2 * ROWS * skp}; float *restrict P = Sc + {ROWS * skp};"]
+             f"float *restrict Sc = {sbuf} + (long)tid * {2 * nrows * skp}; float *restrict P = Sc + {nrows * skp};"]
     if strides is not None:
         lines.append(f"const float *restrict M = {em.ptr(node.inputs[3])};")
     lines += [work_range(items, items > 1),
               "for (long w = wb; w < we; ++w) {",
-              f"    const long bh = w / {rblocks}, i0 = (w % {rblocks}) * {ROWS}, b = bh / {h}, h = bh % {h};",
-              f"    const long rows = SMELT_MIN({ROWS}, {s} - i0);",
+              f"    const long bh = w / {rblocks}, i0 = (w % {rblocks}) * {nrows}, b = bh / {h}, h = bh % {h};",
+              f"    const long rows = SMELT_MIN({nrows}, {s} - i0);",
               f"    const float *restrict kt = KT + bh * {d * skp};",
               f"    const float *restrict vh = V + b * {sk * hd} + h * {d};",
               f"    float *restrict oh = O + (b * {s} + i0) * {hd} + h * {d};"]
     body: list[str] = []
     if v_isa.vector:
-        body += _scores_vector(v_isa, s, d, skp, hd, scale, jv, full, tail)
+        body += _scores_vector(v_isa, nrows, s, d, skp, hd, scale, jv, full, tail)
     else:
         body += _scores_portable(s, d, skp, hd, scale, jb, full, tail)
     body += ["for (long r = 0; r < rows; ++r) {",
@@ -139,51 +149,51 @@ def emit_attention(node: Node, g: Graph, em: BlockEmitter) -> None:
         body.append(f"    for (long j = 0; j < {sk}; ++j) pr[j] *= inv;")
     body.append("}")
     if v_isa.vector:
-        body += _pv_vector(v_isa, d, sk, skp, hd)
+        body += _pv_vector(v_isa, nrows, d, sk, skp, hd)
     else:
         body += _pv_portable(d, sk, skp, hd)
     lines += ["    " + ln for ln in body] + ["}"]
     mask_doc = "no mask" if strides is None else f"mask strides {strides}"
-    emit_kernel(em, f"f32_attention_{v_isa.name}", "\n".join(lines),
-                f"B={b} S={s} Sk={sk} H={h} D={d}, {ROWS} rows per item, {mask_doc}", wide=True)
-    em.schedule(algorithm="fused multi-head attention (K^T packed; per 4 query rows: QK^T tile, softmax, PV)",
-                kernel=f"f32_attention_{v_isa.name}", threads=f"{items} items of {ROWS} rows over the threads")
+    emit_kernel(em, f"f32_attention_{nrows}x{jb}_{v_isa.name}", "\n".join(lines),
+                f"B={b} S={s} Sk={sk} H={h} D={d}, {nrows} rows per item, {mask_doc}", wide=True)
+    em.schedule(algorithm=f"fused multi-head attention (K^T packed; per {nrows} query rows: QK^T tile, softmax, PV)",
+                kernel=f"f32_attention_{nrows}x{jb}_{v_isa.name}", threads=f"{items} items of {nrows} rows over the threads")
 
 
-def _scores_vector(v: VectorIsa, s: int, d: int, skp: int, hd: int, scale: str, jv: int, full: int,
-                   tail: int) -> list[str]:
+def _scores_vector(v: VectorIsa, nrows: int, s: int, d: int, skp: int, hd: int, scale: str, jv: int,
+                   full: int, tail: int) -> list[str]:
     """Sc[r][j] = scale * q_r . k_j: ``full`` tiles of jv vectors of keys, then one of ``tail``
     keys (rows past S re-read the last row)."""
     jb = jv * v.lanes
     out = [f"const float *restrict q{r} = Q + (b * {s} + i0 + SMELT_MIN({r}, rows - 1)) * {hd} + h * {d};"
-           for r in range(ROWS)]
+           for r in range(nrows)]
     out.append(f"const {v.t} vscale = {v.set1(scale)};")
     if full:
         out.append(f"for (long j = 0; j < {full * jb}; j += {jb}) {{")
-        out += ["    " + ln for ln in _score_tile(v, d, skp, jv, "j")]
+        out += ["    " + ln for ln in _score_tile(v, nrows, d, skp, jv, "j")]
         out.append("}")
     if tail:
         out.append("{")
-        out += ["    " + ln for ln in _score_tile(v, d, skp, tail // v.lanes, str(full * jb))]
+        out += ["    " + ln for ln in _score_tile(v, nrows, d, skp, tail // v.lanes, str(full * jb))]
         out.append("}")
     return out
 
 
-def _score_tile(v: VectorIsa, d: int, skp: int, nvec: int, j: str) -> list[str]:
-    """One tile: ROWS x ``nvec`` vectors of keys from key ``j`` (K^T tile [D][nvec lanes])."""
+def _score_tile(v: VectorIsa, nrows: int, d: int, skp: int, nvec: int, j: str) -> list[str]:
+    """One tile: nrows x ``nvec`` vectors of keys from key ``j`` (K^T tile [D][nvec lanes])."""
     w = nvec * v.lanes
-    out = [f"{v.t} a{r}_{c} = {v.zero()};" for r in range(ROWS) for c in range(nvec)]
+    out = [f"{v.t} a{r}_{c} = {v.zero()};" for r in range(nrows) for c in range(nvec)]
     out.append(f"const float *restrict kb = kt + {j} * {d};")
     out.append(f"for (long c = 0; c < {d}; ++c) {{")
     out += [f"    {v.t} k{c} = {v.load(f'kb + c * {w} + {c * v.lanes}')};" for c in range(nvec)]
     out.append("    " + _in_registers([f"k{c}" for c in range(nvec)]))
-    for r in range(ROWS):
+    for r in range(nrows):
         out.append(f"    {{ const {v.t} q = {v.broadcast(f'q{r} + c')};")
         out += [f"      a{r}_{c} = {v.fmadd('q', f'k{c}', f'a{r}_{c}')};" for c in range(nvec)]
         out.append("    }")
     out.append("}")
     out += [v.store(f"Sc + {r * skp} + {j} + {c * v.lanes}", v.op("mul", f"a{r}_{c}", "vscale"))
-            for r in range(ROWS) for c in range(nvec)]
+            for r in range(nrows) for c in range(nvec)]
     return out
 
 
@@ -208,10 +218,13 @@ def _scores_portable(s: int, d: int, skp: int, hd: int, scale: str, jb: int, ful
             "}"]
 
 
-def _pv_vector(v: VectorIsa, d: int, sk: int, skp: int, hd: int) -> list[str]:
-    """O[r][c] = sum_j P[r][j] V[j][c], in passes of up to ``per_pass`` vectors of D."""
-    per_pass = (24 if v.registers >= 32 else 12) // ROWS
+def _pv_vector(v: VectorIsa, nrows: int, d: int, sk: int, skp: int, hd: int) -> list[str]:
+    """O[r][c] = sum_j P[r][j] V[j][c], in passes of up to 24 (32 registers) or 12 accumulators,
+    the vectors of D shared evenly between the passes (D 64 at 8 rows: 2 + 2, not 3 + 1)."""
     nvec = -(-d // v.lanes)
+    most = max(1, (24 if v.registers >= 32 else 12) // nrows)
+    passes = -(-nvec // most)
+    per_pass = -(-nvec // passes)
     tail = d % v.lanes
     out = [f"const {v.mask_type} dmask = {v.lane_mask(str(tail))};"] if tail else []
     for c0 in range(0, nvec, per_pass):
@@ -221,17 +234,17 @@ def _pv_vector(v: VectorIsa, d: int, sk: int, skp: int, hd: int) -> list[str]:
             return "dmask" if tail and c == nvec - 1 else None
 
         out.append("{")
-        out += [f"    {v.t} o{r}_{c} = {v.zero()};" for r in range(ROWS) for c in cols]
+        out += [f"    {v.t} o{r}_{c} = {v.zero()};" for r in range(nrows) for c in cols]
         out.append(f"    for (long j = 0; j < {sk}; ++j) {{")
         out.append(f"        const float *restrict vr = vh + j * {hd};")
         out += [f"        {v.t} x{c} = {v.masked_load(f'vr + {c * v.lanes}', mask(c))};" for c in cols]
         out.append("        " + _in_registers([f"x{c}" for c in cols]))
-        for r in range(ROWS):
+        for r in range(nrows):
             out.append(f"        {{ const {v.t} p = {v.broadcast(f'P + {r * skp} + j')};")
             out += [f"          o{r}_{c} = {v.fmadd('p', f'x{c}', f'o{r}_{c}')};" for c in cols]
             out.append("        }")
         out.append("    }")
-        for r in range(ROWS):
+        for r in range(nrows):
             stores = " ".join(v.masked_store(f"oh + {r * hd + c * v.lanes}", f"o{r}_{c}", mask(c)) for c in cols)
             out.append(f"    if (rows > {r}) {{ {stores} }}")
         out.append("}")
