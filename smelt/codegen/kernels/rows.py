@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter, c_literal
+from smelt.codegen.kernels.isa import VectorIsa
 from smelt.codegen.kernels.loops import fn_suffix, unsigned_of, wide_vectors
 from smelt.ir.types import FLOAT_TYPES, c_type
 
@@ -168,6 +169,37 @@ def exp_fn(em: BlockEmitter, dtype: str) -> str:
     if dtype == "float32":
         return em.function("smelt_expf", EXPF_SOURCE, "vectorizable expf")
     return fn_suffix("exp", dtype)
+
+
+def row_expsum_vector_fn(em: BlockEmitter, v: VectorIsa) -> str:
+    """``float FNAME(float *y, const float *x, long n, float m)``: y = exp(x - m), returning the
+    sum, in the ISA's vector exp (csrc/smelt_vec.h) two vectors at a time, the ragged end under a
+    lane mask: a softmax row whose max is ``m``. The vectorized scalar expf of
+    ``row_expsum_fn`` (integer exponent steps, selects for the range ends) took ~3x the cycles
+    per element: 22% of a 1500-key attention (Whisper's encoder) against ~8% now. The sum adds
+    the vectors in a fixed order (two partial sums, then the lanes), so a row's result does not
+    depend on the thread it runs on."""
+    w = v.lanes
+    code = f"""static float FNAME(float *restrict y, const float *restrict x, long n, float m) {{
+    const {v.t} vm = {v.set1('m')};
+    {v.t} s0 = {v.zero()}, s1 = {v.zero()};
+    long i = 0;
+    for (; i + {2 * w} <= n; i += {2 * w}) {{
+        const {v.t} e0 = {v.exp_fn}({v.op('sub', v.loadu('x + i'), 'vm')});
+        const {v.t} e1 = {v.exp_fn}({v.op('sub', v.loadu(f'x + i + {w}'), 'vm')});
+        {v.storeu('y + i', 'e0')} {v.storeu(f'y + i + {w}', 'e1')}
+        s0 = {v.op('add', 's0', 'e0')}; s1 = {v.op('add', 's1', 'e1')};
+    }}
+    for (; i < n; i += {w}) {{  /* the last one or two vectors, the ragged one masked */
+        const {v.mask_type} lm = {v.lane_mask(f'SMELT_MIN({w}, n - i)')};
+        const {v.t} e = {v.exp_fn}({v.op('sub', v.masked_load('x + i', 'lm'), 'vm')});
+        {v.masked_store('y + i', 'e', 'lm')}
+        s0 = {v.op('add', 's0', v.masked_load('y + i', 'lm'))};  /* the stored lanes, zeros past n */
+    }}
+    return {v.hsum(v.op('add', 's0', 's1'))};
+}}
+"""
+    return em.function(f"row_expsum_store_{v.name}", code, "sum of exp(x - m), vector exp")
 
 
 def row_expsum_fn(em: BlockEmitter, dtype: str, store: bool) -> str:

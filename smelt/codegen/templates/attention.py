@@ -30,7 +30,7 @@ import numpy as np
 from smelt.codegen.emitter import BlockEmitter, c_literal
 from smelt.codegen.kernels.isa import VectorIsa, vector_isa
 from smelt.codegen.kernels.loops import emit_kernel, work_range
-from smelt.codegen.kernels.rows import row_expsum_fn, row_reduce_fn
+from smelt.codegen.kernels.rows import row_expsum_fn, row_expsum_vector_fn, row_reduce_fn
 from smelt.codegen.registry import register
 from smelt.ir.graph import Graph, Node
 
@@ -116,7 +116,7 @@ def emit_attention(node: Node, g: Graph, em: BlockEmitter) -> None:
     rblocks = -(-s // nrows)
     items = b * h * rblocks
     fmax = row_reduce_fn(em, "max", "float32")
-    fexp = row_expsum_fn(em, "float32", store=True)
+    fexp = row_expsum_vector_fn(em, v_isa) if v_isa.vector else row_expsum_fn(em, "float32", store=True)
     sbuf = em.scratch(em.n_threads * 2 * nrows * skp * 4)
     lines = [f"const float *restrict Q = {em.ptr(node.inputs[0])}; const float *restrict V = {em.ptr(node.inputs[2])};",
              f"const float *restrict KT = {kt}; float *restrict O = {em.ptr(node.outputs[0])};",
