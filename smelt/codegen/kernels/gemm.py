@@ -13,7 +13,10 @@ size a compile-time constant. The loop nest, per thread over its region of C:
               epilogue is applied before the store
 
 Operands: constant ones (weights) are packed once at compile time, A as [M/MR][K][MR], B as
-[N/NR][K][NR] (zero padded); a run-time row-major A is read in place (the kernel broadcasts
+[N/NR][K][NR] (zero padded); a prepacked B's next block (the next K block, else the next NC
+block) is prefetched into L2 while the current one computes, each micro-kernel call issuing an
+equal share of its panel's lines one per k step (``GemmProblem.prefetch_next_b``); a run-time
+row-major A is read in place (the kernel broadcasts
 from MR rows ``lda`` apart); a transposed one is packed (whole, once per item, when small); a
 run-time B is packed into NR-column panels, by a generic strided packer or by conv.py's
 im2col packer. Ragged edges use micro-kernel variants specialized to the tail's rows and
