@@ -360,3 +360,27 @@ def test_depth_to_space_from_blocked(isa, monkeypatch, cache):
         assert templates.count("depth_to_space_nchwc") == 2, templates
 
     check_cases(cases, isa, monkeypatch, cache, check, layout="propagate", winograd=False)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_depth_to_space_from_blocked_tiled(isa, monkeypatch, cache):
+    """The tiled DepthToSpace (rows at least one block wide): b x b tiles transposed into the
+    per-thread buffer, output rows interleaved from it; DCR with channel groups that straddle
+    blocks (96 -> 24: PP-OCR's DB head), blocksize 4 over two runs of columns (64 + 6), CRD
+    blocksize 3 on 8-lane blocks; widths below, at and above whole tiles; batch 2; against
+    onnxruntime at 1 and 2 threads."""
+    wide = Chain("d2s_wide", (1, 24, 3, 37)).conv(96, (1, 1))
+    runs = Chain("d2s_runs", (2, 16, 2, 70)).conv(64, (1, 1), post=("Relu",))
+    crd = Chain("d2s_crd_wide", (2, 8, 3, 17)).conv(72, (3, 3), pads=(1, 1, 1, 1))
+    exact = Chain("d2s_exact", (1, 16, 2, 16)).conv(64, (1, 1))
+    cases = [wide._op("DepthToSpace", [wide.cur], blocksize=2).case(),
+             runs._op("DepthToSpace", [runs.cur], blocksize=4).case(),
+             crd._op("DepthToSpace", [crd.cur], blocksize=3, mode="CRD").case(),
+             exact._op("DepthToSpace", [exact.cur], blocksize=2).case()]
+
+    def check(compiled, target):
+        algos = [i.schedule.get("algorithm", "") for i in compiled.plan.step_infos()
+                 if i.schedule.get("template") == "depth_to_space_nchwc"]
+        assert len(algos) == 4 and all("transposed in registers" in a for a in algos), algos
+
+    check_cases(cases, isa, monkeypatch, cache, check, layout="propagate", winograd=False)
