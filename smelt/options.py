@@ -72,6 +72,10 @@ class CompileOptions:
     # row-outer NCHWc convs whose weights fit half an L2 split their work by output rows first
     # (each thread reads its own band of the input, every thread all the L2-resident weights)
     conv_row_split: bool = True
+    # NCHWc direct convs whose output blocks are half the vector width (8 channels on AVX-512:
+    # 24, 40, 72 output channels) put two output columns in each vector instead of running at
+    # half width
+    conv_column_pairs: bool = True
     # a blocked depthwise conv read only by a 1x1 conv runs fused with it, band by band of output
     # rows (schedule/dwpw.py): the depthwise output never goes to memory; "always": also where
     # its output fits L2 (tests reach every edge with small shapes)

@@ -110,6 +110,10 @@ class NchwcSchedule:
     # so a weight chunk comes from memory once and is reused from L1 for all rows (small planes,
     # big weights: ResNet-50's stage 4 went from 47-53% to 65-77% of peak in the network)
     ic_chunk: int = 0
+    # column pairs: oc_bn is half the ISA's vector, and each vector holds two adjacent output
+    # columns of one block (their 2 x oc_bn floats are contiguous in NCHW<oc_bn>c); ``reg_n``
+    # still counts columns. Set by ``finish`` (``column_pairs``), never by the tuner.
+    pairs: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -117,7 +121,8 @@ class NchwcSchedule:
     @staticmethod
     def from_dict(d: dict) -> NchwcSchedule:
         return NchwcSchedule(int(d["oc_bn"]), int(d["reg_n"]), int(d.get("oc_blocks", 1)),
-                             bool(d.get("unroll_ker", True)), int(d.get("ic_bn", 0)), int(d.get("ic_chunk", 0)))
+                             bool(d.get("unroll_ker", True)), int(d.get("ic_bn", 0)), int(d.get("ic_chunk", 0)),
+                             bool(d.get("pairs", False)))
 
 
 @dataclass(frozen=True)
@@ -539,6 +544,24 @@ def winograd_tile(target: Target) -> tuple[int, int]:
     return j, accumulator_budget(target, vector_lanes(target)) // j
 
 
+def column_pairs(geo: ConvGeometry, s: NchwcSchedule, ib: int, target: Target, options: CompileOptions,
+                 runtime_width: bool) -> NchwcSchedule:
+    """``s`` with two output columns per vector where its output block is half the vector width
+    (8 channels on AVX-512): the half-width kernel did half an FMA's work per instruction
+    (PP-OCRv6-det's 24-channel convs ran at 26-43% of peak). Its weights are duplicated into both
+    halves, each input tap is a two-scalar broadcast, and the tile keeps its J x R accumulators
+    over twice the columns (8 output columns as 4 vectors become 16 as 8). Only row-outer,
+    fixed-width, non-depthwise tiles; the epilogue runs after the raw store, on half-width
+    vectors, so the output is never written over a residual operand."""
+    vx = vector_isa(target)
+    if (not options.conv_column_pairs or not vx.vector or s.oc_bn * 2 != vx.lanes or not vx.has("f32_pair_set1")
+            or is_depthwise(geo) or ic_outer_blocks(geo, s, ib) or runtime_width):
+        return s
+    budget = accumulator_budget(target, vx.lanes)
+    pairs = max(1, min(budget // s.oc_blocks, s.reg_n))  # the accumulators the half-width tile had
+    return replace(s, pairs=True, unroll_ker=True, reg_n=max(1, min(2 * pairs, row_width(geo))))
+
+
 def finish(node: Node, g: Graph, target: Target, options: CompileOptions) -> None:
     """After layout planning: fix each Conv's algorithm, its tile for the chosen blocks, the
     Winograd order and the in-place operand (``node.schedule`` becomes a ``ConvSchedule``)."""
@@ -555,10 +578,13 @@ def finish(node: Node, g: Graph, target: Target, options: CompileOptions) -> Non
     geo = ConvGeometry(node, g)
     tile = fit(sched.tile, geo, layout_block(out.layout))
     order = winograd_choice(node, g, target, options)
-    # both kernels finish each output element in one go (the Winograd output transform reads
-    # the residual element it then writes), so the in-place rule is the same for both
-    inplace = inplace_residual(node, g) if options.inplace else None
     ib = layout_block(g.values[node.inputs[0]].layout)
+    if not order and sched.source == "default":  # a tuned tile was measured as it is
+        tile = column_pairs(geo, tile, ib, target, options, g.shape_generic)
+    # both kernels finish each output element in one go (the Winograd output transform reads
+    # the residual element it then writes), so the in-place rule is the same for both; column
+    # pairs store raw sums first
+    inplace = inplace_residual(node, g) if options.inplace and not tile.pairs else None
     node.schedule = replace(sched, algorithm="winograd" if order else "direct", tile=tile,
                             winograd_order=order, inplace_operand=inplace,
                             direct=None if order else direct_kernel(geo, tile, ib, target, options, g.shape_generic,

@@ -108,6 +108,47 @@ def test_nchwc_chains(isa, monkeypatch, cache):
                 schedule={"dw_pw_fusion": False})
 
 
+def _pair_chains() -> list[Case]:
+    """Convs with output blocks of 8 channels (24, 40, 8, grouped 2 x 24): on AVX-512 they run
+    as column pairs. Plain, 16- and 8-channel input blocks; odd output widths (a half pair at the
+    end of a row), stride 2 and (1, 2), dilation, asymmetric and wide pads (taps on the padding
+    for one column of a pair only), ragged J tiles (40 = 3 + 2 blocks), a flat 1x1 whose last
+    pseudo-row is odd, batch 2; epilogues: bias + Relu, a residual, the after-store GELU, a
+    per-channel Mul, no bias."""
+    C = Chain
+    return [
+        C("pairs_stem", (1, 3, 21, 21)).conv(24, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1), post=("Relu",))
+        .mark().conv(24, (3, 3), pads=(1, 2, 1, 0), post=("residual",))
+        .conv(40, (1, 1), post=("gelu",)).conv(8, (3, 3), dilations=(2, 2), pads=(2, 2, 2, 2), post=("chan_mul",))
+        .case(),
+        C("pairs_b2", (2, 16, 5, 9)).conv(24, (1, 1), post=("Relu",)).conv(24, (5, 5), strides=(1, 2), pads=(2, 2, 2, 2))
+        .conv(48, (3, 3), group=2, pads=(1, 1, 1, 1), bias=False).conv(40, (7, 7), pads=(3, 3, 3, 3)).case(),
+    ]
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_column_pairs(isa, monkeypatch, cache):
+    """8-channel output blocks as two output columns per 16-lane vector
+    (``NchwcSchedule.pairs``; AVX-512 only: AVX2's 8-lane vector is the block), against
+    onnxruntime at 1 and 2 threads; with ``conv_column_pairs`` off the half-width kernels run."""
+    cases = _pair_chains()
+
+    def pairs_used(expected: bool):
+        def check(compiled, target):
+            kernels = [i.schedule.get("micro_kernel", "") for i in compiled.plan.step_infos() if i.op == "Conv"]
+            half = [k for k in kernels if "x 8 lanes" in k]  # direct, 8-channel output blocks
+            paired = [k for k in half if "column pairs" in k]
+            if expected and target.isa == "avx512":  # (the rest run as the NCHW GEMM)
+                assert len(half) >= 5 and paired == half, kernels
+            else:
+                assert not paired, kernels
+        return check
+
+    check_cases(cases, isa, monkeypatch, cache, pairs_used(True), layout="propagate", winograd=False)
+    check_cases(cases, isa, monkeypatch, cache, pairs_used(False), layout="propagate", winograd=False,
+                schedule={"conv_column_pairs": False})
+
+
 def test_conv_only_mode_transforms_around_every_conv(monkeypatch, cache):
     """NeoCPU's "layout-optimized convolutions" step: blocked convs, plain everywhere else."""
     cases = _chains()[1:3]

@@ -212,6 +212,11 @@ AVX512 = VectorIsa(
     extra=(("itype", "__m512i"),
            # the lanes x lanes float tile at {src} (rows {ss} apart) transposed into {dst} (rows {ds} apart)
            ("f32_transpose", "smelt_transpose16x16_ps({src}, {ss}, {dst}, {ds});"),
+           # two output columns per vector (the NCHWc conv's column pairs): the float {a} in the
+           # low 8 lanes and {b} in the high 8; one of them, the other half zero
+           ("f32_pair_set1", "_mm512_mask_broadcastss_ps(_mm512_set1_ps({a}), (__mmask16)0xFF00, _mm_set_ss({b}))"),
+           ("f32_low_set1", "_mm512_maskz_broadcastss_ps((__mmask16)0x00FF, _mm_set_ss({a}))"),
+           ("f32_high_set1", "_mm512_maskz_broadcastss_ps((__mmask16)0xFF00, _mm_set_ss({b}))"),
            ("i32_set1", "_mm512_set1_epi32({a})"),
            ("i32_setr", "_mm512_setr_epi32({a})"),
            ("i32_add", "_mm512_add_epi32({a}, {b})"),

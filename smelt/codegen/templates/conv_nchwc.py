@@ -68,7 +68,7 @@ from smelt.codegen.kernels.gemm import (
     scalar_epilogue,
     vector_epilogue_stmts,
 )
-from smelt.codegen.kernels.isa import with_lanes
+from smelt.codegen.kernels.isa import vector_isa, with_lanes
 from smelt.codegen.kernels.tile import RegisterTile
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node, layout_block
@@ -85,7 +85,8 @@ from smelt.schedule.conv import (
 # Compile-time weight layout
 # ------------------------------------------------------------------------------------------
 def pack_weights(w: np.ndarray, geo: ConvGeometry, s: NchwcSchedule, ib: int) -> np.ndarray:
-    """[OC, C/G, KH, KW] -> per tile [C/G/ib][KH][KW][ib][J*oc_bn] (tiles never straddle groups)."""
+    """[OC, C/G, KH, KW] -> per tile [C/G/ib][KH][KW][ib][J*oc_bn] (tiles never straddle groups);
+    column pairs (``s.pairs``): [J][2][oc_bn], each block twice, one vector spanning both."""
     oc, cg, kh, kw = w.shape
     ob, j = s.oc_bn, s.oc_blocks
     ocg = oc // geo.group
@@ -94,6 +95,8 @@ def pack_weights(w: np.ndarray, geo: ConvGeometry, s: NchwcSchedule, ib: int) ->
         for t0 in range(g0, g0 + ocg, ob * j):
             t1 = min(t0 + ob * j, g0 + ocg)
             blk = w[t0:t1].reshape(t1 - t0, cg // ib, ib, kh, kw).transpose(1, 3, 4, 2, 0)
+            if s.pairs:
+                blk = np.repeat(blk.reshape(*blk.shape[:-1], (t1 - t0) // ob, 1, ob), 2, axis=-2)
             tiles.append(np.ascontiguousarray(blk, dtype=np.float32).reshape(-1))
     return np.concatenate(tiles)
 
@@ -120,6 +123,12 @@ class _Gen:
         self.ep = ep
         # (schedule.conv.epilogue_after_store; never over an aliased residual operand)
         self.after_store = dk.epilogue_after_store and not y_aliased and not ep.empty()
+        # column pairs (``NchwcSchedule.pairs``): the tile runs on the full-width ISA, two output
+        # columns per vector; raw sums are stored, then the epilogue runs on half-width vectors
+        self.pairs = s.pairs
+        assert not (s.pairs and y_aliased), "column pairs store raw sums: never over a residual operand"
+        self.vp = vector_isa(em.target) if s.pairs else None
+        self.wdup = 2 if s.pairs else 1  # weight floats per output channel (pairs: each twice)
         self.has_bias = len(node.inputs) > 2 and bool(node.inputs[2])
         self.blk = _blocking(s.oc_bn)
         self.v = self.blk.vx
@@ -159,10 +168,10 @@ class _Gen:
         else:
             self.P, self.rows, self.last = ow, oh, ow
         # lines per tap: a chunk's weights / (rows x taps per chunk)
-        self.pf_lines = -(-(ib * s.oc_blocks * s.oc_bn * 4) // (self.rows * 64))
+        self.pf_lines = -(-(ib * s.oc_blocks * s.oc_bn * 4 * self.wdup) // (self.rows * 64))
         # taps that prefetch: enough to cover a row's slice (a thin kernel, e.g. 3 input channels,
         # has more taps than lines to fetch)
-        row_lines = -(-(geo.cg * self.KH * self.KW * s.oc_blocks * s.oc_bn * 4) // (self.rows * 64))
+        row_lines = -(-(geo.cg * self.KH * self.KW * s.oc_blocks * s.oc_bn * 4 * self.wdup) // (self.rows * 64))
         if self.chunked:
             row_lines = -(-row_lines * self.chunk // (geo.cg // ib))
         self.pf_taps = -(-row_lines // self.pf_lines)
@@ -205,6 +214,14 @@ class _Gen:
             return ["    " + x for j in range(jt) for r in range(width) for x in self.store_lines(j, r, f"a{j}_{r}")]
         v = self.v
         out = [f"    {v.store(f'y + {self.out_flat(j, r)}', f'a{j}_{r}')}" for j in range(jt) for r in range(width)]
+        return out + self.epilogue_pass(jt, width)
+
+    def epilogue_pass(self, jt: int, width: int) -> list[str]:
+        """The fused epilogue over a tile's stored raw sums, a loop over its block vectors (whose
+        constants stay in registers): none when the epilogue is empty."""
+        if self.ep.empty():
+            return []
+        v, out = self.v, []
         for j in range(jt):
             flat = f"{self.out_flat(j, 0)} + (long)r * {self.s.oc_bn}"
             out.append(f"    for (int r = 0; r < {width}; ++r) {{")
@@ -297,6 +314,83 @@ class _Gen:
                   "body (no bounds checks)" if ow0 is None else f"edge at ow={ow0} (padding taps dropped)"))
         return define(self.em, f"f32_conv2d_nchw{ob}c_tile_{jt}x{width}__{self.blk.isa}", "\n".join(L), doc)
 
+    def any_tile_fn(self, width: int, jt: int, ow0: int | None) -> str:
+        """The tile of ``width`` columns: column pairs or one column per vector."""
+        return self.pair_tile_fn(width, jt, ow0) if self.pairs else self.tile_fn(width, jt, ow0)
+
+    def pair_tile_fn(self, width: int, jt: int, ow0: int | None) -> str:
+        """A J x ``width`` tile with two output columns per vector (``NchwcSchedule.pairs``):
+        column pair p is columns 2p (low half) and 2p + 1 (high half; an odd width's last pair
+        has none). Per input channel and tap: J loads of the duplicated weights and one two-scalar
+        broadcast per pair; a tap that falls on the padding for one column of a pair broadcasts
+        the other alone, zeros beside it. Row-outer order only; the epilogue after the raw
+        store, on half-width vectors (``finish_lines``)."""
+        vp, ob, ib = self.vp, self.s.oc_bn, self.ib
+        assert vp is not None and not self.chunked and not self.dw
+        sw_ib, dw_ib = self.SW * ib, self.DW * ib
+        icbs = self.geo.cg // ib
+        npairs = (width + 1) // 2
+        wstride = jt * 2 * ob  # weight floats per input channel of one tap
+        tile = RegisterTile(vp, jt, npairs)
+        L = [f"static inline __attribute__((always_inline)) void FNAME(const float *restrict x, long xo, "
+             f"const float *restrict w, float *{self.yq}y, long yo, long ch, int kh_lo, int kh_hi"
+             f"{self.icparams}{self.eparams}) {{"]
+        L += ["    " + x for x in tile.declare()]
+        L.append(f"    for (int icb = 0; icb < {icbs}; ++icb) {{")
+        if self.dk.prefetch_input and icbs > 1:
+            span = ((width - 1) * self.SW + (self.KW - 1) * self.DW + 1) * ib
+            L.append(f"        if (icb + 1 < {icbs}) {{ const char *pn = (const char *)(x + xo + ((long)(icb + 1) * {self.IH} "
+                     f"+ (long)kh_lo * {self.DH}) * {self.IW * ib});")
+            L.append(f"            for (int q = 0; q < {span * 4}; q += 64) _mm_prefetch(pn + q, _MM_HINT_T0); }}")
+        L.append("        for (int kh = kh_lo; kh < kh_hi; ++kh) {")
+        L.append(f"            const float *xr = x + xo + ((long)icb * {self.IH} + (long)kh * {self.DH}) * {self.IW * ib};")
+        L.append(f"            const float *wr = w + ((long)icb * {self.KH} + kh) * {self.KW * ib * wstride};")
+        for kw in range(self.KW):
+            halves = {}
+            for p in range(npairs):
+                c0, c1 = 2 * p, 2 * p + 1
+                lo = ow0 is None or self.col_ok(ow0 + c0, kw)
+                hi = c1 < width and (ow0 is None or self.col_ok(ow0 + c1, kw))
+                if lo or hi:
+                    halves[p] = (lo, hi)
+            if not halves:
+                continue
+            kwx, kww = kw * dw_ib, kw * ib * wstride
+
+            def pair(p: int, kwx: int = kwx, halves: dict = halves) -> str:
+                lo, hi = halves[p]
+                a, b = f"xr[{kwx} + i + {2 * p * sw_ib}]", f"xr[{kwx} + i + {(2 * p + 1) * sw_ib}]"
+                name = "f32_pair_set1" if lo and hi else "f32_low_set1" if lo else "f32_high_set1"
+                return vp.x(name, a=a, b=b)
+
+            ind = "            "
+            L.append(f"{ind}{{")
+            L.append(f"{ind}    for (int i = 0; i < {ib}; ++i) {{")
+            L += tile.fma_step(lambda j, kww=kww: vp.loadu(f"wr + {kww} + i * {wstride} + {j * 2 * ob}"),
+                               pair, list(halves), indent=ind + "        ")
+            L.append(f"{ind}    }}")
+            if self.tap_prefetch:
+                tap = f"(icb * {self.KH} + kh) * {self.KW} + {kw}"
+                taps = icbs * self.KH * self.KW
+                guard = f"if ({tap} < {self.pf_taps}) " if self.pf_taps < taps else ""
+                L.append(f"{ind}    {guard}{{ const char *pq = pf + (long)({tap}) * {self.pf_lines * 64};")
+                L.append(f"{ind}      for (int q = 0; q < {self.pf_lines * 64}; q += 64) _mm_prefetch(pq + q, _MM_HINT_T1); }}")
+            L.append(f'{ind}    __asm__ volatile("" ::: "memory"); /* no broadcast reuse across kernel columns */')
+            L.append(f"{ind}}}")
+        L.append("        }")
+        L.append("    }")
+        half = vp.lane_mask(str(ob))
+        for j in range(jt):
+            for p in range(npairs):
+                ptr = f"y + {self.out_flat(j, 2 * p)}"
+                acc = f"a{j}_{p}"
+                L.append("    " + (vp.storeu(ptr, acc) if 2 * p + 1 < width else vp.masked_store(ptr, acc, half)))
+        L += self.epilogue_pass(jt, width)
+        L.append("}")
+        doc = (f"column-pair tile {jt}x{width} of oc_bn={ob} ic_bn={ib}, two columns per {vp.lanes}-lane vector, "
+               + ("body (no bounds checks)" if ow0 is None else f"edge at ow={ow0} (padding taps dropped per column)"))
+        return define(self.em, f"f32_conv2d_nchw{ob}c_pairs_{jt}x{width}__{vp.name}", "\n".join(L), doc)
+
     def dw_tile_fn(self, width: int, ow0: int | None, checked: bool = False) -> str:
         """Depthwise: ``width`` columns of one channel block; taps are vector loads
         (``checked``: as in ``tile_fn``)."""
@@ -346,7 +440,7 @@ class _Gen:
         def flush() -> None:
             if not run:
                 return
-            fn = self.dw_tile_fn(r_n, None) if self.dw else self.tile_fn(r_n, jt, None)
+            fn = self.dw_tile_fn(r_n, None) if self.dw else self.any_tile_fn(r_n, jt, None)
             calls.append(f"for (long c0 = {run[0]}; c0 <= {run[-1]}; c0 += {r_n}) "
                          f"{fn}(x, xo + (c0 * {self.SW} - {self.PL}) * {self.ib}, wt, y, yo + c0 * {self.s.oc_bn}, "
                          f"ch, kh_lo, kh_hi{self.icargs}{self.eargs});")
@@ -359,7 +453,7 @@ class _Gen:
                 continue
             flush()
             edge = None if interior else c0
-            fn = self.dw_tile_fn(width, edge) if self.dw else self.tile_fn(width, jt, edge)
+            fn = self.dw_tile_fn(width, edge) if self.dw else self.any_tile_fn(width, jt, edge)
             calls.append(f"{fn}(x, xo + {(c0 * self.SW - self.PL) * self.ib}, wt, y, yo + {c0 * self.s.oc_bn}, "
                          f"ch, kh_lo, kh_hi{self.icargs}{self.eargs});")
         flush()
@@ -413,7 +507,7 @@ class _Gen:
             ocb = geo.oc // ob
             j = s.oc_blocks
             tiles_per_group = -(-(ocg // ob) // j)
-            w_tile = (geo.cg // ib) * self.KH * self.KW * ib * j * ob
+            w_tile = (geo.cg // ib) * self.KH * self.KW * ib * j * ob * self.wdup
         ragged = (ocb // groups) % j
         n_tiles = tiles_per_group * groups
         icb_per_group = geo.cg // ib if not self.dw else 1
@@ -494,7 +588,7 @@ class _Gen:
         L.append("    }")
         L.append("}")
         kind = "dwconv2d" if self.dw else "conv2d"
-        tag = f"{s.reg_n}" if self.dw else f"{j}x{s.reg_n}"
+        tag = f"{s.reg_n}" if self.dw else f"{j}x{s.reg_n}{'p' if self.pairs else ''}"
         doc = (f"NCHW{ob}c output, input NCHW{ib}c; C={geo.c} OC={geo.oc} in={geo.ins} out={geo.outs} "
                f"k={geo.ks} s={geo.strides} d={geo.dils} pads={geo.pads} group={geo.group}; "
                f"schedule oc_bn={ob} reg_n={s.reg_n} oc_blocks={j} unroll_ker={int(s.unroll_ker)} "
@@ -556,7 +650,9 @@ def emit_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     args = "".join(f", {a}" for a in eargs)
     em.schedule(algorithm="direct convolution, NCHW[x]c (NeoCPU)" + (" depthwise" if gen.dw else "")
                 + (", 1x1 on flat rows" if gen.flat else ""),
-                kernel=fn.rsplit("_", 1)[0], micro_kernel=f"{s.oc_blocks}x{s.reg_n} x {ob} lanes {gen.blk.isa}",
+                kernel=fn.rsplit("_", 1)[0],
+                micro_kernel=(f"{s.oc_blocks}x{s.reg_n} x {ob} lanes {gen.blk.isa}" if not s.pairs else
+                              f"{s.oc_blocks}x{s.reg_n} x {ob} lanes, column pairs in {gen.vp.lanes}-lane {gen.vp.name}"),
                 blocking=f"oc_bn={ob} ic_bn={ib} reg_n={s.reg_n} oc_blocks={s.oc_blocks} unroll_ker={int(s.unroll_ker)}"
                 + (f" ic_chunk={gen.chunk * ib} (ic-outer)" if gen.chunked else ""),
                 threads="static split over " + ("(image, oc tile)" if gen.chunked else "(image, oc tile, output row)"),
