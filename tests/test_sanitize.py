@@ -112,6 +112,30 @@ def test_wild_model_templates_clean_under_sanitizers(isa, tmp_path):
     _check_clean(model, isa, tmp_path)
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_column_pairs_d2s_and_next_b_prefetch_clean_under_sanitizers(isa, tmp_path):
+    """NCHWc convs with 24 output channels (column pairs on AVX-512: odd widths, padding taps
+    for one column of a pair), a ConvTranspose run as a blocked 1x1 conv and the tiled
+    DepthToSpace (a ragged run of columns), and a MatMul over prepacked weights with two K
+    blocks (the next-B-block prefetch), under the sanitizers."""
+    from helpers import const, make_model, tensor
+    from onnx import helper
+
+    _isa_or_skip(isa)
+    rng = np.random.default_rng(3)
+    w = lambda *s: (rng.standard_normal(s) * 0.2).astype(np.float32)  # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 2, 1, 0], strides=[1, 2]),
+             helper.make_node("ConvTranspose", ["c2", "wt"], ["y"], strides=[2, 2]),
+             helper.make_node("MatMul", ["a", "wm"], ["z"])]
+    inits = [const("w1", w(24, 3, 3, 3)), const("b1", w(24)), const("w2", w(24, 24, 3, 3)),
+             const("wt", w(24, 8, 2, 2)), const("wm", w(900, 100))]
+    model = make_model(nodes, [tensor("x", [1, 3, 13, 141]), tensor("a", [1, 9, 900])],
+                       [tensor("y", None), tensor("z", None)], inits)
+    _check_clean(model, isa, tmp_path)
+
+
 @pytest.mark.parametrize("isa", ["native", "avx2_vnni", "avx2"])
 def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
     """QuantizeLinear per axis and per tensor (float-to-int saturation is where C has undefined
