@@ -56,21 +56,28 @@ def _algorithm(name: str, isa: str) -> str:
     return convs[1].schedule.algorithm
 
 
-@pytest.mark.parametrize(("strides", "want"), [((1, 1), "gemm"), ((2, 2), "direct"), ((1, 2), "direct")])
-def test_half_width_outputs_take_the_gemm_at_unit_width_stride_only(strides, want):
-    """24 output channels on AVX-512 divide only into 8-lane blocks: the deep 48->24 3x3 conv
-    runs as the full-width GEMM at stride 1, but direct where the GEMM's B packing would gather
-    every other input column (PP-OCRv6-det's stride-2 conv: 3.2 ms as the GEMM)."""
+@pytest.mark.parametrize(("oc", "strides", "pairs", "want"), [
+    (24, (1, 1), False, "gemm"), (24, (2, 2), False, "direct"), (24, (1, 2), False, "direct"),
+    (24, (1, 1), True, "direct"), (24, (2, 2), True, "direct"), (40, (1, 1), True, "gemm")])
+def test_half_width_outputs_gemm_or_column_pairs(oc, strides, pairs, want):
+    """24 output channels on AVX-512 divide only into 8-lane blocks. Without column pairs the
+    deep 48->24 3x3 conv runs as the full-width GEMM at stride 1, but direct where the GEMM's B
+    packing would gather every other input column (PP-OCRv6-det's stride-2 conv: 3.2 ms as the
+    GEMM). With them (the default) the direct kernel runs full width and takes it while the
+    output channels fit one register tile (24); 40 keep the GEMM."""
     if detect().isa != "avx512":
         pytest.skip("24 channels fill whole vectors below AVX-512")
     xs = (1, 48, 64, 64)
     chain = Chain("half", xs).conv(48, (1, 1), post=("Relu",))
-    chain = chain.conv(24, (3, 3), pads=(1, 1, 1, 1), strides=strides, post=("Relu",)).conv(16, (1, 1))
+    chain = chain.conv(oc, (3, 3), pads=(1, 1, 1, 1), strides=strides, post=("Relu",)).conv(16, (1, 1))
     model = load_model(helper.make_model(helper.make_graph(
         chain.nodes, "g", chain.inputs, [helper.make_tensor_value_info(chain.cur, 1, None)], chain.inits),
         opset_imports=[helper.make_opsetid("", 17)]))
-    g = lower(model, CompileOptions(threads=2, winograd=False), detect())
-    assert [n for n in g.nodes if n.op == "Conv"][1].schedule.algorithm == want
+    g = lower(model, CompileOptions(threads=2, winograd=False, conv_column_pairs=pairs), detect())
+    conv = [n for n in g.nodes if n.op == "Conv"][1]
+    assert conv.schedule.algorithm == want
+    if want == "direct":
+        assert conv.schedule.tile.pairs == pairs
 
 
 @pytest.fixture

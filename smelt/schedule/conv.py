@@ -257,7 +257,26 @@ def prefers_gemm(node: Node, g: Graph, target: Target, options: CompileOptions) 
         return False
     if narrow_row_bound(geo, target):
         return True
-    return options.gemm_for_half_width and geo.oc % vector_lanes(target) != 0 and geo.strides[1] == 1
+    # column pairs run such a conv at full width; they take it when its output channels fit one
+    # register tile (at most 4 blocks of 8: each input row is then read once, for every output
+    # channel): PP-OCRv6-det's 96->24 3x3 on 160x160, 3.2-4.0 ms as the GEMM, 2.6 ms paired.
+    # More channels keep the GEMM: SqueezeNet's 512->1000 classifier on 13x13 ran 18% slower
+    # paired (42 oc tiles, each re-reading the input)
+    # (the ic-outer order of small planes has no column pairs)
+    paired = pairs_available(target, options) and geo.oc <= PAIRS_MAX_OC and not uses_ic_outer(geo)
+    return options.gemm_for_half_width and geo.oc % vector_lanes(target) != 0 and geo.strides[1] == 1 and not paired
+
+
+# half-width output channels that column pairs take instead of the NCHW GEMM (``prefers_gemm``):
+# one register tile's worth (4 blocks of 8)
+PAIRS_MAX_OC = 32
+
+
+def pairs_available(target: Target, options: CompileOptions) -> bool:
+    """Whether half-width output blocks run as column pairs on this target (``column_pairs``)
+    rather than at half the vector width."""
+    vx = vector_isa(target)
+    return options.conv_column_pairs and vx.vector and vx.has("f32_pair_set1")
 
 
 def direct_accumulators(geo: ConvGeometry, target: Target, columns: int) -> int:
@@ -554,7 +573,7 @@ def column_pairs(geo: ConvGeometry, s: NchwcSchedule, ib: int, target: Target, o
     fixed-width, non-depthwise tiles; the epilogue runs after the raw store, on half-width
     vectors, so the output is never written over a residual operand."""
     vx = vector_isa(target)
-    if (not options.conv_column_pairs or not vx.vector or s.oc_bn * 2 != vx.lanes or not vx.has("f32_pair_set1")
+    if (not pairs_available(target, options) or s.oc_bn * 2 != vx.lanes
             or is_depthwise(geo) or ic_outer_blocks(geo, s, ib) or runtime_width):
         return s
     budget = accumulator_budget(target, vx.lanes)
