@@ -100,3 +100,26 @@ def test_narrow_row_convs_match_onnxruntime(isa, monkeypatch, cache):
         assert templates.count("f32_conv") >= 3, templates  # the three narrow-row convs at least
 
     check_cases(cases, isa, monkeypatch, cache, check, layout="propagate", winograd=False)
+
+
+@pytest.mark.parametrize(("l1_kib", "tile"), [(48, (2, 4)), (32, (1, 4))])
+def test_ic_outer_chunk_may_take_two_thirds_of_l1_for_fma_chains(l1_kib, tile):
+    """ICLabel's 256->512 4x4 stride-2 conv on an 8x8 input (a 4x4 plane) runs ic-outer. Its
+    chunk weights in half of a 48 KiB L1 leave a 1 x 4 tile (4 accumulators: latency-bound), so
+    the chunk may take two thirds of it: 2 x 4. A 32 KiB L1 cannot hold that either: 1 x 4."""
+    import dataclasses
+
+    from smelt.schedule.conv import default_schedule
+
+    if detect().isa not in ("avx512",):
+        pytest.skip("the tile counts are AVX-512's (16-channel blocks)")
+    target = dataclasses.replace(detect(), l1d_bytes=l1_kib * 1024)
+    chain = Chain("iclabel3", (1, 256, 8, 8)).conv(256, (1, 1), post=("Relu",))
+    chain = chain.conv(512, (4, 4), pads=(1, 1, 1, 1), strides=(2, 2), post=("Relu",))
+    model = load_model(helper.make_model(helper.make_graph(
+        chain.nodes, "g", chain.inputs, [helper.make_tensor_value_info(chain.cur, 1, None)], chain.inits),
+        opset_imports=[helper.make_opsetid("", 17)]))
+    g = lower(model, CompileOptions(threads=2, winograd=False), target)
+    conv = [n for n in g.nodes if n.op == "Conv"][1]
+    s = default_schedule(conv, g, target)
+    assert s.ic_chunk > 0 and (s.oc_blocks, s.reg_n) == tile, s
