@@ -335,6 +335,6 @@ def test_gemm_switches_are_in_the_key():
     t = detect()
     base = CompileOptions(threads=1)
     for name in ("gemm_read_a_in_place", "gemm_prefetch_c", "gemm_prefetch_next_b", "conv_prefetch_input",
-                 "conv_prefetch_weights", "conv_row_split"):
+                 "conv_prefetch_weights", "conv_row_split", "conv_column_pairs"):
         flipped = CompileOptions(threads=1, **{name: not getattr(base, name)})
         assert flipped.key(t) != base.key(t), name

@@ -38,6 +38,12 @@ output's layout, per-channel operands, activations).
 
 Weights are re-laid out at compile time per tile: [tile][IC/ic_bn][KH][KW][ic_bn][J*oc_bn].
 
+Column pairs (``NchwcSchedule.pairs``, ``_Gen.pair_tile_fn``): 8-channel output blocks on a
+16-lane ISA put two adjacent output columns in each vector (contiguous in NCHW8c) instead of
+running at half width: weights duplicated into both halves ([..][J][2][8]), each input tap a
+two-scalar broadcast (one of them where the other column's tap is on the padding), raw sums
+stored and the epilogue applied after on half-width vectors (``epilogue_pass``).
+
 Depthwise (group == C == OC) has its own kernel ``f32_dwconv2d_nchw<b>c_<R>__<isa>``: input and
 output in the same block size, one vector of channels per tap (a load, not a broadcast).
 
