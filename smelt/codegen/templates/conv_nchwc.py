@@ -236,6 +236,21 @@ class _Gen:
             out.append("    }")
         return out
 
+    def block_head(self, width: int, icbs: int, icb_end: str) -> list[str]:
+        """Inside an input-block loop (``icb``, ending at ``icb_end``): the next block's first
+        input row prefetched, the kernel-row loop opened and its input row ``xr`` declared."""
+        ib, L = self.ib, []
+        if self.dk.prefetch_input and icbs > 1:
+            # the next channel block's first input row of this tile: its lines would otherwise
+            # miss L1 at the start of every block (the input plane rarely fits L1)
+            span = ((width - 1) * self.SW + (self.KW - 1) * self.DW + 1) * ib
+            L.append(f"        if (icb + 1 < {icb_end}) {{ const char *pn = (const char *)(x + xo + ((long)(icb + 1) * {self.IH} "
+                     f"+ (long)kh_lo * {self.DH}) * {self.IW * ib});")
+            L.append(f"            for (int q = 0; q < {span * 4}; q += 64) _mm_prefetch(pn + q, _MM_HINT_T0); }}")
+        L.append("        for (int kh = kh_lo; kh < kh_hi; ++kh) {")
+        L.append(f"            const float *xr = x + xo + ((long)icb * {self.IH} + (long)kh * {self.DH}) * {self.IW * ib};")
+        return L
+
     def tile_fn(self, width: int, jt: int, ow0: int | None, checked: bool = False) -> str:
         """A J x width tile; ``ow0`` known (an edge tile, padding taps dropped) or None (body);
         ``checked``: one column whose input column ``iw0`` is known at run time only, each
@@ -262,15 +277,7 @@ class _Gen:
             L.append(f"    for (int icb = 0; icb < {icbs}; ++icb) {{")
             icb_end = str(icbs)
         unroll = self.s.unroll_ker or ow0 is not None or checked
-        if self.dk.prefetch_input and icbs > 1:
-            # the next channel block's first input row of this tile: its lines would otherwise
-            # miss L1 at the start of every block (the input plane rarely fits L1)
-            span = ((width - 1) * self.SW + (self.KW - 1) * self.DW + 1) * ib
-            L.append(f"        if (icb + 1 < {icb_end}) {{ const char *pn = (const char *)(x + xo + ((long)(icb + 1) * {self.IH} "
-                     f"+ (long)kh_lo * {self.DH}) * {self.IW * ib});")
-            L.append(f"            for (int q = 0; q < {span * 4}; q += 64) _mm_prefetch(pn + q, _MM_HINT_T0); }}")
-        L.append("        for (int kh = kh_lo; kh < kh_hi; ++kh) {")
-        L.append(f"            const float *xr = x + xo + ((long)icb * {self.IH} + (long)kh * {self.DH}) * {self.IW * ib};")
+        L += self.block_head(width, icbs, icb_end)
         L.append(f"            const float *wr = w + ((long)icb * {self.KH} + kh) * {self.KW * ib * jt * ob};")
         kws = range(self.KW) if unroll else [None]
         for kw in kws:
@@ -343,13 +350,7 @@ class _Gen:
              f"{self.icparams}{self.eparams}) {{"]
         L += ["    " + x for x in tile.declare()]
         L.append(f"    for (int icb = 0; icb < {icbs}; ++icb) {{")
-        if self.dk.prefetch_input and icbs > 1:
-            span = ((width - 1) * self.SW + (self.KW - 1) * self.DW + 1) * ib
-            L.append(f"        if (icb + 1 < {icbs}) {{ const char *pn = (const char *)(x + xo + ((long)(icb + 1) * {self.IH} "
-                     f"+ (long)kh_lo * {self.DH}) * {self.IW * ib});")
-            L.append(f"            for (int q = 0; q < {span * 4}; q += 64) _mm_prefetch(pn + q, _MM_HINT_T0); }}")
-        L.append("        for (int kh = kh_lo; kh < kh_hi; ++kh) {")
-        L.append(f"            const float *xr = x + xo + ((long)icb * {self.IH} + (long)kh * {self.DH}) * {self.IW * ib};")
+        L += self.block_head(width, icbs, str(icbs))
         L.append(f"            const float *wr = w + ((long)icb * {self.KH} + kh) * {self.KW * ib * wstride};")
         for kw in range(self.KW):
             halves = {}
