@@ -407,7 +407,7 @@ def default_schedule(node: Node, g: Graph, target: Target) -> NchwcSchedule:
         fits = within(1 / 2)
         # ... or two thirds of it where half leaves too few accumulators to hide the FMA latency
         # (ICLabel's 256->512 4x4 conv on a 4x4 plane: 1 x 4, 59% of peak; 2 x 4 in 32 of 48 KiB:
-        # the model 1.16x on Zen 5; ResNet-50's 3x3 stage-4 convs, which have 2 x 7, keep it)
+        # the model 1.12x on Zen 5; ResNet-50's 3x3 stage-4 convs, which have 2 x 7, keep it)
         widest = max(s.oc_bn for s in cands)
         if max((s.oc_blocks * s.reg_n for s in fits if s.oc_bn == widest), default=0) < FMA_CHAINS:
             fits = within(2 / 3) or fits
@@ -577,8 +577,9 @@ def column_pairs(geo: ConvGeometry, s: NchwcSchedule, ib: int, target: Target, o
     """``s`` with two output columns per vector where its output block is half the vector width
     (8 channels on AVX-512): the half-width kernel did half an FMA's work per instruction
     (PP-OCRv6-det's 24-channel convs ran at 26-43% of peak). Its weights are duplicated into both
-    halves, each input tap is a two-scalar broadcast, and the tile keeps its J x R accumulators
-    over twice the columns (8 output columns as 4 vectors become 16 as 8). Only row-outer,
+    halves, each input tap is a two-scalar broadcast, and the tile keeps its accumulator count
+    over twice the columns (3 blocks x 8 columns of 8-lane vectors become 3 x 8 pairs: 16
+    columns in 16-lane vectors). Only row-outer,
     fixed-width, non-depthwise tiles; the epilogue runs after the raw store, on half-width
     vectors, so the output is never written over a residual operand."""
     vx = vector_isa(target)

@@ -40,8 +40,9 @@ def tile_shape(v: VectorIsa) -> tuple[int, int]:
 
     Each item streams its head's K^T and V (Sk x D each: 384 KiB apiece for Whisper's 1500 keys)
     from L2 once per pass, so the rows per item set the L2 traffic per FMA. With 32 registers
-    8 rows x 3 key vectors (24 accumulators) read half the bytes per FMA of 4 x 4 (Whisper-tiny's
-    encoder attention, Zen 5: 4 rows ran at ~56% of peak, L2-bound). 16 registers: 4 x 2."""
+    8 rows x 3 key vectors (24 accumulators) read half the bytes per FMA of 4 x 4; on Zen 5 that
+    was worth a few percent of Whisper-tiny's encoder (the softmax's exp was the bigger cost:
+    ``row_expsum_vector_fn``). 16 registers: 4 x 2."""
     if not v.vector:
         return 4, 1
     return (8, 3) if v.registers >= 32 else (4, 2)
