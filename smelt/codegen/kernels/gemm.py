@@ -179,13 +179,16 @@ UKR_SIG = ("(long kc, const float *restrict A, long lda, const float *restrict B
 EF_ROW, EF_COL, EF_FULL, EF_RELU, EF_CLIP = 1, 2, 4, 8, 16
 
 
-def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False, prefetch_c: bool = True) -> str:
+def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False, prefetch_c: bool = True,
+                       prefetch_next_b: bool = False) -> str:
     """C source of the micro-kernel computing a ``rows`` x ``nv`` vectors tile (function FNAME).
 
     A is an MR-strided packed micro-panel, B has rows ``ldb`` floats apart (NR when packed);
     ``accum`` adds to C instead of overwriting it; the last vector loads B and stores C only in
     its first ``lastn`` lanes (so B may be read in place, up to the end of a matrix).
     ``prefetch_c``: the schedule's ``GemmSchedule.prefetch_c`` (``render_gemm`` always passes it).
+    ``prefetch_next_b``: the kernel issues the driver's share of the next B block (``pf``,
+    ``pfn``); otherwise those parameters are unused.
     """
     mr = blk.mr
     lines = [f"static __attribute__((noinline)) void FNAME{UKR_SIG} {{"]
@@ -235,9 +238,12 @@ def microkernel_source(blk: Blocking, rows: int, nv: int, direct_a: bool = False
         lines += [f"            {v.prefetch(f'fr + r * ldf + {j * w}')}" for j in range(nv)]
         lines += ["        }", "    }"]
     between = [v.prefetch(f"A + {A_PREFETCH * mr}")] if A_PREFETCH and not direct_a else []
-    # the driver's share of the NEXT B block for this call: one L2 line per k step, so the lines
-    # arrive spread over the whole block's compute instead of stalling its first row tile
-    between.append(f"if (pfn > 0) {{ {v.prefetch_l2('pf')} pf += 64; --pfn; }}")
+    if prefetch_next_b:
+        # the driver's share of the NEXT B block for this call: one L2 line per k step, so the
+        # lines arrive spread over the whole block's compute instead of stalling its first row tile
+        between.append(f"if (pfn > 0) {{ {v.prefetch_l2('pf')} pf += 64; --pfn; }}")
+    else:
+        lines.append("    (void)pf; (void)pfn;")
 
     def step(t: RegisterTile, u: int = 0, indent: str = "        ", pre: list[str] | None = None) -> list[str]:
         """One k step into accumulator set ``t``, at k + u."""
@@ -351,12 +357,14 @@ def colkernel_source(blk: Blocking, npn: int, r: int) -> str:
     return "\n".join(L)
 
 
-def microkernel(em: BlockEmitter, blk: Blocking, rows: int, nv: int, direct_a: bool, prefetch_c: bool) -> str:
+def microkernel(em: BlockEmitter, blk: Blocking, rows: int, nv: int, direct_a: bool, prefetch_c: bool,
+                prefetch_next_b: bool = False) -> str:
     kind = "ukrA" if direct_a else "ukr"
     a_doc = "A read in place (rows lda apart)" if direct_a else f"A packed (stride {blk.mr})"
     return define(em, f"f32_gemm_{kind}_{rows}x{nv * blk.vec}__{blk.isa}",
-                  microkernel_source(blk, rows, nv, direct_a, prefetch_c),
-                  f"micro-kernel {rows} rows x {nv} vectors of {blk.vec}; {a_doc}; B rows ldb apart")
+                  microkernel_source(blk, rows, nv, direct_a, prefetch_c, prefetch_next_b),
+                  f"micro-kernel {rows} rows x {nv} vectors of {blk.vec}; {a_doc}; B rows ldb apart"
+                  + ("; prefetches its share of the next B block" if prefetch_next_b else ""))
 
 
 # ------------------------------------------------------------------------------------------
@@ -665,7 +673,7 @@ def choose_partition(p: GemmProblem, blk: Blocking, nt: int) -> tuple[str, int]:
 
 
 def _dispatch(em: BlockEmitter, blk: Blocking, p: GemmProblem, direct_a: bool,
-              ct: tuple[int, int] | None) -> str:
+              ct: tuple[int, int] | None, next_b: bool) -> str:
     """Kernel calls by tile shape (only the shapes this problem has)."""
     m_tail, n_tail = p.M % blk.mr, p.N % blk.nr
     nv = blk.nv
@@ -680,7 +688,7 @@ def _dispatch(em: BlockEmitter, blk: Blocking, p: GemmProblem, direct_a: bool,
     def call(rows: int, cols: int) -> str:
         vecs = -(-cols // blk.vec)
         lastn = cols - (vecs - 1) * blk.vec
-        fn = microkernel(em, blk, rows, vecs, direct_a, p.prefetch_c)
+        fn = microkernel(em, blk, rows, vecs, direct_a, p.prefetch_c, next_b)
         return f"{fn}(kb, ap, lda, bp, ldb, cp, {p.ldc}, pc > 0, {lastn}, {eargs}, pf, pfn);"
 
     def by_cols(rows: int) -> str:
@@ -696,7 +704,7 @@ def _dispatch(em: BlockEmitter, blk: Blocking, p: GemmProblem, direct_a: bool,
         def by_vectors(rows: int) -> str:
             cases = []
             for vecs in range(1, blk.nv + 1):
-                fn = microkernel(em, blk, rows, vecs, direct_a, p.prefetch_c)
+                fn = microkernel(em, blk, rows, vecs, direct_a, p.prefetch_c, next_b)
                 cases.append(f"case {vecs}: {fn}(kb, ap, lda, bp, ldb, cp, {p.ldc}, pc > 0, "
                              f"(int)(cols - {(vecs - 1) * blk.vec}), {eargs}, pf, pfn); break;")
             return f"switch ((cols + {blk.vec - 1}) / {blk.vec}) {{ {' '.join(cases)} }}"
@@ -886,7 +894,7 @@ def render_gemm(em: BlockEmitter, p: GemmProblem, blk: Blocking | None = None) -
               f"            const long coff = co + (ic + ir) * {p.ldc}L + jc + jr;",
               "            const long grow = grow0 + ic + ir, gcol = jc + jr;",
               "            (void)coff; (void)grow; (void)gcol;",
-              "            " + _dispatch(em, blk, p, direct_a, ct)]
+              "            " + _dispatch(em, blk, p, direct_a, ct, next_b)]
     if epi and kernel_epilogue(p.epilogue, em) is None:
         if ct is not None:  # the tail panel's leftover columns are finished below
             inner.append(f"            if (cols != {nr}) cols = {16 * ct[0]};")

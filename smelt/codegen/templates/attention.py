@@ -42,10 +42,8 @@ def tile_shape(v: VectorIsa) -> tuple[int, int]:
     from L2 once per pass, so the rows per item set the L2 traffic per FMA. With 32 registers
     8 rows x 3 key vectors (24 accumulators) read half the bytes per FMA of 4 x 4; on Zen 5 that
     was worth a few percent of Whisper-tiny's encoder (the softmax's exp was the bigger cost:
-    ``row_expsum_vector_fn``). 16 registers: 4 x 2."""
-    if not v.vector:
-        return 4, 1
-    return (8, 3) if v.registers >= 32 else (4, 2)
+    ``row_expsum_vector_fn``). 16 registers (and portable C): 4 x 2."""
+    return (8, 3) if v.vector and v.registers >= 32 else (4, 2)
 
 
 def _dims(node: Node, g: Graph) -> tuple[int, int, int, int, int]:

@@ -428,9 +428,10 @@ def emit_depth_to_space_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     (image, input row, run of D2S_POSITIONS columns); each transposes the run's b x b tiles of
     every channel block into a per-thread buffer (channel-major, in L1), then writes each output
     row segment from the r buffer rows that interleave into it (constant r: gcc vectorizes the
-    interleaved stores). The scalar form read one float per 64-byte line, at a stride of b
-    floats: 0.77-1.04 ms of the PP-OCR detectors. Otherwise (and for the run's ragged end) items
-    are (image, input row, output channel) and the copy is element by element."""
+    interleaved stores); a run's ragged end (fewer than b columns) is copied element by element.
+    The scalar form read one float per 64-byte line, at a stride of b floats: 0.77-1.04 ms of the
+    PP-OCR detectors. It remains for other blocks and for rows narrower than a block: items
+    (image, input row, output channel), an element-by-element copy."""
     x, y = node.inputs[0], node.outputs[0]
     n, c, h, w = _dims(g, x)
     b = block_of(g.values[x].layout)
@@ -438,8 +439,11 @@ def emit_depth_to_space_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     cc = c // (r * r)
     dcr = node.attr("mode", "DCR") == "DCR"
     vx = vector_isa(em.target, b)
-    # input channel of output channel k at sub-position (i, j)
-    ch = f"(i * {r} + j) * {cc} + k" if dcr else f"k * {r * r} + i * {r} + j"
+    def channel(j: str) -> str:
+        """C expression: the input channel of output channel k at sub-position (i, j)."""
+        return f"(i * {r} + {j}) * {cc} + k" if dcr else f"k * {r * r} + i * {r} + {j}"
+
+    ch = channel("j")
     tiled = vx.vector and vx.lanes == b and vx.has("f32_transpose") and w >= b
     if not tiled:
         total = n * h * cc
@@ -467,7 +471,7 @@ def emit_depth_to_space_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
     total = n * h * runs
     buf = em.scratch(em.n_threads * c * P * 4)
     # the r source rows of output row (k, i), j = 0 .. r-1, as the buffer's channel rows
-    ch_of = [ch.replace("j", str(jj)) for jj in range(r)]  # (the expression names j once)
+    ch_of = [channel(str(jj)) for jj in range(r)]
     stores = " ".join(f"yr[px * {r} + {jj}] = t{jj}[px];" for jj in range(r))
     tail_stores = " ".join(f"yr[px * {r} + {jj}] = X[xb{jj} + px * {b}];" for jj in range(r))
     code = "\n".join([

@@ -251,6 +251,19 @@ class _Gen:
         L.append(f"            const float *xr = x + xo + ((long)icb * {self.IH} + (long)kh * {self.DH}) * {self.IW * ib};")
         return L
 
+    def tap_prefetch_lines(self, kw: int | str, icbs: int, ind: str) -> list[str]:
+        """After kernel column ``kw`` (a number, or the loop variable's name): this tap's slice of
+        the weights prefetched next (``pf``), while the row still has taps to cover them."""
+        if not self.tap_prefetch:
+            return []
+        icb0 = "(icb - icb_lo)" if self.chunked else "icb"
+        tap = f"({icb0} * {self.KH} + kh) * {self.KW} + {kw}"
+        taps = (self.chunk if self.chunked else icbs) * self.KH * self.KW
+        # (a run-time width: always tested, so the code does not change with the rows)
+        guard = f"if ({tap} < {self.pf_taps}) " if self.pf_taps < taps or self.dk.runtime_width else ""
+        return [f"{ind}{guard}{{ const char *pq = pf + (long)({tap}) * {self.pf_lines * 64};",
+                f"{ind}  for (int q = 0; q < {self.pf_lines * 64}; q += 64) _mm_prefetch(pq + q, _MM_HINT_T1); }}"]
+
     def tile_fn(self, width: int, jt: int, ow0: int | None, checked: bool = False) -> str:
         """A J x width tile; ``ow0`` known (an edge tile, padding taps dropped) or None (body);
         ``checked``: one column whose input column ``iw0`` is known at run time only, each
@@ -300,14 +313,7 @@ class _Gen:
             L += tile.fma_step(lambda j, kww=kww: v.load(f"wr + {kww} + i * {jt * ob} + {j * ob}"),
                                lambda r, kwx=kwx: v.set1(f"xr[{kwx} + i + {r * sw_ib}]"), rows, indent=ind + "    ")
             L.append(f"{ind}}}")
-            if self.tap_prefetch:
-                icb0 = "(icb - icb_lo)" if self.chunked else "icb"
-                tap = f"({icb0} * {self.KH} + kh) * {self.KW} + {kw if kw is not None else 'kw'}"
-                taps = (self.chunk if self.chunked else icbs) * self.KH * self.KW
-                # (a run-time width: always tested, so the code does not change with the rows)
-                guard = f"if ({tap} < {self.pf_taps}) " if self.pf_taps < taps or self.dk.runtime_width else ""
-                L.append(f"{ind}{guard}{{ const char *pq = pf + (long)({tap}) * {self.pf_lines * 64};")
-                L.append(f"{ind}  for (int q = 0; q < {self.pf_lines * 64}; q += 64) _mm_prefetch(pq + q, _MM_HINT_T1); }}")
+            L += self.tap_prefetch_lines(kw if kw is not None else "kw", icbs, ind)
             L.append(f'{ind}__asm__ volatile("" ::: "memory"); /* no broadcast reuse across kernel columns */')
             L.append(f"{ind[:-4]}}}")
         L.append("        }")
@@ -337,7 +343,7 @@ class _Gen:
         has none). Per input channel and tap: J loads of the duplicated weights and one two-scalar
         broadcast per pair; a tap that falls on the padding for one column of a pair broadcasts
         the other alone, zeros beside it. Row-outer order only; the epilogue after the raw
-        store, on half-width vectors (``finish_lines``)."""
+        store, on half-width vectors (``epilogue_pass``)."""
         vp, ob, ib = self.vp, self.s.oc_bn, self.ib
         assert vp is not None and not self.chunked and not self.dw
         sw_ib, dw_ib = self.SW * ib, self.DW * ib
@@ -376,12 +382,7 @@ class _Gen:
             L += tile.fma_step(lambda j, kww=kww: vp.loadu(f"wr + {kww} + i * {wstride} + {j * 2 * ob}"),
                                pair, list(halves), indent=ind + "        ")
             L.append(f"{ind}    }}")
-            if self.tap_prefetch:
-                tap = f"(icb * {self.KH} + kh) * {self.KW} + {kw}"
-                taps = icbs * self.KH * self.KW
-                guard = f"if ({tap} < {self.pf_taps}) " if self.pf_taps < taps else ""
-                L.append(f"{ind}    {guard}{{ const char *pq = pf + (long)({tap}) * {self.pf_lines * 64};")
-                L.append(f"{ind}      for (int q = 0; q < {self.pf_lines * 64}; q += 64) _mm_prefetch(pq + q, _MM_HINT_T1); }}")
+            L += self.tap_prefetch_lines(kw, icbs, ind + "    ")
             L.append(f'{ind}    __asm__ volatile("" ::: "memory"); /* no broadcast reuse across kernel columns */')
             L.append(f"{ind}}}")
         L.append("        }")
