@@ -105,6 +105,89 @@ def test_erf_same_bits_at_both_widths(erf_grid, tmp_path):
     assert np.array_equal(a.view(np.int32), b.view(np.int32))
 
 
+# GELU's error over the grid below (its own erf: 16 table-picked polynomials, csrc/smelt_vec.h),
+# against float64 x/2 erfc(-x/sqrt2) (measured on Zen 5: 1.8 ulp for x >= 0; 1.4e-7 absolute for
+# x < 0, where 1 + erf cancels in every erf-based GELU, onnxruntime's too)
+GELU_ULPS, GELU_NEG_ABS = 2.0, 1.5e-7
+
+
+def _gelu_lib(tmp_path, kind: str):
+    """``run(x) -> GELU(x)`` as the ISA description ``kind`` ("avx512" / "avx2") renders the
+    fused epilogue's Gelu (``gelu_fn``)."""
+    from smelt.codegen import toolchain
+    from smelt.codegen.kernels import isa
+    from smelt.target import detect
+
+    d = {"avx512": isa.AVX512, "avx2": isa.AVX2}[kind]
+    if not set(d.features) <= set(detect().flags):
+        pytest.skip(f"host cannot run {kind}")
+    body = f"""
+void run(const float *x, float *y, long n) {{
+    for (long i = 0; i < n; i += {d.lanes}) {{ {d.storeu('y + i', f"{d.gelu_fn}({d.loadu('x + i')})")} }}
+}}"""
+    c = tmp_path / f"gelu-{kind}.c"
+    c.write_text(toolchain.source_with_runtime('#include "smelt_rt.h"\n' + body))
+    so = tmp_path / f"gelu-{kind}.so"
+    proc = subprocess.run([toolchain.find_compiler().path, "-std=gnu11", "-O2", "-fPIC", "-shared", "-pthread",
+                           *d.cflags, "-o", str(so), str(c), "-lm"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lib = ctypes.CDLL(str(so))
+
+    def run(x: np.ndarray) -> np.ndarray:
+        n = x.size
+        x = np.concatenate([x, np.zeros((-n) % 16, F)])
+        y = np.empty_like(x)
+        lib.run(x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p), ctypes.c_long(x.size))
+        return y[:n]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def gelu_grid() -> tuple[np.ndarray, np.ndarray]:
+    """Dense over [-8, 8] (every interval edge of the erf tables, a = i/4 at x = i sqrt2 / 4, and
+    the clamp at |x| = 5.551), every float around an interval edge and around the clamp, tiny and
+    denormal inputs, specials; with GELU in float64."""
+    edges = [F(i * np.sqrt(2) / 4) for i in range(1, 17)] + [F(3.925 * np.sqrt(2))]
+    near = [np.arange(int(e.view(np.int32)) - 300, int(e.view(np.int32)) + 300, dtype=np.int32).view(F) for e in edges]
+    tiny = (10.0 ** np.linspace(-45, 0, 2001)).astype(F)
+    specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, np.finfo(F).tiny, np.finfo(F).max,
+                         -np.finfo(F).max, 100.0, -100.0], F)
+    x = np.concatenate([np.linspace(-8, 8, 2_000_001, dtype=F), *near, *[-v for v in near], tiny, -tiny, specials])
+    xd = x.astype(np.float64)
+    ref = np.array([0.5 * v * math.erfc(-v / math.sqrt(2)) if np.isfinite(v) else np.nan for v in xd])
+    return x, ref
+
+
+@pytest.mark.parametrize("kind", ["avx512", "avx2"])
+def test_gelu_against_float64(kind, gelu_grid, tmp_path):
+    """Within GELU_ULPS of float64 for x >= 0 and GELU_NEG_ABS absolute for x < 0; GELU(+-0) =
+    +-0, GELU(+Inf) = +Inf, GELU(-Inf) = NaN (-Inf x 0, as onnxruntime's), NaN kept; beyond the
+    clamp GELU(x) = x and -0 exactly."""
+    x, ref = gelu_grid
+    y = _gelu_lib(tmp_path, kind)(x)
+    finite = np.isfinite(x) & np.isfinite(ref)
+    pos, neg = finite & (x >= 0), finite & (x < 0)
+    spacing = np.spacing(np.abs(ref[pos]).astype(F)).astype(np.float64)
+    ulps = np.abs(y[pos].astype(np.float64) - ref[pos]) / spacing
+    assert ulps.max() <= GELU_ULPS, f"{ulps.max():.2f} ulp at x = {x[pos][int(np.argmax(ulps))]!r}"
+    err = np.abs(y[neg].astype(np.float64) - ref[neg])
+    assert err.max() <= GELU_NEG_ABS, f"{err.max():.3g} at x = {x[neg][int(np.argmax(err))]!r}"
+    assert np.isnan(y[np.isnan(x)]).all() and np.isnan(y[x == -np.inf]).all() and (y[x == np.inf] == np.inf).all()
+    zero = x == 0
+    assert (y[zero] == 0).all() and np.array_equal(np.signbit(y[zero]), np.signbit(x[zero]))
+    big = finite & (np.abs(x) >= 5.552)
+    assert np.array_equal(y[big & (x > 0)], x[big & (x > 0)]) and (y[big & (x < 0)] == 0).all()
+
+
+def test_gelu_same_bits_at_both_widths(gelu_grid, tmp_path):
+    """smelt_vgelu256 (a 16-entry table as two permutes and a blend) and smelt_vgelu512 pick the
+    same coefficients and run the same operations: the same bits."""
+    x, _ = gelu_grid
+    a, b = _gelu_lib(tmp_path, "avx512")(x), _gelu_lib(tmp_path, "avx2")(x)
+    assert np.array_equal(a.view(np.int32), b.view(np.int32))
+
+
 # ---- the GELU pattern, fused ----------------------------------------------------------------------
 def _gelu(cases: Cases, x: str, spelling: str) -> str:
     """GELU(x) as ``spelling`` writes it; the intermediate values are not graph outputs."""

@@ -191,7 +191,8 @@ def vector_hard_sigmoid(v: VectorOps, x: str, alpha: float, beta: float, nan_to_
 
 class VectorMath(VectorOps, Protocol):
     """``VectorOps`` plus the names of the vector math functions (kernels/isa.py ``VectorIsa``:
-    csrc/smelt_vec.h's ``smelt_vexp*``, ``smelt_vsigmoid*``, ``smelt_vtanh*``, ``smelt_verf*``)."""
+    csrc/smelt_vec.h's ``smelt_vexp*``, ``smelt_vsigmoid*``, ``smelt_vtanh*``, ``smelt_verf*``,
+    ``smelt_vgelu*``)."""
 
     @property
     def exp_fn(self) -> str: ...
@@ -204,6 +205,9 @@ class VectorMath(VectorOps, Protocol):
 
     @property
     def erf_fn(self) -> str: ...
+
+    @property
+    def gelu_fn(self) -> str: ...
 
 
 def vector_unary_expr(v: VectorMath, step: EpilogueActivation, x: str) -> str:
@@ -229,9 +233,8 @@ def vector_unary_expr(v: VectorMath, step: EpilogueActivation, x: str) -> str:
         return v.op("div", x, v.op("add", one, f"{v.exp_fn}({v.op('sub', v.zero(), x)})"))
     if op == "Tanh":
         return f"{v.tanh_fn}({x})"
-    if op == "Gelu":  # the scalar form's order: (x/2)(1 + erf(x/sqrt2))
-        erf = f"{v.erf_fn}({v.op('mul', x, v.set1('0.70710678118654752f'))})"
-        return v.op("mul", v.op("mul", v.set1("0.5f"), x), v.op("add", v.set1("1.0f"), erf))
+    if op == "Gelu":  # (x/2)(1 + erf(x/sqrt2)), the scalar form's order, with GELU's own erf
+        return f"{v.gelu_fn}({x})"
     raise KeyError(op)
 
 

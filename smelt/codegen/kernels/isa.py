@@ -5,7 +5,7 @@ Templates never compare ISA names: they ask the description for a C spelling (``
 Adding an ISA (AVX-VNNI, NEON, ...) is one more description here plus its tests
 (tests/kernels/test_isa.py), not edits in every template. Helper C functions that are more than one
 intrinsic (horizontal sum/max; the vector exp, sigmoid and tanh: ``exp_fn``, ``sigmoid_fn``,
-``tanh_fn``, ``erf_fn``) live in ``csrc/smelt_vec.h``, embedded into every generated translation unit like
+``tanh_fn``, ``erf_fn``, ``gelu_fn``) live in ``csrc/smelt_vec.h``, embedded into every generated translation unit like
 the runtime header (codegen/toolchain.py ``source_with_runtime``).
 
 Every spelling is a format string with ``{p}`` (pointer), ``{a}``/``{b}``/``{c}`` (operands),
@@ -54,7 +54,8 @@ class VectorIsa:
     gemm_kernel: tuple[int, int]  # GEMM micro-kernel (MR rows, NR columns), NR a multiple of lanes
     sigmoid_fn: str = ""
     tanh_fn: str = ""
-    erf_fn: str = ""  # erf (the exact GELU of exported transformers calls it)
+    erf_fn: str = ""  # erf (ONNX's Erf)
+    gelu_fn: str = ""  # the exact GELU x/2 (1 + erf(x/sqrt2)) of exported transformers (its own erf)
     fma: bool = True  # fused multiply-add available (else mul + add: two roundings)
     # tail masks are integer bit masks (lane i under bit i: shifts and ANDs build them) rather
     # than vectors of all-ones lanes
@@ -205,6 +206,7 @@ AVX512 = VectorIsa(
     any_eq_fmt="_mm512_cmp_ps_mask({a}, {b}, _CMP_EQ_OQ)",
     hsum_fn="_mm512_reduce_add_ps", hmax_fn="smelt_hmax512",
     exp_fn="smelt_vexp512", sigmoid_fn="smelt_vsigmoid512", tanh_fn="smelt_vtanh512", erf_fn="smelt_verf512",
+    gelu_fn="smelt_vgelu512",
     broadcast_fmt="_mm512_set1_ps(*({p}))",
     cflags=("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"),
     features=("avx512f", "avx512bw", "avx512vl", "avx512dq"),
@@ -281,6 +283,7 @@ AVX2 = VectorIsa(
     any_eq_fmt="_mm256_movemask_ps(_mm256_cmp_ps({a}, {b}, _CMP_EQ_OQ))",
     hsum_fn="smelt_hsum256", hmax_fn="smelt_hmax256",
     exp_fn="smelt_vexp256", sigmoid_fn="smelt_vsigmoid256", tanh_fn="smelt_vtanh256", erf_fn="smelt_verf256",
+    gelu_fn="smelt_vgelu256",
     broadcast_fmt="_mm256_broadcast_ss({p})",
     cflags=("-mavx2", "-mfma"), features=("avx2", "fma"), gemm_kernel=(6, 16),
     extra=(("itype", "__m256i"),
