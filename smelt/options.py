@@ -66,6 +66,10 @@ class CompileOptions:
     # NCHWc direct convs software-prefetch the next input-channel block's first input row into
     # L1 at the start of each block (its lines would otherwise miss at every block start)
     conv_prefetch_input: bool = True
+    # row-outer NCHWc direct convs whose input does not fit L2 software-prefetch into L2, while an
+    # output row computes, the input rows the next output row adds (each tile its own columns of
+    # them); "always": whatever the input's size (tests reach every edge with small shapes)
+    conv_prefetch_rows: bool | str = True
     # NCHWc direct convs software-prefetch the weights they need next into L2 a few lines per
     # kernel tap (ic-outer order: a chunk ahead; row-outer order: the next output-channel tile)
     conv_prefetch_weights: bool = True
@@ -90,7 +94,7 @@ class CompileOptions:
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_MODES:
             raise ValueError(f"layout must be one of {', '.join(LAYOUT_MODES)} (given {self.layout!r})")
-        for name in ("winograd", "dw_pw_fusion"):
+        for name in ("winograd", "dw_pw_fusion", "conv_prefetch_rows"):
             value = getattr(self, name)
             if value not in SWITCH_MODES or isinstance(value, int) and not isinstance(value, bool):
                 raise ValueError(f"{name} must be True, False or 'always' (given {value!r})")

@@ -117,7 +117,8 @@ def test_column_pairs_d2s_and_next_b_prefetch_clean_under_sanitizers(isa, tmp_pa
     """NCHWc convs with 24 output channels (column pairs on AVX-512: odd widths, padding taps
     for one column of a pair), a ConvTranspose run as a blocked 1x1 conv and the tiled
     DepthToSpace (a ragged run of columns), and a MatMul over prepacked weights with two K
-    blocks (the next-B-block prefetch), under the sanitizers."""
+    blocks (the next-B-block prefetch), under the sanitizers; the convs prefetch the next output
+    row's input rows (``conv_prefetch_rows="always"``: the last rows' guards)."""
     from helpers import const, make_model, tensor
     from onnx import helper
 
@@ -133,7 +134,7 @@ def test_column_pairs_d2s_and_next_b_prefetch_clean_under_sanitizers(isa, tmp_pa
              const("wt", w(24, 8, 2, 2)), const("wm", w(900, 100))]
     model = make_model(nodes, [tensor("x", [1, 3, 13, 141]), tensor("a", [1, 9, 900])],
                        [tensor("y", None), tensor("z", None)], inits)
-    _check_clean(model, isa, tmp_path)
+    _check_clean(model, isa, tmp_path, schedule={"conv_prefetch_rows": "always"})
 
 
 @pytest.mark.parametrize("isa", ["native", "avx2_vnni", "avx2"])
@@ -209,9 +210,9 @@ def test_quantized_lstm_clean_under_sanitizers(isa, tmp_path):
     _check_clean(model, isa, tmp_path)
 
 
-def _check_clean(model, isa: str, tmp_path) -> None:
-    """Compile ``model`` at ``isa`` under the sanitizers at 1 and 2 threads, fully native, and
-    compare with onnxruntime."""
+def _check_clean(model, isa: str, tmp_path, schedule: dict | None = None) -> None:
+    """Compile ``model`` at ``isa`` (and the ``schedule`` switches) under the sanitizers at 1 and
+    2 threads, fully native, and compare with onnxruntime."""
     path = tmp_path / "model.onnx"
     path.write_bytes(model.SerializeToString())
     rng = np.random.default_rng(0)
@@ -226,7 +227,7 @@ def _check_clean(model, isa: str, tmp_path) -> None:
         feeds = dict(np.load({str(tmp_path / 'feeds.npz')!r}))
         ref = np.load({str(tmp_path / 'ref.npz')!r})
         for threads in (1, 2):
-            cm = smelt.compile({str(path)!r}, threads=threads, isa={isa!r})
+            cm = smelt.compile({str(path)!r}, threads=threads, isa={isa!r}, schedule={schedule or {}!r})
             assert cm.fallback_nodes == [], cm.fallback_nodes
             outs = cm.run(feeds)
             for i, out in enumerate(outs):

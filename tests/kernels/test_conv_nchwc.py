@@ -149,6 +149,57 @@ def test_column_pairs(isa, monkeypatch, cache):
                 schedule={"conv_column_pairs": False})
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_next_row_prefetch(isa, monkeypatch, tmp_path):
+    """``conv_prefetch_rows="always"`` (``DirectKernel.prefetch_rows``, taken by default for
+    inputs larger than L2 / 2): every row-outer direct kernel prefetches its columns of the next
+    output row's new input rows (``nr``: stride 1 and 2, dilation, a 7x7 stem on plain input,
+    pads beyond the kernel, width 1, batch 2, flat 1x1 pseudo-rows with a ragged last one, column
+    pairs); the same answers as onnxruntime at 1 and 2 threads. Off, no kernel has them; at the
+    default these small inputs have none either."""
+    by_name = {c.name: c for c in _chains()}
+    cases = [by_name[n] for n in ("stem", "r3", "w29", "w1", "bneck", "dil", "bigpad", "gelu")] + _pair_chains()
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
+    marker = "_mm_prefetch(nr + q, _MM_HINT_T1)"
+
+    def has(expected: bool):
+        def check(compiled, target):
+            assert (marker in compiled.source_path.read_text()) == expected
+        return check
+
+    options = {"layout": "propagate", "winograd": False}
+    check_cases(cases, isa, monkeypatch, tmp_path / "always", has(True), schedule={"conv_prefetch_rows": "always"},
+                **options)
+    check_cases(cases[:4], isa, monkeypatch, tmp_path / "off", has(False), schedule={"conv_prefetch_rows": False},
+                **options)
+    check_cases(cases[:4], isa, monkeypatch, tmp_path / "default", has(False), **options)
+
+
+def test_next_row_prefetch_follows_the_input_size():
+    """Prefetched where an image's input exceeds half of the target's L2; not for depthwise or
+    ic-outer kernels; never with the switch off."""
+    import dataclasses
+
+    from smelt.codegen.kernels.conv_geometry import ConvGeometry
+    from smelt.compiler import lower
+    from smelt.frontend.onnx_import import load_model
+    from smelt.options import CompileOptions
+    from smelt.schedule.conv import prefetch_rows
+    from smelt.target import detect
+
+    model, _ = _model([Chain("k", (1, 48, 320, 320)).conv(24, (3, 3), strides=(2, 2), pads=(1, 1, 1, 1)).case()])
+    g = lower(load_model(model), CompileOptions(threads=1, layout="nchw"))
+    geo = ConvGeometry(next(n for n in g.nodes if n.op == "Conv"), g)  # 18.75 MiB of input
+    s = NchwcSchedule(8, 16, 3)
+    opts = CompileOptions(threads=1)
+    assert prefetch_rows(geo, s, 16, dataclasses.replace(detect(), l2_bytes=1 << 20), opts)
+    assert not prefetch_rows(geo, s, 16, dataclasses.replace(detect(), l2_bytes=64 << 20), opts)
+    assert prefetch_rows(geo, s, 16, dataclasses.replace(detect(), l2_bytes=64 << 20),
+                         CompileOptions(threads=1, conv_prefetch_rows="always"))
+    assert not prefetch_rows(geo, s, 16, detect(), CompileOptions(threads=1, conv_prefetch_rows=False))
+    assert not prefetch_rows(geo, NchwcSchedule(8, 4, 3, ic_chunk=16), 16, detect(), opts)  # ic-outer
+
+
 def test_conv_only_mode_transforms_around_every_conv(monkeypatch, cache):
     """NeoCPU's "layout-optimized convolutions" step: blocked convs, plain everywhere else."""
     cases = _chains()[1:3]

@@ -181,6 +181,16 @@ class _Gen:
         if self.chunked:
             row_lines = -(-row_lines * self.chunk // (geo.cg // ib))
         self.pf_taps = -(-row_lines // self.pf_lines)
+        # the next output row's input (``DirectKernel.prefetch_rows``): the rows it reads that this
+        # one does not (offsets from this row's first input row; a flat 1x1's next pseudo-row is
+        # P positions on), each tile prefetching its own columns of them, a share per kernel row
+        self.prefetch_rows = dk.prefetch_rows and not self.dw and not self.chunked
+        if self.flat:
+            self.next_rows: list[int] = [0]
+        else:
+            now = {k * self.DH for k in range(self.KH)}
+            self.next_rows = sorted({self.SH + k * self.DH for k in range(self.KH)} - now)
+        self.prparams = ", long pr" if self.prefetch_rows else ""
 
     # -- tiles ---------------------------------------------------------------------------
     def col_ok(self, ow: int, kw: int) -> bool:
@@ -249,7 +259,41 @@ class _Gen:
             L.append(f"            for (int q = 0; q < {span * 4}; q += 64) _mm_prefetch(pn + q, _MM_HINT_T0); }}")
         L.append("        for (int kh = kh_lo; kh < kh_hi; ++kh) {")
         L.append(f"            const float *xr = x + xo + ((long)icb * {self.IH} + (long)kh * {self.DH}) * {self.IW * ib};")
+        return L + self.next_row_prefetch(width)
+
+    def next_row_prefetch(self, width: int) -> list[str]:
+        """Inside a kernel row's loop (``kh``) of input block ``icb``: this kernel row's share of
+        the tile's columns of the input rows the next output row adds (``prefetch_rows``), into
+        L2, where they arrive long before that row runs. ``pr`` keeps them inside the image: this
+        row's first input row ``ih0``, or (a flat 1x1) the positions left after the tile's span
+        in the next pseudo-row."""
+        if not self.prefetch_rows:
+            return []
+        ib = self.ib
+        span = ((width - 1) * self.SW + (self.KW - 1) * self.DW + 1) * ib * 4
+        lines = span // 64 + 1  # the span may straddle one more line than its length
+        share = -(-lines // self.KH)  # lines per kernel row
+        L = ["            { const long q0 = (long)kh * " + str(share * 64) + ", q1 = q0 + "
+             + str(share * 64) + " < " + str(lines * 64) + " ? q0 + " + str(share * 64) + " : " + str(lines * 64) + ";"]
+        for off in self.next_rows:
+            if self.flat:
+                base = f"x + xo + (long)icb * {self.IW * ib} + {self.P * ib}"
+                guard = "pr >= 0"
+            else:
+                base = f"x + xo + ((long)icb * {self.IH} + {off}) * {self.IW * ib}"
+                guard = f"(unsigned long)(pr + {off}) < {self.IH}UL"
+            L.append(f"              if ({guard}) {{ const char *nr = (const char *)({base});")
+            L.append("                for (long q = q0; q < q1; q += 64) _mm_prefetch(nr + q, _MM_HINT_T1); }")
+        L.append("            }")
         return L
+
+    def pr_arg(self, c0: str) -> str:
+        """The ``pr`` argument of a tile call at output column ``c0`` (see ``next_row_prefetch``)."""
+        if not self.prefetch_rows:
+            return ""
+        if self.flat:
+            return f", {self.IW} - (oh + 1) * {self.P} - ({c0}) - {self.s.reg_n}"
+        return ", ih0"
 
     def tap_prefetch_lines(self, kw: int | str, icbs: int, ind: str) -> list[str]:
         """After kernel column ``kw`` (a number, or the loop variable's name): this tap's slice of
@@ -274,7 +318,7 @@ class _Gen:
         tile = RegisterTile(v, jt, width)
         L = [f"static inline __attribute__((always_inline)) void FNAME(const float *restrict x, long xo, "
              f"const float *restrict w, float *{self.yq}y, long yo, long ch, int kh_lo, int kh_hi"
-             f"{', long iw0' if checked else ''}{self.icparams}{self.eparams}) {{"]
+             f"{', long iw0' if checked else ''}{self.prparams}{self.icparams}{self.eparams}) {{"]
         if self.chunked:
             # ic-outer order: the first chunk starts from zero, later ones from the partial sums
             L += ["    " + x for x in tile.declare(None)]
@@ -353,7 +397,7 @@ class _Gen:
         tile = RegisterTile(vp, jt, npairs)
         L = [f"static inline __attribute__((always_inline)) void FNAME(const float *restrict x, long xo, "
              f"const float *restrict w, float *{self.yq}y, long yo, long ch, int kh_lo, int kh_hi"
-             f"{self.icparams}{self.eparams}) {{"]
+             f"{self.prparams}{self.icparams}{self.eparams}) {{"]
         L += ["    " + x for x in tile.declare()]
         L.append(f"    for (int icb = 0; icb < {icbs}; ++icb) {{")
         L += self.block_head(width, icbs, str(icbs))
@@ -451,7 +495,7 @@ class _Gen:
             fn = self.dw_tile_fn(r_n, None) if self.dw else self.any_tile_fn(r_n, jt, None)
             calls.append(f"for (long c0 = {run[0]}; c0 <= {run[-1]}; c0 += {r_n}) "
                          f"{fn}(x, xo + (c0 * {self.SW} - {self.PL}) * {self.ib}, wt, y, yo + c0 * {self.s.oc_bn}, "
-                         f"ch, kh_lo, kh_hi{self.icargs}{self.eargs});")
+                         f"ch, kh_lo, kh_hi{self.pr_arg('c0')}{self.icargs}{self.eargs});")
             run.clear()
 
         for c0, width in tiles:
@@ -463,14 +507,14 @@ class _Gen:
             edge = None if interior else c0
             fn = self.dw_tile_fn(width, edge) if self.dw else self.any_tile_fn(width, jt, edge)
             calls.append(f"{fn}(x, xo + {(c0 * self.SW - self.PL) * self.ib}, wt, y, yo + {c0 * self.s.oc_bn}, "
-                         f"ch, kh_lo, kh_hi{self.icargs}{self.eargs});")
+                         f"ch, kh_lo, kh_hi{self.pr_arg(str(c0))}{self.icargs}{self.eargs});")
         flush()
         return calls
 
     def _call(self, fn: str, c0: str, checked: bool = False) -> str:
         iw0 = f"{c0} * {self.SW} - {self.PL}"
         return (f"{fn}(x, xo + ({iw0}) * {self.ib}, wt, y, yo + {c0} * {self.s.oc_bn}, ch, kh_lo, kh_hi"
-                f"{', ' + iw0 if checked else ''}{self.icargs}{self.eargs});")
+                f"{', ' + iw0 if checked else ''}{self.pr_arg(c0)}{self.icargs}{self.eargs});")
 
     def runtime_row_calls(self, jt: int, row: int) -> list[str] | None:
         """One output row in code that is the same for every width (``DirectKernel.runtime_width``):
