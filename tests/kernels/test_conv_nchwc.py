@@ -198,6 +198,11 @@ def test_next_row_prefetch_follows_the_input_size():
                          CompileOptions(threads=1, conv_prefetch_rows="always"))
     assert not prefetch_rows(geo, s, 16, detect(), CompileOptions(threads=1, conv_prefetch_rows=False))
     assert not prefetch_rows(geo, NchwcSchedule(8, 4, 3, ic_chunk=16), 16, detect(), opts)  # ic-outer
+    # depthwise: each input row serves KH output rows; the prefetch measured no faster (7x7 on 160x160)
+    model, _ = _model([Chain("d", (1, 96, 160, 160)).conv(96, (7, 7), group=96, pads=(3, 3, 3, 3)).case()])
+    g = lower(load_model(model), CompileOptions(threads=1, layout="nchw"))
+    dw = ConvGeometry(next(n for n in g.nodes if n.op == "Conv"), g)
+    assert not prefetch_rows(dw, NchwcSchedule(16, 28, 1), 16, dataclasses.replace(detect(), l2_bytes=1 << 20), opts)
 
 
 def test_conv_only_mode_transforms_around_every_conv(monkeypatch, cache):
