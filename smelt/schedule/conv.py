@@ -73,7 +73,12 @@ WINOGRAD_BLOCKS = 2
 # for the transforms. The smallest measured winners set the floor (7x7 = 49 positions, 16
 # channels); no data below it. A register count not listed takes the strictest thresholds.
 WINOGRAD_THRESHOLDS = {32: (196, 32), 16: (49, 16)}
-# banded order when the transformed weights fit L2 / this (next to a band's buffers)
+# Winograd's order (``winograd_choice``): never banded when the transformed weights exceed L3 /
+# WINOGRAD_BANDED_MAX_L3_FRACTION (each band would re-read them from memory); banded when the
+# phased buffers exceed WINOGRAD_PHASED_MAX_L2S times the threads' L2; between, banded when the
+# weights fit L2 / WINOGRAD_BANDED_MAX_WEIGHTS
+WINOGRAD_BANDED_MAX_L3_FRACTION = 4
+WINOGRAD_PHASED_MAX_L2S = 2
 WINOGRAD_BANDED_MAX_WEIGHTS = 4
 
 # NCHWc direct kernel, ic-outer order: prefetch the weights this many chunks ahead (2: the chunk
@@ -491,10 +496,23 @@ def winograd_choice(node: Node, g: Graph, target: Target, options: CompileOption
         return ""
     if options.winograd_order in ("banded", "phased"):
         return options.winograd_order
-    # banded when the transformed weights fit a quarter of L2 next to a band's buffers
+    # Never banded when each band would re-read the transformed weights U from memory (VGG-16's
+    # 512-channel layers, U 16 MiB of a 32 MiB L3: 3-9% slower banded). Always banded when the
+    # phased order's plane-sized V and M buffers (4x the input and output bytes) exceed twice the
+    # threads' L2: they go to L3 or memory (a DNSMOS 128->64 conv on 900x161 took 73 ms phased,
+    # 26 banded, 47 direct; VGG-16's 64- to 256-channel layers ran 1.2-3.2x faster banded, the
+    # model 1.13x; DenseNet-121 and Inception-v3 1.05x; Zen 5, 2 threads). Between, banded when U
+    # and a band's buffers fit a quarter of L2 each: there the phased buffers stay in cache and
+    # split evenly, where 7 bands of tile rows over 2 threads do not (ResNet-18 was 2-4% slower
+    # with its 28x28 and 14x14 layers banded).
     l2 = target.l2_bytes
     u_bytes = 16 * geo.c * geo.oc * 4
     tile_bytes = 16 * (geo.c + geo.oc) * 4  # V and M bytes per transform tile
+    tiles = -(-geo.outs[0] // 2) * -(-geo.outs[1] // 2)
+    if u_bytes > target.l3_bytes // WINOGRAD_BANDED_MAX_L3_FRACTION:
+        return "phased"
+    if geo.batch * tiles * tile_bytes > WINOGRAD_PHASED_MAX_L2S * l2 * max(1, options.threads):
+        return "banded"
     tiles_per_row = -(-geo.outs[1] // 2)
     banded = u_bytes <= l2 // WINOGRAD_BANDED_MAX_WEIGHTS and tile_bytes * tiles_per_row <= l2 // 4
     return "banded" if banded else "phased"

@@ -142,6 +142,40 @@ def test_winograd_off_is_the_direct_sum(isa, monkeypatch, cache):
     assert not np.array_equal(a, b)  # two algorithms, two roundings: the switch really switched
 
 
+def test_winograd_order_follows_the_caches():
+    """``winograd_choice``'s order from the target's caches: banded where the phased order's
+    plane-sized buffers exceed twice the threads' L2 (a 900x161 plane), phased where the
+    transformed weights exceed a quarter of L3 (512 channels: 16 MiB) whatever the plane; between, the
+    weights against a quarter of L2 (a 28x28 plane with 128 channels: phased on a 1 MiB L2,
+    banded on an 8 MiB one)."""
+    import dataclasses
+
+    from smelt.compiler import lower
+    from smelt.frontend.onnx_import import load_model
+    from smelt.options import CompileOptions
+    from smelt.schedule.conv import winograd_choice
+
+    def order(c: int, oc: int, h: int, w: int, l2: int, l3: int = 32 << 20) -> str:
+        model, _ = _model([Chain("o", (1, c, h, w)).conv(oc, (3, 3), pads=PAD1).case()])
+        opts = CompileOptions(threads=2, layout="propagate")
+        target = dataclasses.replace(detect(), isa="avx512", vector_bits=512, vector_registers=32,
+                                     l2_bytes=l2, l3_bytes=l3)
+        g = lower(load_model(model), opts)
+        conv = next(n for n in g.nodes if n.op == "Conv")
+        for name in (conv.inputs[0], conv.outputs[0]):
+            g.values[name].layout = "NCHW16c"
+        return winograd_choice(conv, g, target, opts)
+
+    mib = 1 << 20
+    assert order(128, 64, 900, 161, mib) == "banded"  # phased: 450 MB of V and M
+    assert order(512, 512, 900, 161, mib) == "phased"  # U 16 MiB > L3 / 4
+    assert order(512, 512, 900, 161, mib, l3=128 * mib) == "banded"
+    assert order(256, 512, 900, 161, mib) == "banded"  # U 8 MiB
+    assert order(128, 128, 28, 28, mib) == "phased"  # U 1 MiB > L2 / 4; buffers 3.2 MB < 4 MiB
+    assert order(128, 128, 28, 28, 8 * mib) == "banded"
+    assert order(64, 64, 56, 56, mib) == "banded"  # buffers 6.4 MB > 4 MiB
+
+
 def test_weight_transform_matches_definition():
     """U = G g Gᵀ, laid out [e][oc tile][C][J*16] with a narrower last tile."""
     rng = np.random.default_rng(1)

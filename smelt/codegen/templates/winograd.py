@@ -19,15 +19,16 @@ template's register tile with tiles as columns, J output blocks x R tiles of acc
 input channel J weight-vector loads and R broadcasts), and the output transform (the 2x2
 outputs get the conv's epilogue, bias, residual and activation, in registers and are stored
 NCHW<b>c; edge tiles of odd planes store only the outputs inside). Two orders:
-- banded (the transformed weights fit a quarter of L2): one parallel step; each thread takes
+- banded (planes whose phased buffers would spill L2, or small transformed weights): one
+  parallel step; each thread takes
   whole bands of tile rows (a multiple of the thread count per image, so the split is even) and
   runs all three stages on a band in its own V and M buffers, sized to stay in its L2;
 - phased (bigger weights): three parallel steps over whole planes with a barrier between
   (items: (image, input block, tile row), then (image, e, output-channel tile) so a thread keeps
   one U[e] tile in L1 over every tile column, then (image, output block, tile row)); U is read
-  once per call instead of once per band. ResNet-50: banded is 2.4% faster end to end than
-  phased everywhere, DenseNet-121 2.2%, VGG-16 2.3%; banding also the 1 MiB weights of
-  128-channel layers was 1.5% slower.
+  once per call instead of once per band, but V and M are plane-sized (4x the input and output
+  bytes): on big planes they go to memory. Only for weights too big for L3, which every band
+  would read from memory (schedule.conv.winograd_choice has the measurements).
 
 Weights U = G g Gᵀ are laid out at compile time as [e][oc tile][C][J*b] (16/9 of the direct
 weights). The buffers take 16/4 = 4x the input and output bytes per 2x2 tile, which is why the
