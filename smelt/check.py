@@ -390,7 +390,9 @@ class Reference:
         if self.kind == "onnx":
             from onnx.reference import ReferenceEvaluator
 
-            ev = ReferenceEvaluator(self.proto)
+            from smelt.runtime.reference_ops import FIXED_OPS
+
+            ev = ReferenceEvaluator(self.proto, new_ops=FIXED_OPS)  # with smelt's corrections
             if not extra:
                 return dict(zip(outputs, ev.run(None, dict(feeds)), strict=True))
             values = ev.run(None, dict(feeds), intermediate=True)

@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ from smelt.codegen.plan import ExecutionPlan, FallbackStep, NativeBlock, build_p
 from smelt.errors import ArtifactError, CompileError, SmeltError, UnsupportedOpError
 from smelt.frontend.contrib_transformer import expand_transformer_contrib_ops
 from smelt.frontend.onnx_import import node_to_onnx, specialize_inputs, to_ir
-from smelt.frontend.validate import check_model
+from smelt.frontend.validate import DeclaredShapeWarning, check_model
 from smelt.ir.epilogue import EpilogueBinary
 from smelt.ir.graph import Graph, Value
 from smelt.ir.ops import flops
@@ -158,7 +159,9 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
     g = run_passes(to_ir(proto), options.opt_level)
     actual: dict[str, object] = {}
     if decide_at is not None:
-        ref = run_passes(to_ir(expand_transformer_contrib_ops(decide_at)), options.opt_level)
+        with warnings.catch_warnings():  # the model's own shapes were checked above; these are ours
+            warnings.simplefilter("ignore", DeclaredShapeWarning)
+            ref = run_passes(to_ir(expand_transformer_contrib_ops(decide_at)), options.opt_level)
         _same_graph(g, ref)
         actual = {name: v.shape for name, v in g.values.items()}
         for name, v in g.values.items():
@@ -531,8 +534,10 @@ def _build_shared(proto: onnx.ModelProto, model_digest: str, shapes: Mapping[str
                 for k, size in enumerate(dict.fromkeys((v + 1, 2 * v + 3, v // 2 + 2, 8 * v + 5, v // 8 + 1))):
                     bumped = dict(sizes, **{sym: size})
                     try:
-                        _, _, pm = _render(proto, shape_class.shapes_for(shapes, bumped), options, target,
-                                           decision(bumped, set()))
+                        with warnings.catch_warnings():  # shapes of ours, not the user's: no shape warnings
+                            warnings.simplefilter("ignore", DeclaredShapeWarning)
+                            _, _, pm = _render(proto, shape_class.shapes_for(shapes, bumped), options, target,
+                                               decision(bumped, set()))
                         pr = shape_slots.tokenize(pm.source)
                     except SmeltError:  # a size the model does not accept (say, a fixed height)
                         pr = None

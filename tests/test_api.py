@@ -79,6 +79,28 @@ def test_unknown_custom_op_names_op_and_node():
         smelt.compile(model)
 
 
+def test_op_the_fallback_lacks_names_op_and_node(tmp_path):
+    """An op with no native kernel that onnx.reference cannot run either (ai.onnx.ml's ZipMap, after
+    an sklearn classifier: onnxruntime's own datasets/logreg_iris.onnx) is an UnsupportedOpError
+    naming the node, the op and its domain, not onnx's traceback; ``smelt check`` exits 2."""
+    from onnx import TensorProto
+
+    from smelt import cli
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("ZipMap", ["r"], ["probs"], name="zipmap", domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2])]
+    seq_of_maps = helper.make_sequence_type_proto(
+        helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, [])))
+    model = make_model(nodes, [tensor("x", [2, 3])], [helper.make_value_info("probs", seq_of_maps)])
+    model.opset_import.append(helper.make_opsetid("ai.onnx.ml", 1))
+    with pytest.raises(smelt.UnsupportedOpError, match=r"zipmap.*ZipMap.*onnx\.reference.*ai\.onnx\.ml") as err:
+        smelt.compile(model)
+    assert "ArrayFeatureExtractor" not in str(err.value)  # not onnx's list of what it has
+    path = tmp_path / "zipmap.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert cli.main(["check", str(path), "--no-localize", "-q"]) == 2
+
+
 def test_fallback_is_reported_and_correct():
     # ai.onnx.ml's Binarizer has no native template (nor a function body to expand): it runs
     # through onnx.reference between native blocks

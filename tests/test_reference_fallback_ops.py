@@ -8,6 +8,8 @@
   false and ran no iteration; the spec (and onnxruntime) run the trip count.
 - DequantizeLinear below opset 19 (the int8 Whisper encoder pipecat-ai ships, opset 18):
   onnx.reference has no implementation before 19, so the fallback could not run it at all.
+- BatchNormalization at opsets 9-13 with a ``momentum`` attribute (paddle2onnx writes one on
+  every inference BatchNormalization): onnx.reference normalized with the batch's own statistics.
 """
 
 from __future__ import annotations
@@ -105,3 +107,40 @@ def test_dequantized_constant_weights_fold_before_opset_19():
     truth = feeds["x"].astype(np.float64) @ (w.astype(np.float64) * scale)
     np.testing.assert_allclose(compiled.run(feeds)[0], truth, rtol=1e-5, atol=1e-5)
     compiled.close()
+
+
+@pytest.mark.parametrize("opset", [9, 11, 13, 15])
+def test_batch_normalization_with_momentum_runs_in_inference_mode(opset):
+    """One output and a momentum attribute: the stored statistics, as onnxruntime (onnx.reference
+    took momentum for training mode before opset 14: 0.17 off on this model)."""
+    rng = np.random.default_rng(0)
+    s, b, mu, var = (rng.uniform(0.5, 1.5, 4).astype(np.float32) for _ in range(4))
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn",
+                              epsilon=1e-3, momentum=0.9)]
+    model = make_model(nodes, [tensor("x", [2, 4, 5, 5])], [tensor("y", [2, 4, 5, 5])],
+                       [const("s", s), const("b", b), const("m", mu), const("v", var)], opset=opset)
+    feeds = {"x": rng.standard_normal((2, 4, 5, 5)).astype(np.float32)}
+    got = _run_fallback(model, feeds, "bn")[0]
+    want = ort_run(model, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    shape = (1, 4, 1, 1)
+    stored = s.reshape(shape) * (feeds["x"] - mu.reshape(shape)) / np.sqrt(var.reshape(shape) + 1e-3) + b.reshape(shape)
+    np.testing.assert_allclose(got, stored, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_normalization_training_mode_keeps_onnx_reference_semantics():
+    """``training_mode=1`` (opset 15, three outputs) still normalizes with the batch's statistics
+    and returns the running mean and variance."""
+    from onnx.reference import ReferenceEvaluator
+
+    rng = np.random.default_rng(1)
+    s, b, mu, var = (rng.uniform(0.5, 1.5, 3).astype(np.float32) for _ in range(4))
+    nodes = [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], name="bn",
+                              training_mode=1, momentum=0.8)]
+    model = make_model(nodes, [tensor("x", [2, 3, 4, 4])], [tensor("y", None), tensor("rm", None), tensor("rv", None)],
+                       [const("s", s), const("b", b), const("m", mu), const("v", var)], opset=15)
+    feeds = {"x": rng.standard_normal((2, 3, 4, 4)).astype(np.float32)}
+    got = _run_fallback(model, feeds, "bn")
+    want = ReferenceEvaluator(model).run(None, feeds)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

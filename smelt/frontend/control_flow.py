@@ -66,7 +66,9 @@ class BranchGuard:
         if self._evaluator is None:
             from onnx.reference import ReferenceEvaluator
 
-            self._evaluator = ReferenceEvaluator(self.model)
+            from smelt.runtime.reference_ops import FIXED_OPS
+
+            self._evaluator = ReferenceEvaluator(self.model, new_ops=FIXED_OPS)
         (value,) = self._evaluator.run(None, {k: feeds[k] for k in self.inputs})  # type: ignore[attr-defined]
         value = np.asarray(value)
         if value.size != 1:

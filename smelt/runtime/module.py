@@ -39,6 +39,7 @@ import _ctypes
 import ctypes
 import math
 import os
+import re
 import tempfile
 import threading
 import time
@@ -51,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from smelt.errors import SmeltError
+from smelt.errors import SmeltError, UnsupportedOpError
 from smelt.runtime import artifact
 from smelt.runtime.artifact import ArtifactPlan, DynamicDims, NativeBlockEntry, TensorSpec
 from smelt.runtime.loop import BodyModel, NativeLoopRunner
@@ -214,7 +215,17 @@ class _FallbackRunner:
         self.model = onnx.load(str(model_path))
         from smelt.runtime.reference_ops import FIXED_OPS
 
-        self.evaluator = ReferenceEvaluator(self.model, new_ops=FIXED_OPS)
+        try:
+            self.evaluator = ReferenceEvaluator(self.model, new_ops=FIXED_OPS)
+        except (NotImplementedError, RuntimeError, ValueError, TypeError) as exc:
+            # an op onnx.reference lacks (ai.onnx.ml's ZipMap, whose sequence-of-maps output
+            # smelt cannot represent either): say which node, not onnx's list of what it has
+            node = self.model.graph.node[0]
+            where = f"domain {node.domain!r}" if node.domain else "the ONNX standard"
+            first = (re.split(r"\s+in\s", str(exc))[0].splitlines() or [type(exc).__name__])[0]  # not onnx's op list
+            raise UnsupportedOpError(node.op_type, node.name,
+                                     f"no native kernel, and onnx.reference (the fallback) has no implementation "
+                                     f"of this {where} op either ({first})") from None
         self.inputs = inputs
         self.outputs = outputs
         self.check_shapes = check_shapes

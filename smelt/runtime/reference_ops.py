@@ -15,11 +15,19 @@ writes the latter: SLANet's decoder loop, wild:slanet-table); onnx.reference pas
 on), so a model of opset 10-18 (wild:smart-turn-v3, opset 18) had no fallback at all ("No
 implementation for operator 'DequantizeLinear' ... version 18"). Versions 10 and 13 are
 version 19 without its float8 inputs (13 added ``axis``): the same computation serves them all.
+
+``BatchNormalization``: onnx.reference's opset 9-13 version takes the ``momentum`` attribute's
+presence for training mode and normalizes with the batch's own statistics; paddle2onnx writes
+momentum on every inference BatchNormalization (PP-OCR's detectors: 0.17 off onnxruntime on a
+one-node model). The spec's training mode at those opsets is the node asking for the running
+statistics (more than one output), as onnxruntime reads it.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from onnx.reference.op_run import OpRun
+from onnx.reference.ops.op_batch_normalization import _batchnorm_test_mode, _batchnorm_training_mode
 from onnx.reference.ops.op_dequantize_linear import _CommonDequantizeLinear
 from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
 from onnx.reference.ops.op_one_hot import OneHot as _ReferenceOneHot
@@ -73,4 +81,23 @@ class DequantizeLinear(_CommonDequantizeLinear):
         return super()._run(*args, axis=axis, block_size=block_size, output_dtype=output_dtype)
 
 
-FIXED_OPS = [Loop, OneHot, DequantizeLinear]
+class BatchNormalization(OpRun):
+    """BatchNormalization at every opset with the spec's mode: training only where opset 14+
+    says ``training_mode=1`` or, before it, the node asks for the running statistics (more than
+    one output); otherwise the stored mean and variance."""
+
+    def _run(self, x, scale, bias, mean, var, epsilon=None, momentum=None, training_mode=None,  # noqa: ANN001, ANN202, PLR0913
+             is_test=None, spatial=None):  # noqa: ANN001, ARG002
+        eps = 1e-5 if epsilon is None else epsilon
+        outputs = [o for o in self.onnx_node.output if o]
+        training = bool(training_mode) if training_mode is not None else len(outputs) > 1
+        if not training:
+            return (_batchnorm_test_mode(x, scale, bias, mean, var, epsilon=eps),)
+        y, saved_mean, saved_var, run_mean, run_var = _batchnorm_training_mode(
+            x, scale, bias, mean, var, momentum=0.9 if momentum is None else momentum, epsilon=eps)
+        if training_mode is not None:  # opset 14+: Y, running_mean, running_var
+            return (y, run_mean, run_var)[:len(self.onnx_node.output)]
+        return (y, run_mean, run_var, saved_mean, saved_var)[:len(self.onnx_node.output)]
+
+
+FIXED_OPS = [Loop, OneHot, DequantizeLinear, BatchNormalization]
