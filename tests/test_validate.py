@@ -252,9 +252,11 @@ DECLARED_SHAPE_CASES[2][1].graph.value_info.append(tensor("t", [4, 3]))
 
 @pytest.mark.parametrize("model,words", [c[1:] for c in DECLARED_SHAPE_CASES],
                          ids=[c[0] for c in DECLARED_SHAPE_CASES])
-def test_declared_shape_lie_warns_and_runs_as_onnxruntime(model, words) -> None:
+def test_declared_shape_lie_warns_and_runs_as_onnxruntime(model, words, monkeypatch, tmp_path) -> None:
     import smelt
     from smelt.frontend.validate import DeclaredShapeWarning
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))  # the warning comes from lowering: no cached build
 
     x = _w(*[d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim])
     with pytest.warns(DeclaredShapeWarning) as record:
@@ -265,7 +267,7 @@ def test_declared_shape_lie_warns_and_runs_as_onnxruntime(model, words) -> None:
     assert_close(got, ort_run(model, {"x": x}))
 
 
-def test_shapes_smelt_probes_raise_no_declared_shape_warning() -> None:
+def test_shapes_smelt_probes_raise_no_declared_shape_warning(monkeypatch, tmp_path) -> None:
     """A model with a symbolic batch is also lowered at shapes of smelt's own (a shape class's
     decision and probe sizes); its declarations are checked against the user's shapes only.
     Here Squeeze without axes gives [2] at batch 1, as declared (["N"]), but [N, 2] at the sizes
@@ -279,6 +281,7 @@ def test_shapes_smelt_probes_raise_no_declared_shape_warning() -> None:
                         h("Relu", ["s"], ["y"], name="r")],
                        [tensor("x", ["N", 2])], [tensor("y", ["N"])], [const("ax", np.array([1], np.int64))])
     x = _w(1, 2)
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))  # lowered, not served from a cached build
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeclaredShapeWarning)
         got = smelt.compile(model, threads=1).run({"x": x})
