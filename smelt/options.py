@@ -76,6 +76,9 @@ class CompileOptions:
     # row-outer NCHWc convs whose weights fit half an L2 split their work by output rows first
     # (each thread reads its own band of the input, every thread all the L2-resident weights)
     conv_row_split: bool = True
+    # a blocked conv whose input arrives plain with whole blocks of channels converts it to its
+    # block first (a layout transform) instead of reading it as 1-channel blocks
+    conv_block_plain_input: bool = True
     # NCHWc direct convs whose output blocks are half the vector width (8 channels on AVX-512:
     # 24, 40, 72 output channels) put two output columns in each vector instead of running at
     # half width

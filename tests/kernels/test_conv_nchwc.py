@@ -205,6 +205,36 @@ def test_next_row_prefetch_follows_the_input_size():
     assert not prefetch_rows(dw, NchwcSchedule(16, 28, 1), 16, dataclasses.replace(detect(), l2_bytes=1 << 20), opts)
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_plain_input_of_whole_blocks_is_blocked_first(isa, monkeypatch, cache):
+    """A conv whose input arrives plain (here the graph input) with whole blocks of channels reads
+    it through a layout transform into its block (``conv_block_plain_input``) when its tile would
+    read at least 64 input rows as 1-channel blocks on a plane of 64 positions or more: 32
+    channels x 3 kernel rows and a 1x1 over 128 channels are blocked; 16 x 3 rows, and 128
+    channels on an 8x7 plane, stay 1-channel blocks; off, all do. Answers as onnxruntime's."""
+    from smelt.codegen.kernels.isa import vector_isa
+
+    def target_block(target) -> int:
+        return vector_isa(target).lanes
+
+    C = Chain
+    cases = [C("p32", (1, 32, 12, 13)).conv(32, (3, 3), pads=(1, 1, 1, 1), post=("Relu",)).case(),
+             C("p128", (1, 128, 9, 10)).conv(32, (1, 1)).case(),
+             C("p16", (1, 16, 12, 13)).conv(32, (3, 3), pads=(1, 1, 1, 1)).case(),
+             C("small", (1, 128, 8, 7)).conv(32, (3, 3), pads=(1, 1, 1, 1)).case()]
+
+    def blocks(expected: list[bool]):
+        def check(compiled, target):
+            layouts = [i.schedule.get("layout", "") for i in compiled.plan.step_infos() if i.op == "Conv"]
+            assert [x.split(" ->")[0] for x in layouts] == [f"NCHW{target_block(target)}c" if e else "NCHW1c"
+                                                             for e in expected], layouts
+        return check
+
+    check_cases(cases, isa, monkeypatch, cache, blocks([True, True, False, False]), layout="propagate", winograd=False)
+    check_cases(cases, isa, monkeypatch, cache, blocks([False] * 4), layout="propagate", winograd=False,
+                schedule={"conv_block_plain_input": False})
+
+
 def test_conv_only_mode_transforms_around_every_conv(monkeypatch, cache):
     """NeoCPU's "layout-optimized convolutions" step: blocked convs, plain everywhere else."""
     cases = _chains()[1:3]
