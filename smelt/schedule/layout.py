@@ -153,6 +153,10 @@ class _Planner:
             # ConvTranspose: 56% of peak, 24.6 ms; the model 1.25x). Not on tiny planes (squeeze-
             # excite convs on 1x1) nor for few rows (basic-pitch's 8-channel 3x39 conv: 2.7% slower)
             want = ob
+            tuned = self.schedules(node, g, want) if self.schedules else None
+            if tuned is not None:  # a tile measured on the blocked input it now reads
+                sched, source = tuned
+                ob = sched.oc_bn
         else:
             want = in_block
         if geo.c % want or (geo.group > 1 and not is_depthwise(geo) and geo.cg % want):
