@@ -641,7 +641,8 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     (``winograd_order``, ``inplace``, ``concat_views``, ``gemm_for_half_width``,
     ``gemm_read_b_in_place``, ``gemm_read_a_in_place``, ``gemm_prefetch_c``, ``gemm_prefetch_next_b``,
     ``conv_prefetch_input``, ``conv_prefetch_weights``, ``conv_row_split``, ``conv_column_pairs``,
-    ``dw_pw_fusion``, ``expand_fusion``, ``int_conv_pad_in_kernel``); each is part of the cache key.
+    ``conv_prefetch_rows``, ``conv_block_plain_input``, ``dw_pw_fusion``, ``expand_fusion``,
+    ``int_conv_pad_in_kernel``); each is part of the cache key.
     ``isa``: the widest vector ISA the compiled code may use, like oneDNN's ONEDNN_MAX_CPU_ISA:
     avx512, avx2_vnni (AVX2 with AVX-VNNI's integer dot products), avx2 (without them), scalar
     (portable C built without AVX) or native (default: $SMELT_ISA,

@@ -511,7 +511,7 @@ def winograd_choice(node: Node, g: Graph, target: Target, options: CompileOption
     tiles = -(-geo.outs[0] // 2) * -(-geo.outs[1] // 2)
     if u_bytes > target.l3_bytes // WINOGRAD_BANDED_MAX_L3_FRACTION:
         return "phased"
-    if geo.batch * tiles * tile_bytes > WINOGRAD_PHASED_MAX_L2S * l2 * max(1, options.threads):
+    if geo.batch * tiles * tile_bytes > WINOGRAD_PHASED_MAX_L2S * l2 * options.codegen_threads(target):
         return "banded"
     tiles_per_row = -(-geo.outs[1] // 2)
     banded = u_bytes <= l2 // WINOGRAD_BANDED_MAX_WEIGHTS and tile_bytes * tiles_per_row <= l2 // 4

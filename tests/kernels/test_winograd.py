@@ -159,7 +159,7 @@ def test_winograd_order_follows_the_caches():
         model, _ = _model([Chain("o", (1, c, h, w)).conv(oc, (3, 3), pads=PAD1).case()])
         opts = CompileOptions(threads=2, layout="propagate")
         target = dataclasses.replace(detect(), isa="avx512", vector_bits=512, vector_registers=32,
-                                     l2_bytes=l2, l3_bytes=l3)
+                                     l2_bytes=l2, l3_bytes=l3, physical_cores=2)
         g = lower(load_model(model), opts)
         conv = next(n for n in g.nodes if n.op == "Conv")
         for name in (conv.inputs[0], conv.outputs[0]):

@@ -184,7 +184,8 @@ class _Gen:
         # the next output row's input (``DirectKernel.prefetch_rows``): the rows it reads that this
         # one does not (offsets from this row's first input row; a flat 1x1's next pseudo-row is
         # P positions on), each tile prefetching its own columns of them, a share per kernel row
-        self.prefetch_rows = dk.prefetch_rows and not self.dw and not self.chunked
+        self.prefetch_rows = dk.prefetch_rows
+        assert not (self.prefetch_rows and (self.dw or self.chunked)), "next-row prefetch: row-outer, not depthwise"
         if self.flat:
             self.next_rows: list[int] = [0]
         else:
@@ -273,8 +274,8 @@ class _Gen:
         span = ((width - 1) * self.SW + (self.KW - 1) * self.DW + 1) * ib * 4
         lines = span // 64 + 1  # the span may straddle one more line than its length
         share = -(-lines // self.KH)  # lines per kernel row
-        L = ["            { const long q0 = (long)kh * " + str(share * 64) + ", q1 = q0 + "
-             + str(share * 64) + " < " + str(lines * 64) + " ? q0 + " + str(share * 64) + " : " + str(lines * 64) + ";"]
+        step, end = share * 64, lines * 64
+        L = [f"            {{ const long q0 = (long)kh * {step}, q1 = q0 + {step} < {end} ? q0 + {step} : {end};"]
         for off in self.next_rows:
             if self.flat:
                 base = f"x + xo + (long)icb * {self.IW * ib} + {self.P * ib}"
