@@ -25,9 +25,10 @@ ISAS = ["native", "avx2", "scalar"]
 ERF_ULPS = 1.25
 
 
-def _erf_lib(tmp_path, kind: str):
-    """``run(x) -> erf(x)`` in C as ``kind`` renders it: "avx512"/"avx2" the ISA description's
-    ``erf_fn`` of smelt_vec.h, "scalar" the portable rendering (libm erff)."""
+def _vector_fn_lib(tmp_path, kind: str, fn: str):
+    """``run(x) -> f(x)`` in C as ``kind`` renders it: "avx512"/"avx2" the ISA description's
+    function ``fn`` of smelt_vec.h ("erf_fn", "gelu_fn"), "scalar" the portable rendering of erf
+    (libm erff)."""
     from smelt.codegen import toolchain
     from smelt.codegen.kernels import isa
     from smelt.target import detect
@@ -39,13 +40,14 @@ def _erf_lib(tmp_path, kind: str):
     if d.vector:
         body = f"""
 void run(const float *x, float *y, long n) {{
-    for (long i = 0; i < n; i += {d.lanes}) {{ {d.storeu('y + i', f"{d.erf_fn}({d.loadu('x + i')})")} }}
+    for (long i = 0; i < n; i += {d.lanes}) {{ {d.storeu('y + i', f"{getattr(d, fn)}({d.loadu('x + i')})")} }}
 }}"""
     else:
+        assert fn == "erf_fn", fn
         body = "void run(const float *x, float *y, long n) { for (long i = 0; i < n; ++i) y[i] = erff(x[i]); }"
-    c = tmp_path / f"erf-{kind}.c"
+    c = tmp_path / f"{fn}-{kind}.c"
     c.write_text(toolchain.source_with_runtime('#include "smelt_rt.h"\n#include <math.h>\n' + body))
-    so = tmp_path / f"erf-{kind}.so"
+    so = tmp_path / f"{fn}-{kind}.so"
     proc = subprocess.run([toolchain.find_compiler().path, "-std=gnu11", "-O2", "-fPIC", "-shared", "-pthread",
                            *(d.cflags or toolchain.arch_flags(dataclasses.replace(host, isa="scalar"))),
                            "-o", str(so), str(c), "-lm"], capture_output=True, text=True)
@@ -60,6 +62,10 @@ void run(const float *x, float *y, long n) {{
         return y[:n]
 
     return run
+
+
+def _erf_lib(tmp_path, kind: str):
+    return _vector_fn_lib(tmp_path, kind, "erf_fn")
 
 
 @pytest.fixture(scope="module")
@@ -114,33 +120,7 @@ GELU_ULPS, GELU_NEG_ABS = 2.0, 1.5e-7
 def _gelu_lib(tmp_path, kind: str):
     """``run(x) -> GELU(x)`` as the ISA description ``kind`` ("avx512" / "avx2") renders the
     fused epilogue's Gelu (``gelu_fn``)."""
-    from smelt.codegen import toolchain
-    from smelt.codegen.kernels import isa
-    from smelt.target import detect
-
-    d = {"avx512": isa.AVX512, "avx2": isa.AVX2}[kind]
-    if not set(d.features) <= set(detect().flags):
-        pytest.skip(f"host cannot run {kind}")
-    body = f"""
-void run(const float *x, float *y, long n) {{
-    for (long i = 0; i < n; i += {d.lanes}) {{ {d.storeu('y + i', f"{d.gelu_fn}({d.loadu('x + i')})")} }}
-}}"""
-    c = tmp_path / f"gelu-{kind}.c"
-    c.write_text(toolchain.source_with_runtime('#include "smelt_rt.h"\n' + body))
-    so = tmp_path / f"gelu-{kind}.so"
-    proc = subprocess.run([toolchain.find_compiler().path, "-std=gnu11", "-O2", "-fPIC", "-shared", "-pthread",
-                           *d.cflags, "-o", str(so), str(c), "-lm"], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lib = ctypes.CDLL(str(so))
-
-    def run(x: np.ndarray) -> np.ndarray:
-        n = x.size
-        x = np.concatenate([x, np.zeros((-n) % 16, F)])
-        y = np.empty_like(x)
-        lib.run(x.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.c_void_p), ctypes.c_long(x.size))
-        return y[:n]
-
-    return run
+    return _vector_fn_lib(tmp_path, kind, "gelu_fn")
 
 
 @pytest.fixture(scope="module")
