@@ -93,6 +93,9 @@ class CompileOptions:
     # a padded blocked int8 conv reads its producer's NCHW<b>c bytes in place and takes the
     # padding in the kernel (schedule/int_conv.py ``pad_in_kernel``); off: a zero-point-padded copy first
     int_conv_pad_in_kernel: bool = True
+    # 1-D conv networks run as 2-D ones of height 1 (passes/lift_1d.py): the blocked NCHWc
+    # kernels and layout planning instead of the NCHW GEMM; off: the 1-D graph as given
+    lift_1d: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_MODES:
@@ -104,6 +107,10 @@ class CompileOptions:
         if self.winograd_order not in WINOGRAD_ORDERS:
             raise ValueError(f"winograd_order must be one of {', '.join(WINOGRAD_ORDERS)} (given {self.winograd_order!r})")
         check_isa_choice(self.isa)
+
+    def skipped_passes(self) -> frozenset[str]:
+        """The optional passes these options switch off (``passes.pipeline.PASSES`` names)."""
+        return frozenset() if self.lift_1d else frozenset({"lift_1d_convs"})
 
     def codegen_threads(self, target: Target) -> int:
         """Threads the generated code is sized for (per-thread scratch). It runs correctly with any

@@ -25,6 +25,7 @@ from smelt.passes.fuse_attention import fuse_attention
 from smelt.passes.fuse_epilogue import fuse_epilogues
 from smelt.passes.fuse_layernorm import fuse_layernorm
 from smelt.passes.inline_if import inline_constant_ifs
+from smelt.passes.lift_1d import lift_1d_convs
 from smelt.passes.lower_qdq import lower_qdq
 from smelt.passes.runtime_if import convert_runtime_ifs
 from smelt.passes.shape_inference import infer_shapes
@@ -77,6 +78,8 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("eliminate_dead_nodes", eliminate_dead_nodes, 0),
     # before BatchNorm folding and epilogue fusion, which then take the ops it moves onto the conv
     ("deconv_as_conv", deconv_as_conv, 1),
+    # before BatchNorm folding, epilogue fusion and layout planning, which then see 2-D convs
+    ("lift_1d_convs", lift_1d_convs, 1),
     ("fold_batchnorm", fold_batchnorm, 1),
     ("fuse_layernorm", fuse_layernorm, 1),
     ("fuse_attention", fuse_attention, 1),
@@ -86,12 +89,14 @@ PASSES: list[tuple[str, Pass, int]] = [
 ]
 
 
-def run_passes(g: Graph, opt_level: int = 1) -> Graph:
+def run_passes(g: Graph, opt_level: int = 1, skip: frozenset[str] = frozenset()) -> Graph:
+    """The passes of ``opt_level`` in order, but those named in ``skip`` (the compile options'
+    switches: ``CompileOptions.skipped_passes``)."""
     check = settings.debug()
     verify(g, "import")
     last = "import"
     for name, fn, level in PASSES:
-        if opt_level < level:
+        if opt_level < level or name in skip:
             continue
         g = fn(g)
         last = name

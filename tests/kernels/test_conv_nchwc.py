@@ -175,6 +175,28 @@ def test_next_row_prefetch(isa, monkeypatch, tmp_path):
     check_cases(cases[:4], isa, monkeypatch, tmp_path / "default", has(False), **options)
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_prefetches_skip_the_gaps_between_dilated_taps(isa, monkeypatch, tmp_path):
+    """A dilation of 100 columns leaves gaps between a tile's kernel columns: the block-start and
+    next-row prefetches fetch each column's run of input, never the gap (a 1-D TCN's dilation of
+    2048 fetched 256 KiB per block start, 6x slower); answers as onnxruntime's."""
+    import re
+
+    case = (Chain("gap", (1, 32, 6, 230)).conv(32, (3, 3), dilations=(1, 100), pads=(1, 0, 1, 0), post=("Relu",))
+            .case())
+    monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
+
+    def check(compiled, target):
+        src = compiled.source_path.read_text()
+        loops = [(int(a), int(b)) for a, b in re.findall(r"for \(int q = (\d+); q < (\d+); q \+= 64\) _mm_prefetch\(pn", src)]
+        ib = max(int(b) for b in re.findall(r"NCHW(\d+)c", src))
+        assert len(loops) >= 3 and all(b - a < 100 * ib * 4 for a, b in loops), loops
+        assert {a for a, _ in loops} >= {100 * ib * 4, 200 * ib * 4}, loops
+
+    check_cases([case], isa, monkeypatch, tmp_path, check, layout="propagate", winograd=False,
+                schedule={"conv_prefetch_rows": "always"})
+
+
 def test_next_row_prefetch_follows_the_input_size():
     """Prefetched where an image's input exceeds half of the target's L2; not for depthwise or
     ic-outer kernels; never with the switch off."""

@@ -254,13 +254,29 @@ class _Gen:
         if self.dk.prefetch_input and icbs > 1:
             # the next channel block's first input row of this tile: its lines would otherwise
             # miss L1 at the start of every block (the input plane rarely fits L1)
-            span = ((width - 1) * self.SW + (self.KW - 1) * self.DW + 1) * ib
             L.append(f"        if (icb + 1 < {icb_end}) {{ const char *pn = (const char *)(x + xo + ((long)(icb + 1) * {self.IH} "
                      f"+ (long)kh_lo * {self.DH}) * {self.IW * ib});")
-            L.append(f"            for (int q = 0; q < {span * 4}; q += 64) _mm_prefetch(pn + q, _MM_HINT_T0); }}")
+            for begin, end in self.tap_runs(width):
+                L.append(f"            for (int q = {begin * 4}; q < {end * 4}; q += 64) _mm_prefetch(pn + q, _MM_HINT_T0);")
+            L.append("        }")
         L.append("        for (int kh = kh_lo; kh < kh_hi; ++kh) {")
         L.append(f"            const float *xr = x + xo + ((long)icb * {self.IH} + (long)kh * {self.DH}) * {self.IW * ib};")
         return L + self.next_row_prefetch(width)
+
+    def tap_runs(self, width: int) -> list[tuple[int, int]]:
+        """The floats of one input row a tile of ``width`` columns reads, as [begin, end) runs from
+        its first column: one run where the kernel columns' ranges overlap, one per kernel column
+        where a dilation leaves gaps between them (a 1-D TCN's dilation of 2048 would otherwise
+        prefetch the 256 KiB between its taps at every block start)."""
+        ib, per_tap = self.ib, ((width - 1) * self.SW + 1) * self.ib
+        runs: list[tuple[int, int]] = []
+        for kw in range(self.KW):
+            begin = kw * self.DW * ib
+            if runs and begin <= runs[-1][1]:
+                runs[-1] = (runs[-1][0], begin + per_tap)
+            else:
+                runs.append((begin, begin + per_tap))
+        return runs
 
     def next_row_prefetch(self, width: int) -> list[str]:
         """Inside a kernel row's loop (``kh``) of input block ``icb``: this kernel row's share of
@@ -270,22 +286,23 @@ class _Gen:
         in the next pseudo-row."""
         if not self.prefetch_rows:
             return []
-        ib = self.ib
-        span = ((width - 1) * self.SW + (self.KW - 1) * self.DW + 1) * ib * 4
-        lines = span // 64 + 1  # the span may straddle one more line than its length
-        share = -(-lines // self.KH)  # lines per kernel row
-        step, end = share * 64, lines * 64
-        L = [f"            {{ const long q0 = (long)kh * {step}, q1 = q0 + {step} < {end} ? q0 + {step} : {end};"]
-        for off in self.next_rows:
-            if self.flat:
-                base = f"x + xo + (long)icb * {self.IW * ib} + {self.P * ib}"
-                guard = "pr >= 0"
-            else:
-                base = f"x + xo + ((long)icb * {self.IH} + {off}) * {self.IW * ib}"
-                guard = f"(unsigned long)(pr + {off}) < {self.IH}UL"
-            L.append(f"              if ({guard}) {{ const char *nr = (const char *)({base});")
-            L.append("                for (long q = q0; q < q1; q += 64) _mm_prefetch(nr + q, _MM_HINT_T1); }")
-        L.append("            }")
+        ib, L = self.ib, []
+        for begin, end in self.tap_runs(width):
+            lines = (end - begin) * 4 // 64 + 1  # the run may straddle one more line than its length
+            share = -(-lines // self.KH)  # lines per kernel row
+            step, stop = share * 64, begin * 4 + lines * 64
+            L.append(f"            {{ const long q0 = {begin * 4} + (long)kh * {step}, "
+                     f"q1 = q0 + {step} < {stop} ? q0 + {step} : {stop};")
+            for off in self.next_rows:
+                if self.flat:
+                    base = f"x + xo + (long)icb * {self.IW * ib} + {self.P * ib}"
+                    guard = "pr >= 0"
+                else:
+                    base = f"x + xo + ((long)icb * {self.IH} + {off}) * {self.IW * ib}"
+                    guard = f"(unsigned long)(pr + {off}) < {self.IH}UL"
+                L.append(f"              if ({guard}) {{ const char *nr = (const char *)({base});")
+                L.append("                for (long q = q0; q < q1; q += 64) _mm_prefetch(nr + q, _MM_HINT_T1); }")
+            L.append("            }")
         return L
 
     def pr_arg(self, c0: str) -> str:
