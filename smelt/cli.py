@@ -93,15 +93,36 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _parse_inputs(items: list[str] | None, names: list[str]) -> dict[str, np.ndarray]:
-    """``--input [NAME=]FILE.npy`` arrays by input name (positional ones in input order)."""
+    """``--input [NAME=]FILE.npy`` arrays by input name (positional ones in input order), and
+    ``--input FILE.npz``: every array of the archive under its own name, which must be an input's
+    (``NAME=FILE.npz`` takes an archive of one array)."""
     feeds = {}
     for i, item in enumerate(items or []):
         key, sep, path = item.partition("=")
         if not sep:
+            key, path = "", item
+        try:
+            loaded = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise SmeltError(f"--input {item}: cannot read {path!r} as .npy or .npz: {e}") from None
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            with loaded:
+                arrays = {k: loaded[k] for k in loaded.files}
+            if key:
+                if len(arrays) != 1:
+                    raise SmeltError(f"--input {item}: {path!r} holds {len(arrays)} arrays ({sorted(arrays)}); "
+                                     f"NAME=FILE.npz takes one (or give FILE.npz alone, its arrays named as inputs)")
+                arrays = {key: next(iter(arrays.values()))}
+            unknown = sorted(set(arrays) - set(names))
+            if unknown:
+                raise SmeltError(f"--input {item}: arrays {unknown} of {path!r} name no model input ({names})")
+            feeds.update(arrays)
+            continue
+        if not key:
             if i >= len(names):
                 raise SmeltError(f"more --input files than model inputs ({names})")
-            key, path = names[i], item
-        feeds[key] = np.load(path, allow_pickle=False)
+            key = names[i]
+        feeds[key] = loaded
     return feeds
 
 
@@ -441,7 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run a model once. Inputs: --input x.npy (in input order) or "
                        "--input name=x.npy. Outputs are written as OUTPUT_DIR/<output name>.npy.")
     p.add_argument("model", help="path to an .onnx file, or zoo:NAME")
-    p.add_argument("--input", action="append", metavar="[NAME=]FILE.npy", help="an input tensor")
+    p.add_argument("--input", action="append", metavar="[NAME=]FILE.npy",
+                   help="an input tensor (.npy), or FILE.npz with arrays named as the inputs")
     p.add_argument("--output-dir", default=".", help="where to write outputs (default: .)")
     p.add_argument("--threads", type=int, default=None)
     _isa_arg(p)
@@ -456,7 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "0 when all outputs agree, 1 when not, 2 on an error.")
     p.add_argument("model", help="path to an .onnx file, or zoo:NAME")
     p.add_argument("--input", action="append", metavar="[NAME=]FILE.npy",
-                   help="an input tensor (others are seeded random: normal floats, zero integers, true booleans)")
+                   help="an input tensor (.npy), or FILE.npz with arrays named as the inputs (others are seeded "
+                   "random: normal floats, zero integers, true booleans)")
     p.add_argument("--shape", action="append", metavar="NAME=D0,D1,...",
                    help="concrete shape for an input with symbolic dimensions")
     p.add_argument("--rtol", type=float, default=1e-4,

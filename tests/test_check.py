@@ -221,6 +221,26 @@ def test_cli_inputs_json_and_exit_status(tmp_path, capsys, monkeypatch):
     assert cli.main(["check", str(path), "-q", "--rtol", "1", "--atol", "1"]) == 0
 
 
+def test_cli_npz_inputs(tmp_path, capsys):
+    """``--input FILE.npz``: the archive's arrays by input name; a name no input has, an archive of
+    several arrays under NAME=, and an unreadable file are errors naming the problem (exit 2)."""
+    path = tmp_path / "m.onnx"
+    onnx.save(conv_model(), str(path))
+    x = np.random.default_rng(6).standard_normal((1, 4, 6, 6)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    assert cli.main(["check", str(path), "-q", "--input", str(tmp_path / "in.npz"), "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"] == "given"
+    assert cli.main(["check", str(path), "-q", "--input", f"x={tmp_path / 'in.npz'}"]) == 0
+    capsys.readouterr()
+    np.savez(tmp_path / "bad.npz", y=x)
+    np.savez(tmp_path / "two.npz", x=x, z=x)
+    (tmp_path / "junk.npz").write_bytes(b"not an archive")
+    for arg, message in ((str(tmp_path / "bad.npz"), "arrays ['y'] of"), (f"x={tmp_path / 'two.npz'}", "holds 2 arrays"),
+                         (str(tmp_path / "junk.npz"), "cannot read")):
+        assert cli.main(["check", str(path), "-q", "--input", arg]) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_onnx_reference_path_without_onnxruntime(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails: as if not installed
     report = smelt.check(conv_model())

@@ -18,8 +18,9 @@ A Loop (opset 11 on) unrolls the same way when its trip count M is a constant (f
 compiled in by value specialization: ``frontend.value_guards`` treats M as a structural operand)
 and its condition input is absent or constant true: the body's iteration number becomes the
 constant i, its condition input the previous iteration's condition output, and every
-iteration's condition output must fold to a constant true (a body that may stop early is left
-whole); scan outputs stack along a new leading axis.
+iteration's condition output but the last must fold to a constant true (a body that may stop
+early is left whole; the last one stops nothing M does not: tf2onnx's Keras RNN loops compute
+``i + 1 < T``, false exactly there); scan outputs stack along a new leading axis.
 
 As ``expand_functions``, only when the whole unrolled graph, folded and inferred in a scratch
 graph, leaves no node to the fallback, and only up to ``MAX_UNROLLED_NODES`` body nodes in all
@@ -39,6 +40,7 @@ import copy
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from smelt.codegen.registry import find_template
 from smelt.frontend.onnx_import import attribute_value, op_version
@@ -99,6 +101,7 @@ class _Builder:
         self.consts: dict[str, Value] = {}
         self.nodes: list[Node] = []
         self.true: list[str] = []  # values that must fold to a constant true (Loop conditions)
+        self.body_consts: dict[str, str] = {}  # the body's initializers, one constant each for all iterations
 
     def const(self, hint: str, arr: np.ndarray) -> str:
         name = self.names.value(self.prefix + hint)
@@ -114,7 +117,10 @@ class _Builder:
     def iteration(self, body: onnx.GraphProto, i: int, bound: dict[str, str]) -> list[str]:
         """One copy of ``body`` with its inputs ``bound`` (formal name -> value); returns the
         values of its outputs. Reads of outer values keep their names."""
-        rename = {"": "", **bound}
+        for init in body.initializer:  # the body's own constants (a Loop's bound, a step of 1)
+            if init.name not in self.body_consts:
+                self.body_consts[init.name] = self.const(f"body/{init.name}", numpy_helper.to_array(init))
+        rename = {"": "", **self.body_consts, **bound}
         for bn in body.node:
             outs = []
             for o in bn.output:
@@ -151,6 +157,8 @@ def _plain_body(g: Graph, node: Node) -> onnx.GraphProto | None:
     if body is None or node.domain not in ("", "ai.onnx"):
         return None
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in body.node for a in n.attribute):
+        return None
+    if body.sparse_initializer:
         return None
     for name in node.present_inputs():
         v = g.values.get(name)
@@ -290,7 +298,9 @@ def _loop(g: Graph, node: Node) -> _Builder | None:
         bound.update({formal.name: state[s] for s, formal in enumerate(body.input[2:])})
         results = b.iteration(body, i, bound)
         cond_name = results[0]
-        b.true.append(cond_name)
+        if i < t - 1:  # the last iteration's condition stops nothing the trip count does not
+            # (tf2onnx's Keras RNN loops: cond = i + 1 < T, false exactly on the last one)
+            b.true.append(cond_name)
         state = results[1:1 + n_state]
         for k in range(k_out):
             per_iter[k].append(results[1 + n_state + k])

@@ -159,6 +159,36 @@ def test_loop_with_a_data_condition_is_not_unrolled():
         assert [f["op"] for f in cm.fallback_report] == ["Loop"]
 
 
+def test_loop_whose_last_condition_is_false_unrolls():
+    """tf2onnx's Keras RNN loop: trip count T, and a body condition ``i + 1 < T`` (its constants the
+    body's own initializers) that turns false exactly on the last iteration, where the trip count
+    ends the loop anyway: unrolled, natively, equal to onnxruntime. A condition false one
+    iteration earlier stops the loop early: left whole, and still right."""
+    for stop_at in (6, 5):  # the condition turns false on iteration stop_at - 1; trip count 6
+        nodes = [helper.make_node("Gather", ["x", "i"], ["xi"], axis=0),
+                 helper.make_node("Add", ["y_in", "xi"], ["y_out"]),
+                 helper.make_node("Tanh", ["y_out"], ["scan"]),
+                 helper.make_node("Add", ["i", "step"], ["next"]),
+                 helper.make_node("Less", ["next", "bound"], ["c_out"])]
+        body = helper.make_graph(
+            nodes, "body",
+            [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+             helper.make_tensor_value_info("c_in", TensorProto.BOOL, []), _vi("y_in", [4])],
+            [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), _vi("y_out", [4]), _vi("scan", [4])],
+            [const("step", np.array(1, np.int64)), const("bound", np.array(stop_at, np.int64))])
+        loop = helper.make_node("Loop", ["trip", "cond", "y0"], ["y_T", "ys"], name="loop", body=body)
+        inits = [const("trip", np.array(6, np.int64)), const("cond", np.array(True))]
+        model = make_model([loop], [tensor("y0", [4]), tensor("x", [6, 4])], [tensor("y_T", None), tensor("ys", None)],
+                           inits)
+        feeds = {"y0": RNG.uniform(-1, 1, 4).astype(np.float32), "x": RNG.uniform(-1, 1, (6, 4)).astype(np.float32)}
+        cm = smelt.compile(model)
+        want = ort_run(model, feeds)
+        assert len(want[1]) == stop_at
+        assert_close(cm.run(feeds), want)
+        assert [f["op"] for f in cm.fallback_report] == ([] if stop_at == 6 else ["Loop"])
+        cm.close()
+
+
 def test_scan8_unrolls_per_batch_element():
     """Scan-8 (opset 8: a leading batch axis on states and scan inputs, the sequence on axis 1):
     unrolled per batch element and step, one scan input reversed, against onnxruntime."""
