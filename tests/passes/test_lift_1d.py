@@ -62,7 +62,7 @@ def _tcn(name: str, n: int = 2, c: int = 15, length: int = 61, oc: int = 32) -> 
                 {x: _f32(n, c, length), r: _f32(oc, steps)})
 
 
-def _causal_glu(name: str, c: int = 8, length: int = 37) -> Case:
+def _causal_glu(name: str, c: int = 8, length: int = 37, n: int = 2) -> Case:
     """Pad(4 steps before) -> Conv(c -> 2c, k5) -> Slice(drop 2 last steps) -> Split(channels) ->
     a * Sigmoid(b) -> Concat(channels, with a depthwise conv of the input's last 33 steps) ->
     grouped Conv(2 groups, k3, stride 2) -> BatchNormalization."""
@@ -89,7 +89,7 @@ def _causal_glu(name: str, c: int = 8, length: int = 37) -> Case:
              const(p + "bs", _f32(16)), const(p + "bb", _f32(16)), const(p + "bm", _f32(16)),
              const(p + "bv", np.abs(_f32(16)) + 0.5)]
     x = p + "x"
-    return Case(name, nodes, [tensor(x, [1, c, length])], inits, p + "y", {x: _f32(1, c, length)})
+    return Case(name, nodes, [tensor(x, [n, c, length])], inits, p + "y", {x: _f32(n, c, length)})
 
 
 def _read_outside(name: str, c: int = 16, length: int = 40) -> Case:
@@ -110,7 +110,7 @@ def _read_outside(name: str, c: int = 16, length: int = 40) -> Case:
     return Case(name, nodes, [tensor(x, [3, c, length])], inits, p + "y", {x: _f32(3, c, length)})
 
 
-CASES = [_tcn("tcn"), _tcn("tcn_odd", n=1, c=3, length=50, oc=16), _causal_glu("glu"), _read_outside("outside")]
+CASES = [_tcn("tcn"), _tcn("tcn_odd", n=3, c=3, length=50, oc=16), _causal_glu("glu"), _read_outside("outside")]
 
 
 def _lowered(case: Case, **options):
@@ -135,6 +135,11 @@ def test_lifted_to_blocked_2d_convs(case):
 
 def test_switched_off_stays_1d():
     assert set(_conv_ranks(CASES[0], lift_1d=False)) == {3}
+
+
+def test_batch_1_stays_1d():
+    """One image: the lifted convs would have one output row, too few work items for the threads."""
+    assert set(_conv_ranks(_tcn("one", n=1))) == {3}
 
 
 def test_deep_convs_stay_on_the_gemm():
