@@ -79,6 +79,9 @@ class CompileOptions:
     # a blocked conv whose input arrives plain with whole blocks of channels converts it to its
     # block first (a layout transform) instead of reading it as 1-channel blocks
     conv_block_plain_input: bool = True
+    # row-outer NCHWc direct convs with too few work items for the threads (one row per image:
+    # a lifted 1-D conv) cut each output row into column segments, each a work item
+    conv_row_segments: bool = True
     # NCHWc direct convs whose output blocks are half the vector width (8 channels on AVX-512:
     # 24, 40, 72 output channels) put two output columns in each vector instead of running at
     # half width

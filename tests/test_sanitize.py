@@ -137,6 +137,32 @@ def test_column_pairs_d2s_and_next_b_prefetch_clean_under_sanitizers(isa, tmp_pa
     _check_clean(model, isa, tmp_path, schedule={"conv_prefetch_rows": "always"})
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_lifted_1d_convs_in_row_segments_clean_under_sanitizers(isa, tmp_path):
+    """A 1-D conv network at batch 1 (passes/lift_1d.py: convs of height 1, one output row cut
+    into column segments, a dilated tap reaching both pads, a residual written in place, a
+    causal Pad and a Slice) under the sanitizers."""
+    from helpers import const, make_model, tensor
+    from onnx import helper
+
+    _isa_or_skip(isa)
+    rng = np.random.default_rng(4)
+    w = lambda *s: (rng.standard_normal(s) * 0.2).astype(np.float32)  # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[5], pads=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], kernel_shape=[3], dilations=[7], pads=[7, 7]),
+             helper.make_node("Add", ["c2", "r1"], ["a2"]),
+             helper.make_node("Pad", ["a2", "pads"], ["p2"]),
+             helper.make_node("Conv", ["p2", "w3"], ["c3"], kernel_shape=[3], strides=[2]),
+             helper.make_node("Slice", ["c3", "st", "en", "ax"], ["y"])]
+    inits = [const("w1", w(32, 8, 5)), const("b1", w(32)), const("w2", w(32, 32, 3)), const("b2", w(32)),
+             const("pads", np.array([0, 0, 2, 0, 0, 0], np.int64)), const("w3", w(16, 32, 3)),
+             const("st", np.array([0], np.int64)), const("en", np.array([-1], np.int64)),
+             const("ax", np.array([2], np.int64))]
+    model = make_model(nodes, [tensor("x", [1, 8, 397])], [tensor("y", None)], inits)
+    _check_clean(model, isa, tmp_path)
+
+
 @pytest.mark.parametrize("isa", ["native", "avx2_vnni", "avx2"])
 def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
     """QuantizeLinear per axis and per tensor (float-to-int saturation is where C has undefined

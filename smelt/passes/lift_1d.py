@@ -14,9 +14,8 @@ The region grows over nodes of ``_LIFTABLE``: ops whose meaning does not depend 
 beyond the attributes rewritten here (Conv, pooling, BatchNormalization, InstanceNormalization,
 element-wise ops, Concat/Split/Slice/Pad). It is a connected set of them joined by rank-3
 values; only regions holding a Conv are lifted (a lone element-wise chain gains nothing). A
-Conv joins only when it gains (``_gains``): output channels that divide into blocks, a
-shallow reduction (deeper 1-D convs run well on the GEMM already) and a batch of two images or
-more (at batch 1 the blocked kernel has too few work items to split over threads). ConvTranspose stays 1-D (no blocked kernel). A broadcast operand of rank 2 or 3 gains the unit axis at
+Conv joins only when it gains (``_gains``): output channels that divide into blocks and a
+shallow reduction (deeper 1-D convs run well on the GEMM already). ConvTranspose stays 1-D (no blocked kernel). A broadcast operand of rank 2 or 3 gains the unit axis at
 its second-to-last position (a constant is reshaped, a run-time value gets a Reshape), so it
 broadcasts against the lifted value as before; ranks 0 and 1 broadcast over the last axis
 either way.
@@ -46,8 +45,6 @@ _AXIS_OPS = ("Concat", "Split", "Slice", "Pad")
 _LIFTABLE = frozenset(_SPATIAL) | _RANK_FREE | frozenset(_AXIS_OPS)
 # the ops whose presence makes a region worth lifting
 _ANCHORS = ("Conv",)
-# images per batch a conv needs to be lifted (``_gains``: the direct kernel's work items)
-MIN_BATCH = 2
 
 
 def lift_1d_convs(g: Graph) -> Graph:
@@ -110,13 +107,9 @@ def _gains(g: Graph, n: Node, w_shape: tuple[int, ...]) -> bool:
     shallow, below ``GEMM_MIN_REDUCTION``, where the 2-D planner too never takes the GEMM. A
     deep 1-D conv already runs the GEMM near the direct kernel's efficiency (a 128->128 k=3 conv
     over 7500 steps: 79% of the 1-thread peak as the GEMM, 70% direct in its network), and
-    lifting it would pull its neighbours into blocked layouts for nothing. And the batch holds
-    two images or more: a lifted conv has one output row per image, and the direct kernel splits
-    its work over images, output-channel tiles and rows, never a row's columns, so at batch 1
-    two threads had one or two work items (atspm-detector's TCN on one series: 1.69x slower
-    lifted), where the GEMM splits its columns."""
-    if int(g.values[n.inputs[0]].shape[0]) < MIN_BATCH:
-        return False
+    lifting it would pull its neighbours into blocked layouts for nothing. (A lifted conv has
+    one output row per image: at batch 1 the direct kernel cuts it into column segments to have
+    work for every thread, ``schedule.conv.row_segments``.)"""
     block = min(NCHWC_BLOCKS)
     oc, cg, taps, group = int(w_shape[0]), int(w_shape[1]), int(w_shape[2]), int(n.attr("group", 1))
     depthwise = group > 1 and group == oc == int(g.values[n.inputs[0]].shape[1])

@@ -89,6 +89,11 @@ ROW_SPLIT_L2_FRACTION = 2
 # the direct kernel prefetches the next output row's input rows when an image's input exceeds
 # this fraction of L2 (``prefetch_rows``)
 PREFETCH_ROWS_L2_FRACTION = 2
+# a row-outer direct kernel with fewer than ROW_SEGMENT_ITEMS work items per thread (images x
+# output-channel tiles x rows) cuts each output row into segments of at least
+# ROW_SEGMENT_MIN_TILES register tiles, each a work item of its own (``row_segments``)
+ROW_SEGMENT_ITEMS = 4
+ROW_SEGMENT_MIN_TILES = 4
 
 # NCHW depthwise kernel (templates/conv.py): below this many multiply-adds thread 0 runs it alone
 DW_PARALLEL_MIN_MACS = 1 << 15
@@ -161,6 +166,9 @@ class DirectKernel:
     # epilogue (``epilogue_after_store``): an erf GELU's ~10 temporaries beside 24 live
     # accumulators made gcc 12 spill both, 24 ns a vector against 11 ns in a loop of its own
     epilogue_after_store: bool = False
+    # row-outer order: each output row is cut into this many column segments, each a work item
+    # (``row_segments``: a 1-D conv lifted to height 1 has one row per image)
+    row_segments: int = 1
 
 
 @dataclass(frozen=True)
@@ -424,7 +432,14 @@ def default_schedule(node: Node, g: Graph, target: Target) -> NchwcSchedule:
         widest = max(s.oc_bn for s in cands)
         if max((s.oc_blocks * s.reg_n for s in fits if s.oc_bn == widest), default=0) < FMA_CHAINS:
             fits = within(2 / 3) or fits
-        cands = fits or cands
+        if geo.outs[0] == 1:
+            # one output row: an ic-outer item is a whole image's tile, and too few of them leave
+            # threads idle (a lifted 1-D conv at batch 1: 32 channels, one item); the row-outer
+            # order cuts its row into segments instead (``row_segments``)
+            fits = [s for s in fits if geo.batch * output_tiles(geo, s) >= ROW_SEGMENT_ITEMS * target.physical_cores]
+            cands = fits or [s for s in cands if s.ic_chunk == 0]
+        else:
+            cands = fits or cands
     else:
         cands = [s for s in cands if s.ic_chunk == 0]
     # ties: the most accumulators (each weight vector and each broadcast feeds more FMAs, so
@@ -570,7 +585,33 @@ def direct_kernel(geo: ConvGeometry, s: NchwcSchedule, ib: int, target: Target,
                         prefetch_weights=options.conv_prefetch_weights and not dw and not row_split,
                         weight_distance=WEIGHT_PREFETCH_DISTANCE, row_split=row_split,
                         runtime_width=runtime_width, epilogue_after_store=after_store,
-                        prefetch_rows=prefetch_rows(geo, s, ib, target, options))
+                        prefetch_rows=prefetch_rows(geo, s, ib, target, options),
+                        row_segments=row_segments(geo, s, ib, target, options))
+
+
+def output_tiles(geo: ConvGeometry, s: NchwcSchedule) -> int:
+    """The direct kernel's output-channel tiles per image (depthwise: one block each; else
+    ``oc_blocks`` blocks per tile within each group)."""
+    if is_depthwise(geo):
+        return geo.oc // s.oc_bn
+    ocg = geo.ocg if geo.group > 1 else geo.oc
+    return geo.group * -(-(ocg // s.oc_bn) // s.oc_blocks)
+
+
+def row_segments(geo: ConvGeometry, s: NchwcSchedule, ib: int, target: Target, options: CompileOptions) -> int:
+    """Column segments per output row (``DirectKernel.row_segments``): enough for
+    ROW_SEGMENT_ITEMS work items per thread where images x output-channel tiles x rows fall
+    short, each of at least ROW_SEGMENT_MIN_TILES register tiles; 1 otherwise. A 1-D conv lifted
+    to height 1 (passes/lift_1d.py) at batch 1 has one row: 32 output channels in one tile gave
+    one thread all the work. Not for flat 1x1 pseudo-rows (already cut to size) or ic-outer
+    kernels (an item is a whole image). With a run-time width (a shape class) the count is
+    decided at the decision shapes and each segment's tiles computed at run time."""
+    if not options.conv_row_segments or is_flat_pointwise(geo) or ic_outer_blocks(geo, s, ib):
+        return 1
+    items = geo.batch * output_tiles(geo, s) * geo.outs[0]
+    want = -(-ROW_SEGMENT_ITEMS * options.codegen_threads(target) // items)
+    most = geo.outs[1] // s.reg_n // ROW_SEGMENT_MIN_TILES
+    return max(1, min(want, most))
 
 
 def prefetch_rows(geo: ConvGeometry, s: NchwcSchedule, ib: int, target: Target, options: CompileOptions) -> bool:

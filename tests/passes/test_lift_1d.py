@@ -110,7 +110,7 @@ def _read_outside(name: str, c: int = 16, length: int = 40) -> Case:
     return Case(name, nodes, [tensor(x, [3, c, length])], inits, p + "y", {x: _f32(3, c, length)})
 
 
-CASES = [_tcn("tcn"), _tcn("tcn_odd", n=3, c=3, length=50, oc=16), _causal_glu("glu"), _read_outside("outside")]
+CASES = [_tcn("tcn"), _tcn("tcn_odd", n=1, c=3, length=50, oc=16), _causal_glu("glu"), _read_outside("outside")]
 
 
 def _lowered(case: Case, **options):
@@ -137,9 +137,13 @@ def test_switched_off_stays_1d():
     assert set(_conv_ranks(CASES[0], lift_1d=False)) == {3}
 
 
-def test_batch_1_stays_1d():
-    """One image: the lifted convs would have one output row, too few work items for the threads."""
-    assert set(_conv_ranks(_tcn("one", n=1))) == {3}
+def test_batch_1_cuts_rows_into_segments():
+    """One image: each lifted conv has one output row, cut into column segments so that every
+    thread has work (``schedule.conv.row_segments``)."""
+    g = _lowered(_tcn("one", n=1, length=400))
+    convs = [n for n in g.nodes if n.op == "Conv"]
+    assert convs and all(len(g.values[n.inputs[0]].shape) == 4 for n in convs)
+    assert all(n.schedule.direct.row_segments > 1 for n in convs), [n.schedule.direct for n in convs]
 
 
 def test_deep_convs_stay_on_the_gemm():

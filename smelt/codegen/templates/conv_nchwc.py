@@ -493,17 +493,32 @@ class _Gen:
         return define(self.em, f"f32_dwconv2d_nchw{ob}c_tile_{width}__{self.blk.isa}", "\n".join(L), doc)
 
     # -- the row --------------------------------------------------------------------------
-    def row_calls(self, jt: int, row: int | None = None) -> list[str]:
+    def segment_columns(self) -> list[tuple[int, int]]:
+        """The output columns [begin, end) of each of the row's ``row_segments`` segments: runs of
+        whole register tiles, as even as the tile count allows."""
+        r_n, segs = self.s.reg_n, self.dk.row_segments
+        n_tiles = -(-self.P // r_n)
+        cuts = [round(k * n_tiles / segs) * r_n for k in range(segs + 1)]
+        return [(cuts[k], min(cuts[k + 1], self.P)) for k in range(segs)]
+
+    def row_calls(self, jt: int, row: int | None = None, cols: tuple[int, int] | None = None) -> list[str]:
         """Calls covering one output row (``row`` columns, default the row length) with tiles
-        of ``reg_n`` columns."""
-        r_n = self.s.reg_n
+        of ``reg_n`` columns; ``cols``: only the tiles starting in [begin, end) (a segment)."""
         row = self.P if row is None else row
         if self.dk.runtime_width:
             stable = self.runtime_row_calls(jt, row)
             if stable is not None:
                 return stable
+            if self.dk.row_segments > 1:  # no body: the first segment takes the whole row
+                return ["if (seg == 0) {", *("    " + c for c in self.static_row_calls(jt, row, None)), "}"]
+        return self.static_row_calls(jt, row, cols)
+
+    def static_row_calls(self, jt: int, row: int, cols: tuple[int, int] | None) -> list[str]:
+        """``row_calls`` with every column's tile chosen at compile time."""
+        r_n = self.s.reg_n
         lo, hi = self.body_range()
-        tiles = [(c, min(r_n, row - c)) for c in range(0, row, r_n)]
+        c_lo, c_hi = cols if cols is not None else (0, row)
+        tiles = [(c, min(r_n, row - c)) for c in range(0, row, r_n) if c_lo <= c < c_hi]
         calls: list[str] = []
         run: list[int] = []  # consecutive full-width body tiles, emitted as one loop
 
@@ -549,19 +564,29 @@ class _Gen:
         checked = (self.dw_tile_fn(1, None, checked=True) if self.dw
                    else self.tile_fn(1, jt, None, checked=True))
         calls: list[str] = []
+        segs = self.dk.row_segments
+        # row segments: segment ``seg`` runs its share of the full body tiles, the first one the
+        # left edge, the last one the body's tail and the right edge
+        first, last = ("if (seg == 0) ", f"if (seg == {segs - 1}) ") if segs > 1 else ("", "")
         if self.PL > 0:  # columns whose taps reach the left padding
-            calls.append(f"for (long c0 = 0; c0 < {lo}; ++c0) {self._call(checked, 'c0', checked=True)}")
+            calls.append(f"{first}for (long c0 = 0; c0 < {lo}; ++c0) {self._call(checked, 'c0', checked=True)}")
         end = lo + (hi - lo) // r_n * r_n
-        calls.append(f"for (long c0 = {lo}; c0 < {end}; c0 += {r_n}) {self._call(tile(r_n), 'c0')}")
+        if segs > 1:
+            full = (end - lo) // r_n
+            calls.append(f"{{ const long b0 = {lo} + {full}L * seg / {segs} * {r_n}, "
+                         f"b1 = {lo} + {full}L * (seg + 1) / {segs} * {r_n};")
+            calls.append(f"  for (long c0 = b0; c0 < b1; c0 += {r_n}) {self._call(tile(r_n), 'c0')} }}")
+        else:
+            calls.append(f"for (long c0 = {lo}; c0 < {end}; c0 += {r_n}) {self._call(tile(r_n), 'c0')}")
         w = 1 << max(0, (r_n - 1).bit_length() - 1) if r_n > 1 else 0
         if w:
-            calls.append(f"{{ long c0 = {end}; const long rem = {hi - end};")
+            calls.append(f"{last}{{ long c0 = {end}; const long rem = {hi - end};")
             while w:
                 calls.append(f"  if (rem & {w}) {{ {self._call(tile(w), 'c0')} c0 += {w}; }}")
                 w //= 2
             calls.append("}")
         if self.geo.pads[3] > 0 and not self.flat:  # columns whose taps reach the right padding
-            calls.append(f"for (long c0 = {hi}; c0 < {row}; ++c0) {self._call(checked, 'c0', checked=True)}")
+            calls.append(f"{last}for (long c0 = {hi}; c0 < {row}; ++c0) {self._call(checked, 'c0', checked=True)}")
         return calls
 
     def kernel(self) -> str:
@@ -593,12 +618,20 @@ class _Gen:
                   f"        const long t = it % {n_tiles}, n = it / {n_tiles};"]
         else:
             ind = "        "
-            L += [f"    const long total = {n * n_tiles * rows}L;",
+            segs = self.dk.row_segments
+            # row segments (schedule.conv.row_segments): the item's column segment, innermost, so
+            # a thread's consecutive items are neighbouring segments of one row
+            item = "it" if segs == 1 else f"(it / {segs})"
+            L += [f"    const long total = {n * n_tiles * rows * segs}L;",
                   "    const long lo = total * tid / nt, hi = total * (tid + 1) / nt;",
                   "    for (long it = lo; it < hi; ++it) {",
-                  (f"        const long t = it % {n_tiles}, oh = (it / {n_tiles}) % {rows}, n = it / {rows * n_tiles};"
+                  (f"        const long t = {item} % {n_tiles}, oh = ({item} / {n_tiles}) % {rows}, "
+                   f"n = {item} / {rows * n_tiles};"
                    if self.row_split else
-                   f"        const long oh = it % {rows}, t = (it / {rows}) % {n_tiles}, n = it / {rows * n_tiles};")]
+                   f"        const long oh = {item} % {rows}, t = ({item} / {rows}) % {n_tiles}, "
+                   f"n = {item} / {rows * n_tiles};")]
+            if segs > 1:
+                L.append(f"        const int seg = (int)(it % {segs});")
         L += [f"        const long grp = t / {tiles_per_group}, tg = t % {tiles_per_group};",
               f"        const long ocb0 = grp * {(ocb // groups)} + tg * {j};",
               f"        const float *wt = w + t * {w_tile}L;",
@@ -640,6 +673,12 @@ class _Gen:
                          f"* {self.IW * ib};")
 
         def row(jt: int, ind: str) -> list[str]:
+            if self.dk.row_segments > 1 and not self.dk.runtime_width:  # (a run-time width: row_calls)
+                out = []
+                for k, (c_lo, c_hi) in enumerate(self.segment_columns()):
+                    out.append(f"{ind}{'if' if k == 0 else '} else if'} (seg == {k}) {{")
+                    out += [ind + "    " + c for c in self.row_calls(jt, cols=(c_lo, c_hi))]
+                return out + [f"{ind}}}"]
             if self.last == self.P and not self.dk.runtime_width:
                 return [ind + c for c in self.row_calls(jt)]
             return ([f"{ind}if (oh == {rows - 1}) {{"] + [ind + "    " + c for c in self.row_calls(jt, self.last)]
