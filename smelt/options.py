@@ -99,6 +99,9 @@ class CompileOptions:
     # 1-D conv networks run as 2-D ones of height 1 (passes/lift_1d.py): the blocked NCHWc
     # kernels and layout planning instead of the NCHW GEMM; off: the 1-D graph as given
     lift_1d: bool = True
+    # transposes sunk through element-wise ops and cancelled in pairs (passes/sink_transposes.py):
+    # a TensorFlow-ported net's NHWC chains between NCHW convs become the convs' epilogues
+    sink_transposes: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_MODES:
@@ -113,7 +116,8 @@ class CompileOptions:
 
     def skipped_passes(self) -> frozenset[str]:
         """The optional passes these options switch off (``passes.pipeline.PASSES`` names)."""
-        return frozenset() if self.lift_1d else frozenset({"lift_1d_convs"})
+        switches = {"lift_1d_convs": self.lift_1d, "sink_transposes": self.sink_transposes}
+        return frozenset(name for name, on in switches.items() if not on)
 
     def codegen_threads(self, target: Target) -> int:
         """Threads the generated code is sized for (per-thread scratch). It runs correctly with any

@@ -1,8 +1,9 @@
-"""Pass: identity and inference-mode dropout elimination.
+"""Pass: identity, same-type cast and inference-mode dropout elimination.
 
-Needs: nothing. Guarantees: no Identity node and no Dropout node whose mask output is unused
-and whose training_mode is absent or constant false remain; their readers read the input
-directly. A graph output keeps its name: when the eliminated node produced a graph output from
+Needs: nothing. Guarantees: no Identity node, no Cast/CastLike to the type its input already
+has (PyTorch's exports of TensorFlow-ported nets carry hundreds: 298 float->float Casts, 11% of
+a call, in an NSFW classifier) and no Dropout node whose mask output is unused and whose
+training_mode is absent or constant false remain; their readers read the input directly. A graph output keeps its name: when the eliminated node produced a graph output from
 a graph input or a constant, the node stays (the output must still be a distinct tensor).
 """
 
@@ -21,11 +22,19 @@ def _is_inference_dropout(g: Graph, node) -> bool:
     return True
 
 
+def _is_same_type_cast(g: Graph, node) -> bool:
+    if node.op not in ("Cast", "CastLike") or node.domain not in ("", "ai.onnx"):
+        return False
+    src, dst = g.values.get(node.inputs[0]), g.values.get(node.outputs[0])
+    return src is not None and dst is not None and src.dtype is not None and src.dtype == dst.dtype
+
+
 def eliminate_identity(g: Graph) -> Graph:
     producers = g.producers()
     dead = []
     for node in g.nodes:
-        if node.op == "Identity" or (node.op == "Dropout" and _is_inference_dropout(g, node)):
+        if (node.op == "Identity" or (node.op == "Dropout" and _is_inference_dropout(g, node))
+                or _is_same_type_cast(g, node)):
             src, dst = node.inputs[0], node.outputs[0]
             if g.values[src].dtype != g.values[dst].dtype and g.values[dst].dtype is not None:
                 continue

@@ -29,6 +29,7 @@ from smelt.passes.lift_1d import lift_1d_convs
 from smelt.passes.lower_qdq import lower_qdq
 from smelt.passes.runtime_if import convert_runtime_ifs
 from smelt.passes.shape_inference import infer_shapes
+from smelt.passes.sink_transposes import sink_transposes
 from smelt.passes.slice_assign import slice_assign_as_where
 from smelt.passes.unroll_loops import unroll_loops
 
@@ -83,6 +84,9 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("fold_batchnorm", fold_batchnorm, 1),
     ("fuse_layernorm", fuse_layernorm, 1),
     ("fuse_attention", fuse_attention, 1),
+    # after attention fusion (whose pattern has the head split's Transpose before the scale Mul),
+    # before epilogue fusion, which then finds the ops it moved next to a conv
+    ("sink_transposes", sink_transposes, 1),
     ("fuse_epilogues", fuse_epilogues, 1),
     # what no Conv/MatMul took as an epilogue: one node, one pass, vector math
     ("collapse_activation_patterns", collapse_activation_patterns, 1),
