@@ -184,6 +184,10 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
         for name, shape in actual.items():
             if name in g.values:
                 g.values[name].shape = shape
+        for node in g.nodes:  # a blocked value the layout pass made for a plain one (a conv writing
+            # a graph output): the plain value's shape
+            if node.op == "LayoutTransform" and node.inputs[0] not in actual and node.outputs[0] in actual:
+                g.values[node.inputs[0]].shape = actual[node.outputs[0]]
         g.decision_shapes = {name: ref.values[name].shape for name in g.values if name in ref.values}
         # recurrent nodes are scheduled at their actual sizes: their grid table has a row per
         # batch size up to B (a larger batch than the decision's would have no row)
