@@ -36,13 +36,14 @@ from smelt.ir.ops import BINARY_BROADCAST, UNARY_ELEMENTWISE
 _UNARY = frozenset(UNARY_ELEMENTWISE) - {"Not"}
 _BINARY = frozenset(("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "PRelu", "Sum", "Mean", "Where"))
 assert _BINARY <= frozenset(BINARY_BROADCAST)
-# rewrites per graph at most: each one moves a transpose one op down or removes one
-MAX_REWRITES = 100_000
+# sweeps over the graph at most: each moves every transpose it can one op down (or merges it),
+# so a chain of k element-wise ops needs about k sweeps
+MAX_SWEEPS = 10_000
 
 
 def sink_transposes(g: Graph) -> Graph:
-    for _ in range(MAX_REWRITES):
-        if not _rewrite_once(g):
+    for _ in range(MAX_SWEEPS):
+        if not _sweep(g):
             break
     g.prune_values()
     return g
@@ -62,31 +63,45 @@ def _static(g: Graph, name: str) -> bool:
     return v is not None and v.is_static
 
 
-def _rewrite_once(g: Graph) -> bool:
+def _sweep(g: Graph) -> int:
+    """One pass over the nodes, rewriting each that can be; the rewrites in it, 0 when none.
+    The producer and reader maps are built once per sweep: a node next to a value an earlier
+    rewrite of the sweep touched waits for the next sweep."""
     producers, readers = g.producers(), g.consumers()
+    touched: set[str] = set()
+    done = 0
 
     def sole_reader(value: str) -> bool:
         return value not in g.outputs and len(readers.get(value, [])) == 1
 
-    for node in g.nodes:
-        if node.domain not in ("", "ai.onnx") or node.epilogue or node.guard is not None:
+    def names(*nodes: Node) -> set[str]:
+        return {v for n in nodes for v in [*n.inputs, *n.outputs] if v}
+
+    for node in list(g.nodes):
+        if node.domain not in ("", "ai.onnx") or node.epilogue or node.guard is not None or names(node) & touched:
             continue
         if _is_transpose(node):
             src = producers.get(node.inputs[0])
-            if _is_transpose(src) and _static(g, src.inputs[0]):
+            if _is_transpose(src) and _static(g, src.inputs[0]) and not names(src) & touched:
+                touched |= names(src, node)
                 _merge(g, src, node, drop_first=sole_reader(node.inputs[0]))
-                return True
+                done += 1
             continue
         if node.op not in _UNARY and node.op not in _BINARY:
             continue
         outs = [o for o in node.outputs if o]
         if len(outs) != 1 or not _static(g, outs[0]):
             continue
+        sources = [producers[i] for i in node.inputs if i in producers]
+        if any(names(t) & touched for t in sources):
+            continue
         moved = _moved_inputs(g, node, producers, sole_reader)
         if moved is not None:
+            touched |= names(node, *sources)
             _sink(g, node, *moved)
-            return True
-    return False
+            touched |= names(node)
+            done += 1
+    return done
 
 
 def _merge(g: Graph, first: Node, second: Node, drop_first: bool) -> None:
