@@ -227,6 +227,23 @@ def _check_fallbacks(plan: ExecutionPlan, options: CompileOptions) -> None:
             raise UnsupportedOpError(step.node.op, step.node.name,
                                      f"not an operator of {where} that smelt or onnx.reference knows "
                                      "(custom ops have no native template and cannot fall back)")
+        if step.node.domain == "ai.onnx.ml" and not _reference_has_ml_op(step.node.op):
+            # refused here, not after a whole compile at load (a LightGBM classifier with
+            # onnxmltools' ZipMap took two minutes to say so)
+            raise UnsupportedOpError(step.node.op, step.node.name,
+                                     f"no native kernel ({step.reason}), and onnx.reference (the fallback) has "
+                                     "no implementation of this domain 'ai.onnx.ml' op either")
+
+
+def _reference_has_ml_op(op: str) -> bool:
+    """Whether onnx.reference implements the ``ai.onnx.ml`` op ``op`` (ZipMap it does not)."""
+    from onnx.reference.ops import aionnxml
+
+    try:
+        aionnxml.load_op("ai.onnx.ml", op, None)
+    except NotImplementedError:
+        return False
+    return True
 
 
 def build(proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], options: CompileOptions,
