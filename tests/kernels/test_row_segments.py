@@ -2,7 +2,7 @@
 items for the threads (one output row per image: a lifted 1-D conv at batch 1) cuts each row
 into column segments, each a work item. Against onnxruntime at every vector ISA, 1 and 2 threads:
 pads on both sides, stride and dilation, depthwise, a ragged last output-channel tile, a residual
-written in place, two rows; and with a run-time width (a shape class: one library, each
+written in place, two rows, column pairs; and with a run-time width (a shape class: one library, each
 segment's tiles computed at run time), from widths with many tiles down to rows with no body."""
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def _cases():
         Chain("res", (1, 32, 1, 250)).conv(32, (1, 3), pads=(0, 1, 0, 1), post=("residual", "Relu")).case(),
         Chain("ragged", (1, 16, 1, 290)).conv(48, (1, 3)).case(),
         Chain("rows2", (1, 16, 2, 300)).conv(16, (1, 3), pads=(0, 1, 0, 1)).case(),
+        # 24 output channels: column pairs on AVX-512 (two columns per vector) in segments
+        Chain("pairs", (1, 16, 1, 333)).conv(24, (1, 3), pads=(0, 1, 0, 1), post=("Relu",)).case(),
     ]
 
 
