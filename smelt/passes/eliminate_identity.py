@@ -3,7 +3,8 @@
 Needs: nothing. Guarantees: no Identity node, no Cast/CastLike to the type its input already
 has (PyTorch's exports of TensorFlow-ported nets carry hundreds: 298 float->float Casts, 11% of
 a call, in an NSFW classifier) and no Dropout node whose mask output is unused and whose
-training_mode is absent or constant false remain; their readers read the input directly. A graph output keeps its name: when the eliminated node produced a graph output from
+training_mode is absent or constant false remain; their readers read the input directly. A
+graph output keeps its name: when the eliminated node produced a graph output from
 a graph input or a constant, the node stays (the output must still be a distinct tensor).
 """
 

@@ -15,7 +15,8 @@ beyond the attributes rewritten here (Conv, pooling, BatchNormalization, Instanc
 element-wise ops, Concat/Split/Slice/Pad). It is a connected set of them joined by rank-3
 values; only regions holding a Conv are lifted (a lone element-wise chain gains nothing). A
 Conv joins only when it gains (``_gains``): output channels that divide into blocks and a
-shallow reduction (deeper 1-D convs run well on the GEMM already). ConvTranspose stays 1-D (no blocked kernel). A broadcast operand of rank 2 or 3 gains the unit axis at
+shallow reduction (deeper 1-D convs run well on the GEMM already). ConvTranspose stays 1-D (no
+blocked kernel). A broadcast operand of rank 2 or 3 gains the unit axis at
 its second-to-last position (a constant is reshaped, a run-time value gets a Reshape), so it
 broadcasts against the lifted value as before; ranks 0 and 1 broadcast over the last axis
 either way.
@@ -88,8 +89,7 @@ def _liftable(g: Graph, n: Node) -> bool:
             return w is not None and w.ndim == 3 and _gains(g, n, w.shape)
         return True
     if n.op in _RANK_FREE:
-        data = n.inputs[:1] if n.op in ("BatchNormalization", "InstanceNormalization") else n.present_inputs()
-        return all((r := _static_rank(g, i)) is not None and r <= 3 for i in data)
+        return all((r := _static_rank(g, n.inputs[k])) is not None and r <= 3 for k in _data_inputs(n))
     if n.op == "Concat":
         return all(_rank3(g, i) for i in n.present_inputs())
     if n.op == "Split":
@@ -237,27 +237,21 @@ class _Lifter:
         return self.inbound[name]
 
     def _rewrite(self, n: Node, before: list[Node]) -> None:
+        """``n`` on lifted data inputs, with its attributes and axis operands for rank 4."""
         g = self.g
+        for k in _data_inputs(n):
+            n.inputs[k] = self._lifted_input(n.inputs[k], n, before)
         if n.op in _SPATIAL:
-            n.inputs[0] = self._lifted_input(n.inputs[0], n, before)
             if n.op == "Conv":
                 w = g.const(n.inputs[1])
                 n.inputs[1] = g.add_const(w.reshape(w.shape[0], w.shape[1], 1, w.shape[2]), f"{n.name}/w_h1")
             self._spatial_attrs(n)
-        elif n.op in _RANK_FREE:
-            for k in _data_inputs(n):
-                n.inputs[k] = self._lifted_input(n.inputs[k], n, before)
-        elif n.op == "Concat":
-            for k in _data_inputs(n):
-                n.inputs[k] = self._lifted_input(n.inputs[k], n, before)
-            self._set_attrs(n, axis=_axis(int(n.attr("axis"))))
-        elif n.op == "Split":
-            n.inputs[0] = self._lifted_input(n.inputs[0], n, before)
+        elif n.op in ("Concat", "Split"):
             self._set_attrs(n, axis=_axis(int(n.attr("axis", 0))))
         elif n.op == "Slice":
-            self._slice(n, before)
+            self._slice_axes(n)
         elif n.op == "Pad":
-            self._pad(n, before)
+            self._pads(n)
 
     def _set_attrs(self, n: Node, **changed: object) -> None:
         """Change attributes in both forms the node carries (decoded, and the protos the
@@ -268,10 +262,10 @@ class _Lifter:
 
     def _spatial_attrs(self, n: Node) -> None:
         changed: dict[str, object] = {}
-        for key, unit in (("kernel_shape", 1), ("strides", 1), ("dilations", 1), ("output_padding", 0)):
+        for key in ("kernel_shape", "strides", "dilations"):
             v = n.attr(key)
             if v is not None:
-                changed[key] = [unit, *(int(x) for x in v)]
+                changed[key] = [1, *(int(x) for x in v)]
         pads = n.attr("pads")
         if pads is not None:
             changed["pads"] = [0, int(pads[0]), 0, int(pads[1])]
@@ -279,19 +273,16 @@ class _Lifter:
             changed["kernel_shape"] = [1, int(self.g.values[n.inputs[1]].shape[-1])]
         self._set_attrs(n, **changed)
 
-    def _slice(self, n: Node, before: list[Node]) -> None:
+    def _slice_axes(self, n: Node) -> None:
         g = self.g
-        n.inputs[0] = self._lifted_input(n.inputs[0], n, before)
         starts = g.const(n.inputs[1])
-        axes = g.const(n.inputs[3]) if len(n.inputs) > 3 and n.inputs[3] else np.arange(len(starts))
-        lifted = np.array([_axis(int(a)) for a in axes], np.int64)
+        axes = g.const(n.inputs[3]) if len(n.inputs) > 3 and n.inputs[3] else np.arange(len(starts), dtype=np.int64)
         while len(n.inputs) < 4:
             n.inputs.append("")
-        n.inputs[3] = g.add_const(lifted.astype(axes.dtype if axes.dtype.kind == "i" else np.int64), f"{n.name}/axes_h1")
+        n.inputs[3] = g.add_const(np.array([_axis(int(a)) for a in axes], axes.dtype), f"{n.name}/axes_h1")
 
-    def _pad(self, n: Node, before: list[Node]) -> None:
+    def _pads(self, n: Node) -> None:
         g = self.g
-        n.inputs[0] = self._lifted_input(n.inputs[0], n, before)
         pads = g.const(n.inputs[1])
         axes_name = n.inputs[3] if len(n.inputs) > 3 and n.inputs[3] else ""
         if axes_name:  # pads for the listed axes only: the axes move, the pads stay

@@ -27,13 +27,14 @@ is added.
 from __future__ import annotations
 
 import numpy as np
+from onnx import helper
 
 from smelt.ir.graph import Graph, Node, Value
 from smelt.ir.ops import BINARY_BROADCAST, UNARY_ELEMENTWISE
 
 # element-wise ops a transpose moves through: every input broadcasts against the output by
 # position only (no axis attribute)
-_UNARY = frozenset(UNARY_ELEMENTWISE) - {"Not"}
+_UNARY = frozenset(UNARY_ELEMENTWISE)
 _BINARY = frozenset(("Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "PRelu", "Sum", "Mean", "Where"))
 assert _BINARY <= frozenset(BINARY_BROADCAST)
 # sweeps over the graph at most: each moves every transpose it can one op down (or merges it),
@@ -183,7 +184,5 @@ def _sink(g: Graph, node: Node, inputs: list[str], perm: list[int]) -> None:
 
 
 def _set_perm(node: Node, perm: list[int]) -> None:
-    from onnx import helper
-
     node.attrs["perm"] = list(perm)
     node.attr_protos = [a for a in node.attr_protos if a.name != "perm"] + [helper.make_attribute("perm", list(perm))]
