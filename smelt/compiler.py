@@ -37,6 +37,7 @@ from smelt.codegen.emit import epilogue_ops, generate
 from smelt.codegen.plan import ExecutionPlan, FallbackStep, NativeBlock, build_plan
 from smelt.errors import ArtifactError, CompileError, SmeltError, UnsupportedOpError
 from smelt.frontend.contrib_transformer import expand_transformer_contrib_ops
+from smelt.frontend.node_order import in_topological_order
 from smelt.frontend.onnx_import import node_to_onnx, specialize_inputs, to_ir
 from smelt.frontend.validate import DeclaredShapeWarning, check_model
 from smelt.ir.epilogue import EpilogueBinary
@@ -154,14 +155,14 @@ def lower(proto: onnx.ModelProto, options: CompileOptions, target: Target | None
     ``codegen.shape_slots``). Raises ``ShapeClassError`` when the passes turn the two into
     different graphs (a pass decided something from a shape)."""
     # onnxruntime's transformer ops in standard ONNX ops first: they are what gets validated
-    proto = expand_transformer_contrib_ops(proto)
+    proto = expand_transformer_contrib_ops(in_topological_order(proto))
     check_model(proto)  # InvalidModelError before anything trusts the model (frontend/validate.py)
     g = run_passes(to_ir(proto), options.opt_level, options.skipped_passes())
     actual: dict[str, object] = {}
     if decide_at is not None:
         with warnings.catch_warnings():  # the model's own shapes were checked above; these are ours
             warnings.simplefilter("ignore", DeclaredShapeWarning)
-            ref = run_passes(to_ir(expand_transformer_contrib_ops(decide_at)), options.opt_level,
+            ref = run_passes(to_ir(expand_transformer_contrib_ops(in_topological_order(decide_at))), options.opt_level,
                               options.skipped_passes())
         _same_graph(g, ref)
         actual = {name: v.shape for name, v in g.values.items()}

@@ -119,8 +119,8 @@ def _check_graph_proto(graph: onnx.GraphProto, opset: dict[str, int], outer: fro
                                         "the output of any node", node=label, op=n.op_type)
             if at >= idx:
                 raise InvalidModelError(
-                    f"reads {i!r} before node {node_label(graph.node[at], at)!r} produces it: nodes "
-                    "must be listed in topological order", node=label, op=n.op_type)
+                    f"reads {i!r} before node {node_label(graph.node[at], at)!r} produces it, and no "
+                    "order of the nodes can fix that: the graph has a cycle", node=label, op=n.op_type)
         check_node_schema(n, label, opset)
         for a in n.attribute:
             subs = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS else []
