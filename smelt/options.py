@@ -97,7 +97,8 @@ class CompileOptions:
     # padding in the kernel (schedule/int_conv.py ``pad_in_kernel``); off: a zero-point-padded copy first
     int_conv_pad_in_kernel: bool = True
     # 1-D conv networks run as 2-D ones of height 1 (passes/lift_1d.py): the blocked NCHWc
-    # kernels and layout planning instead of the NCHW GEMM; off: the 1-D graph as given
+    # kernels and layout planning instead of the NCHW GEMM; 1-D ConvInteger/QLinearConv too
+    # (passes/lift_1d_integer.py: the 2-D-only int conv templates); off: the 1-D graph as given
     lift_1d: bool = True
     # transposes sunk through element-wise ops and cancelled in pairs (passes/sink_transposes.py):
     # a TensorFlow-ported net's NHWC chains between NCHW convs become the convs' epilogues
@@ -116,7 +117,8 @@ class CompileOptions:
 
     def skipped_passes(self) -> frozenset[str]:
         """The optional passes these options switch off (``passes.pipeline.PASSES`` names)."""
-        switches = {"lift_1d_convs": self.lift_1d, "sink_transposes": self.sink_transposes}
+        switches = {"lift_1d_convs": self.lift_1d, "lift_1d_integer_convs": self.lift_1d,
+                    "sink_transposes": self.sink_transposes}
         return frozenset(name for name, on in switches.items() if not on)
 
     def codegen_threads(self, target: Target) -> int:

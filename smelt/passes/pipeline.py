@@ -26,6 +26,7 @@ from smelt.passes.fuse_epilogue import fuse_epilogues
 from smelt.passes.fuse_layernorm import fuse_layernorm
 from smelt.passes.inline_if import inline_constant_ifs
 from smelt.passes.lift_1d import lift_1d_convs
+from smelt.passes.lift_1d_integer import lift_1d_integer_convs
 from smelt.passes.lower_qdq import lower_qdq
 from smelt.passes.runtime_if import convert_runtime_ifs
 from smelt.passes.shape_inference import infer_shapes
@@ -81,6 +82,7 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("deconv_as_conv", deconv_as_conv, 1),
     # before BatchNorm folding, epilogue fusion and layout planning, which then see 2-D convs
     ("lift_1d_convs", lift_1d_convs, 1),
+    ("lift_1d_integer_convs", lift_1d_integer_convs, 1),
     ("fold_batchnorm", fold_batchnorm, 1),
     ("fuse_layernorm", fuse_layernorm, 1),
     ("fuse_attention", fuse_attention, 1),
