@@ -98,3 +98,137 @@ def test_label_encoder_opset1_strings() -> None:
     feeds = {"w": words, "k": ids}
     model = _model(nodes, feeds, [("twice", TensorProto.INT64), ("s", TensorProto.STRING)])
     _check(model, feeds, fallback=["enc", "dec"])
+
+
+# -- TreeEnsembleRegressor / TreeEnsembleClassifier (templates/ml_ops.py) ------------------------
+
+LEGACY_MODES = ["BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ"]
+
+
+def _legacy_forest(trees: int, depth: int, features: int, leaf_targets, positive: bool, one_mode: bool) -> dict:
+    """Legacy tree attributes (node lists by tree and node id, LEAF a mode) of random trees:
+    branch modes mixed or one for all, NaN directions, splits on and off the inputs' grid,
+    leaves weighting the targets ``leaf_targets()`` returns (none, one or several)."""
+    a = {k: [] for k in ("treeids", "nodeids", "featureids", "modes", "values", "truenodeids", "falsenodeids",
+                         "missing_value_tracks_true")}
+    w = {k: [] for k in ("treeids", "nodeids", "ids", "weights")}
+    mode = LEGACY_MODES[int(RNG.integers(0, 6))]
+
+    def make(d: int, t: int, count: list[int]) -> int:
+        me = count[0]
+        count[0] += 1
+        k = len(a["modes"])
+        for key, v in (("treeids", t), ("nodeids", me), ("featureids", int(RNG.integers(0, features))),
+                       ("values", float(RNG.integers(0, 4)) if RNG.random() < 0.5 else float(RNG.uniform(0, 4))),
+                       ("missing_value_tracks_true", int(RNG.integers(0, 2))), ("truenodeids", 0),
+                       ("falsenodeids", 0), ("modes", "LEAF")):
+            a[key].append(v)
+        if d == 0 or (d < depth and RNG.random() < 0.2):
+            for target in leaf_targets():
+                w["treeids"].append(t)
+                w["nodeids"].append(me)
+                w["ids"].append(int(target))
+                w["weights"].append(float(RNG.random() if positive else RNG.standard_normal()))
+            return me
+        a["modes"][k] = mode if one_mode else LEGACY_MODES[int(RNG.integers(0, 6))]
+        a["truenodeids"][k] = make(d - 1, t, count)
+        a["falsenodeids"][k] = make(d - 1, t, count)
+        return me
+
+    for t in range(trees):
+        make(depth, t, [0])
+    return a, w
+
+
+def _legacy_cases() -> tuple[list[onnx.NodeProto], dict[str, np.ndarray], list[tuple[str, int]]]:
+    """Classifiers of 2, 3 and 5 classes and regressors of 1, 2 and 4 targets in every form the
+    converters write (a class per leaf or all of them, one class weighted: LightGBM's and
+    XGBoost's binary form; positive or mixed weights; base values or none) and every post
+    transform, aggregate and input type onnxruntime takes; rows 1, 7 and 300 (split over
+    threads); NaN features."""
+    nodes, feeds, outs = [], {}, []
+    dtypes = [np.float32, np.float64, np.int64, np.int32]
+    k = 0
+    for op, n in [("TreeEnsembleClassifier", c) for c in (2, 2, 2, 2, 2, 2, 3, 5)] + \
+                 [("TreeEnsembleRegressor", t) for t in (1, 1, 2, 4)]:
+        for form in ("all", "one0", "one1", "single", "some"):
+            if op == "TreeEnsembleRegressor" and n == 1 and form != "single":
+                continue
+            k += 1
+            choices = {"all": lambda n=n: range(n), "one0": lambda: [0], "one1": lambda n=n: [n - 1],
+                       "single": lambda n=n: [int(RNG.integers(0, n))],
+                       "some": lambda n=n: RNG.choice(n, size=int(RNG.integers(1, n + 1)), replace=False)}
+            a, w = _legacy_forest(int(RNG.integers(1, 6)), int(RNG.integers(1, 5)), 3, choices[form],
+                                  positive=k % 2 == 0, one_mode=k % 3 == 0)
+            prefix = "class" if op == "TreeEnsembleClassifier" else "target"
+            attrs = {f"nodes_{key}": v for key, v in a.items()}
+            attrs |= {f"{prefix}_{key}": v for key, v in w.items()}
+            attrs["post_transform"] = ["NONE", "LOGISTIC", "SOFTMAX", "SOFTMAX_ZERO"][k % 4] if n > 1 else "NONE"
+            if k % 5 in (1, 3):
+                attrs["base_values"] = RNG.standard_normal(n).tolist()
+            if op == "TreeEnsembleClassifier":
+                attrs["classlabels_int64s"] = [int(v) for v in RNG.choice(20, n, replace=False)]
+                names = [f"label{k}", f"scores{k}"]
+                outs += [(names[0], TensorProto.INT64), (names[1], TensorProto.FLOAT)]
+            else:
+                attrs |= {"n_targets": n, "aggregate_function": ["SUM", "AVERAGE", "MIN", "MAX"][k % 4]}
+                names = [f"y{k}"]
+                outs.append((names[0], TensorProto.FLOAT))
+            dtype = dtypes[k % (4 if op == "TreeEnsembleClassifier" else 2)]  # onnxruntime's regressor: floats
+            x = RNG.uniform(0, 4, ([1, 7, 300][k % 3], 3))
+            if np.dtype(dtype).kind == "f":
+                x[RNG.random(x.shape) < 0.1] = np.nan
+            feeds[f"x{k}"] = x.astype(dtype) if np.dtype(dtype).kind == "f" else np.round(x).astype(dtype)
+            nodes.append(helper.make_node(op, [f"x{k}"], names, domain=ML, name=f"trees{k}", **attrs))
+    return nodes, feeds, outs
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_legacy_tree_ensembles_run_natively(isa, monkeypatch, cache) -> None:
+    """TreeEnsembleClassifier / Regressor (ml opsets 1-3, what skl2onnx and onnxmltools write)
+    natively, against onnxruntime: labels equal, scores within 1e-5, at every ISA, 1 and 2
+    threads (onnx.reference, their fallback before, gets onnxruntime's two-class rules wrong)."""
+    force_isa(isa, monkeypatch, cache)
+    nodes, feeds, outs = _legacy_cases()
+    model = _model(nodes, feeds, outs, ml_opset=3)
+    _check(model, feeds, fallback=[])
+
+
+def test_legacy_tree_ensemble_refusals_fall_back_clearly(cache, monkeypatch) -> None:
+    """Forms the template leaves to the fallback say why: PROBIT (onnxruntime's erf inverse
+    approximation), a node list naming a missing successor is refused by onnxruntime too."""
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    a, w = _legacy_forest(2, 2, 3, lambda: [0, 1, 2], positive=True, one_mode=False)
+    attrs = {f"nodes_{key}": v for key, v in a.items()} | {f"class_{key}": v for key, v in w.items()}
+    node = helper.make_node("TreeEnsembleClassifier", ["x"], ["l", "s"], domain=ML, name="probit",
+                            classlabels_int64s=[0, 1, 2], post_transform="PROBIT", **attrs)
+    x = RNG.uniform(0, 4, (4, 3)).astype(np.float32)
+    compiled = smelt.compile(_model([node], {"x": x}, [("l", TensorProto.INT64), ("s", TensorProto.FLOAT)], 3),
+                             threads=1)
+    assert compiled.fallback_nodes == ["probit"]
+    assert "PROBIT" in str(compiled.fallback_report)
+
+
+def test_string_labelled_tree_classifier_runs_natively_but_the_lookup(cache, monkeypatch) -> None:
+    """A TreeEnsembleClassifier with string labels (skl2onnx's for string targets): the
+    ensemble native with index labels, the strings looked up by one Gather on the fallback
+    (passes/string_labels.py); two and three classes, against onnxruntime."""
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    nodes, feeds, outs = [], {}, []
+    for k, (n, form) in enumerate([(2, lambda: [0]), (2, lambda: [0, 1]), (3, lambda: [int(RNG.integers(0, 3))])]):
+        a, w = _legacy_forest(3, 3, 3, form, positive=k != 0, one_mode=False)
+        attrs = {f"nodes_{key}": v for key, v in a.items()} | {f"class_{key}": v for key, v in w.items()}
+        nodes.append(helper.make_node("TreeEnsembleClassifier", [f"x{k}"], [f"l{k}", f"s{k}"], domain=ML,
+                                      name=f"forest{k}", classlabels_strings=["setosa", "versicolor", "virginica"][:n],
+                                      post_transform="LOGISTIC" if k == 0 else "NONE", **attrs))
+        feeds[f"x{k}"] = RNG.uniform(0, 4, (9, 3)).astype(np.float32)
+        outs += [(f"l{k}", TensorProto.STRING), (f"s{k}", TensorProto.FLOAT)]
+    model = _model(nodes, feeds, outs, ml_opset=3)
+    want = oracle(model, feeds)
+    compiled = smelt.compile(model, threads=2)
+    assert all(op == "Gather" for op in (s["op"] for s in compiled.fallback_report)), compiled.fallback_report
+    for k, (got, w) in enumerate(zip(compiled.run(feeds), want, strict=True)):
+        if w.dtype == object:
+            assert got.tolist() == w.tolist(), k
+        else:
+            assert_close(f"output {k}", got, w)

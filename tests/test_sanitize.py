@@ -163,6 +163,28 @@ def test_lifted_1d_convs_in_row_segments_clean_under_sanitizers(isa, tmp_path):
     _check_clean(model, isa, tmp_path)
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_tree_ensembles_and_lifted_int_convs_clean_under_sanitizers(isa, tmp_path):
+    """The legacy tree ensembles (every form of tests/test_ml_ops.py: leaves of no, one and
+    several weights, NaN features, int inputs) and 1-D ConvIntegers lifted to height 1
+    (passes/lift_1d_integer.py) under the sanitizers."""
+    from onnx import TensorProto, helper
+    from test_ml_ops import _legacy_cases, _model
+
+    _isa_or_skip(isa)
+    nodes, feeds, outs = _legacy_cases()
+    rng = np.random.default_rng(5)
+    w = helper.make_tensor("cw", TensorProto.INT8, [6, 5, 3], rng.integers(-128, 128, 90).tolist())
+    nodes += [helper.make_node("ConvInteger", ["q", "cw"], ["ci"], kernel_shape=[3], dilations=[3], pads=[3, 2],
+                               strides=[2])]
+    feeds["q"] = rng.integers(0, 256, (2, 5, 37)).astype(np.uint8)
+    outs.append(("ci", TensorProto.INT32))
+    model = _model(nodes, feeds, outs, ml_opset=3)
+    model.graph.initializer.append(w)
+    model.opset_import[0].version = 17
+    _check_clean(model, isa, tmp_path, feeds=feeds)
+
+
 @pytest.mark.parametrize("isa", ["native", "avx2_vnni", "avx2"])
 def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
     """QuantizeLinear per axis and per tensor (float-to-int saturation is where C has undefined
@@ -236,16 +258,17 @@ def test_quantized_lstm_clean_under_sanitizers(isa, tmp_path):
     _check_clean(model, isa, tmp_path)
 
 
-def _check_clean(model, isa: str, tmp_path, schedule: dict | None = None) -> None:
+def _check_clean(model, isa: str, tmp_path, schedule: dict | None = None, feeds: dict | None = None) -> None:
     """Compile ``model`` at ``isa`` (and the ``schedule`` switches) under the sanitizers at 1 and
-    2 threads, fully native, and compare with onnxruntime."""
+    2 threads, fully native, and compare with onnxruntime (on ``feeds``, or float32 noise)."""
     path = tmp_path / "model.onnx"
     path.write_bytes(model.SerializeToString())
     rng = np.random.default_rng(0)
-    feeds = {}
-    for inp in model.graph.input:
-        shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
-        feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
+    if feeds is None:
+        feeds = {}
+        for inp in model.graph.input:
+            shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+            feeds[inp.name] = rng.standard_normal(shape).astype(np.float32)
     np.savez(tmp_path / "feeds.npz", **feeds)
     np.savez(tmp_path / "ref.npz", *ort_run(model, feeds, threads=2))
     proc = _run_child(f"""

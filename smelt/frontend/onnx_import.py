@@ -277,6 +277,12 @@ def attribute_value(attr: onnx.AttributeProto):
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     if isinstance(value, list) and value and isinstance(value[0], bytes):
+        if len(value) > 1024 and not any(b"\0" in v for v in value[:1024]):
+            # one decode for the lot (a LightGBM ensemble's millions of node modes), split
+            # back; a string holding NUL itself takes the per-element way
+            joined = b"\0".join(value)
+            if joined.count(b"\0") == len(value) - 1:
+                return joined.decode("utf-8", errors="replace").split("\0")
         return [v.decode("utf-8", errors="replace") for v in value]
     return value
 
@@ -336,11 +342,20 @@ def node_to_onnx(node: Node) -> onnx.NodeProto:
     return proto
 
 
+# attributes onnx's shape inference reads of the legacy tree ensembles; the rest (their trees:
+# millions of values in a LightGBM model) it does not need, and exporting them for every round
+# of inference cost most of such a model's compile
+_TREE_TYPING_ATTRS = frozenset({"classlabels_int64s", "classlabels_strings", "n_targets", "post_transform",
+                                "aggregate_function"})
+_TREE_OPS = ("TreeEnsembleClassifier", "TreeEnsembleRegressor")
+
+
 def to_onnx(g: Graph, *, small_consts_only: bool = False, max_const_elems: int = 4096) -> onnx.ModelProto:
     """Export the graph back to ONNX. Fused epilogues are not expressible and must be absent.
 
     With ``small_consts_only`` large constants become typed graph inputs instead of
-    initializers, which is all shape inference needs and keeps the export cheap.
+    initializers, and the legacy tree ensembles keep only the attributes that type their
+    outputs: all shape inference needs, and it keeps the export cheap.
     """
     inits, extra_inputs = [], []
     for v in g.values.values():
@@ -353,8 +368,14 @@ def to_onnx(g: Graph, *, small_consts_only: bool = False, max_const_elems: int =
     for n in g.nodes:
         if n.epilogue:
             raise ValueError(f"node {n.name!r} has fused epilogues and cannot be exported to ONNX")
+    def exported(n: Node) -> onnx.NodeProto:
+        if small_consts_only and n.domain == "ai.onnx.ml" and n.op in _TREE_OPS:
+            proto = helper.make_node(n.op, n.inputs, n.outputs, name=n.name, domain=n.domain)
+            proto.attribute.extend(a for a in n.attr_protos if a.name in _TREE_TYPING_ATTRS)
+            return proto
+        return node_to_onnx(n)
     graph = helper.make_graph(
-        [node_to_onnx(n) for n in g.nodes],
+        [exported(n) for n in g.nodes],
         g.name,
         [_value_info(g.values[i]) for i in g.inputs] + extra_inputs,
         [_value_info(g.values[o]) for o in g.outputs],

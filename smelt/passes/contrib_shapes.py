@@ -1,9 +1,9 @@
 """Shapes and dtypes of the ops onnx's inference leaves untyped: ``com.microsoft`` and some of ``ai.onnx.ml``.
 
 onnx's inference has no schema for onnxruntime's contrib ops, and its ``ai.onnx.ml`` schemas type
-no output of Scaler, Normalizer, Imputer or LinearRegressor (nor LabelEncoder-1's), so their
-outputs would stay untyped and everything after them off the native path (skl2onnx's Scaler
-in front of an MLP sent the whole MLP to the fallback). Each rule here types one op's outputs
+no output of Scaler, Normalizer, Imputer or LinearRegressor (nor LabelEncoder-1's, nor the tree
+ensembles' below ml opset 3), so their outputs would stay untyped and everything after them off
+the native path (skl2onnx's Scaler in front of an MLP sent the whole MLP to the fallback). Each rule here types one op's outputs
 from its inputs, as onnxruntime's schema does; ``shape_inference.infer_shapes`` applies them
 after onnx's pass and runs onnx's again so the values downstream are typed too.
 """
@@ -157,6 +157,21 @@ def _linear_regressor(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | Non
     return [(F32, (1 if len(x.shape) == 1 else x.shape[0], int(node.attr("targets", 1))))]
 
 
+def _tree_ensemble(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
+    """TreeEnsembleRegressor: float32 [N, n_targets]; TreeEnsembleClassifier: labels [N] (int64,
+    or strings) and float32 scores [N, classes] (a 1-D X is one row). onnx types them only
+    from ml opset 3 on."""
+    x = g.values[node.inputs[0]]
+    if x.shape is None or len(x.shape) not in (1, 2):
+        return [None] * len(node.outputs)
+    rows = 1 if len(x.shape) == 1 else x.shape[0]
+    if node.op == "TreeEnsembleRegressor":
+        return [(F32, (rows, int(node.attr("n_targets") or 0)))]
+    strings = node.attr("classlabels_strings")
+    labels = strings if strings is not None else node.attr("classlabels_int64s") or []
+    return [(np.dtype(object) if strings is not None else np.dtype(np.int64), (rows,)), (F32, (rows, len(labels)))]
+
+
 RULES: dict[tuple[str, str], Callable[[Node, Graph], list[tuple[np.dtype, tuple] | None]]] = {
     (MS_DOMAIN, "DynamicQuantizeLSTM"): _dynamic_quantize_lstm,
     (MS_DOMAIN, "QLinearAdd"): _qlinear_binary,
@@ -174,6 +189,8 @@ RULES: dict[tuple[str, str], Callable[[Node, Graph], list[tuple[np.dtype, tuple]
     (ML_DOMAIN, "Imputer"): _same_as_input,
     (ML_DOMAIN, "LabelEncoder"): _label_encoder,
     (ML_DOMAIN, "LinearRegressor"): _linear_regressor,
+    (ML_DOMAIN, "TreeEnsembleRegressor"): _tree_ensemble,
+    (ML_DOMAIN, "TreeEnsembleClassifier"): _tree_ensemble,
 }
 
 

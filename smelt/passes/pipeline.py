@@ -32,6 +32,7 @@ from smelt.passes.runtime_if import convert_runtime_ifs
 from smelt.passes.shape_inference import infer_shapes
 from smelt.passes.sink_transposes import sink_transposes
 from smelt.passes.slice_assign import slice_assign_as_where
+from smelt.passes.string_labels import index_string_labels
 from smelt.passes.unroll_loops import unroll_loops
 
 Pass = Callable[[Graph], Graph]
@@ -78,6 +79,8 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("lower_qdq", lower_qdq, 1),
     ("fold_constants", fold_to_fixpoint, 1),
     ("eliminate_dead_nodes", eliminate_dead_nodes, 0),
+    # string-labelled tree classifiers: the ensemble native, the label lookup on the fallback
+    ("index_string_labels", index_string_labels, 1),
     # before BatchNorm folding and epilogue fusion, which then take the ops it moves onto the conv
     ("deconv_as_conv", deconv_as_conv, 1),
     # before BatchNorm folding, epilogue fusion and layout planning, which then see 2-D convs
