@@ -18,6 +18,12 @@ from onnx import TensorProto, helper
 import smelt
 
 RNG = np.random.default_rng(3131)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A compile cache of this module's own (pytest's ``cache`` fixture is something else)."""
+    return tmp_path_factory.mktemp("smelt-cache")
 ISAS = ["native", "avx2", "scalar"]
 ML = "ai.onnx.ml"
 
