@@ -250,9 +250,12 @@ def _check_fallbacks(plan: ExecutionPlan, options: CompileOptions) -> None:
         if step.node.domain == "ai.onnx.ml" and not _reference_has_ml_op(step.node.op):
             # refused here, not after a whole compile at load (a LightGBM classifier with
             # onnxmltools' ZipMap took two minutes to say so)
+            hint = ("; its sequence of maps has no tensor form: convert the classifier without it (skl2onnx: "
+                    "options={id(model): {'zipmap': False}}; onnxmltools: zipmap=False) to get the "
+                    "probabilities as a tensor") if step.node.op == "ZipMap" else ""
             raise UnsupportedOpError(step.node.op, step.node.name,
                                      f"no native kernel ({step.reason}), and onnx.reference (the fallback) has "
-                                     "no implementation of this domain 'ai.onnx.ml' op either")
+                                     f"no implementation of this domain 'ai.onnx.ml' op either{hint}")
 
 
 def _reference_has_ml_op(op: str) -> bool:

@@ -103,6 +103,7 @@ def test_op_the_fallback_lacks_names_op_and_node(tmp_path, monkeypatch):
     with pytest.raises(smelt.UnsupportedOpError, match=r"zipmap.*ZipMap.*onnx\.reference.*ai\.onnx\.ml") as err:
         smelt.compile(model)
     assert "ArrayFeatureExtractor" not in str(err.value)  # not onnx's list of what it has
+    assert "zipmap=False" in str(err.value)  # and the way out
     assert compiles == []
     path = tmp_path / "zipmap.onnx"
     path.write_bytes(model.SerializeToString())
