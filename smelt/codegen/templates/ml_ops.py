@@ -21,6 +21,8 @@ the others' codes differently from the ONNX spec).
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
@@ -428,23 +430,23 @@ def emit_tree_ensemble(node: Node, g: Graph, em: BlockEmitter) -> None:
 LEGACY_X_TYPES = ("float32", "float64", "int64", "int32")
 
 
-# _legacy's answers for the last few nodes, by the identity of their node list (the check and
-# the emitter ask for the same node: a LightGBM model's tables take a second to build)
-_LEGACY_CACHE: dict[tuple, tuple[object, tuple[_Trees | None, list[float], str | None]]] = {}
+# _legacy's answers per graph (freed with it), by node and the identity of its node list: the
+# check and the emitter ask for the same node, and a LightGBM model's tables take a second
+_LEGACY_CACHE: weakref.WeakKeyDictionary[Graph, dict[tuple, tuple[object, tuple]]] = weakref.WeakKeyDictionary()
 
 
 def _legacy(node: Node, g: Graph) -> tuple[_Trees | None, list[float], str | None]:
     """The ensemble, its base values and what keeps it off the native path (None: nothing)."""
     ident = node.attr("nodes_treeids")
     x = g.values[node.inputs[0]]
-    key = (node.op, node.name, id(ident), str(x.dtype), tuple(x.shape or ()))
-    hit = _LEGACY_CACHE.get(key)
+    small = tuple(sorted((k, repr(v)) for k, v in node.attrs.items() if not isinstance(v, list) or len(v) <= 64))
+    key = (node.op, node.name, id(ident), small, str(x.dtype), tuple(x.shape or ()))
+    memo = _LEGACY_CACHE.setdefault(g, {})
+    hit = memo.get(key)
     if hit is not None and hit[0] is ident:
         return hit[1]
     answer = _legacy_uncached(node, g)
-    if len(_LEGACY_CACHE) >= 4:
-        _LEGACY_CACHE.clear()
-    _LEGACY_CACHE[key] = (ident, answer)  # the reference keeps the id from being reused
+    memo[key] = (ident, answer)  # the reference keeps the id from being reused
     return answer
 
 
