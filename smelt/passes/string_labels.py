@@ -32,7 +32,7 @@ def index_string_labels(g: Graph) -> Graph:
         label = n.outputs[0] if n.outputs else ""
         if strings is None or not label or g.values[label].shape is None:
             continue
-        labels = [s.decode() if isinstance(s, bytes) else str(s) for s in strings]
+        labels = list(strings)  # decoded by onnx_import.attribute_value
         index = g.fresh_name(f"{label}__index")
         g.add_value(Value(index, np.dtype(np.int64), g.values[label].shape))
         table = g.add_const(np.array(labels, dtype=object), f"{n.name}/labels")

@@ -1,4 +1,4 @@
-"""ai.onnx.ml ops with a tensor-only form: ArrayFeatureExtractor, TreeEnsemble.
+"""ai.onnx.ml ops with a tensor-only form: ArrayFeatureExtractor and the tree ensembles.
 
 Template ``array_feature_extractor``: Z = X[..., Y], the last axis gathered at the indices of
 ``Y`` (any shape, read flat), as onnxruntime does it: a 1-D X gives Z of shape [1, len(Y)],
@@ -7,16 +7,19 @@ negative indices included). Rows split over threads; every share checks all the 
 it writes a row, so a bad index leaves no partial result. (A 1-D X reaches the template only
 typed: onnx's shape inference leaves its output untyped, so it stays on the fallback.)
 
-Template ``tree_ensemble`` (TreeEnsemble-5, float32/float64): the trees become tables at
-compile time (per node its feature, mode, split, NaN direction and the two successors, a leaf
-coded as -1 - its index; per leaf its target and weight; the membership sets as ranges of one
-table, read NaN-separated in node order as onnxruntime reads them), checked finite and in range.
-Each row walks every tree in order (rows split over threads) and folds the leaves' weights into
-its targets as onnxruntime does: SUM and AVERAGE add in tree order (AVERAGE divides by the tree
-count at the end), MIN and MAX keep the first hit then fold, and a target no tree hits stays 0.
-The comparisons are C's, so a NaN feature is false for every mode but NEQ, unless its node
-sends missing values the true way. Only post_transform NONE is native (onnxruntime 1.32 reads
-the others' codes differently from the ONNX spec).
+Templates ``tree_ensemble`` (TreeEnsemble-5, float32/float64) and ``legacy_tree_ensemble``
+(TreeEnsembleRegressor / TreeEnsembleClassifier, ml opsets 1-3: skl2onnx's forests, onnxmltools'
+LightGBM and XGBoost): both attribute forms become one table form at compile time (``_Trees``:
+a packed node struct per branch node, a leaf coded as -1 - its index, per leaf a range of
+(target, weight) entries, the membership sets as ranges of one table read NaN-separated in node
+order as onnxruntime reads them), checked finite and in range. Each row walks every tree in
+order (rows split over threads) and folds the leaves' weights into its targets as onnxruntime
+does: SUM and AVERAGE add in tree order (AVERAGE divides by the tree count at the end), MIN and
+MAX keep the first hit then fold. The comparisons are C's, so a NaN feature is false for every
+mode but NEQ, unless its node sends missing values the true way. TreeEnsemble-5: only
+post_transform NONE is native (onnxruntime 1.32 reads the others' codes differently from the
+ONNX spec). The legacy ops add onnxruntime's finalization (``emit_legacy_tree_ensemble``,
+``_binary_classifier``); PROBIT stays on the fallback.
 """
 
 from __future__ import annotations
@@ -235,10 +238,12 @@ class _Trees:
             self.why = f"node {int(dup[1])} of tree {int(dup[0])} listed twice"
             return self
 
+        # one flat key per pair: every id any list names fits below span - 1 (span - 1: absent)
+        span = int(max(a.max(initial=0) for a in (ids, yes, no, w_node))) + 2
+        flat = sorted_keys[:, 0] * span + sorted_keys[:, 1]
+
         def find(t: np.ndarray, i: np.ndarray) -> np.ndarray:
             """Positions of the (tree, node id) pairs; -1 where absent."""
-            span = int(max(ids.max(initial=0), i.max(initial=0))) + 2
-            flat = sorted_keys[:, 0] * span + sorted_keys[:, 1]
             want = t * span + np.where(i < 0, span - 1, i)
             at = np.clip(np.searchsorted(flat, want), 0, n - 1)
             return np.where(flat[at] == want, order[at], -1)
@@ -493,8 +498,7 @@ def _check_legacy(node: Node, g: Graph) -> str | None:
     return why
 
 
-def _binary_classifier(node: Node, trees: _Trees, base: list[float], t: str, post: str, label: bool,
-                       scores: bool) -> list[str]:
+def _binary_classifier(trees: _Trees, base: list[float], t: str, post: str, label: bool, scores: bool) -> list[str]:
     """C for onnxruntime's two-class rules, per row, after the fold (``S``, ``HIT``).
 
     With base values: if class 1 was reached its score becomes base_values[1] plus class 0's and
@@ -539,12 +543,10 @@ def _binary_classifier(node: Node, trees: _Trees, base: list[float], t: str, pos
           domain=ML)
 def emit_legacy_tree_ensemble(node: Node, g: Graph, em: BlockEmitter) -> None:
     """Scores as onnxruntime finalizes them: the fold in the split's precision (double for a
-    double X, else float), AVERAGE divided by the tree count, base values added (a target no
-    leaf reached is its base value), the post transform, then float32. A classifier's label:
-    the class of the highest score among those reached (the first on a tie); with two classes
-    (both weighted on every leaf) onnxruntime's binary rule: class 1's score becomes its base
-    value plus class 0's, class 0's its negation, and the label is 1 if class 1's score > 0,
-    else 0 (the index, whatever the labels)."""
+    double X, else float), AVERAGE divided by the tree count, base values added, a score no leaf
+    of the row reached written as 0 whatever its base value (a classifier's base values count as
+    reached), the post transform, then float32. A classifier's label: the class of the highest
+    score among those reached (the first on a tie); two classes follow ``_binary_classifier``."""
     classifier = node.op == "TreeEnsembleClassifier"
     trees, base, _ = _legacy(node, g)
     assert trees is not None
@@ -561,7 +563,7 @@ def emit_legacy_tree_ensemble(node: Node, g: Graph, em: BlockEmitter) -> None:
     scores = em.scratch(em.n_threads * n * trees.split_dtype.itemsize, trees.split_dtype.name)
     flags = em.scratch(em.n_threads * n, "uint8") if hit else None
     label = node.outputs[0] if classifier else ""
-    z = node.outputs[1] if classifier else node.outputs[0]
+    z = (node.outputs[1] if len(node.outputs) > 1 else "") if classifier else node.outputs[0]
     if classifier and label:
         decls.append(f"const int64_t *restrict LABELS = {em.weight(np.asarray(node.attr('classlabels_int64s'), np.int64))};")
     if base:
@@ -580,7 +582,7 @@ def emit_legacy_tree_ensemble(node: Node, g: Graph, em: BlockEmitter) -> None:
     if agg == "AVERAGE":
         lines.append(f"    for (long j = 0; j < {n}; ++j) S[j] /= ({t}){len(trees.roots)};")
     if classifier and n == 2:
-        lines += _binary_classifier(node, trees, base, t, post, bool(label), bool(z))
+        lines += _binary_classifier(trees, base, t, post, bool(label), bool(z))
     else:
         if base and classifier:  # base values count as reached
             lines.append(f"    for (long j = 0; j < {n}; ++j) {{ S[j] += B[j]; HIT[j] = 1; }}")
