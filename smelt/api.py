@@ -61,6 +61,7 @@ from smelt.compiler import BuildResult, ShapeClass, build
 from smelt.errors import SmeltError
 from smelt.frontend.control_flow import Decisions, guards, specialize
 from smelt.frontend.onnx_import import ModelLike, load_model, model_input_specs, model_output_specs
+from smelt.frontend.zipmap import ZipMapOutput, split_zipmaps
 from smelt.ir.ops import ops_where
 from smelt.ir.types import onnx_type_string
 from smelt.options import CompileOptions
@@ -151,6 +152,9 @@ class CompiledModel:
         self._class_sizes: dict[str, int] | None = None
         self._max_dims_given = {k: int(v) for k, v in (max_dims or {}).items()}
         self.proto: onnx.ModelProto = load_model(model)
+        # what is compiled: the model with its classifiers' ZipMaps returning their probability
+        # tensors, turned into onnxruntime's lists of dicts when a call returns (frontend/zipmap.py)
+        self.graph_proto, self._zipmaps = split_zipmaps(self.proto)
         self.threads = _resolve_threads(threads)
         self.options = _options(self.threads, opt_level=opt_level, allow_fallback=allow_fallback,
                                 force_fallback=frozenset(force_fallback), sanitize=sanitize_enabled(),
@@ -178,7 +182,7 @@ class CompiledModel:
         self._loop_bodies: dict[bytes, CompiledModel] = {}
         # Ifs decided by small inputs and small inputs deciding shapes (smelt.frontend.control_flow):
         # compiled per branch taken / per value, so nothing is built before a call brings their values
-        self._guards = guards(self.proto)
+        self._guards = guards(self.graph_proto)
         self._decide = Decisions(self._guards)
         reinit_after_fork(self)
         symbols = {d for _, _, shp in self._inputs if shp for d in shp if isinstance(d, str)}
@@ -186,8 +190,8 @@ class CompiledModel:
         # model keeps one arena, and its calls skip the pool's ~0.3 us)
         self._share_arenas = bool(symbols) or any(shp is None for _, _, shp in self._inputs) or bool(self._guards)
         if dynamic is None:
-            dynamic = bool(symbols) and dynamic_rnn_eligible(self.proto)
-        elif dynamic and not dynamic_rnn_eligible(self.proto):
+            dynamic = bool(symbols) and dynamic_rnn_eligible(self.graph_proto)
+        elif dynamic and not dynamic_rnn_eligible(self.graph_proto):
             raise ValueError("dynamic=True needs a model of LSTM/GRU/RNN nodes and shape glue only "
                              f"({', '.join(sorted(GLUE_OPS))})")
         self.dynamic = bool(dynamic)
@@ -199,7 +203,7 @@ class CompiledModel:
         if any(v < 1 for v in self._bounds.values()):
             raise ValueError(f"max_dims must be positive, given {dict(self._bounds)}")
         if self.dynamic:
-            self._dyn_proto = self._annotate_dynamic(self.proto)
+            self._dyn_proto = self._annotate_dynamic(self.graph_proto)
             for name, _, shape in self._inputs:  # input_shapes seed the bounds max_dims leaves open
                 for want, got in zip(shape or (), (input_shapes or {}).get(name, ()), strict=False):
                     if isinstance(want, str):
@@ -251,8 +255,10 @@ class CompiledModel:
                 for n, d, s in self._inputs]
 
     def get_outputs(self) -> list[NodeArg]:
-        return [NodeArg(n, list(s) if s is not None else [], onnx_type_string(d) if d is not None else "")
-                for n, d, s in self._outputs]
+        zipmaps = {zm.index: zm for zm in self._zipmaps}
+        return [NodeArg(n, [], zipmaps[i].type_string) if i in zipmaps else
+                NodeArg(n, list(s) if s is not None else [], onnx_type_string(d) if d is not None else "")
+                for i, (n, d, s) in enumerate(self._outputs)]
 
     @staticmethod
     def _key(shapes: Mapping[str, Sequence[int]]) -> tuple:
@@ -370,7 +376,8 @@ class CompiledModel:
                 pending.wait()
                 continue  # built: look again (it may have been evicted meanwhile)
             shapes = {k: v for k, v in key if k != GUARD_KEY}
-            proto = specialize(self.proto, self._guards, dict(key)[GUARD_KEY]) if self._guards else self.proto
+            proto = (specialize(self.graph_proto, self._guards, dict(key)[GUARD_KEY]) if self._guards
+                     else self.graph_proto)
             art = self._build_variant(key, pending, proto, shapes, self.options,
                                       shape_class=self._shape_class(shapes))
             if art is not None:
@@ -448,7 +455,19 @@ class CompiledModel:
         return self._variants.get(self._last) if self._last is not None else None
 
     # -- running ---------------------------------------------------------------------
-    def run(self, feeds: Mapping[str, Any]) -> list[np.ndarray]:
+    def run(self, feeds: Mapping[str, Any]) -> list[Any]:
+        """The outputs for ``feeds`` (name → array): arrays, and for a classifier's ZipMap output a
+        list of {label: probability} dicts, as onnxruntime returns them."""
+        outs = self.run_graph(feeds)
+        if self._zipmaps:
+            outs = list(outs)
+            for zm in self._zipmaps:
+                outs[zm.index] = zm(outs[zm.index])
+        return outs
+
+    def run_graph(self, feeds: Mapping[str, Any]) -> list[np.ndarray]:
+        """``run``'s outputs as the compiled graph computes them: every output an array (a ZipMap
+        output is the probability tensor it would turn into maps; ``graph_proto`` is that graph)."""
         fast = self._fast
         if fast is not None and self._same_signature(feeds, fast[0]) and fast[1].acquire():
             try:  # the inputs of the last call's kind: already validated, same variant
@@ -495,6 +514,11 @@ class CompiledModel:
         return outs[0] if len(outs) == 1 else outs
 
     # -- introspection ---------------------------------------------------------------
+    @property
+    def zipmap_outputs(self) -> tuple[ZipMapOutput, ...]:
+        """The outputs ``run`` returns as ZipMap's lists of dicts (``run_graph``: as tensors)."""
+        return self._zipmaps
+
     @property
     def fallback_nodes(self) -> list[str]:
         art = self._current()

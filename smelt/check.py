@@ -50,6 +50,7 @@ import onnx
 
 from smelt.errors import SmeltError
 from smelt.frontend.onnx_import import model_input_specs
+from smelt.frontend.zipmap import as_tensor
 from smelt.ir.ops import ops_where
 from smelt.progress import stage
 
@@ -110,8 +111,9 @@ class Comparison:
 
 
 def compare(name: str, ref: Any, got: Any, tol: Tolerance) -> Comparison:
-    """Compare smelt's ``got`` with the reference's ``ref`` under ``tol``."""
-    ref, got = np.asarray(ref), np.asarray(got)
+    """Compare smelt's ``got`` with the reference's ``ref`` under ``tol`` (a ZipMap's maps as
+    their probability tensors)."""
+    ref, got = np.asarray(as_tensor(ref)), np.asarray(as_tensor(got))
     if ref.shape != got.shape or ref.dtype != got.dtype:
         what = "shape" if ref.shape != got.shape else "dtype"
         return Comparison(name, list(got.shape), got.dtype.name, float("inf"), float("inf"), False, got.size, None,
@@ -443,15 +445,15 @@ def check_compiled(model: CompiledModel, inputs: Mapping[str, np.ndarray] | None
     read ``report.ok``."""
     start = time.perf_counter()
     tol = Tolerance(rtol, atol)
-    feeds = random_feeds(model.proto, shapes, inputs, seed)
+    feeds = random_feeds(model.graph_proto, shapes, inputs, seed)
     given = sorted(set(inputs or {}))
     source = ("given" if len(given) == len(feeds) else
               f"random (seed {seed})" + (f", given for {', '.join(given)}" if given else ""))
-    ref = Reference(model.proto, reference, model.threads)
-    label = name or model.proto.graph.name or "model"
+    ref = Reference(model.graph_proto, reference, model.threads)
+    label = name or model.graph_proto.graph.name or "model"
     builds = model.compilations
     with stage("check: running smelt", enabled=progress):
-        got = model.run(feeds)
+        got = model.run_graph(feeds)
     # a model compiled at its first call (symbolic dims, guarded Ifs) built inside run: not check time
     built_here = model.compile_seconds if model.compilations != builds else 0.0
     notes = []
@@ -463,14 +465,14 @@ def check_compiled(model: CompiledModel, inputs: Mapping[str, np.ndarray] | None
             raise SmeltError(f"the reference {ref.name} cannot run the model: {type(exc).__name__}: {exc}") from exc
         notes.append(f"{ref.name} cannot run the model ({type(exc).__name__}: {str(exc)[:200]}); "
                      "checked against onnx.reference instead")
-        ref = Reference(model.proto, "onnx", model.threads)
+        ref = Reference(model.graph_proto, "onnx", model.threads)
         with stage(f"check: running {ref.name}", enabled=progress):
             want = ref.run(feeds)
     out_names = [o.name for o in model.get_outputs()]
     comps = [compare(n, want[n], g, tol) for n, g in zip(out_names, got, strict=True)]
     report = CheckReport(label, ref.name, source, tol, comps, fallback=model.fallback_report,
                          compile_seconds=model.compile_seconds, from_cache=model.from_cache, notes=notes)
-    random_ops = sorted({n.op_type for n in model.proto.graph.node if n.op_type in _NONDETERMINISTIC})
+    random_ops = sorted({n.op_type for n in model.graph_proto.graph.node if n.op_type in _NONDETERMINISTIC})
     if random_ops:
         report.notes.append(f"the model draws random numbers ({', '.join(random_ops)}): smelt and the reference "
                             "cannot be expected to agree where they flow")
@@ -500,7 +502,7 @@ class _Localizer:
         self.shapes = {k: list(v.shape) for k, v in feeds.items() if isinstance(v, np.ndarray)}
         guards = model._guards
         # the graph the compiled variant was built from: guarded Ifs decided for these inputs
-        self.proto = specialize(model.proto, guards, model._decide(feeds)) if guards else model.proto
+        self.proto = specialize(model.graph_proto, guards, model._decide(feeds)) if guards else model.graph_proto
         # the lowered graph (deterministic: the one the baseline build compiled) tells which values
         # exist in smelt's code and which node writes each
         self.g = lower(specialize_inputs(self.proto, self.shapes), model.options, model.target)

@@ -82,13 +82,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     proto, name = load_model_arg(args.model)
     model = smelt.compile(proto, threads=args.threads, progress=True, isa=args.isa)
     feeds = _parse_inputs(args.input, [x.name for x in model.get_inputs()])
-    outs = model.run(feeds)
+    outs = model.run_graph(feeds)  # .npy holds arrays: a ZipMap's maps are saved as their probabilities
+    zipmaps = {zm.name: zm for zm in model.zipmap_outputs}
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for meta, arr in zip(model.get_outputs(), outs, strict=True):
         path = out_dir / f"{_safe_filename(meta.name)}.npy"
         np.save(path, arr)
-        print(f"{meta.name}: shape {list(arr.shape)} {arr.dtype} -> {path}")
+        what = (f" (ZipMap's probabilities, one column per label of {list(zipmaps[meta.name].labels)})"
+                if meta.name in zipmaps else "")
+        print(f"{meta.name}: shape {list(arr.shape)} {arr.dtype}{what} -> {path}")
     return 0
 
 

@@ -248,18 +248,16 @@ def _check_fallbacks(plan: ExecutionPlan, options: CompileOptions) -> None:
                                      f"not an operator of {where} that smelt or onnx.reference knows "
                                      "(custom ops have no native template and cannot fall back)")
         if step.node.domain == "ai.onnx.ml" and not _reference_has_ml_op(step.node.op):
-            # refused here, not after a whole compile at load (a LightGBM classifier with
-            # onnxmltools' ZipMap took two minutes to say so)
-            hint = ("; its sequence of maps has no tensor form: convert the classifier without it (skl2onnx: "
-                    "options={id(model): {'zipmap': False}}; onnxmltools: zipmap=False) to get the "
-                    "probabilities as a tensor") if step.node.op == "ZipMap" else ""
+            # refused here, not after a whole compile at load (a LightGBM classifier's ZipMap
+            # took two minutes to say so, before ZipMap ran: frontend/zipmap.py)
             raise UnsupportedOpError(step.node.op, step.node.name,
                                      f"no native kernel ({step.reason}), and onnx.reference (the fallback) has "
-                                     f"no implementation of this domain 'ai.onnx.ml' op either{hint}")
+                                     "no implementation of this domain 'ai.onnx.ml' op either")
 
 
 def _reference_has_ml_op(op: str) -> bool:
-    """Whether onnx.reference implements the ``ai.onnx.ml`` op ``op`` (ZipMap it does not)."""
+    """Whether onnx.reference implements the ``ai.onnx.ml`` op ``op`` (CastMap, CategoryMapper and
+    ZipMap it does not)."""
     from onnx.reference.ops import aionnxml
 
     try:

@@ -40,6 +40,7 @@ from smelt.bench.engines import (
 )
 from smelt.bench.timing import median_and_spread, time_interleaved
 from smelt.errors import SmeltError
+from smelt.frontend.zipmap import as_tensor
 
 SCHEMA_VERSION = 1
 DEFAULT_TOLERANCE = 1e-4
@@ -147,8 +148,8 @@ def relative_error(reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) -
         return math.inf
     worst = 0.0
     for ref, out in zip(reference, got, strict=True):
-        ref = np.asarray(ref)
-        out = np.asarray(out)
+        ref = np.asarray(as_tensor(ref))  # a classifier's ZipMap maps: their probabilities
+        out = np.asarray(as_tensor(out))
         if ref.shape != out.shape:
             return math.inf
         if ref.size == 0:
