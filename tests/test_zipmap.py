@@ -4,6 +4,8 @@ call returns onnxruntime's list of {label: probability} dicts (frontend/zipmap.p
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -14,6 +16,7 @@ from onnx import TensorProto, helper
 import smelt
 from smelt.errors import InvalidModelError
 from smelt.frontend.zipmap import as_tensor, split_zipmaps
+from smelt.quantize import debug_report
 
 ML = "ai.onnx.ml"
 RNG = np.random.default_rng(4242)
@@ -55,7 +58,7 @@ def _classifier(labels: list[int] | list[str], features: int = 5, rank1: bool = 
              helper.make_tensor("zero", TensorProto.INT64, [1], [0])]
     graph = helper.make_graph(
         nodes, "classifier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1 if rank1 else "N", features])],
-        [helper.make_tensor_value_info("label", TensorProto.STRING if strings else TensorProto.INT64, None),
+        [helper.make_tensor_value_info("label", TensorProto.STRING if strings else TensorProto.INT64, [1 if rank1 else "N"]),
          helper.make_value_info("output_probability", _seq_of_maps(TensorProto.STRING if strings else TensorProto.INT64))],
         inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ML, 1)])
@@ -163,3 +166,19 @@ def test_as_tensor_refuses_ragged_maps() -> None:
     np.testing.assert_array_equal(as_tensor([{1: 0.5, 2: 0.25}]), np.array([[0.5, 0.25]], np.float32))
     with pytest.raises(smelt.SmeltError, match="different keys"):
         as_tensor([{1: 0.5}, {2: 0.5}])
+
+
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_quantized_classifier_keeps_its_maps(mode, monkeypatch, tmp_path) -> None:
+    """``smelt.quantize`` calibrates, and its numeric debug mode compares, on the probability
+    tensor (``run_graph``; the debug mode took the maps for arrays), and the quantized model still
+    returns onnxruntime's maps."""
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
+    model = _classifier([0, 1, 2, 3], features=16)
+    calibration = [{"x": RNG.standard_normal((4, 16)).astype(np.float32)} for _ in range(4)]
+    quantized, _ = smelt.quantize(model, calibration, mode=mode)
+    assert any(n.op_type == "ZipMap" for n in quantized.graph.node)
+    got = smelt.compile(quantized).run(calibration[0])
+    _assert_same_maps(got[1], _ort(quantized).run(None, calibration[0])[1])
+    report = debug_report(quantized, calibration, float_model=model).format_text(top=5)
+    assert re.search(r"output_probability: SQNR [\d.]+ dB", report), report

@@ -84,7 +84,7 @@ def _over_samples(model: onnx.ModelProto, tensors: list[str], feeds: list[dict[s
             if compiled is None:
                 compiled = smelt_compile(probe, threads=threads,
                                          input_shapes={k: list(np.shape(v)) for k, v in feed.items()})
-            outs = dict(zip(names, compiled.run(feed), strict=True))
+            outs = dict(zip(names, compiled.run_graph(feed), strict=True))
             for t in tensors:
                 a = np.asarray(outs[t], np.float64)
                 visit(t, a[np.isfinite(a)])

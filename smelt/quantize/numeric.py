@@ -247,11 +247,11 @@ class NumericDebugModel:
 
     def run(self, feeds: Mapping[str, Any]) -> list[np.ndarray]:
         if self._fresh:  # the variant now exists: count its saturations from zero
-            self.quantized.run(feeds)
+            self.quantized.run_graph(feeds)
             self.quantized.reset_saturation_counts()
             self._fresh = False
-        got = dict(zip(self._q_names, self.quantized.run(feeds), strict=True))
-        ref = dict(zip(self._f_names, self.reference.run(feeds), strict=True))
+        got = dict(zip(self._q_names, self.quantized.run_graph(feeds), strict=True))
+        ref = dict(zip(self._f_names, self.reference.run_graph(feeds), strict=True))
         items = [(f, got[q], ref[f]) for f, _, q in self._compared]
         items += [(o, got[o], ref[o]) for o in self._outputs if o in ref]
         for name, g_val, r_val in items:

@@ -89,7 +89,7 @@ class SwitchModel:
             values[self._switch[f"node:{n}"]] = np.array(1.0, np.float32)
         for t in acts:
             values[self._switch[f"act:{t}"]] = np.array(1.0, np.float32)
-        return [list(self._model.run(feed | values)) for feed in self._feeds]  # type: ignore[attr-defined]
+        return [list(self._model.run_graph(feed | values)) for feed in self._feeds]  # type: ignore[attr-defined]
 
     def errors(self, quantized: set[str]) -> list[TensorError]:
         """Each model output's error against float with ``quantized`` nodes quantized, over the
