@@ -127,8 +127,8 @@ class CompiledModel:
     """A model compiled for this CPU. Call it with numpy arrays, positionally or by name.
 
     Attributes: ``fallback_nodes`` (nodes run by the onnx.reference fallback, [] when all are
-    native), ``arena_bytes`` (intermediate memory), ``source_path`` (the generated C),
-    ``compile_seconds`` and ``from_cache`` (of the most recent build), ``plan`` (the compiled
+    native: those of the variant the last call ran; an error before any is ``built``),
+    ``arena_bytes`` (intermediate memory), ``source_path`` (the generated C), ``compile_seconds`` and ``from_cache`` (of the most recent build), ``plan`` (the compiled
     plan: steps, their nodes and schedules, a ``smelt.runtime.artifact.ArtifactPlan``), ``target``
     (the CPU description it compiles for: the host's, held to ``isa`` when one is given).
 
@@ -521,14 +521,11 @@ class CompiledModel:
 
     @property
     def fallback_nodes(self) -> list[str]:
-        art = self._current()
-        return [] if art is None else [f.node for f in art.plan.fallback_steps]
+        return [f.node for f in self._built().plan.fallback_steps]
 
     @property
     def fallback_report(self) -> list[dict]:
-        art = self._current()
-        if art is None:
-            return []
+        art = self._built()
         loops = art.loop_runners()
         return [{"node": f.node, "op": f.op,
                  "reason": f.reason + (f"; {loops[f.node].describe()}" if f.node in loops else "")}
@@ -553,8 +550,35 @@ class CompiledModel:
 
     @property
     def native_nodes(self) -> list[tuple[str, str]]:
+        return list(self._built().plan.native_nodes)
+
+    @property
+    def built(self) -> bool:
+        """Whether a variant is built (a model with symbolic inputs and no ``input_shapes``, or
+        whose variants depend on input values, builds at its first call)."""
+        return self._current() is not None
+
+    @property
+    def unbuilt_reason(self) -> str | None:
+        """Why no variant is built yet (None once one is)."""
+        if self.built:
+            return None
+        if self._guards:
+            names = sorted({i for g in self._guards for i in g.inputs})
+            return (f"its variants depend on the values of input(s) {', '.join(names)} (If conditions or "
+                    "values that decide shapes), so it compiles at its first call")
+        symbolic = sorted({d for _, _, shp in self._inputs if shp for d in shp if isinstance(d, str)})
+        return (f"its inputs have symbolic dimensions ({', '.join(symbolic)}) and no input_shapes were given, "
+                "so it compiles at its first call")
+
+    def _built(self) -> LoadedArtifact:
+        """The last variant used; before the first build, an error that says why there is none
+        (an empty fallback list there read as "fully native" to a harness that asked)."""
         art = self._current()
-        return [] if art is None else list(art.plan.native_nodes)
+        if art is None:
+            raise SmeltError(f"no variant of this model is built yet: {self.unbuilt_reason}; call it once "
+                             "(or `smelt check` it) before asking which nodes run natively")
+        return art
 
     @property
     def arena_bytes(self) -> int:

@@ -44,6 +44,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     with keeping_sources() if args.emit_c else nullcontext():
         model = smelt.compile(proto, threads=args.threads, input_shapes=_parse_shapes(args.shape),
                               allow_fallback=not args.no_fallback, progress=True, isa=args.isa)
+    if not model.built:  # nothing to report until a call brings the values (or shapes) it needs
+        print(f"{name}: not compiled yet: {model.unbuilt_reason}; `smelt check` or `smelt run` it to see "
+              "which nodes run natively")
+        return 0
     native = model.native_nodes
     fallback = model.fallback_report
     if args.verbose:

@@ -418,3 +418,28 @@ def test_inference_session_takes_the_cap_as_a_provider_option(tmp_path, monkeypa
     assert sess.compiled.options.isa is None
     with pytest.raises(ValueError, match="unknown SmeltExecutionProvider option 'fast'"):
         smelt.InferenceSession(model, providers=[("SmeltExecutionProvider", {"fast": 1})])
+
+
+def test_node_lists_before_the_first_build_say_why(tmp_path, monkeypatch, capsys) -> None:
+    """A model whose variants depend on an input's value builds at its first call: before it,
+    ``fallback_nodes`` is an error naming that input, not an empty list (which a harness read as
+    "fully native"); ``smelt compile`` says so; after a call the lists are that variant's."""
+    from onnx import TensorProto
+
+    from smelt import cli
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path / "cache"))
+    nodes = [helper.make_node("CumSum", ["x", "axis"], ["y"], name="cumsum")]
+    model = make_model(nodes, [tensor("x", [3, 4]), tensor("axis", [], TensorProto.INT64)], [tensor("y", [3, 4])])
+    compiled = smelt.compile(model, threads=2)
+    assert not compiled.built
+    for attr in ("fallback_nodes", "fallback_report", "native_nodes"):
+        with pytest.raises(smelt.SmeltError, match=r"no variant.*built yet.*values of input\(s\) axis"):
+            getattr(compiled, attr)
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(compiled(x, np.array(1, np.int64)), np.cumsum(x, axis=1), rtol=1e-6)
+    assert compiled.built and compiled.fallback_nodes == [] and [op for _, op in compiled.native_nodes] == ["CumSum"]
+    path = tmp_path / "cumsum.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert cli.main(["compile", str(path)]) == 0
+    assert "not compiled yet" in capsys.readouterr().out

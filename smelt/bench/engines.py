@@ -114,6 +114,8 @@ def _smelt(model: BenchModel, threads: int, layout: str = "propagate", engine: s
     compiled = smelt.compile(model.proto, threads=threads, input_shapes={k: v.shape for k, v in model.feeds.items()},
                              progress=sys.stderr.isatty(), layout=layout, winograd=winograd, isa=isa)
     target = compiled.target
+    if not compiled.built:  # variants decided by input values build at the first call: the
+        compiled.run(model.feeds)  # details below are that variant's (they read "native" before)
     return Runner(engine, smelt.__version__, compiled.run, compiled.close,
                   {"fallback_nodes": len(compiled.fallback_nodes),
                    # each node onnx.reference runs, named with why: the report lists them (a suite's
