@@ -134,3 +134,30 @@ def test_an_onnxruntime_optimized_bert_runs_native(tmp_path):
     got = compiled.run(feeds)[0]
     want = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
+def test_fused_matmul_matches_onnxruntime(isa, monkeypatch, tmp_path):
+    """FusedMatMul, as models saved after onnxruntime's optimizer carry it (Kokoro-82M): either
+    operand transposed or both, alpha 1 and not, rank 2 against rank 3 and 4, operands that are
+    intermediate values (ranks from onnx's inference); the batch-transposing form stays refused."""
+    force_isa(isa, monkeypatch, tmp_path)
+    ms = "com.microsoft"
+    cases = [((5, 3), (5, 4), dict(transA=1)), ((2, 3, 5), (4, 5), dict(transB=1, alpha=0.5)),
+             ((2, 2, 5, 3), (2, 2, 4, 5), dict(transA=1, transB=1, alpha=-1.25)), ((3, 5), (2, 5, 4), dict())]
+    for k, (sa, sb, attrs) in enumerate(cases):
+        nodes = [helper.make_node("Relu", ["a"], ["ra"]),  # an intermediate operand, rank unknown up front
+                 helper.make_node("FusedMatMul", ["ra", "b"], ["y"], domain=ms, name=f"fmm{k}", **attrs)]
+        a, b = _w(*sa, scale=1.0), _w(*sb, scale=1.0)
+        model = _model(nodes, [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(sa))], ["y"], {"b": b}, 17)
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})
+        for threads in (1, 2):
+            compiled = smelt.compile(model, threads=threads)
+            got = compiled.run({"a": a})
+            assert compiled.fallback_nodes == []
+            np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5, err_msg=f"case {k}, {threads} threads")
+            compiled.close()
+    nodes = [helper.make_node("FusedMatMul", ["a", "b"], ["y"], domain=ms, name="batch_t", transBatchA=1)]
+    model = _model(nodes, [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3, 4])], ["y"], {"b": _w(3, 4, 5)}, 17)
+    with pytest.raises(smelt.UnsupportedOpError, match="batch_t.*FusedMatMul"):
+        smelt.compile(model, threads=1)

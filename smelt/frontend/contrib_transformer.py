@@ -36,6 +36,8 @@ class _Rewriter:
     """New nodes and constants for one model; unique names."""
 
     def __init__(self, proto: onnx.ModelProto) -> None:
+        self.proto = proto
+        self._inferred_ranks: dict[str, int] | None = None
         self.opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 1)
         self.inits = {i.name: i for i in proto.graph.initializer}
         self.taken = {o for n in proto.graph.node for o in list(n.input) + list(n.output)} | set(self.inits)
@@ -72,6 +74,22 @@ class _Rewriter:
         y = out or self.name(hint)
         self.nodes.append(helper.make_node(op, inputs, [y], name=self.name(f"{hint}_{op}"), **attrs))
         return y
+
+    def rank_of(self, name: str) -> int | None:
+        """The rank of a value: a graph input's or an initializer's, else onnx's inference's (run
+        once, on demand: a FusedMatMul's operands are mostly intermediate values)."""
+        if name in self.ranks:
+            return self.ranks[name]
+        if name in self.inits:
+            return len(self.inits[name].dims)
+        if self._inferred_ranks is None:
+            try:
+                inferred = onnx.shape_inference.infer_shapes(self.proto)
+            except Exception:  # noqa: BLE001 - best effort: an unknown rank leaves the node as it is
+                inferred = self.proto
+            self._inferred_ranks = {vi.name: len(vi.type.tensor_type.shape.dim) for vi in inferred.graph.value_info
+                                    if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
+        return self._inferred_ranks.get(name)
 
     def shape_of(self, name: str) -> tuple[int, ...] | None:
         init = self.inits.get(name)
@@ -250,8 +268,35 @@ def _old_layer_norm(rw: _Rewriter, n: onnx.NodeProto) -> bool:
     return True
 
 
+def _fused_matmul(rw: _Rewriter, n: onnx.NodeProto) -> bool:
+    """FusedMatMul (onnxruntime's optimizer folds a Transpose of the last two axes and a scale
+    into a MatMul, and models saved after its optimization keep it): alpha * op(A) @ op(B). The
+    batch-transposing forms (transBatchA/B) are left alone, as is an operand of unknown rank that
+    must be transposed."""
+    a = _attrs(n)
+    if a.get("transBatchA", 0) or a.get("transBatchB", 0):
+        return False
+    operands = []
+    for x, trans in ((n.input[0], a.get("transA", 0)), (n.input[1], a.get("transB", 0))):
+        if trans:
+            rank = rw.rank_of(x)
+            if rank is None or rank < 2:
+                return False
+            x = rw.op("Transpose", [x], "fused_matmul_t", perm=[*range(rank - 2), rank - 1, rank - 2])
+        operands.append(x)
+    alpha = float(a.get("alpha", 1.0))
+    if alpha == 1.0:
+        rw.op("MatMul", operands, "fused_matmul", out=n.output[0])
+    else:
+        y = rw.op("MatMul", operands, "fused_matmul")
+        rw.op("Mul", [y, rw.const("fused_matmul_alpha", np.array(alpha, np.float32))], "fused_matmul_scale",
+              out=n.output[0])
+    return True
+
+
 EXPANSIONS = {"SkipLayerNormalization": _skip_layer_norm, "BiasGelu": _bias_gelu, "Gelu": _ms_gelu,
-              "FastGelu": _fast_gelu, "EmbedLayerNormalization": _embed_layer_norm, "Attention": _attention}
+              "FastGelu": _fast_gelu, "EmbedLayerNormalization": _embed_layer_norm, "Attention": _attention,
+              "FusedMatMul": _fused_matmul}
 
 
 def _expansion(rw: _Rewriter, n: onnx.NodeProto):

@@ -205,7 +205,18 @@ def apply_contrib_shapes(g: Graph) -> bool:
             if not name or typed is None:
                 continue
             v = g.values[name]
-            if v.shape is None or v.dtype is None:
+            if v.shape is None or v.dtype is None or _sharper(v.shape, typed[1]):
                 v.dtype, v.shape = typed
                 changed = True
     return changed
+
+
+def _sharper(old: tuple, new: tuple | None) -> bool:
+    """``new`` sizes a dimension ``old`` left symbolic and agrees with it elsewhere (an input
+    sized by a later fold round: Kokoro's DynamicQuantizeLSTM kept the symbolic batch of the
+    first round and fell back, which a com.microsoft op cannot)."""
+    if new is None or len(new) != len(old) or new == old:
+        return False
+    if any(isinstance(o, int) and o != n for o, n in zip(old, new, strict=True)):
+        return False
+    return any(isinstance(n, int) and not isinstance(o, int) for o, n in zip(old, new, strict=True))

@@ -64,10 +64,14 @@ def fold_to_fixpoint(g: Graph) -> Graph:
     return g
 
 
-def _fold_signature(g: Graph) -> tuple[int, int]:
-    """What a fold round changes: the node count, and the If count (inlining a one-node branch
-    keeps the count)."""
-    return len(g.nodes), sum(n.op == "If" for n in g.nodes)
+def _fold_signature(g: Graph) -> tuple[int, int, int, int]:
+    """What a fold round changes: the node count, the If count (inlining a one-node branch keeps
+    the count), and how many values are constant and how many have a static shape (an expanded
+    Einsum added six nodes where folding removed six: the round looked idle, and the Shape of the
+    Einsum's output, sized only by that round, was never folded: DeepFilterNet3's GRU had no
+    input shape)."""
+    static = sum(1 for v in g.values.values() if v.shape is not None and all(isinstance(d, int) for d in v.shape))
+    return len(g.nodes), sum(n.op == "If" for n in g.nodes), sum(v.is_const for v in g.values.values()), static
 
 
 # (name, pass, enabled at opt_level >= n)

@@ -121,8 +121,13 @@ def config(node: Node, g: Graph) -> tuple[RnnConfig | None, str]:
     if layout not in (0, 1):
         return None, f"{op} layout {layout} is not 0 or 1"
     xs, ws, rs = g.values[x].shape, g.values[w].shape, g.values[r].shape
+    if xs is None or ws is None or rs is None:
+        return None, f"{op} X, W and R need static shapes (X {xs}, W {ws}, R {rs})"
     if len(xs) != 3 or len(ws) != 3 or len(rs) != 3:
         return None, f"{op} expects rank-3 X, W, R"
+    if not all(isinstance(d, int) for d in (*xs, *ws, *rs)):
+        # a sequence length the data decides (frames expanded by predicted durations)
+        return None, f"{op} X {list(xs)} has a dimension only the run decides"
     T, B = (xs[0], xs[1]) if layout == 0 else (xs[1], xs[0])
     E, D, H = xs[2], ws[0], rs[2]
     direction = str(node.attr("direction", "forward"))
