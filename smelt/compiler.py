@@ -50,6 +50,7 @@ from smelt.passes.pipeline import run_passes
 from smelt.progress import Phases
 from smelt.runtime import artifact
 from smelt.runtime.artifact import ArtifactPlan, FallbackStepEntry, NativeBlockEntry, TensorSpec
+from smelt.runtime.reference_ops import REFERENCE_CONTRIB_OPS
 from smelt.schedule.rnn import decide_rnn_graph
 from smelt.schedule.stage import fingerprint_for, schedule_graph, tuning_db
 from smelt.target import Target, detect
@@ -242,7 +243,12 @@ def _check_fallbacks(plan: ExecutionPlan, options: CompileOptions) -> None:
         if not options.allow_fallback and step.node.name not in options.force_fallback:
             raise UnsupportedOpError(step.node.op, step.node.name, f"no native kernel ({step.reason}) "
                                      "and fallback is disabled (allow_fallback=False)")
-        if not onnx.defs.has(step.node.op, step.node.domain):
+        refusal = REFERENCE_CONTRIB_OPS.get((step.node.domain, step.node.op))
+        if refusal is not None and refusal(step.node.attrs, step.node.inputs):
+            raise UnsupportedOpError(step.node.op, step.node.name,
+                                     f"no native kernel ({step.reason}), and the fallback's {step.node.op} does not "
+                                     f"take {refusal(step.node.attrs, step.node.inputs)} either")
+        if not onnx.defs.has(step.node.op, step.node.domain) and refusal is None:
             where = f"domain {step.node.domain!r}" if step.node.domain else "the ONNX standard"
             raise UnsupportedOpError(step.node.op, step.node.name,
                                      f"not an operator of {where} that smelt or onnx.reference knows "

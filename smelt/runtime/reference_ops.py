@@ -125,4 +125,102 @@ class LabelEncoder(_ReferenceLabelEncoder):
         return (out.reshape(x.shape),)
 
 
-FIXED_OPS = [Loop, OneHot, DequantizeLinear, BatchNormalization, LabelEncoder]
+def _uint8_dynamic(v: np.ndarray) -> tuple[np.ndarray, np.float32, np.float32]:
+    """DynamicQuantizeLinear's rule as the native kernels apply it (``int_gemm.uint8_params``):
+    the range widened to 0 (NaN left out), scale = range / 255 (1 for an all-zero range), zero
+    point rounded half to even; values rounded half to even, saturated, NaN to 0. float32 math."""
+    finite = v[~np.isnan(v)]
+    lo = np.float32(min(np.float32(0), finite.min())) if finite.size else np.float32(0)
+    hi = np.float32(max(np.float32(0), finite.max())) if finite.size else np.float32(0)
+    scale = np.float32((hi - lo) / np.float32(255))
+    if scale == 0:
+        scale = np.float32(1)
+    zero = np.float32(np.clip(np.rint(np.float32(0) - lo / scale), 0, 255))
+    q = np.rint(v / scale) + zero
+    q = np.where(np.isnan(q), np.float32(0), np.clip(q, 0, 255))
+    return q.astype(np.int64), scale, zero
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return (np.float32(1) / (np.float32(1) + np.exp(-x))).astype(np.float32)
+
+
+def dq_lstm_refusal(attrs: dict, inputs: list[str]) -> str | None:
+    """Why the fallback's DynamicQuantizeLSTM cannot run a node (None: it can)."""
+    acts = [a.decode() if isinstance(a, bytes) else str(a) for a in (attrs.get("activations") or [])]
+    if acts and acts != ["Sigmoid", "Tanh", "Tanh"] * (len(acts) // 3):
+        return f"activations {acts}"
+    if attrs.get("clip") is not None:
+        return "clip"
+    if attrs.get("input_forget"):
+        return "input_forget"
+    if len(inputs) > 4 and inputs[4]:
+        return "a sequence_lens input"
+    return None
+
+
+class DynamicQuantizeLSTM(OpRun):
+    """com.microsoft:DynamicQuantizeLSTM, for the node the native template cannot take: one whose
+    sequence length only the run decides (Kokoro-82M's duration-expanded frames), which as a
+    contrib op had no fallback at all. The arithmetic of ``codegen/templates/quantized_lstm.py``
+    (itself matched to onnxruntime): X quantized to uint8 once, the hidden state per batch row per
+    step, products exact in integers and scaled by activation scale × weight scale of the column,
+    then X.W + h.R, the peephole, the bias; gates i, o, f, c. Default activations only."""
+
+    op_domain = "com.microsoft"
+
+    def _run(self, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None, P=None,  # noqa: ANN001, ANN202, N803, PLR0913
+             W_scale=None, W_zero_point=None, R_scale=None, R_zero_point=None,  # noqa: ANN001, N803
+             activation_alpha=None, activation_beta=None, activations=None, clip=None,  # noqa: ANN001
+             direction=None, hidden_size=None, input_forget=None):  # noqa: ANN001
+        refusal = dq_lstm_refusal({"activations": activations, "clip": clip, "input_forget": input_forget},
+                                  ["X", "W", "R", "B", "" if sequence_lens is None else "sequence_lens"])
+        if refusal:
+            raise NotImplementedError(refusal)
+        direction = direction.decode() if isinstance(direction, bytes) else (direction or "forward")
+        dirs, (seq, batch, _), hidden = W.shape[0], X.shape, R.shape[1]
+        n4 = 4 * hidden
+        xq, xs, xz = _uint8_dynamic(np.asarray(X, np.float32))
+        ws = np.broadcast_to(np.asarray(W_scale, np.float32).reshape(dirs, -1), (dirs, n4))
+        wz = np.broadcast_to(np.asarray(W_zero_point).astype(np.int64).reshape(dirs, -1), (dirs, n4))
+        rs = np.broadcast_to(np.asarray(R_scale, np.float32).reshape(dirs, -1), (dirs, n4))
+        rz = np.broadcast_to(np.asarray(R_zero_point).astype(np.int64).reshape(dirs, -1), (dirs, n4))
+        bias = (np.zeros((dirs, 2 * n4), np.float32) if B is None else np.asarray(B, np.float32)).reshape(dirs, -1)
+        bsum = bias[:, :n4] + bias[:, n4:]
+        peep = None if P is None else np.asarray(P, np.float32).reshape(dirs, 3, hidden)
+        y = np.zeros((seq, dirs, batch, hidden), np.float32)
+        y_h = np.zeros((dirs, batch, hidden), np.float32)
+        y_c = np.zeros((dirs, batch, hidden), np.float32)
+        for d in range(dirs):
+            w = W[d].astype(np.int64) - wz[d]
+            r = R[d].astype(np.int64) - rz[d]
+            xw = ((xq - np.int64(xz)) @ w).astype(np.float32) * (xs * ws[d])  # [seq, batch, 4H]
+            h = (np.zeros((batch, hidden), np.float32) if initial_h is None
+                 else np.asarray(initial_h, np.float32)[d].copy())
+            c = (np.zeros((batch, hidden), np.float32) if initial_c is None
+                 else np.asarray(initial_c, np.float32)[d].copy())
+            reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
+            for s in range(seq):
+                t = seq - 1 - s if reverse else s
+                g = np.empty((batch, n4), np.float32)
+                for b in range(batch):  # each row quantized on its own, as the native kernel does
+                    hq, hs, hz = _uint8_dynamic(h[b])
+                    g[b] = ((hq - np.int64(hz)) @ r).astype(np.float32) * (hs * rs[d]) + xw[t, b]
+                gi, go, gf, gc = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
+                bi, bo, bf, bc = (bsum[d, k * hidden:(k + 1) * hidden] for k in range(4))
+                if peep is not None:
+                    gi, gf = gi + c * peep[d, 0], gf + c * peep[d, 2]
+                i, f, cc = _sigmoid(gi + bi), _sigmoid(gf + bf), np.tanh(gc + bc)
+                c = (c * f + i * cc).astype(np.float32)
+                if peep is not None:
+                    go = go + c * peep[d, 1]
+                h = (np.tanh(c) * _sigmoid(go + bo)).astype(np.float32)
+                y[t, d] = h
+            y_h[d], y_c[d] = h, c
+        return (y, y_h, y_c)[:len(self.onnx_node.output)]
+
+
+FIXED_OPS = [Loop, OneHot, DequantizeLinear, BatchNormalization, LabelEncoder, DynamicQuantizeLSTM]
+# contrib ops the fallback runs (onnx.defs does not know them; ``compiler._check_fallbacks``), with
+# what says, from a node's attributes and inputs, why it cannot run one
+REFERENCE_CONTRIB_OPS = {("com.microsoft", "DynamicQuantizeLSTM"): dq_lstm_refusal}

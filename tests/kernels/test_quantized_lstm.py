@@ -98,3 +98,59 @@ def test_unsupported_attributes_name_the_reason(tmp_path) -> None:
     model.graph.node[0].attribute.append(helper.make_attribute("clip", 3.0))
     with pytest.raises(smelt.SmeltError, match="DynamicQuantizeLSTM"):
         smelt.compile(model, threads=1)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fallback_reference_matches_onnxruntime(case: str, tmp_path) -> None:
+    """The fallback's DynamicQuantizeLSTM (runtime/reference_ops.py, for nodes the template cannot
+    take) computes what onnxruntime does, to fp32 rounding, on every form the template runs."""
+    from onnx.reference import ReferenceEvaluator
+
+    from smelt.runtime.reference_ops import FIXED_OPS
+
+    seq, batch, isz, hidden, direction, peep, init, wtype, per_channel = CASES[case]
+    src, dst, inputs = _lstm(tmp_path, seq, batch, isz, hidden, direction, peep, init)
+    quantization.quantize_dynamic(str(src), str(dst), weight_type=getattr(quantization.QuantType, wtype),
+                                  per_channel=per_channel)
+    feeds = {i.name: RNG.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in inputs}
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = max(2, batch)
+    want = ort.InferenceSession(str(dst), opts, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = ReferenceEvaluator(onnx.load(str(dst)), new_ops=FIXED_OPS).run(None, feeds)
+    for name, g, w in zip(("Y", "Y_h", "Y_c"), got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        assert float(np.abs(g - w).max()) <= 2e-6 * max(1.0, float(np.abs(w).max())), name
+
+
+def test_a_length_the_run_decides_runs_on_the_fallback(tmp_path) -> None:
+    """Kokoro-82M int8: frames picked by the data (here NonZero) feed a DynamicQuantizeLSTM, whose
+    T only the run knows. The template needs T; the node runs on the fallback with the reason
+    (a contrib op had no fallback: the model was refused)."""
+    src, dst, _ = _lstm(tmp_path, 1, 1, 6, 5, "bidirectional")
+    quantization.quantize_dynamic(str(src), str(dst), weight_type=quantization.QuantType.QInt8)
+    model = onnx.load(str(dst))
+    lstm = model.graph.node[0]
+    lstm.input[0], lstm.name = "frames", "dqlstm"
+    model.graph.node.extend([
+        helper.make_node("NonZero", ["mask"], ["nz"]), helper.make_node("Squeeze", ["nz", "zero"], ["idx"]),
+        helper.make_node("Gather", ["x", "idx"], ["picked"], axis=0),
+        helper.make_node("Unsqueeze", ["picked", "one"], ["frames"])])
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([0], np.int64), "zero"),
+                                    numpy_helper.from_array(np.array([1], np.int64), "one")])
+    del model.graph.input[:]
+    model.graph.input.extend([helper.make_tensor_value_info("x", TensorProto.FLOAT, [12, 6]),
+                              helper.make_tensor_value_info("mask", TensorProto.BOOL, [12])])
+    sorted_model = onnx.ModelProto()
+    sorted_model.CopyFrom(model)
+    del sorted_model.graph.node[:]
+    sorted_model.graph.node.extend([*model.graph.node[1:], model.graph.node[0]])
+    compiled = smelt.compile(sorted_model, threads=2)
+    for seed in range(3):  # a different number of frames each call
+        rng = np.random.default_rng(seed)
+        feeds = {"x": rng.standard_normal((12, 6)).astype(np.float32), "mask": rng.random(12) > 0.3 + 0.2 * seed}
+        want = ort.InferenceSession(sorted_model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        for got, ref in zip(compiled.run(feeds), want, strict=True):
+            assert got.shape == ref.shape
+            assert float(np.abs(got - ref).max()) <= 2e-6
+    assert "dqlstm" in {f["node"] for f in compiled.fallback_report}
