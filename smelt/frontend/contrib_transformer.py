@@ -29,6 +29,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from smelt.frontend.contrib_matmul_nbits import expand_matmul_nbits
+
 MS_DOMAIN = "com.microsoft"
 
 
@@ -296,7 +298,8 @@ def _fused_matmul(rw: _Rewriter, n: onnx.NodeProto) -> bool:
 
 EXPANSIONS = {"SkipLayerNormalization": _skip_layer_norm, "BiasGelu": _bias_gelu, "Gelu": _ms_gelu,
               "FastGelu": _fast_gelu, "EmbedLayerNormalization": _embed_layer_norm, "Attention": _attention,
-              "FusedMatMul": _fused_matmul}
+              "FusedMatMul": _fused_matmul,
+              "MatMulNBits": expand_matmul_nbits}  # frontend/contrib_matmul_nbits.py
 
 
 def _expansion(rw: _Rewriter, n: onnx.NodeProto):
