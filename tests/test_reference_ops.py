@@ -39,3 +39,23 @@ def test_loop_scan_outputs_stack_on_a_new_axis():
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         np.testing.assert_array_equal(g, w)
+
+
+def test_stft_of_a_signal_without_its_last_axis(tmp_path, monkeypatch):
+    """STFT of a [batch, length] real signal (Kokoro-82M's vocoder; onnxruntime takes it as
+    [batch, length, 1]) runs on the fallback: onnx.reference found no frames in it. Lengths
+    that leave a ragged tail and one frame exactly; onesided and two-sided."""
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
+    window = np.hanning(20).astype(np.float32)
+    for length, onesided in ((300, 1), (20, 1), (97, 0)):
+        node = helper.make_node("STFT", ["x", "step", "win", "len"], ["y"], onesided=onesided, name="stft")
+        model = make_model([node], [tensor("x", [2, length])], [tensor("y", None)],
+                           [helper.make_tensor("step", TensorProto.INT64, [], [5]),
+                            helper.make_tensor("win", TensorProto.FLOAT, [20], window),
+                            helper.make_tensor("len", TensorProto.INT64, [], [20])])
+        x = np.random.default_rng(length).standard_normal((2, length)).astype(np.float32)
+        compiled = smelt.compile(model, threads=2)
+        got = compiled.run({"x": x})
+        want = ort_run(model, {"x": x})
+        assert got[0].shape == want[0].shape
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)  # onnx.reference's DFT is float64

@@ -38,6 +38,7 @@ from onnx.reference.ops.op_batch_normalization import _batchnorm_test_mode, _bat
 from onnx.reference.ops.op_dequantize_linear import _CommonDequantizeLinear
 from onnx.reference.ops.op_loop import Loop as _ReferenceLoop
 from onnx.reference.ops.op_one_hot import OneHot as _ReferenceOneHot
+from onnx.reference.ops.op_stft import STFT as _ReferenceSTFT
 
 
 class Loop(_ReferenceLoop):
@@ -123,6 +124,16 @@ class LabelEncoder(_ReferenceLabelEncoder):
         n = len(classes_strings)
         out = np.array([classes_strings[int(v)] if 0 <= int(v) < n else miss for v in x.ravel()], dtype=object)
         return (out.reshape(x.shape),)
+
+
+class STFT(_ReferenceSTFT):
+    """STFT of a [batch, length] signal too: the spec asks [batch, length, 1 or 2], onnxruntime
+    also takes the real signal without its last axis (Kokoro-82M's vocoder writes it so), and
+    onnx.reference found no frames in it ("need at least one array to concatenate")."""
+
+    def _run(self, x, frame_step, window=None, frame_length=None, onesided=None):  # noqa: ANN001, ANN202
+        x = np.asarray(x)
+        return super()._run(x[..., None] if x.ndim == 2 else x, frame_step, window, frame_length, onesided=onesided)
 
 
 def _uint8_dynamic(v: np.ndarray) -> tuple[np.ndarray, np.float32, np.float32]:
@@ -220,7 +231,7 @@ class DynamicQuantizeLSTM(OpRun):
         return (y, y_h, y_c)[:len(self.onnx_node.output)]
 
 
-FIXED_OPS = [Loop, OneHot, DequantizeLinear, BatchNormalization, LabelEncoder, DynamicQuantizeLSTM]
+FIXED_OPS = [Loop, OneHot, DequantizeLinear, BatchNormalization, LabelEncoder, STFT, DynamicQuantizeLSTM]
 # contrib ops the fallback runs (onnx.defs does not know them; ``compiler._check_fallbacks``), with
 # what says, from a node's attributes and inputs, why it cannot run one
 REFERENCE_CONTRIB_OPS = {("com.microsoft", "DynamicQuantizeLSTM"): dq_lstm_refusal}
