@@ -33,6 +33,7 @@ from smelt.passes.shape_inference import infer_shapes
 from smelt.passes.sink_transposes import sink_transposes
 from smelt.passes.slice_assign import slice_assign_as_where
 from smelt.passes.string_labels import index_string_labels
+from smelt.passes.unique_lookup import gather_through_unique
 from smelt.passes.unroll_loops import unroll_loops
 
 Pass = Callable[[Graph], Graph]
@@ -81,6 +82,8 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("eliminate_identity", eliminate_identity, 1),
     # before folding, which would turn the weights' DequantizeLinear into float constants
     ("lower_qdq", lower_qdq, 1),
+    # before folding, so what follows an embedding lookup through Unique gets static shapes
+    ("gather_through_unique", gather_through_unique, 1),
     ("fold_constants", fold_to_fixpoint, 1),
     ("eliminate_dead_nodes", eliminate_dead_nodes, 0),
     # string-labelled tree classifiers: the ensemble native, the label lookup on the fallback
