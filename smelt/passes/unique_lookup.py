@@ -5,11 +5,13 @@ on axis 0, Unique without ``axis``) becomes ``Gather(table, ids)``, of ids flatt
 inverse indices are of the flattened ids). The Unique and the first Gather stay for any other
 reader and are removed as dead otherwise.
 
-Why: tf2onnx writes TensorFlow's ``embedding_lookup_unique`` so (the Universal Sentence Encoder
-in chatmemorydb-lmdb-onnx). Unique's output length depends on the data, so nothing after it had
-a static shape and 501 of the model's 778 nodes ran on the onnx.reference fallback: 107x
-onnxruntime's time. The two are the same: row i of the result is
-``rows[inverse[i]] = table[unique[inverse[i]]] = table[ids_flat[i]]``, exactly.
+Why: tf2onnx writes TensorFlow's ``embedding_lookup_unique`` of one table so. Unique's output
+length depends on the data, so nothing after it has a static shape and all of it runs on the
+onnx.reference fallback. The two are the same: row i of the result is
+``rows[inverse[i]] = table[unique[inverse[i]]] = table[ids_flat[i]]``, exactly. (The Universal
+Sentence Encoder in chatmemorydb-lmdb-onnx shards its table 17 ways: the unique ids are split by
+``mod`` with Compress per shard and stitched back, a form this pass does not take; its 501
+fallback nodes stay.)
 
 Needs: nothing (runs before folding, on the imported graph). Guarantees: the second Gather's
 output keeps its name; values and dtypes are unchanged.
