@@ -185,6 +185,25 @@ def test_tree_ensembles_and_lifted_int_convs_clean_under_sanitizers(isa, tmp_pat
     _check_clean(model, isa, tmp_path, feeds=feeds)
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_conv_transpose_in_chunks_clean_under_sanitizers(isa, tmp_path):
+    """ConvTranspose's GEMM + col2im form tiled over input rows (templates/conv_transpose.py): a
+    16-channel 64x64 -> 128x128 node whose 4 MiB column matrix takes several chunks of input rows
+    at any L2 of 2 MiB or less (the chunk index read from a marker pointer, a ragged last chunk
+    where the rows do not divide), with a bias, under the sanitizers."""
+    from helpers import const, make_model, tensor
+    from onnx import helper
+
+    _isa_or_skip(isa)
+    rng = np.random.default_rng(9)
+    w = (rng.standard_normal((16, 16, 4, 4)) * 0.1).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1])
+    model = make_model([node], [tensor("x", [1, 16, 63, 64])], [tensor("y", [1, 16, 126, 128])],
+                       [const("w", w), const("b", b)])
+    _check_clean(model, isa, tmp_path)
+
+
 @pytest.mark.parametrize("isa", ["native", "avx2_vnni", "avx2"])
 def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
     """QuantizeLinear per axis and per tensor (float-to-int saturation is where C has undefined

@@ -16,20 +16,30 @@ naming why.
 Weights and bias may be constants or run-time values (graph inputs, computed tensors): the
 kernels read both in ONNX's layout, so nothing is reordered at compile time.
 
-GEMM + col2im (when there is work enough for it, ``GEMM_MIN_MACS``, at least
-``GEMM_MIN_CHANNELS`` input channels per group, and its column matrix fits ``COL_LIMIT_BYTES``
-of scratch): per (image, group), col[(o, tap)][pixel] = W^T . X on the kernel
+GEMM + col2im (when there is work enough for it, ``GEMM_MIN_MACS``, and at least
+``GEMM_MIN_CHANNELS`` input channels per group), tiled over the input rows so that any size takes
+it with bounded scratch: the input's rows (depth x height, flattened) are cut into chunks whose
+column block (all images and groups) fits ``COL_CHUNK_L2`` times the target's L2
+(``_chunk_rows``, the one place that decides; at least one row per chunk). Per chunk, first
+col[(o, tap)][pixel] = W^T . X over the chunk's pixels, per (image, group), on the kernel
 library's GEMM (W [C/G][OC/G * taps] is a transposed run-time A operand, packed inside the
-generated code; the image rows are B), then per (image, output channel) plane the same
-output-stationary pass as above adds col's rows, one per tap, onto the plane started at the bias.
-The scatter pass with the weights inside is kept for small convolutions.
+generated code; the chunk's image rows are B, threads split the GEMM), then per (image, output
+channel) plane (one thread each, so no two threads write one plane) the same output-stationary
+pass as above adds the chunk's col rows, one per tap, onto the plane, which a first step started
+at the bias. Chunks run one after another (a barrier between steps), from the last input rows
+to the first: an output element then receives its taps in ascending tap order, the order of
+the untiled form, so the sums are the same for any chunk size. The chunk a step works on is
+read at run time (see ``_chunk_index``), so every full chunk shares one GEMM and one col2im
+function. The scatter pass with the weights inside is kept for small convolutions.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
-from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.emitter import BlockEmitter, ref_expr
 from smelt.codegen.kernels.gemm import GemmProblem, Strided, TileEpilogue, blocking_for, render_gemm
 from smelt.codegen.kernels.loops import work_range
 from smelt.codegen.registry import register
@@ -41,7 +51,9 @@ GEMM_MIN_MACS = 1 << 16  # from here the GEMM + col2im form beats the scatter wi
 # ... given this many input channels per group: the GEMM's K; below it (depthwise-like) the
 # column matrix costs more memory traffic than the multiply-adds it organizes
 GEMM_MIN_CHANNELS = 4
-COL_LIMIT_BYTES = 64 << 20  # the GEMM form's column matrix (all images and groups) in scratch
+# the GEMM form's column block per chunk of input rows (all images and groups): this many times the
+# target's L2 (at least one input row); the GEMM writes it and col2im reads it back while cached
+COL_CHUNK_L2 = 2
 
 
 def _geometry(node: Node, g: Graph):
@@ -124,9 +136,7 @@ def emit_conv_transpose(node: Node, g: Graph, em: BlockEmitter) -> None:
     bias = em.ptr(ins[2]) if len(ins) > 2 else None
     in_plane, out_plane = i_d * i_h * i_w, o_d * o_h * o_w
     macs = n * c * ocg * in_plane * k_d * k_h * k_w
-    taps = k_d * k_h * k_w
-    if (macs >= GEMM_MIN_MACS and icg >= GEMM_MIN_CHANNELS
-            and n * group * ocg * taps * in_plane * 4 <= COL_LIMIT_BYTES):
+    if macs >= GEMM_MIN_MACS and icg >= GEMM_MIN_CHANNELS:
         _emit_gemm_col2im(node, g, em)
         return
     L = [f"const float *restrict X = {em.ptr(node.inputs[0])};",
@@ -169,8 +179,33 @@ def emit_conv_transpose(node: Node, g: Graph, em: BlockEmitter) -> None:
     em.step("\n".join(L), name="f32_conv_transpose")
 
 
+def _chunk_rows(row_bytes: int, in_rows: int, l2_bytes: int) -> int:
+    """Input rows per chunk of the GEMM form: as many as keep the chunk's column block (``row_bytes``
+    per input row, all images and groups) within ``COL_CHUNK_L2`` L2s, at least one, at most all."""
+    return max(1, min(in_rows, int(COL_CHUNK_L2 * l2_bytes) // max(1, row_bytes)))
+
+
+_REF_OFFSET = re.compile(r"\(scratch \+ (\d+)\)")
+
+
+def _chunk_index(em: BlockEmitter, chunks: int) -> tuple[str, list[str]]:
+    """(C expression for the chunk index, one marker pointer per chunk).
+
+    The steps of every full chunk have the same code, so they share one function; the chunk a
+    step works on comes from its arguments: marker ``ci`` is byte ``ci`` of a scratch area that
+    is never read or written, and the index is its distance from the area's start (both pointers
+    are buffer references, lifted into the step's arguments)."""
+    base_ref = em.scratch(chunks, "uint8")
+    m = _REF_OFFSET.search(base_ref)
+    assert m is not None, base_ref
+    base = int(m.group(1))
+    markers = [ref_expr("scratch", base + ci, "char", const=True) for ci in range(chunks)]
+    return f"(long)(MARK - {markers[0]})", markers
+
+
 def _emit_gemm_col2im(node: Node, g: Graph, em: BlockEmitter) -> None:
-    """col = W^T . X per (image, group) on the GEMM library, then col2im onto the bias per plane."""
+    """Per chunk of input rows, last chunk first: col = W^T . X on the GEMM library (per image and
+    group), then col2im of the chunk onto the planes, which a first step starts at the bias."""
     (i_d, i_h, i_w), (o_d, o_h, o_w), (k_d, k_h, k_w), (s_d, s_h, s_w), (d_d, d_h, d_w), (p_d, p_h, p_w) = \
         _geometry(node, g)  # type: ignore[misc]
     x, w = g.values[node.inputs[0]], g.values[node.inputs[1]]
@@ -182,26 +217,40 @@ def _emit_gemm_col2im(node: Node, g: Graph, em: BlockEmitter) -> None:
     in_plane, out_plane = i_d * i_h * i_w, o_d * o_h * o_w
     rows = ocg * taps  # the GEMM's M: (output channel of the group, tap)
     items = n * group
-    col = em.scratch(items * rows * in_plane * 4)
-    item_code = (f"const long bi = it / {group}, gi = it % {group};\n"
-                 f"const long ao = gi * {icg * rows}L, bo = (bi * {c} + gi * {icg}) * {in_plane}L;\n"
-                 f"const long co = it * {rows * in_plane}L, grow0 = 0; (void)grow0;")
-    p = GemmProblem(rows, in_plane, icg, Strided(em.ptr(node.inputs[1]), 1, rows), Strided(em.ptr(node.inputs[0]),
-                    in_plane, 1), col, in_plane, TileEpilogue([]), items=items, item_code=item_code,
-                    name="f32_conv_transpose_gemm", parallel_min_macs=gemm_schedule.PARALLEL_MIN_MACS,
-                    doc=f"ConvTranspose W^T . X, {rows}x{in_plane}x{icg}")
-    render_gemm(em, p, blocking_for(em.target))
+    in_rows = i_d * i_h  # the input's rows (depth x height, flattened): what chunks cut
+    cr = _chunk_rows(items * rows * i_w * 4, in_rows, em.target.l2_bytes)
+    chunks = -(-in_rows // cr)
+    col = em.scratch(items * rows * cr * i_w * 4)
+    index, markers = _chunk_index(em, chunks)
     ins = node.present_inputs()
     bias = em.ptr(ins[2]) if len(ins) > 2 else None
-    L = [f"const float *restrict Cl = {col};",
-         f"float *restrict Y = {em.ptr(node.outputs[0])};",
-         work_range(n * oc, n * oc * taps * in_plane >= PARALLEL_MIN_MACS),
+    Y = em.ptr(node.outputs[0])
+    parallel = n * oc * taps * in_plane >= PARALLEL_MIN_MACS
+    em.schedule(algorithm=f"GEMM (W^T . X per image and group) into scratch, then col2im per output plane; "
+                          f"tiled over input rows: {chunks} chunk(s) of {cr} row(s), last first",
+                kernel="f32_conv_transpose", layout="NCHW",
+                shape=f"kernel {[k_d, k_h, k_w]}, stride {[s_d, s_h, s_w]}, group {group}",
+                chunks=f"{chunks} x {cr} input rows (col block {items * rows * cr * i_w * 4} bytes)")
+    em.step("\n".join([f"float *restrict Y = {Y};",
+                       work_range(n * oc, parallel),
+                       "for (long p = wb; p < we; ++p) {",
+                       f"    float *restrict y = Y + p * {out_plane}L;",
+                       f"    const float init = {f'{bias}[p % {oc}]' if bias else '0.0f'};",
+                       f"    for (long i = 0; i < {out_plane}; ++i) y[i] = init;",
+                       "}"]), name="f32_conv_transpose_init",
+            doc=f"ConvTranspose: output planes started at the {'bias' if bias else 'zero'}")
+    # col2im of one chunk (rows r0 .. r1 of the input); the same code for every chunk
+    L = [f"/* chunk ci of {chunks}: input rows [ci*{cr}, min(ci*{cr} + {cr}, {in_rows})) of the flattened "
+         f"depth x height, whose column block is {items} x {rows} x npx in scratch */",
+         f"const long ci = {index};",
+         f"const long r0 = ci * {cr}, r1 = SMELT_MIN(r0 + {cr}, {in_rows}), npx = (r1 - r0) * {i_w};",
+         f"const float *restrict Cl = {col};",
+         f"float *restrict Y = {Y};",
+         work_range(n * oc, parallel),
          "for (long p = wb; p < we; ++p) {",
          f"    const long b = p / {oc}, o = p % {oc}, grp = o / {ocg}, ol = o % {ocg};",
          f"    float *restrict y = Y + p * {out_plane}L;",
-         f"    const float init = {f'{bias}[o]' if bias else '0.0f'};",
-         f"    for (long i = 0; i < {out_plane}; ++i) y[i] = init;",
-         f"    const float *restrict cp = Cl + ((b * {group} + grp) * {rows} + ol * {taps}) * {in_plane}L;"]
+         f"    const float *restrict cp = Cl + ((b * {group} + grp) * {rows} + ol * {taps}) * npx;"]
     for kd in range(k_d):
         d0, d1 = _tap_range(i_d, o_d, s_d, kd * d_d - p_d)
         for kh in range(k_h):
@@ -214,16 +263,30 @@ def _emit_gemm_col2im(node: Node, g: Graph, em: BlockEmitter) -> None:
                 if w1 <= w0:
                     continue
                 tap = (kd * k_h + kh) * k_w + kw
-                L += [f"    {{ const float *restrict ct = cp + {tap * in_plane}L;",
-                      f"      for (long id = {d0}; id < {d1}; ++id)",
-                      f"      for (long ih = {h0}; ih < {h1}; ++ih) {{",
-                      f"        const float *restrict cr = ct + (id * {i_h} + ih) * {i_w};",
+                # rows of the chunk this tap reaches: depth in [d0, d1), height in [h0, h1)
+                L += [f"    {{ const float *restrict ct = cp + {tap}L * npx;",
+                      f"      for (long r = SMELT_MAX(r0, {d0 * i_h}L); r < SMELT_MIN(r1, {d1 * i_h}L); ++r) {{",
+                      f"        const long id = r / {i_h}, ih = r % {i_h};",
+                      f"        if (ih < {h0} || ih >= {h1}) continue;",
+                      f"        const float *restrict cr = ct + (r - r0) * {i_w};",
                       f"        float *restrict yr = y + ((id * {s_d} + {kd * d_d - p_d}) * {o_h}"
                       f" + ih * {s_h} + {kh * d_h - p_h}) * {o_w} + ({off});",
                       f"        for (long iw = {w0}; iw < {w1}; ++iw) yr[iw * {s_w}] += cr[iw];",
                       "      } }"]
     L.append("}")
-    em.schedule(algorithm="GEMM (W^T . X per image and group) into scratch, then col2im per output plane",
-                kernel="f32_conv_transpose", layout="NCHW",
-                shape=f"kernel {[k_d, k_h, k_w]}, stride {[s_d, s_h, s_w]}, group {group}")
-    em.step("\n".join(L), name="f32_conv_transpose_col2im")
+    col2im = "\n".join(L)
+    blk = blocking_for(em.target)
+    for ci in reversed(range(chunks)):
+        npx = (min(in_rows, ci * cr + cr) - ci * cr) * i_w
+        item_code = (f"const long bi = it / {group}, gi = it % {group};\n"
+                     f"const long ao = gi * {icg * rows}L, bo = (bi * {c} + gi * {icg}) * {in_plane}L"
+                     f" + {index.replace('MARK', markers[ci])} * {cr * i_w}L;  /* chunk's first pixel */\n"
+                     f"const long co = it * {rows * npx}L, grow0 = 0; (void)grow0;")
+        p = GemmProblem(rows, npx, icg, Strided(em.ptr(node.inputs[1]), 1, rows),
+                        Strided(em.ptr(node.inputs[0]), in_plane, 1), col, npx, TileEpilogue([]), items=items,
+                        item_code=item_code, name="f32_conv_transpose_gemm",
+                        parallel_min_macs=gemm_schedule.PARALLEL_MIN_MACS,
+                        doc=f"ConvTranspose W^T . X over a chunk of input rows, {rows}x{npx}x{icg}")
+        render_gemm(em, p, blk)
+        em.step(col2im.replace("MARK", markers[ci]), name="f32_conv_transpose_col2im",
+                doc=f"ConvTranspose col2im of a chunk of {cr} input rows (of {in_rows})")
