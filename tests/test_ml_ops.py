@@ -238,3 +238,42 @@ def test_string_labelled_tree_classifier_runs_natively_but_the_lookup(cache, mon
             assert got.tolist() == w.tolist(), k
         else:
             assert_close(f"output {k}", got, w)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_tree_ensembles_across_row_blocks(isa, monkeypatch, cache) -> None:
+    """The ensemble kernels walk rows in blocks of ROW_BLOCK (templates/ml_ops.py): batches of
+    1, a block less one, a block, a block and one, and 8 blocks and a ragged 5 (split over 2
+    threads: each share ends in a partial block), in forms that finish each row differently
+    (two-class rules with base values, three classes, MIN, AVERAGE, MAX of several targets),
+    NaN features, against onnxruntime at 1 and 2 threads."""
+    from smelt.codegen.templates.ml_ops import ROW_BLOCK
+
+    force_isa(isa, monkeypatch, cache)
+    forms = [("TreeEnsembleClassifier", 2, "LOGISTIC", lambda: [0, 1]),
+             ("TreeEnsembleClassifier", 3, "NONE", lambda: RNG.choice(3, size=int(RNG.integers(1, 3)), replace=False)),
+             ("TreeEnsembleRegressor", 2, "MIN", lambda: [int(RNG.integers(0, 2))]),
+             ("TreeEnsembleRegressor", 1, "AVERAGE", lambda: [0]),
+             ("TreeEnsembleRegressor", 4, "MAX", lambda: RNG.choice(4, size=2, replace=False))]
+    nodes, feeds, outs = [], {}, []
+    for rows in (1, ROW_BLOCK - 1, ROW_BLOCK, ROW_BLOCK + 1, 8 * ROW_BLOCK + 5):
+        for f, (op, n, how, targets) in enumerate(forms):
+            k = f"{rows}_{f}"
+            # 32 trees: 69 rows x 32 trees are enough work to split over threads
+            a, w = _legacy_forest(32, 5, 3, targets, positive=f % 2 == 0, one_mode=f == 3)
+            prefix = "class" if op == "TreeEnsembleClassifier" else "target"
+            attrs = {f"nodes_{key}": v for key, v in a.items()} | {f"{prefix}_{key}": v for key, v in w.items()}
+            if op == "TreeEnsembleClassifier":
+                attrs |= {"classlabels_int64s": list(range(10, 10 + n)), "post_transform": how,
+                          "base_values": RNG.standard_normal(n).tolist()}
+                names = [f"label{k}", f"scores{k}"]
+                outs += [(names[0], TensorProto.INT64), (names[1], TensorProto.FLOAT)]
+            else:
+                attrs |= {"n_targets": n, "aggregate_function": how}
+                names = [f"y{k}"]
+                outs.append((names[0], TensorProto.FLOAT))
+            x = RNG.uniform(0, 4, (rows, 3))
+            x[RNG.random(x.shape) < 0.1] = np.nan
+            feeds[f"x{k}"] = x.astype(np.float64 if f == 2 else np.float32)
+            nodes.append(helper.make_node(op, [f"x{k}"], names, domain=ML, name=f"trees{k}", **attrs))
+    _check(_model(nodes, feeds, outs, ml_opset=3), feeds, fallback=[])
