@@ -33,13 +33,13 @@ def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
                       list(a.graphs) if a.type == AttributeProto.GRAPHS else [])]
 
 
-def _names_read(graph: onnx.GraphProto) -> set[str]:
+def names_read(graph: onnx.GraphProto) -> set[str]:
     """Every name a graph's nodes read, its subgraphs' included (outer-scope reads among them)."""
     names: set[str] = set()
     for n in graph.node:
         names.update(n.input)
         for sub in _subgraphs(n):
-            names |= _names_read(sub)
+            names |= names_read(sub)
     return names
 
 
@@ -50,7 +50,7 @@ def _order(graph: onnx.GraphProto) -> list[int] | None:
     for k, n in enumerate(graph.node):
         reads = set(n.input)
         for sub in _subgraphs(n):
-            reads |= _names_read(sub)
+            reads |= names_read(sub)
         deps.append({producer[r] for r in reads if r in producer and producer[r] != k})
     users: list[list[int]] = [[] for _ in graph.node]
     for k, ds in enumerate(deps):

@@ -25,6 +25,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from smelt.errors import InvalidModelError, SmeltError
+from smelt.frontend.node_order import names_read
 
 ML_DOMAIN = "ai.onnx.ml"
 
@@ -76,7 +77,7 @@ def split_zipmaps(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[ZipMap
     candidates = [i for i, n in enumerate(graph.node) if n.op_type == "ZipMap" and n.domain == ML_DOMAIN]
     if not candidates:
         return proto, ()
-    read = _names_read_by_nodes(graph)
+    read = names_read(graph)
     output_index = {o.name: i for i, o in enumerate(graph.output)}
     found: list[tuple[int, ZipMapOutput]] = []
     for i in candidates:
@@ -109,17 +110,6 @@ def _labels(node: onnx.NodeProto) -> tuple[int, ...] | tuple[str, ...]:
         raise InvalidModelError(f"ZipMap node {node.name!r}: exactly one of classlabels_int64s and "
                                 "classlabels_strings must be given (non-empty)")
     return tuple(int(v) for v in ints) if ints else tuple(s.decode("utf-8") for s in strings)
-
-
-def _names_read_by_nodes(graph: onnx.GraphProto) -> set[str]:
-    """Every value a node of ``graph`` or of its subgraphs reads."""
-    names: set[str] = set()
-    for n in graph.node:
-        names.update(n.input)
-        for a in n.attribute:
-            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                names |= _names_read_by_nodes(sub)
-    return names
 
 
 def as_tensor(value: Any) -> Any:
