@@ -128,9 +128,11 @@ class CompiledModel:
 
     Attributes: ``fallback_nodes`` (nodes run by the onnx.reference fallback, [] when all are
     native: those of the variant the last call ran; an error before any is ``built``),
-    ``arena_bytes`` (intermediate memory), ``source_path`` (the generated C), ``compile_seconds`` and ``from_cache`` (of the most recent build), ``plan`` (the compiled
-    plan: steps, their nodes and schedules, a ``smelt.runtime.artifact.ArtifactPlan``), ``target``
-    (the CPU description it compiles for: the host's, held to ``isa`` when one is given).
+    ``arena_bytes`` (intermediate memory), ``source_path`` (the generated C), ``compile_seconds``
+    and ``from_cache`` (of the most recent build), ``plan`` (the compiled plan: steps, their nodes
+    and schedules, a ``smelt.runtime.artifact.ArtifactPlan``), ``target`` (the CPU description it
+    compiles for: the host's, held to ``isa`` when one is given), ``graph_proto`` (the model as
+    compiled: a classifier's ZipMap an Identity, ``frontend/zipmap.py``).
 
     ``profile=True`` builds the instrumented variant (a separate cached library) that times every
     step inside the native code: read with ``profile_counters()``, zero with ``profile_reset()``
