@@ -9,8 +9,8 @@ and builds the maps when the call returns, as onnxruntime's Python binding does:
 dicts, keys the labels (``int`` or ``str``) in sorted order (onnxruntime's maps are sorted),
 values Python floats of the float32 probabilities.
 
-A ZipMap whose output some other node reads is left alone (and refused, with the way out,
-where the fallback is decided).
+A ZipMap whose output another node reads (no standard op takes a sequence of maps, so only an
+invalid or custom graph has one) is left alone, and the compiler refuses it by name.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def split_zipmaps(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[ZipMap
         node = graph.node[i]
         y = node.output[0] if node.output else ""
         if y not in output_index or y in read or len(node.input) != 1:
-            continue  # read inside the graph: left for the fallback's refusal to explain
+            continue  # read inside the graph: left for the compiler's refusal to name
         found.append((i, ZipMapOutput(output_index[y], y, node.name or f"ZipMap_{i}", _labels(node))))
     if not found:
         return proto, ()

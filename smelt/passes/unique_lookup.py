@@ -26,11 +26,9 @@ from smelt.ir.graph import Graph, Node, Value
 
 
 def gather_through_unique(g: Graph) -> Graph:
+    if not any(n.op == "Unique" for n in g.nodes):
+        return g  # (most models: no producer map built)
     producer = {o: n for n in g.nodes for o in n.outputs if o}
-    readers: dict[str, list[Node]] = {}
-    for n in g.nodes:
-        for i in n.all_inputs():
-            readers.setdefault(i, []).append(n)
     out: list[Node] = []
     for n in g.nodes:
         source = _lookup_source(n, producer)
