@@ -24,12 +24,14 @@ import numpy as np
 import onnx
 
 from smelt.codegen.kernels.rnn_config import (
+    GATE_SPLIT_ROWS,
     GATES,
     REC_GROUP_ROWS,
     VL,
     RnnConfig,
     config,
     gate_split_parts,
+    gate_split_rows,
 )
 from smelt.codegen.kernels.rnn_vec import rnn_vec
 from smelt.ir.graph import Graph, Node
@@ -45,31 +47,41 @@ SCHEDULES = ("baseline", "hoist", "pcp", "wcs")  # DeepCPU Fig. 4(a) ablation le
 # Cost model constants (one core of the 2-core Sapphire Rapids dev VM; the ratios matter, not
 # the absolute values; calibration in smelt.tune.rnn_calibrate measures instead of guessing).
 MAC_RATE = 9.0e10  # multiply-adds/s of the recurrence micro-kernel (1.6 FMA/cycle x 16 lanes)
+# ... when R streams from L3 and a thread's rows are too many for one gate-split pass: the row
+# chunks reload their accumulators every K block. LSTM H=1024, B=20, 2 threads: a thread's 20 rows
+# over an 8 MB R slice 0.66 ms a step (6.3e10, Sapphire Rapids); on Emerald Rapids the grid of
+# 2 row groups x 10 rows, each streaming all 16 MB of R, ran 114.9 against 128.2 ms per call.
+MAC_RATE_ROW_CHUNKS = 6.3e10
 BW_L2 = 1.1e11  # bytes/s a core streams R from its own L2
 BW_L3 = 2.7e10  # bytes/s a core streams R from L3 (both cores streaming)
 GATE_S = 6.0e-8  # seconds of LSTM gate math per (batch row, hidden block of 16)
 SYNC_S = 2.0e-7  # one cross-core barrier
 
 
-def step_cost(G: int, H: int, units: int, B: int, xi: int, xj: int, l1: int, l2: int) -> float:
+def step_cost(G: int, H: int, units: int, B: int, xi: int, xj: int, l1: int, l2: int,
+              split_rows: int = GATE_SPLIT_ROWS) -> float:
     """Modelled seconds per time step of a recurrence grid (PCP, DeepCPU sec. 5.2.3).
 
     A thread computes ceil(B/xi) rows x ceil(units/xj) hidden blocks. Its R slice is streamed
     once per row group per step: from L1 (free) if it fits 3/4 of L1, from its own L2 if it fits
     3/4 of L2 (DeepCPU's |B|/(Xj Xk) <= |L2| reuse across steps), else from L3 every step.
     Row groups (xi) need no barrier at all (rows are independent); hidden groups (xj) exchange
-    h once per step.
+    h once per step. From L3, rows beyond ``split_rows`` (the target's ``gate_split_rows``) run
+    as row chunks at ``MAC_RATE_ROW_CHUNKS``: fewer rows on each thread's whole R can then win
+    over more rows on half of it, when L3 streams fast enough.
     """
     rows, u = -(-B // xi), -(-units // xj)
     macs = rows * u * G * VL * H
     wbytes = u * G * VL * H * 4
     passes = -(-rows // REC_GROUP_ROWS)
     bw = float("inf") if wbytes <= l1 * 3 // 4 else BW_L2 if wbytes <= l2 * 4 // 5 else BW_L3
-    return max(macs / MAC_RATE, wbytes * passes / bw) + GATE_S * G / 4 * rows * u + (SYNC_S if xj > 1 else 0.0)
+    rate = MAC_RATE_ROW_CHUNKS if bw == BW_L3 and rows > split_rows else MAC_RATE
+    return max(macs / rate, wbytes * passes / bw) + GATE_S * G / 4 * rows * u + (SYNC_S if xj > 1 else 0.0)
 
 
 def directions_in_sequence(cfg: RnnConfig, P: int, l1: int, l2: int,
-                           grids: dict[int, dict[int, tuple[int, int]]]) -> bool:
+                           grids: dict[int, dict[int, tuple[int, int]]],
+                           split_rows: int = GATE_SPLIT_ROWS) -> bool:
     """Bidirectional: run the directions one after the other on all P threads (each thread's
     slice of one direction's R stays in its L2 across steps) instead of both at once on P/2
     threads each (parallel GEMMs in parallel), when the model says it is cheaper. DeepCPU's
@@ -81,13 +93,13 @@ def directions_in_sequence(cfg: RnnConfig, P: int, l1: int, l2: int,
     units, B = cfg.nhb, cfg.B
     xi, xj = grids[P][B] if B in grids[P] else (1, 1)
     xi2, xj2 = grids[P // 2][B] if B in grids[P // 2] else (1, 1)
-    seq = 2 * step_cost(cfg.G, cfg.H, units, B, xi, xj, l1, l2)
-    par = step_cost(cfg.G, cfg.H, units, B, xi2, xj2, l1, l2)
+    seq = 2 * step_cost(cfg.G, cfg.H, units, B, xi, xj, l1, l2, split_rows)
+    par = step_cost(cfg.G, cfg.H, units, B, xi2, xj2, l1, l2, split_rows)
     return seq < 0.9 * par
 
 
 def grid_for(cfg: RnnConfig, mode: str, p: int, B: int, l1: int, l2: int,
-             tuned: tuple[int, int] | None = None) -> dict[int, tuple[int, int]]:
+             tuned: tuple[int, int] | None = None, split_rows: int = GATE_SPLIT_ROWS) -> dict[int, tuple[int, int]]:
     """{B: (xi, xj)} for a direction group of ``p`` threads (a dict so callers can merge)."""
     # a direction group owns one direction (with one thread, or baseline's single group, both)
     units = cfg.D * cfg.nhb if mode == "baseline" else cfg.nhb
@@ -107,7 +119,7 @@ def grid_for(cfg: RnnConfig, mode: str, p: int, B: int, l1: int, l2: int,
     best, cost = (1, 1), float("inf")
     for xi in range(1, min(p, B, most) + 1):
         for xj in range(1, min(p // xi, units, most // xi) + 1):
-            c = step_cost(cfg.G, cfg.H, units, B, xi, xj, l1, l2) * (1.0001 ** (xi * xj))  # ties: fewer threads
+            c = step_cost(cfg.G, cfg.H, units, B, xi, xj, l1, l2, split_rows) * (1.0001 ** (xi * xj))  # ties: fewer threads
             if c < cost:
                 best, cost = (xi, xj), c
     return {B: best}
@@ -318,6 +330,7 @@ def decide_rnn(node: Node, g: Graph, target: Target, threads: int, db: TuningDB 
     if cfg is None:
         raise ValueError(f"{node.op} node {node.name!r}: {why}")
     budget = rnn_vec(target).acc_budget(target)
+    split = gate_split_rows(budget)
     level = schedule_level(node, cfg.layout)
     dynamic = bool(node.attr("smelt_dynamic", 0))
     P, B = max(1, threads), cfg.B
@@ -327,8 +340,8 @@ def decide_rnn(node: Node, g: Graph, target: Target, threads: int, db: TuningDB 
         tuned = None if dynamic else _tuned_grid(node, cfg, p_, target, db)
         grids[p_] = {}
         for b_ in (range(1, B + 1) if dynamic else [B]):
-            grids[p_].update(grid_for(cfg, level, p_, b_, l1, l2, tuned))
-    seq_dirs = level != "baseline" and directions_in_sequence(cfg, P, l1, l2, grids)
+            grids[p_].update(grid_for(cfg, level, p_, b_, l1, l2, tuned, split))
+    seq_dirs = level != "baseline" and directions_in_sequence(cfg, P, l1, l2, grids, split)
     # R streamed from L3 every step and a thread's rows too many for one register tile: pack R
     # gate-major, so the cell's gate-split passes each stream one contiguous run (see cell_code)
     rows = {c for gp in grids.values() for (xi, _) in gp.values() for c in (B // xi, -(-B // xi))}

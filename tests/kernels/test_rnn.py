@@ -744,6 +744,30 @@ def test_single_step_without_initial_state_runs_one_thread_per_direction():
         assert grid_for(cfg_of(lstm_model(256, 256, 1, 2)), "wcs", 2, 1, 32768, l2) == {1: (1, 2)}
 
 
+def test_many_rows_over_l3_split_rows_not_hidden_blocks():
+    """R streamed from L3 (H=1024: 16 MB): 20 batch rows on each thread's half of R would run as
+    row chunks (above one gate-split pass), so the model takes 2 row groups of 10, each a
+    gate-split pass over all of R (Emerald Rapids: 114.9 against 128.2 ms per call); 10 rows
+    keep the hidden-block split, whatever the L2. With AVX2's smaller register budget the
+    10-row split stays too (5 rows over all of R would stream twice the bytes)."""
+    from smelt.codegen.kernels.rnn_config import config, gate_split_rows
+    from smelt.compiler import lower
+    from smelt.frontend.zoo.rnn import lstm_model
+    from smelt.options import CompileOptions
+    from smelt.schedule.rnn import grid_for
+
+    def cfg_of(model):
+        g = lower(model, CompileOptions(threads=2, use_tuning_db=False), detect())
+        return config(next(n for n in g.nodes if n.op == "LSTM"), g)[0]
+
+    b20, b10 = cfg_of(lstm_model(1024, 1024, 20, 2)), cfg_of(lstm_model(1024, 1024, 10, 2))
+    for l2 in (2 << 20, 1 << 20, 1 << 19):
+        for budget in (24, 6):
+            split = gate_split_rows(budget)
+            assert grid_for(b20, "wcs", 2, 20, 49152, l2, split_rows=split) == {20: (2, 1)}
+            assert grid_for(b10, "wcs", 2, 10, 49152, l2, split_rows=split) == {10: (1, 2)}
+
+
 def test_rnn_tuning_records_in_cache_key_every_layout(tmp_path, monkeypatch):
     """The RNN schedule reads the tuning database (kind "rnn") in every layout mode, so its
     records are part of the artifact key in every mode (under layout="nchw" they were not: a
