@@ -70,12 +70,13 @@ def bench_shape(cell: str, e: int, h: int, b: int, t: int, threads: int, rounds:
         fns = {"smelt int8": lambda: sq.run(feeds), "ort int8": lambda: oq.run(None, feeds),
                "smelt fp32": lambda: sf.run(feeds)}
         samples = time_interleaved(fns, rounds, warmup=3, block=5)
+        fallback = sq.fallback_nodes  # (close() below frees the variant it names them from)
     finally:
         sq.close()
         sf.close()
     med = {k: statistics.median(v) for k, v in samples.items()}
     return {"model": tag, "threads": threads, "quantized_ops": sorted(set(ops) - {"Squeeze"}),
-            "fallback": sq.fallback_nodes, "ms": med,
+            "fallback": fallback, "ms": med,
             "vs_ort_int8": med["ort int8"] / med["smelt int8"], "vs_smelt_fp32": med["smelt fp32"] / med["smelt int8"],
             "max_diff_vs_ort_int8": float(np.abs(got - ref).max()),
             "max_diff_vs_fp32": float(np.abs(got - flt).max())}

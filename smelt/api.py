@@ -570,6 +570,8 @@ class CompiledModel:
             return (f"its variants depend on the values of input(s) {', '.join(names)} (If conditions or "
                     "values that decide shapes), so it compiles at its first call")
         symbolic = sorted({d for _, _, shp in self._inputs if shp for d in shp if isinstance(d, str)})
+        if not symbolic:  # static shapes build at compile(): only close() leaves none
+            return "close() freed its variants, and the next call rebuilds one"
         return (f"its inputs have symbolic dimensions ({', '.join(symbolic)}) and no input_shapes were given, "
                 "so it compiles at its first call")
 

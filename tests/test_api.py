@@ -443,3 +443,18 @@ def test_node_lists_before_the_first_build_say_why(tmp_path, monkeypatch, capsys
     path.write_bytes(model.SerializeToString())
     assert cli.main(["compile", str(path)]) == 0
     assert "not compiled yet" in capsys.readouterr().out
+
+
+def test_node_lists_after_close_say_close_freed_them(tmp_path, monkeypatch) -> None:
+    """A static model is built by compile(); after close() its node lists are an error that says
+    close() freed the variants (not "symbolic dimensions ()"), and a call rebuilds it."""
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
+    compiled = smelt.compile(_relu_add(), threads=1)
+    assert compiled.built and compiled.fallback_nodes == []
+    compiled.close()
+    assert not compiled.built
+    with pytest.raises(smelt.SmeltError, match=r"close\(\) freed its variants"):
+        _ = compiled.fallback_nodes
+    compiled.run({i.name: np.ones([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32)
+                  for i in _relu_add().graph.input})
+    assert compiled.built and compiled.fallback_nodes == []
