@@ -103,6 +103,10 @@ class CompileOptions:
     # transposes sunk through element-wise ops and cancelled in pairs (passes/sink_transposes.py):
     # a TensorFlow-ported net's NHWC chains between NCHW convs become the convs' epilogues
     sink_transposes: bool = True
+    # subnormal float32 weights of Conv/MatMul/Gemm/RNN nodes read as zero (passes/denormal_weights.py:
+    # Intel cores take a microcode assist per multiply with one; PP-OCRv6's detector 210 -> 58 ms);
+    # off: the weights as given
+    flush_denormal_weights: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_MODES:
@@ -118,7 +122,7 @@ class CompileOptions:
     def skipped_passes(self) -> frozenset[str]:
         """The optional passes these options switch off (``passes.pipeline.PASSES`` names)."""
         switches = {"lift_1d_convs": self.lift_1d, "lift_1d_integer_convs": self.lift_1d,
-                    "sink_transposes": self.sink_transposes}
+                    "sink_transposes": self.sink_transposes, "flush_denormal_weights": self.flush_denormal_weights}
         return frozenset(name for name, on in switches.items() if not on)
 
     def codegen_threads(self, target: Target) -> int:

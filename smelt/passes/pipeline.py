@@ -18,6 +18,7 @@ from smelt.passes.activation_nodes import collapse_activation_patterns
 from smelt.passes.constant_folding import fold_constants
 from smelt.passes.dead_nodes import eliminate_dead_nodes
 from smelt.passes.deconv_as_conv import deconv_as_conv
+from smelt.passes.denormal_weights import flush_denormal_weights
 from smelt.passes.eliminate_identity import eliminate_identity
 from smelt.passes.expand_functions import expand_functions
 from smelt.passes.fold_batchnorm import fold_batchnorm
@@ -102,6 +103,9 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("fuse_epilogues", fuse_epilogues, 1),
     # what no Conv/MatMul took as an epilogue: one node, one pass, vector math
     ("collapse_activation_patterns", collapse_activation_patterns, 1),
+    # last, so the weights BatchNorm folding rescaled are seen too; at every opt level (a
+    # numeric behaviour, switched by its option alone)
+    ("flush_denormal_weights", flush_denormal_weights, 0),
 ]
 
 

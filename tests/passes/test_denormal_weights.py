@@ -1,0 +1,60 @@
+"""passes/denormal_weights.py: subnormal float32 weights of the multiply-heavy ops read as zero
+(signed), everything else bit for bit; small constants never touched; the option turns it off;
+the answers agree with onnxruntime either way."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import smelt
+from smelt.frontend.onnx_import import to_ir
+from smelt.passes.denormal_weights import FLT_MIN, flush_denormal_weights, subnormal_count
+
+RNG = np.random.default_rng(4242)
+
+
+def _weights(shape) -> np.ndarray:
+    w = RNG.standard_normal(shape).astype(np.float32)
+    flat = w.reshape(-1)
+    flat[0::7] = RNG.uniform(1e-45, 1e-38, flat[0::7].shape).astype(np.float32)  # positive subnormals
+    flat[3::7] = -RNG.uniform(1e-45, 1e-38, flat[3::7].shape).astype(np.float32)  # negative ones
+    flat[1], flat[2] = np.float32(-0.0), FLT_MIN  # a negative zero and the smallest normal stay
+    return w
+
+
+def _model(w: np.ndarray, eps: float):
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Add", ["c", "eps"], ["y"], name="eps_add")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 9, 9])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 9, 9])],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.float32([eps]), "eps")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_pass_zeroes_subnormal_weights_only():
+    w = _weights((16, 8, 3, 3))
+    assert subnormal_count(w) > 100
+    g = flush_denormal_weights(to_ir(_model(w, 1e-40)))
+    got = g.values["w"].const
+    tiny = (w != 0) & (np.abs(w) < FLT_MIN)
+    assert subnormal_count(got) == 0
+    assert np.all(got[tiny] == 0) and np.array_equal(np.signbit(got[tiny]), np.signbit(w[tiny]))
+    assert np.array_equal(got[~tiny].view(np.uint32), w[~tiny].view(np.uint32))  # bit for bit
+    assert np.signbit(got.reshape(-1)[1]) and got.reshape(-1)[2] == FLT_MIN
+    # a one-element constant (an epsilon) of another op is not a weight: kept subnormal
+    assert subnormal_count(g.values["eps"].const) == 1
+
+
+@pytest.mark.parametrize("flush", [True, False], ids=["flushed", "kept"])
+def test_compiled_answers_agree_with_onnxruntime(flush, monkeypatch, tmp_path):
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
+    model = _model(_weights((16, 8, 3, 3)), 1e-40)
+    x = RNG.standard_normal((1, 8, 9, 9)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads, schedule={"flush_denormal_weights": flush})
+        np.testing.assert_allclose(compiled.run({"x": x})[0], want, rtol=1e-5, atol=1e-5)
+        assert compiled.options.flush_denormal_weights is flush
