@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 import smelt
 from smelt.frontend.onnx_import import to_ir
 from smelt.passes.denormal_weights import FLT_MIN, flush_denormal_weights, subnormal_count
+from smelt.passes.pipeline import run_passes
 
 RNG = np.random.default_rng(4242)
 
@@ -21,16 +22,24 @@ def _weights(shape) -> np.ndarray:
     flat = w.reshape(-1)
     flat[0::7] = RNG.uniform(1e-45, 1e-38, flat[0::7].shape).astype(np.float32)  # positive subnormals
     flat[3::7] = -RNG.uniform(1e-45, 1e-38, flat[3::7].shape).astype(np.float32)  # negative ones
-    flat[1], flat[2] = np.float32(-0.0), FLT_MIN  # a negative zero and the smallest normal stay
+    flat[-2], flat[-1] = np.float32(-0.0), FLT_MIN  # a negative zero and the smallest normal stay
     return w
 
 
 def _model(w: np.ndarray, eps: float):
+    """Conv, a per-channel bias Add (fused onto the conv: half its channels subnormal, the
+    first one's weights all subnormal too, so its outputs are subnormal-scale), then an Add
+    of a one-element subnormal epsilon."""
+    w[0] = np.float32(1e-40)
+    bias = np.where(np.arange(16) % 2 == 0, np.float32(3e-39), RNG.standard_normal(16).astype(np.float32))
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Add", ["c", "eps"], ["y"], name="eps_add")]
+             helper.make_node("Add", ["c", "bias"], ["cb"], name="bias_add"),
+             helper.make_node("Add", ["cb", "eps"], ["y"], name="eps_add")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 9, 9])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 9, 9])],
-                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.float32([eps]), "eps")])
+                              [numpy_helper.from_array(w, "w"),
+                               numpy_helper.from_array(bias.astype(np.float32).reshape(1, 16, 1, 1), "bias"),
+                               numpy_helper.from_array(np.float32([eps]), "eps")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -43,9 +52,21 @@ def test_the_pass_zeroes_subnormal_weights_only():
     assert subnormal_count(got) == 0
     assert np.all(got[tiny] == 0) and np.array_equal(np.signbit(got[tiny]), np.signbit(w[tiny]))
     assert np.array_equal(got[~tiny].view(np.uint32), w[~tiny].view(np.uint32))  # bit for bit
-    assert np.signbit(got.reshape(-1)[1]) and got.reshape(-1)[2] == FLT_MIN
+    assert np.signbit(got.reshape(-1)[-2]) and got.reshape(-1)[-1] == FLT_MIN
     # a one-element constant (an epsilon) of another op is not a weight: kept subnormal
     assert subnormal_count(g.values["eps"].const) == 1
+
+
+def test_the_bias_fused_onto_the_conv_is_flushed_in_the_pipeline():
+    """Through the whole pipeline: both Adds become the conv's epilogue; the bias's subnormal
+    entries are flushed with the weights, the one-element epsilon is kept."""
+    g = run_passes(to_ir(_model(_weights((16, 8, 3, 3)), 1e-40)))
+    conv = next(n for n in g.nodes if n.op == "Conv")
+    consts = [np.asarray(g.values[i].const) for i in conv.all_inputs()
+              if i in g.values and g.values[i].const is not None]
+    big = [c for c in consts if c.size >= 16]
+    assert len(big) == 2 and all(subnormal_count(c) == 0 for c in big)  # weights and bias
+    assert [subnormal_count(c) for c in consts if c.size == 1] == [1]  # the epsilon
 
 
 @pytest.mark.parametrize("flush", [True, False], ids=["flushed", "kept"])
