@@ -50,7 +50,8 @@ MAC_RATE = 9.0e10  # multiply-adds/s of the recurrence micro-kernel (1.6 FMA/cyc
 # ... when R streams from L3 and a thread's rows are too many for one gate-split pass: the row
 # chunks reload their accumulators every K block. LSTM H=1024, B=20, 2 threads: a thread's 20 rows
 # over an 8 MB R slice 0.66 ms a step (6.3e10, Sapphire Rapids); on Emerald Rapids the grid of
-# 2 row groups x 10 rows, each streaming all 16 MB of R, ran 114.9 against 128.2 ms per call.
+# 2 row groups x 10 rows, each streaming all 16 MB of R, ran 114.9 / 119.7 against 128.2 / 134.8
+# ms per call (two interleaved runs).
 MAC_RATE_ROW_CHUNKS = 6.3e10
 BW_L2 = 1.1e11  # bytes/s a core streams R from its own L2
 BW_L3 = 2.7e10  # bytes/s a core streams R from L3 (both cores streaming)
@@ -242,7 +243,8 @@ def pipeline_chain(node: Node, g: Graph) -> list[Node]:
     return chain if len(chain) >= 3 else []
 
 
-def pipeline_cost(cfgs: list[RnnConfig], P: int, l1: int, l2: int) -> tuple[float, float]:
+def pipeline_cost(cfgs: list[RnnConfig], P: int, l1: int, l2: int,
+                  split_rows: int = GATE_SPLIT_ROWS) -> tuple[float, float]:
     """Modelled seconds of a stack of layers (T steps each): (one after another, pipeline plan).
 
     One after another: per layer one hoisted projection GEMM over all steps on P threads, then
@@ -256,8 +258,8 @@ def pipeline_cost(cfgs: list[RnnConfig], P: int, l1: int, l2: int) -> tuple[floa
     L, T, B = len(cfgs), cfgs[0].T, cfgs[0].B
     seq = 0.0
     for c in cfgs:
-        xi, xj = grid_for(c, "wcs", P, B, l1, l2)[B]
-        seq += T * B * c.E * c.ntot / (MAC_RATE * P) + T * step_cost(c.G, c.H, c.nhb, B, xi, xj, l1, l2)
+        xi, xj = grid_for(c, "wcs", P, B, l1, l2, split_rows=split_rows)[B]
+        seq += T * B * c.E * c.ntot / (MAC_RATE * P) + T * step_cost(c.G, c.H, c.nhb, B, xi, xj, l1, l2, split_rows)
     nact = min(P, L)
     per = -(-L // nact)  # layers of the busiest thread
     tick = 0.0
@@ -269,7 +271,7 @@ def pipeline_cost(cfgs: list[RnnConfig], P: int, l1: int, l2: int) -> tuple[floa
         for c in own:
             proj_bytes = 4 * c.ntot * c.E
             t += max(B * c.E * c.ntot / MAC_RATE, proj_bytes / bw if proj_bytes > l1 * 3 // 4 else 0.0)
-            t += step_cost(c.G, c.H, c.nhb, B, 1, 1, l1, l2 if wb <= l2 * 4 // 5 else 0)
+            t += step_cost(c.G, c.H, c.nhb, B, 1, 1, l1, l2 if wb <= l2 * 4 // 5 else 0, split_rows)
         tick = max(tick, t)
     pipe = (T + L - 1) * (tick + (SYNC_S if nact > 1 else 0.0))
     return seq, pipe
@@ -285,7 +287,8 @@ def use_pipeline(chain: list[Node], g: Graph, target: Target, threads: int) -> b
     if forced is not None:
         return bool(forced)
     cfgs = [cfg for n in chain if n.op in GATES for cfg in [config(n, g)[0]] if cfg is not None]
-    seq, pipe = pipeline_cost(cfgs, max(1, threads), target.l1d_bytes, target.l2_bytes)
+    split = gate_split_rows(rnn_vec(target).acc_budget(target))
+    seq, pipe = pipeline_cost(cfgs, max(1, threads), target.l1d_bytes, target.l2_bytes, split)
     return pipe < 0.9 * seq
 
 

@@ -690,7 +690,8 @@ def test_schedule_stage_decides_rnn():
     of a lowered graph carries a frozen RnnSchedule; a forced attribute wins over the cost model
     (level, pipeline); the pipeline plan is taken exactly when pipeline_cost predicts it 10%
     faster; a graph that skipped the schedule stage fails with a message naming the node."""
-    from smelt.codegen.kernels.rnn_config import config
+    from smelt.codegen.kernels.rnn_config import config, gate_split_rows
+    from smelt.codegen.kernels.rnn_vec import rnn_vec
     from smelt.compiler import lower
     from smelt.errors import VerifyError
     from smelt.frontend.zoo.rnn import lstm_model
@@ -707,7 +708,8 @@ def test_schedule_stage_decides_rnn():
         with pytest.raises(dataclasses.FrozenInstanceError):
             s.level = "hoist"
         cfgs = [config(n, g)[0] for n in lstms]
-        seq, pipe = pipeline_cost(cfgs, s.threads, target.l1d_bytes, target.l2_bytes)
+        seq, pipe = pipeline_cost(cfgs, s.threads, target.l1d_bytes, target.l2_bytes,
+                                  gate_split_rows(rnn_vec(target).acc_budget(target)))
         want = tuple(n.name for n in pipeline_chain(lstms[0], g)) if pipe < 0.9 * seq else ()
         assert s.pipeline == want and lstms[1].schedule.pipeline == want
         for forced in (True, False):
