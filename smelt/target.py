@@ -185,7 +185,8 @@ def check_isa_choice(name: str | None, what: str = "isa") -> None:
 
 
 _NOTABLE = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
-            "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16")
+            "avx512_vnni", "avx512vbmi", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_int8",
+            "amx_bf16")
 
 
 def _cpuinfo() -> tuple[str, set[str], int, int]:

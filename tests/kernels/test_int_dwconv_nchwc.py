@@ -16,14 +16,43 @@ it may drop a Clip whose QuantizeLinear range lies inside it, which changes code
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnxruntime as ort
 import pytest
 from kernel_models import AVX_VNNI, Uint8ModelBuilder, _isa_target
 from onnx import TensorProto, helper
 
+from smelt.schedule.int_conv import int_isa
+from smelt.target import detect
+
 RNG = np.random.default_rng(20261127)
-ISAS = ["native", "avx2", AVX_VNNI, "scalar"]
+# the host's AVX-512 without AVX512-VBMI's byte permute: the four-shuffle form of the row pairs
+# (isa.py ``_VBMI_FORMS``), which hosts with VBMI would otherwise never run
+NO_VBMI = "avx512-without-vbmi"
+ISAS = ["native", NO_VBMI, "avx2", AVX_VNNI, "scalar"]
+
+
+def _target(isa: str, monkeypatch):
+    if isa != NO_VBMI:
+        return _isa_target(isa, monkeypatch)
+    real = detect()
+    if "avx512vbmi" not in real.flags:
+        pytest.skip("host has no AVX512-VBMI: the native runs are this form already")
+    return dataclasses.replace(real, flags=tuple(f for f in real.flags if f != "avx512vbmi"))
+
+
+def test_row_pairs_take_the_byte_permute_with_vbmi() -> None:
+    """The int16 pairs of two rows are one masked vpermb where the target has AVX512-VBMI, the
+    unpack-and-widen form without it (both run by the depthwise tests on a VBMI host)."""
+    real = detect()
+    if "avx512f" not in real.flags:
+        pytest.skip("host has no AVX-512")
+    with_vbmi = dataclasses.replace(real, flags=tuple({*real.flags, "avx512vbmi"}))
+    without = dataclasses.replace(real, flags=tuple(f for f in real.flags if f != "avx512vbmi"))
+    assert "permutexvar_epi8" in int_isa(with_vbmi).x("u8x2_to_i16_pairs", p="p", q="q")
+    assert "unpacklo_epi8" in int_isa(without).x("u8x2_to_i16_pairs", p="p", q="q")
 
 # (C, H, W, k, stride, pads (t, l, b, r), dilation)
 DEPTHWISE = [
@@ -116,7 +145,7 @@ def _check(m: _Model, isa: str, monkeypatch, cache, *, fused_form: str | None = 
     import smelt
 
     monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
-    target = _isa_target(isa, monkeypatch)
+    target = _target(isa, monkeypatch)
     monkeypatch.setattr("smelt.compiler.detect", lambda: target)
     model = m.build()
     want = _reference(model, m.feeds)

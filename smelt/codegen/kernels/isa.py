@@ -382,15 +382,31 @@ def _int_dots(d: VectorIsa, target: Target) -> tuple[tuple[str, str], ...]:
     return ()
 
 
+# AVX512-VBMI (Ice Lake and later Intel cores, Zen 4 and 5): two kernel rows' 16 bytes as int16
+# pairs in one byte permute, zeroing the high bytes under a mask (dword k = [a_k, 0, b_k, 0]),
+# where the AVX-512F form takes four shuffles (two unpacks, an insert, the widening): the int8
+# depthwise conv's inner loop ran on the one shuffle port Intel's cores have for 512-bit vectors
+_PAIR_INDEX = ", ".join(f"0x{(16 + k) << 16 | k:x}" for k in range(16))
+_VBMI_FORMS = (("u8x2_to_i16_pairs",
+                "_mm512_maskz_permutexvar_epi8(0x5555555555555555ULL, _mm512_setr_epi32(" + _PAIR_INDEX + "), "
+                "_mm512_zextsi256_si512(_mm256_inserti128_si256(_mm256_castsi128_si256("
+                "_mm_loadu_si128((const __m128i *)({p}))), _mm_loadu_si128((const __m128i *)({q})), 1)))"),)
+
+
+def _byte_permutes(d: VectorIsa, target: Target) -> tuple[tuple[str, str], ...]:
+    """The byte-permute spellings ``target`` has at ``d``'s width (none: ``d``'s own stay)."""
+    return _VBMI_FORMS if d.lanes == 16 and d.has("u8x2_to_i16_pairs") and "avx512vbmi" in target.flags else ()
+
+
 def with_int_dot(d: VectorIsa, target: Target) -> VectorIsa:
     """``d`` with the host's integer dot products: the fused int16 pair form (vpdpwssd) and the
     exact u8 x s8 quad form (vpdpbusd) of AVX512-VNNI on 512-bit descriptions, of AVX-VNNI on
-    256-bit ones."""
-    dots = _int_dots(d, target) if d.has("i16_dot_acc") else ()
-    if not dots:
+    256-bit ones; and with AVX512-VBMI's byte permute for the int16 pairs of two rows."""
+    forms = (_int_dots(d, target) if d.has("i16_dot_acc") else ()) + _byte_permutes(d, target)
+    if not forms:
         return d
-    names = {k for k, _ in dots}
-    return dataclasses.replace(d, extra=tuple(e for e in d.extra if e[0] not in names) + dots)
+    names = {k for k, _ in forms}
+    return dataclasses.replace(d, extra=tuple(e for e in d.extra if e[0] not in names) + forms)
 
 
 def exact_byte_products(target: Target) -> bool:
