@@ -170,6 +170,7 @@ class CompiledModel:
         # results, the builds in progress, the dynamic bounds, the last variant used
         self._variants: OrderedDict[tuple, LoadedArtifact] = OrderedDict()
         self._builds: dict[tuple, BuildResult] = {}
+        self._closed = False  # close() freed the variants: unbuilt_reason says so until a call builds one
         self._pending: dict[tuple, _PendingBuild] = {}
         self._lock = threading.Lock()
         # the arenas of all variants: one per concurrent call, as large as the largest shape
@@ -565,13 +566,13 @@ class CompiledModel:
         """Why no variant is built yet (None once one is)."""
         if self.built:
             return None
+        if self._closed:
+            return "close() freed its variants, and the next call rebuilds one"
         if self._guards:
             names = sorted({i for g in self._guards for i in g.inputs})
             return (f"its variants depend on the values of input(s) {', '.join(names)} (If conditions or "
                     "values that decide shapes), so it compiles at its first call")
         symbolic = sorted({d for _, _, shp in self._inputs if shp for d in shp if isinstance(d, str)})
-        if not symbolic:  # static shapes build at compile(): only close() leaves none
-            return "close() freed its variants, and the next call rebuilds one"
         return (f"its inputs have symbolic dimensions ({', '.join(symbolic)}) and no input_shapes were given, "
                 "so it compiles at its first call")
 
@@ -648,6 +649,7 @@ class CompiledModel:
             arts = list(self._variants.values())
             self._variants.clear()
             self._builds.clear()
+            self._closed = True
             bodies, self._loop_bodies = list(self._loop_bodies.values()), {}
         for art in arts:
             art.close()

@@ -458,3 +458,11 @@ def test_node_lists_after_close_say_close_freed_them(tmp_path, monkeypatch) -> N
     compiled.run({i.name: np.ones([d.dim_value for d in i.type.tensor_type.shape.dim], np.float32)
                   for i in _relu_add().graph.input})
     assert compiled.built and compiled.fallback_nodes == []
+    # symbolic inputs sized by input_shapes build at compile() too: after close() the same words
+    # (not "no input_shapes were given")
+    sym = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", ["n", 4])], [tensor("y", ["n", 4])])
+    compiled = smelt.compile(sym, threads=1, input_shapes={"x": [3, 4]})
+    assert compiled.built
+    compiled.close()
+    with pytest.raises(smelt.SmeltError, match=r"close\(\) freed its variants"):
+        _ = compiled.native_nodes

@@ -55,7 +55,7 @@ def flush_denormal_weights(g: Graph) -> Graph:
             a = np.asarray(v.const)
             if a.dtype != np.float32 or a.size < MIN_ELEMENTS:
                 continue
-            if subnormal_count(a):
-                tiny = (a != 0) & (np.abs(a) < FLT_MIN)
+            tiny = (a != 0) & (np.abs(a) < FLT_MIN)
+            if tiny.any():
                 v.const = np.where(tiny, np.copysign(np.float32(0), a), a).astype(np.float32)
     return g
