@@ -12,6 +12,8 @@ thread per batch row, the per-row split smelt uses).
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import onnx
 import pytest
@@ -96,7 +98,7 @@ def _expected_form(isa: str, wtype: str, target) -> str:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fast_paths_match_onnxruntime(case: str, isa: str, monkeypatch, cache, tmp_path) -> None:
     seq, batch, isz, hidden, direction, peep, init, wtype, per_channel = CASES[case]
-    rng = np.random.default_rng(abs(hash(case)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(case.encode()))  # (str hash() is salted per process)
     target = force_isa(isa, monkeypatch, cache)
     src, dst, inputs = _model(tmp_path, seq, batch, isz, hidden, direction, peep, init, rng)
     quantization.quantize_dynamic(str(src), str(dst), weight_type=quantization.QuantType.QInt8,
