@@ -219,6 +219,57 @@ def test_value_preserving_ops_on_integers(dtype) -> None:
     assert kinds == sorted(["float32", np.dtype(dtype).name]), kinds
 
 
+def _conv_clip(dtype, bounds: tuple[float | None, float | None], out_params: tuple[float, int]) -> Qdq:
+    """DQ -> Conv (int8 weights per channel, int32 bias) -> Clip -> Q -> DQ, the pattern smelt's
+    quantizer writes for a Relu6 after a conv (Clip bounds as constants; None: absent)."""
+    m = Qdq(dtype)
+    x, (xs, _) = m.input((1, 5, 9, 7))
+    w = RNG.standard_normal((6, 5, 3, 3)).astype(np.float32) * 0.3
+    ws = (np.abs(w).reshape(6, -1).max(axis=1) / 127).astype(np.float32)
+    wq = np.clip(np.rint(w / ws.reshape(-1, 1, 1, 1)), -127, 127).astype(np.int8)
+    wd = m.op("DequantizeLinear", [m.const(wq), m.const(ws), m.const(np.zeros(6, np.int8))], axis=0)
+    bscale = (np.float32(numpy_helper.to_array(next(i for i in m.inits if i.name == xs))) * ws).astype(np.float32)
+    bd = m.op("DequantizeLinear", [m.const(RNG.integers(-500, 500, 6).astype(np.int32)), m.const(bscale),
+                                    m.const(np.zeros(6, np.int32))], axis=0)
+    y = m.op("Conv", [x, wd, bd], pads=[1, 1, 1, 1])
+    lo, hi = bounds
+    clip = m.op("Clip", [y, "" if lo is None else m.const(np.float32(lo)), "" if hi is None else m.const(np.float32(hi))])
+    m.out(clip, (m.const(np.float32(out_params[0])), m.const(dtype(out_params[1]))))
+    return m
+
+
+@pytest.mark.parametrize("case", ["saturation", "zero-point", "other-low", "high-inside"])
+def test_conv_clip_before_q(case: str) -> None:
+    """Conv -> Clip -> Q: Q is monotonic, so the Clip is the codes clamped at Q(lo) and Q(hi).
+    Where Q's saturation makes both bounds (uint8, zero point 0, Relu6's range) the Clip goes and
+    the conv is one QLinearConv, as onnxruntime's ClipQuantFusion makes it (answers equal); a low
+    bound above the type's minimum is a Max on the code (fused as a ReLU at the zero point); an
+    upper bound inside the Q's range keeps the float graph. Where onnxruntime keeps the Clip it
+    runs the conv in float, whose rounding may differ from the integer op's by one code."""
+    dtype, bounds, params, want, exact = {
+        "saturation": (np.uint8, (0.0, 6.0), (6 / 255, 0), {"QLinearConv": 1}, True),
+        "zero-point": (np.int8, (0.0, 6.0), (6 / 127, 0), {"QLinearConv": 1, "Max": 1}, False),
+        "other-low": (np.uint8, (-0.5, None), (0.03, 20), {"QLinearConv": 1, "Max": 1}, False),
+        "high-inside": (np.uint8, (0.0, 1.0), (0.03, 0), {"Conv": 1}, True),  # (the Clip its epilogue)
+    }[case]
+    m = _conv_clip(dtype, bounds, params)
+    model = m.model()
+    g = lower(model, CompileOptions(threads=1))
+    ops = [n.op for n in g.nodes if n.op not in ("QuantizeLinear", "DequantizeLinear")]
+    assert sorted(ops) == sorted(op for op, k in want.items() for _ in range(k)), ops
+    want_out = _ort(model, m.feeds)[0]
+    for threads in (1, 2):
+        compiled = smelt.compile(model, threads=threads)
+        assert compiled.fallback_nodes == [], compiled.fallback_report
+        got = compiled.run(m.feeds)[0]
+        if exact:
+            np.testing.assert_array_equal(got, want_out, err_msg=f"threads={threads}")
+        else:
+            np.testing.assert_allclose(got, want_out, rtol=0, atol=params[0] * 1.001, err_msg=f"threads={threads}")
+            assert np.mean(got == want_out) > 0.98
+        compiled.close()
+
+
 # -- whole models from onnxruntime's quantizer --------------------------------------------------
 def _cnn(path) -> None:
     """A small CNN with what ResNet- and SE-style models put between convolutions."""

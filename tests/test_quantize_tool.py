@@ -76,6 +76,34 @@ def test_quantized_model_runs_integer_and_matches_onnxruntime(method: str, per_c
         assert _sqnr(ref32.run(None, feed)[0], got) > 20.0
 
 
+def test_relu6_folds_into_the_conv_output() -> None:
+    """A Clip(0, 6) alone after a conv (MobileNet's Relu6) is quantized like a Relu: the conv's
+    output Q sits after the Clip with the range calibrated there, so Q's saturation is the Clip and
+    the conv runs as one QLinearConv, with no requantization of its own for the Clip (onnxruntime's
+    quantizer and its ClipQuantFusion do the same); the numeric debug's float reference keeps the
+    Clip, which is the model's, not the writer's saturation."""
+    from smelt.quantize.numeric import strip_activation_qdq
+
+    fp32 = _cnn()
+    r2 = next(n for n in fp32.graph.node if n.output[0] == "r2")
+    fp32.graph.initializer.extend([numpy_helper.from_array(np.array(0, np.float32), "lo"),
+                                   numpy_helper.from_array(np.array(6, np.float32), "hi")])
+    r2.op_type = "Clip"
+    r2.input.extend(["lo", "hi"])
+    model, _ = quantize(fp32, _feeds(16), per_channel=True)
+    readers = [n for n in model.graph.node if "c2" in n.input]
+    assert [n.op_type for n in readers] == ["Clip"], [n.op_type for n in readers]
+    ops = [n.op for n in lower(model, CompileOptions(threads=1)).nodes]
+    assert ops.count("QLinearConv") == 3 and not {"Clip", "QLinearClip", "Max", "Conv"} & set(ops), ops
+    assert "Clip" in [n.op_type for n in strip_activation_qdq(model).graph.node]
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    compiled = smelt.compile(model, threads=2)
+    assert compiled.fallback_nodes == []
+    for feed in _feeds(4):
+        got, want = compiled.run(feed)[0], sess.run(None, feed)[0]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+
+
 def test_cli_writes_a_model_from_a_calibration_folder(tmp_path, capsys) -> None:
     src, out, calib = tmp_path / "m.onnx", tmp_path / "q.onnx", tmp_path / "calib"
     onnx.save(_cnn(), str(src))

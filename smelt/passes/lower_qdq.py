@@ -3,26 +3,26 @@
 Needs: shapes inferred; runs before constant folding (which would fold the weights'
 DequantizeLinear into float constants and hide the pattern).
 Guarantees: ``Q(op(DQ(x), DQ(W)[, DQ(bias)]))`` — the "QDQ" format onnxruntime's
-``quantize_static`` writes, optionally with a Relu before the Q — becomes ``QLinearConv`` /
-``QLinearMatMul`` on the integer tensors, as onnxruntime's own QDQ transformer does, so the
-model runs on the integer kernels and answers what onnxruntime answers (it runs the same integer
-op, not the float graph). A Relu between the op and the Q is dropped where the Q's zero point is its type's minimum (the
-requantization's saturation is then the Relu, and onnxruntime drops it too), else becomes
-``Max(q, y_zero_point)``: the
-quantization is monotonic, so quantizing ``max(v, 0)`` is the max of the quantized value and the
-quantized 0 (exact).
+``quantize_static`` writes, optionally with a Relu or a constant-bound Clip (Relu6) before the
+Q — becomes ``QLinearConv`` / ``QLinearMatMul`` on the integer tensors, as onnxruntime's own QDQ
+transformer does, so the model runs on the integer kernels and answers what onnxruntime answers
+(it runs the same integer op, not the float graph). The quantization is monotonic, so
+``Q(clip(v, lo, hi))`` = ``min(max(Q(v), Q(lo)), Q(hi))`` exactly: a Relu or Clip between the op
+and the Q is dropped where Q's saturation already makes its bounds (Q(lo) the type's minimum, as
+with a zero point there, and Q(hi) its maximum: onnxruntime's ReluQuantFusion and
+ClipQuantFusion drop it then), else becomes ``Max(q, Q(lo))`` (a Relu: the zero point); a Clip
+whose upper bound the saturation does not make is not lowered.
 
 The same holds for the other patterns onnxruntime's QDQ transformer rewrites (its selectors and
 actions, checked against onnxruntime running the same QDQ file in tests/test_lower_qdq_more.py):
 ``Q(Add|Mul(DQ(a), DQ(b)))`` becomes ``com.microsoft`` QLinearAdd/QLinearMul,
 ``Q(Sigmoid|LeakyRelu|GlobalAveragePool|AveragePool(DQ(x)))`` QLinearSigmoid/QLinearLeakyRelu/
-QLinearGlobalAveragePool/QLinearAveragePool, ``Q(Concat(DQ(x_i)...))`` QLinearConcat; a Relu between the op and
-its Q is dropped where the Q's zero point is its type's minimum (onnxruntime's ReluQuantFusion:
-the Q's saturation is then the Relu). And ops that do not change values (MaxPool, Reshape,
+QLinearGlobalAveragePool/QLinearAveragePool, ``Q(Concat(DQ(x_i)...))`` QLinearConcat; a Relu or
+Clip between the op and its Q only where it is dropped, as above. And ops that do not change values (MaxPool, Reshape,
 Flatten, Transpose, Squeeze, Unsqueeze, Slice) between a DQ and a Q of the same scale and zero
 point run on the 8-bit tensor itself, as onnxruntime's DropQDQ rules make them: the pair is
 ``Q(op(DQ(x)))`` = ``op(x)`` exactly, since DQ is monotonic and Q inverts it on its image.
-``Q(Clip|Relu(DQ(x)))`` (smelt's quantizer writes it for Relu6) becomes smelt's own
+``Q(Clip|Relu(DQ(x)))`` (an activation quantized on both sides) becomes smelt's own
 ``ai.smelt`` QLinearClip: a table of the float graph over the 256 codes, so exact too.
 
 Only what is exact is lowered: per-tensor activation scales and zero points, weights constant
@@ -92,14 +92,17 @@ def _weights(g: Graph, dq: Node | None, channels: int, axis: int) -> tuple[str, 
 
 
 def _output_q(g: Graph, consumers: dict[str, list[Node]], y: str) -> tuple[Node, Node | None] | None:
-    """The QuantizeLinear that alone reads ``y`` (through one Relu at most), and that Relu."""
+    """The QuantizeLinear that alone reads ``y`` (through one Relu, or one Clip with constant
+    bounds whose upper bound the Q's saturation makes (``_act_codes``), at most), and that Relu
+    or Clip."""
     if y in g.outputs:
         return None
     readers = consumers.get(y, [])
-    relu = None
-    if len(readers) == 1 and readers[0].op == "Relu" and readers[0].outputs[0] not in g.outputs:
-        relu = readers[0]
-        readers = consumers.get(relu.outputs[0], [])
+    act = None
+    if (len(readers) == 1 and readers[0].op in ("Relu", "Clip") and readers[0].domain in ("", "ai.onnx")
+            and readers[0].outputs[0] not in g.outputs and _clip_bounds(g, readers[0]) is not None):
+        act = readers[0]
+        readers = consumers.get(act.outputs[0], [])
     if len(readers) != 1 or readers[0].op != "QuantizeLinear" or int(readers[0].attr("block_size", 0)):
         return None
     q = readers[0]
@@ -108,7 +111,32 @@ def _output_q(g: Graph, consumers: dict[str, list[Node]], y: str) -> tuple[Node,
         return None
     if _dtype(g, q.outputs[0]) not in EIGHT_BIT:
         return None
-    return q, relu
+    if act is not None and _act_codes(g, q, act)[1] is not None:
+        return None  # its upper bound is below the Q's: not a Max on the code
+    return q, act
+
+
+def _quantize_scalar(g: Graph, q: Node, x: float) -> int:
+    """What QuantizeLinear ``q`` (per tensor) writes for ``x``: saturate(round_half_even(x / scale)
+    + zero point), the division in float32."""
+    info = np.iinfo(np.dtype(g.values[q.outputs[0]].dtype))
+    if np.isinf(x):
+        return int(info.max if x > 0 else info.min)
+    scale = np.float32(g.const(q.inputs[1]).reshape(-1)[0])
+    zero = int(g.const(q.inputs[2]).reshape(-1)[0])
+    return int(np.clip(float(np.rint(np.float32(x) / scale)) + zero, info.min, info.max))
+
+
+def _act_codes(g: Graph, q: Node, act: Node) -> tuple[int | None, int | None]:
+    """The clamps Relu/Clip ``act`` adds to the codes Q writes after it, as (low, high), None
+    where the Q's own saturation already is that bound. Q is monotonic, so Q(clip(v, lo, hi)) =
+    min(max(Q(v), Q(lo)), Q(hi)) exactly: with Q(lo) the type's minimum the low clamp is the
+    saturation (onnxruntime's ReluQuantFusion / ClipQuantFusion drop the node then), else it is
+    a Max on the code (a Relu: at the zero point)."""
+    lo, hi = _clip_bounds(g, act)
+    info = np.iinfo(np.dtype(g.values[q.outputs[0]].dtype))
+    c_lo, c_hi = _quantize_scalar(g, q, lo), _quantize_scalar(g, q, hi)
+    return (None if c_lo <= info.min else c_lo), (None if c_hi >= info.max else c_hi)
 
 
 def _bias(g: Graph, producers: dict[str, Node], name: str, xs: str, ws: str) -> str | None:
@@ -135,24 +163,28 @@ def _zero_point(g: Graph, name: str, like: str) -> str:
     return name or g.add_const(np.zeros((), g.values[like].dtype), f"{like}_zero")
 
 
-def _finish(g: Graph, node: Node, q: Node, relu: Node | None, op: str, inputs: list[str], dead: list[Node]) -> None:
-    """Turn ``node`` into the integer ``op`` writing what ``q`` wrote (through Max for a Relu)."""
+def _finish(g: Graph, node: Node, q: Node, act: Node | None, op: str, inputs: list[str], dead: list[Node]) -> None:
+    """Turn ``node`` into the integer ``op`` writing what ``q`` wrote (through Max on the code
+    for a Relu or Clip whose low bound the saturation does not make)."""
     inputs[2] = _zero_point(g, inputs[2], inputs[0])
     inputs[5] = _zero_point(g, inputs[5], inputs[3])
     out = q.outputs[0]
     node.op, node.inputs = op, inputs
-    if relu is not None and _type_min_zero(g, q):  # the requantization's saturation is the Relu
-        dead.append(relu)
-        relu = None
-    if relu is None:
+    low = None if act is None else _act_codes(g, q, act)[0]
+    if act is not None and low is None:  # the requantization's saturation is the activation
+        dead.append(act)
+        act = None
+    if act is None:
         node.outputs = [out]
     else:
         tmp = g.fresh_name(out)  # "<q output>__k": the numeric debug report maps its counter back
         v = g.values[out]
         g.add_value(Value(tmp, v.dtype, v.shape))
         node.outputs = [tmp]
-        relu.op, relu.inputs, relu.outputs = "Max", [tmp, q.inputs[2]], [out]
-        relu.attrs, relu.attr_protos = {}, []
+        zero = int(g.const(q.inputs[2]).reshape(-1)[0])
+        bound = q.inputs[2] if low == zero else g.add_const(np.array(low, v.dtype), f"{out}_low")
+        act.op, act.inputs, act.outputs = "Max", [tmp, bound], [out]
+        act.attrs, act.attr_protos = {}, []
     dead.append(q)
 
 
@@ -166,18 +198,11 @@ UNARY = {"Sigmoid": "QLinearSigmoid", "LeakyRelu": "QLinearLeakyRelu",
 BINARY = {"Add": "QLinearAdd", "Mul": "QLinearMul"}
 
 
-def _type_min_zero(g: Graph, q: Node) -> bool:
-    """Whether ``q``'s zero point is its output type's minimum (0 for uint8, -128 for int8)."""
-    zero = g.const(q.inputs[2]) if len(q.inputs) > 2 and q.inputs[2] else None
-    info = np.iinfo(np.dtype(g.values[q.outputs[0]].dtype))
-    return zero is not None and int(zero.reshape(-1)[0]) == int(info.min)
-
-
 def _q_after(g: Graph, consumers: dict[str, list[Node]], y: str) -> tuple[Node, Node | None] | None:
-    """The QuantizeLinear after ``y`` (through a Relu only where the Q's zero point makes the
-    Relu a no-op, which onnxruntime then removes)."""
+    """The QuantizeLinear after ``y`` (through a Relu or Clip only where the Q's saturation makes
+    it a no-op, which onnxruntime then removes)."""
     out = _output_q(g, consumers, y)
-    if out is None or (out[1] is not None and not _type_min_zero(g, out[0])):
+    if out is None or (out[1] is not None and _act_codes(g, out[0], out[1])[0] is not None):
         return None
     return out
 
@@ -194,12 +219,12 @@ def _same_params(g: Graph, a: tuple[str, str, str], q: Node) -> bool:
     return bool(np.array_equal(za.astype(np.int64), zq.astype(np.int64)))
 
 
-def _retarget(g: Graph, node: Node, q: Node, relu: Node | None, dead: list[Node]) -> None:
-    """``node`` writes what ``q`` wrote; ``q`` (and the no-op Relu) go."""
+def _retarget(g: Graph, node: Node, q: Node, act: Node | None, dead: list[Node]) -> None:
+    """``node`` writes what ``q`` wrote; ``q`` (and the no-op Relu or Clip) go."""
     node.outputs = [q.outputs[0]]
     dead.append(q)
-    if relu is not None:
-        dead.append(relu)
+    if act is not None:
+        dead.append(act)
 
 
 def _clip_bounds(g: Graph, node: Node) -> tuple[float, float] | None:
@@ -246,8 +271,8 @@ def _lower_elementwise(g: Graph, producers: dict[str, Node], consumers: dict[str
         out = _q_after(g, consumers, node.outputs[0])
         if out is None:
             continue
-        q, relu = out
-        if op in MOVEMENT and relu is not None:
+        q, act = out
+        if op in MOVEMENT and act is not None:
             continue
         if op == "AveragePool" and not _plain_average_pool(node):
             continue
@@ -283,12 +308,12 @@ def _lower_elementwise(g: Graph, producers: dict[str, Node], consumers: dict[str
             node.op, node.domain = "QLinearConcat", MS_DOMAIN
         if node.domain == MS_DOMAIN:
             g.opset.setdefault(MS_DOMAIN, 1)
-        _retarget(g, node, q, relu, dead)
-        gone.update({id(q), id(relu)})
+        _retarget(g, node, q, act, dead)
+        gone.update({id(q), id(act)})
 
 
 def _lower_gemm(g: Graph, producers: dict[str, Node], node: Node, x: tuple[str, str, str], q: Node,
-                relu: Node | None, dead: list[Node]) -> None:
+                act: Node | None, dead: list[Node]) -> None:
     """``Q(Gemm(DQ(a), DQ(W)[, DQ(bias)]))`` → ``com.microsoft`` QGemm, as onnxruntime's QDQ
     transformer rewrites it: weights per tensor or per output column, the bias only as the int32
     ``DQ(bias_q, a_scale * w_scale)`` (with beta 1)."""
@@ -310,7 +335,7 @@ def _lower_gemm(g: Graph, producers: dict[str, Node], node: Node, x: tuple[str, 
     node.attr_protos = []
     node.domain = MS_DOMAIN
     g.opset.setdefault(MS_DOMAIN, 1)
-    _finish(g, node, q, relu, "QGemm", [x[0], x[1], x[2], w[0], w[1], w[2], bias, ys, yz], dead)
+    _finish(g, node, q, act, "QGemm", [x[0], x[1], x[2], w[0], w[1], w[2], bias, ys, yz], dead)
 
 
 def _native_or_undo(g: Graph, node: Node, before: tuple) -> None:
@@ -374,8 +399,8 @@ def _lower_clip(g: Graph, producers: dict[str, Node], consumers: dict[str, list[
                 dead: list[Node], gone: set[int]) -> None:
     """``Q(Clip|Relu(DQ(x)))`` → smelt's ``QLinearClip``: each of the 256 codes through the float
     graph (dequantize, clamp, quantize) at compile time, so a byte lookup at run time answers
-    what the float DQ, Clip and Q kernels answer, element by element (what smelt's own quantizer
-    writes around MobileNet's Relu6)."""
+    what the float DQ, Clip and Q kernels answer, element by element (what smelt's quantizer
+    wrote around MobileNet's Relu6 before it folded a Clip into the op's output)."""
     bounds = _clip_bounds(g, node)
     readers = consumers.get(node.outputs[0], [])
     if bounds is None or node.outputs[0] in g.outputs or len(readers) != 1 or readers[0].op != "QuantizeLinear":
@@ -419,7 +444,7 @@ def lower_qdq(g: Graph) -> Graph:
             elif node.op == "MatMul":
                 _lower_matmul_float(g, producers, node, x)
             continue
-        q, relu = out
+        q, act = out
         ys, yz = q.inputs[1], q.inputs[2]
         if node.op == "Conv":
             wv = g.values.get(node.inputs[1])
@@ -431,10 +456,10 @@ def lower_qdq(g: Graph) -> Graph:
             bias = _bias(g, producers, node.inputs[2] if len(node.inputs) > 2 else "", x[1], w[1])
             if bias is None:
                 continue
-            _finish(g, node, q, relu, "QLinearConv", [x[0], x[1], x[2], w[0], w[1], w[2], ys, yz]
+            _finish(g, node, q, act, "QLinearConv", [x[0], x[1], x[2], w[0], w[1], w[2], ys, yz]
                     + ([bias] if bias else []), dead)
         elif node.op == "Gemm":
-            _lower_gemm(g, producers, node, x, q, relu, dead)
+            _lower_gemm(g, producers, node, x, q, act, dead)
         else:
             bv, av = g.values.get(node.inputs[1]), g.values.get(node.inputs[0])
             if bv is None or bv.shape is None or av is None or av.shape is None:
@@ -445,7 +470,7 @@ def lower_qdq(g: Graph) -> Graph:
                 w = _activation(g, _dq(g, producers, node.inputs[1]))
                 if w is None or not _integer_matmul_shapes(tuple(av.shape), tuple(bv.shape)):
                     continue
-            _finish(g, node, q, relu, "QLinearMatMul", [x[0], x[1], x[2], w[0], w[1], w[2], ys, yz], dead)
+            _finish(g, node, q, act, "QLinearMatMul", [x[0], x[1], x[2], w[0], w[1], w[2], ys, yz], dead)
     _lower_elementwise(g, producers, consumers, dead)
     g.remove_nodes(dead)
     g.prune_values()

@@ -100,8 +100,11 @@ def _clip_source(model: onnx.ModelProto) -> dict[str, tuple[str, str]]:
         for i in n.input:
             readers[i] = readers.get(i, 0) + 1
     q_inputs = {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    # (by its bounds' names: a model's own Clip before a Q, Relu6 folded into the op before it
+    # by ``static.output_tensor``, is part of the float graph)
     return {n.output[0]: (n.input[0], n.name) for n in model.graph.node
-            if n.op_type == "Clip" and n.output[0] in q_inputs and readers.get(n.output[0]) == 1}
+            if n.op_type == "Clip" and n.output[0] in q_inputs and readers.get(n.output[0]) == 1
+            and len(n.input) > 2 and n.input[1] == f"{n.input[0]}_clip_min"}
 
 
 def strip_activation_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -234,8 +237,8 @@ class NumericDebugModel:
         self._outputs = [o.name for o in quantized.graph.output]
         self._q_names = [o.name for o in q_probe.graph.output]
         self._f_names = [o.name for o in f_probe.graph.output]
-        self._relu_q = {q for f, q, _ in self._compared
-                        if q and f in {n.output[0] for n in quantized.graph.node if n.op_type == "Relu"}}
+        folded = {n.output[0] for n in quantized.graph.node if n.op_type in ("Relu", "Clip")}
+        self._relu_q = {q for f, q, _ in self._compared if q and f in folded}
         self._inputs = [i.name for i in quantized.graph.input
                         if i.name not in {t.name for t in quantized.graph.initializer}]
         self._upstream = upstream(quantized, self._compared)
@@ -277,9 +280,10 @@ class NumericDebugModel:
         if self._samples == 0:
             raise SmeltError("numeric debug needs at least one run")
         counts = self.quantized.saturation_counts()
-        # counters are keyed by the value the kernel wrote: the Q's output, or (a Relu folded in)
-        # a fresh "<q output>__k" the Max then reads; below a folded Relu the low-end clamps are the
-        # Relu itself, not a loss, so a Relu's output counts its high-end clamps only
+        # counters are keyed by the value the kernel wrote: the Q's output, or (a Relu or Clip
+        # folded in) a fresh "<q output>__k" the Max then reads; below a folded Relu or Clip the
+        # low-end clamps are the activation itself, not a loss, so its output counts its high-end
+        # clamps only (a Clip's high end counted too: codes past the calibrated range are lost)
         q_outs = {q for _, q, _ in self._compared if q}
         saturated: dict[str, int] = {}
         for key, (low, high) in counts.items():

@@ -4,8 +4,8 @@ The output is the QDQ format onnxruntime's ``quantize_static`` writes (any ONNX 
 it). Per quantized node:
 
 - its activation input through ``QuantizeLinear -> DequantizeLinear`` (per tensor, the range from
-  calibration), and its output likewise (after its Relu when a single Relu follows, so the Relu
-  folds into the requantization); asymmetric activations are unsigned (uint8/uint16), symmetric
+  calibration), and its output likewise (after its Relu or Clip when a single one whose range
+  holds 0 follows, so it folds into the requantization: ``output_tensor``); asymmetric activations are unsigned (uint8/uint16), symmetric
   ones signed with zero point 0;
 - its weights as ``DequantizeLinear(W_q, w_scale, w_zero[, axis])`` in the weight scheme (per
   tensor, per output channel, per row or per column);
@@ -167,14 +167,44 @@ def _set_attr(n: onnx.NodeProto, name: str, value: float) -> None:
     n.attribute.append(helper.make_attribute(name, value))
 
 
+def _clip_range(model: onnx.ModelProto, node: onnx.NodeProto) -> tuple[float, float] | None:
+    """(min, max) of a Relu, or of a Clip whose bounds are absent or float constants, else None."""
+    if node.op_type == "Relu":
+        return 0.0, float("inf")
+    if node.op_type != "Clip":
+        return None
+    lo, hi = _attr(node, "min", float("-inf")), _attr(node, "max", float("inf"))  # opset < 11
+    inits = {i.name: i for i in model.graph.initializer}
+    for k, name in enumerate(node.input[1:3], start=1):
+        if not name:
+            continue
+        if name not in inits:
+            return None
+        c = numpy_helper.to_array(inits[name])
+        if c.size != 1 or c.dtype != np.float32:
+            return None
+        if k == 1:
+            lo = float(c.reshape(-1)[0])
+        else:
+            hi = float(c.reshape(-1)[0])
+    return lo, hi
+
+
 def output_tensor(model: onnx.ModelProto, node: onnx.NodeProto) -> str:
-    """The tensor to quantize after ``node``: its output, or the output of the one Relu that
-    alone reads it (the Relu then folds into the requantization)."""
+    """The tensor to quantize after ``node``: its output, or the output of the one Relu or Clip
+    that alone reads it when that activation's range holds 0 (a Relu, MobileNet's Relu6): the
+    range calibrated after it then lies within the activation's bounds, so the requantization's
+    own saturation is the activation and the integer op writes it (``lower_qdq`` drops it, as
+    onnxruntime's ClipQuantFusion does). onnxruntime's quantizer folds them the same way; a
+    separate QuantizeLinear on the op's output would spend its codes on values the activation
+    then clamps, and the clamp would run as one more requantization."""
     y = node.output[0]
     readers = [n for n in model.graph.node if y in n.input]
     outputs = {o.name for o in model.graph.output}
-    if len(readers) == 1 and readers[0].op_type == "Relu" and y not in outputs:
-        return readers[0].output[0]
+    if len(readers) == 1 and y not in outputs:
+        bounds = _clip_range(model, readers[0])
+        if bounds is not None and bounds[0] <= 0.0 < bounds[1]:
+            return readers[0].output[0]
     return y
 
 
