@@ -96,6 +96,10 @@ class CompileOptions:
     # a padded blocked int8 conv reads its producer's NCHW<b>c bytes in place and takes the
     # padding in the kernel (schedule/int_conv.py ``pad_in_kernel``); off: a zero-point-padded copy first
     int_conv_pad_in_kernel: bool = True
+    # 8-bit activations between blocked int8 convs whose channels the int8 block does not divide
+    # (24 at AVX-512) are padded to it where no other op sees them (schedule/int_channel_pad.py):
+    # blocked instead of plain; off: they stay plain
+    int8_channel_padding: bool = True
     # 1-D conv networks run as 2-D ones of height 1 (passes/lift_1d.py): the blocked NCHWc
     # kernels and layout planning instead of the NCHW GEMM; 1-D ConvInteger/QLinearConv too
     # (passes/lift_1d_integer.py: the 2-D-only int conv templates); off: the 1-D graph as given

@@ -27,6 +27,7 @@ from smelt.schedule.db import (
 )
 from smelt.schedule.dwpw import fuse_dw_pw
 from smelt.schedule.gemm import decide_gemm_graph
+from smelt.schedule.int_channel_pad import pad_int8_channels
 from smelt.schedule.layout import ScheduleFn, plan_layouts
 from smelt.schedule.layout_search import global_schedules
 from smelt.schedule.rnn import decide_rnn_graph
@@ -76,6 +77,8 @@ def schedule_graph(g: Graph, target: Target, options: CompileOptions) -> Graph:
     templates render nothing else)."""
     db = tuning_db(options)
     if blocks_convs(options):
+        if options.int8_channel_padding:
+            g = pad_int8_channels(g, target)
         g = plan_layouts(g, target, options, _conv_tiles(g, target, options, db))
     # every opt level: at 0 layouts stay plain and each Conv gets its NCHW GEMM's schedule
     for node in g.nodes:
