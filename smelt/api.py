@@ -696,8 +696,8 @@ def compile(model: ModelLike, *, threads: int | None = None, opt_level: int = 1,
     ``gemm_read_b_in_place``, ``gemm_read_a_in_place``, ``gemm_prefetch_c``, ``gemm_prefetch_next_b``,
     ``conv_prefetch_input``, ``conv_prefetch_weights``, ``conv_row_split``, ``conv_column_pairs``,
     ``conv_prefetch_rows``, ``conv_block_plain_input``, ``dw_pw_fusion``, ``expand_fusion``,
-    ``int_conv_pad_in_kernel``, ``int8_channel_padding``, ``flush_denormal_weights``); each is
-    part of the cache key.
+    ``int_conv_pad_in_kernel``, ``int_conv_prefetch_weights``, ``int8_channel_padding``,
+    ``flush_denormal_weights``); each is part of the cache key.
     ``flush_denormal_weights`` (on by default) reads subnormal float32 weights (below 1.2e-38) of
     Conv, MatMul, Gemm and recurrent nodes as zero, as OpenVINO and OpenCV load them: Intel cores
     take a microcode assist per multiply with one (PP-OCRv6's detector ran 3.6x slower), and

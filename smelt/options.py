@@ -96,6 +96,9 @@ class CompileOptions:
     # a padded blocked int8 conv reads its producer's NCHW<b>c bytes in place and takes the
     # padding in the kernel (schedule/int_conv.py ``pad_in_kernel``); off: a zero-point-padded copy first
     int_conv_pad_in_kernel: bool = True
+    # a blocked int8 conv prefetches the next output-channel group's weights into L2 while a
+    # group runs (schedule/int_conv.py ``prefetch_next``); off: the hardware prefetchers alone
+    int_conv_prefetch_weights: bool = True
     # 8-bit activations between blocked int8 convs whose channels the int8 block does not divide
     # (24 at AVX-512) are padded to it where no other op sees them (schedule/int_channel_pad.py):
     # blocked instead of plain; off: they stay plain

@@ -226,7 +226,7 @@ class _Planner:
             out = after[0].outputs[0]
             node.inputs = (list(node.inputs) + [""] * 9)[:9] + [add.residual]
         node.schedule = int_conv_schedule(node, g, self.target, in_block, relu, clip, add, self.options.inplace,
-                                          self.options.int_conv_pad_in_kernel)
+                                          self.options.int_conv_pad_in_kernel, self.options.int_conv_prefetch_weights)
         is_blocked = add is not None or blocked(out)
         node.outputs = [out]
         g.values[out].layout = blocked_layout(block) if is_blocked else PLAIN

@@ -149,12 +149,41 @@ def test_qlinear_conv_blocked(isa: str, monkeypatch, cache) -> None:
                 assert "u8 x 7-bit quads" in forms and "int16 pairs" in forms, forms
             if isa == AVX_VNNI:  # AVX-VNNI: every conv on exact u8 x s8 quads in 8-channel blocks
                 assert "u8s8 quads, block 8" in forms and "int16 pairs" not in forms, forms
+            # convs of several output-channel groups walk the next group's weights (the 64- and
+            # 80-channel ones at any tile), the rest do not
+            assert "next weights prefetched" in forms, forms
         else:
             assert "int_conv_nchwc" not in templates
         got = compiled.run(m.feeds)
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert g.dtype == w.dtype and g.shape == w.shape, (i, g.dtype, w.dtype, g.shape, w.shape)
             np.testing.assert_array_equal(g, w, err_msg=f"output {i} ({isa}, {threads} threads)")
+        compiled.close()
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_weight_prefetch_changes_no_answer(isa: str, monkeypatch, cache) -> None:
+    """The next group's weights prefetched or not (``int_conv_prefetch_weights``): the same
+    bytes, on ResNet-50 layer4's shapes (many groups, 7x7 rows, weights past L1) and a ragged
+    last group; the byte quads and the int16 pairs (whose weights are twice the bytes)."""
+    import smelt
+
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(cache))
+    target = _isa_target(isa, monkeypatch)
+    monkeypatch.setattr("smelt.compiler.detect", lambda: target)
+    m = _Model()
+    x = m.input((1, 96, 7, 7))
+    y = m.conv(x, 96, 200, 3, 1, (1, 1, 1, 1), 1, xz=3, yz=9, y_scale=0.05, per_channel=True, bias=True, relu=True)
+    m.output(m.conv(y, 200, 72, 1, 1, (0, 0, 0, 0), 1, xz=9, yz=120, y_scale=0.06, per_channel=True, bias=True,
+                    relu=False))
+    model = m.build()
+    want = ort_run(model, m.feeds)
+    for on in (True, False):
+        compiled = smelt.compile(model, threads=2, schedule={"int_conv_prefetch_weights": on})
+        forms = {s.node: s.schedule.get("algorithm", "") for s in compiled.plan.step_infos() if s.op == "QLinearConv"}
+        assert sum("next weights prefetched" in f for f in forms.values()) == (2 if on else 0), forms
+        for g, w in zip(compiled.run(m.feeds), want, strict=True):
+            np.testing.assert_array_equal(g, w, err_msg=f"{isa}, prefetch {on}")
         compiled.close()
 
 

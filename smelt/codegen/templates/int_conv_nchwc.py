@@ -23,7 +23,9 @@ Renders the ``IntConvSchedule`` the layout planner wrote (``schedule/int_conv.py
   the ISA's dot the schedule chose: vpdpbusd (u8 x s8 quads, VNNI), vpmaddubsw + vpmaddwd (u8 x
   7-bit quads, exact on weights in [-64, 63]) or vpmaddwd (int16 pairs: the copy widens the
   input bytes to uint16 so one 32-bit broadcast is a pair; the weights are int16). Raw input bytes go in; the input zero point comes off as ``x_zero * sum(W[o])``,
-  folded with the int32 bias into one per-channel constant at compile time;
+  folded with the int32 bias into one per-channel constant at compile time; with
+  ``prefetch_next`` each word step also prefetches one line of the next group's weights into L2
+  (an item starts at its own share of them, by its index in the group, and wraps round);
 - **epilogue**: ``(float)(acc + bias') * m[o]``, m[o] = (x_scale * w_scale[o]) / y_scale
   computed in float32 at compile time exactly as the scalar rule does (``requantize`` in
   kernels/int_gemm.py), rounded half to even, plus the output zero point, clamped to the type's
@@ -279,6 +281,9 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
 
     # -- the kernel ----------------------------------------------------------------------------
     word = L * gk  # weight elements per vector
+    steps = cb * kh * kwl * q_words  # word steps of an item's reduction
+    panel = steps * nv * word  # weights of an output-channel group (elements)
+    panel_bytes = panel * (1 if gk == QUAD else 2)
     owt = -(-geo.ow // rw)
     full, rem = divmod(geo.ow, rw)
     total = geo.n * ocg * geo.oh * owt
@@ -405,6 +410,10 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         # the accumulators start at the folded bias (bias - x_zero * sum(W)): no add afterwards
         out = [f"const {it} bv{j} = {v.x('i32_loadu', p=f'BI + (og * {nv} + {j}) * {L}')};" for j in range(nvt)]
         out += [f"{it} " + ", ".join(f"c{r}_{j} = bv{j}" for r in range(width) for j in range(nvt)) + ";"]
+        if s.prefetch_next:  # the item's share of the next group's weights: from its index in the group
+            wn = f"(const char *)(w0 + (og + 1 < {ocg} ? {panel}L : 0))"
+            out += [f"const char *pf = {wn} + ((oy * {owt} + t) * {steps * 64}L) % {panel_bytes}L, "
+                    f"*const pf_end = {wn} + {panel_bytes}L;"]
         out += [f"for (long bi = 0; bi < {cb}; ++bi) {{",
                 f"  const {st} *restrict sc = s0 + bi * {hs_ * ws_ * ib}L;",
                 f"  const {wt} *restrict wc = w0 + bi * {kh * kwl * q_words * nv * word}L;",
@@ -435,6 +444,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
                 f"      for (long q = 0; q < {q_words}; ++q) {{"]
         out += [f"        const {it} b{j} = {v.x('i32_loadu', p=f'wq + q * {nv * word} + {j * word}')};"
                 for j in range(nvt)]
+        if s.prefetch_next:  # a line of the next group's weights into L2, wrapping round them
+            out.append(f"        __builtin_prefetch(pf, 0, 2); pf += 64; if (pf >= pf_end) pf -= {panel_bytes}L;")
         for r in range(width):
             src = f"p{r} + q * {gk}" if r in border else f"sp + {r * geo.sw * ib} + q * {gk}"
             out.append(f"        {{ const {it} a = {v.x('word_set1', p=src)};")
@@ -532,7 +543,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
              f"  const long ox0 = t * {rw};",
              (f"  const {st} *restrict s0 = S + ni * {cb * hs_ * ws_ * ib}L;" if inpad else
               f"  const {st} *restrict s0 = S + ((ni * {cb} * {hs_} + oy * {geo.sh}) * {ws_}L + ox0 * {geo.sw}) * {ib};"),
-             f"  const {wt} *restrict w0 = Wp + og * {dw_slots * kw * L if s.depthwise else cb * kh * kwl * q_words * nv * word}L;"]
+             f"  const {wt} *restrict w0 = Wp + og * {dw_slots * kw * L if s.depthwise else panel}L;"]
     if inpad and s.depthwise:
         # rows outside the input: a row of zero-point bytes as wide as the input's (an interior
         # tile reads it from its own first column); columns outside it: the zero point's vector
