@@ -104,6 +104,38 @@ def test_relu6_folds_into_the_conv_output() -> None:
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
 
 
+def test_numeric_debug_does_not_count_a_folded_clip_as_saturation() -> None:
+    """Below a Clip folded into the conv's output the kernel clamps every value past the Clip's
+    bounds; those clamps are the Clip, not a loss: the debug report counts none of them, and
+    counts the real ones once the tensor's scale is planted too small."""
+    from smelt.quantize import debug_report
+
+    fp32 = _cnn()
+    r2 = next(n for n in fp32.graph.node if n.output[0] == "r2")
+    fp32.graph.initializer.extend([numpy_helper.from_array(np.array(0, np.float32), "lo"),
+                                   numpy_helper.from_array(np.array(0.5, np.float32), "hi")])
+    r2.op_type = "Clip"
+    r2.input.extend(["lo", "hi"])
+    feeds = _feeds(8)
+    c2 = np.concatenate([r.reshape(-1) for r in ort.InferenceSession(
+        _with_output(fp32, "c2").SerializeToString(), providers=["CPUExecutionProvider"]).run(["c2"], feeds[0])])
+    assert np.mean(c2 > 0.5) > 0.1  # the Clip cuts many values
+    model, _ = quantize(fp32, feeds)
+    entry = next(t for t in debug_report(model, feeds, float_model=fp32).tensors if t.name == "r2")
+    assert entry.saturated == 0, entry
+    scale = next(i for i in model.graph.initializer if i.name == "r2_scale")
+    scale.CopyFrom(numpy_helper.from_array((numpy_helper.to_array(scale) / 4).astype(np.float32), scale.name))
+    entry = next(t for t in debug_report(model, feeds, float_model=fp32).tensors if t.name == "r2")
+    assert entry.saturated > 0, entry
+
+
+def _with_output(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    out.graph.output.append(onnx.ValueInfoProto(name=name))
+    return out
+
+
 def test_cli_writes_a_model_from_a_calibration_folder(tmp_path, capsys) -> None:
     src, out, calib = tmp_path / "m.onnx", tmp_path / "q.onnx", tmp_path / "calib"
     onnx.save(_cnn(), str(src))

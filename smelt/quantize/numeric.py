@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from smelt.errors import SmeltError
 
@@ -105,6 +105,36 @@ def _clip_source(model: onnx.ModelProto) -> dict[str, tuple[str, str]]:
     return {n.output[0]: (n.input[0], n.name) for n in model.graph.node
             if n.op_type == "Clip" and n.output[0] in q_inputs and readers.get(n.output[0]) == 1
             and len(n.input) > 2 and n.input[1] == f"{n.input[0]}_clip_min"}
+
+
+def _activation_clamps(model: onnx.ModelProto) -> dict[str, tuple[bool, bool]]:
+    """Per output of a Relu or Clip (of the model, not the writer's own-width Clip) that a
+    QuantizeLinear reads: whether the integer kernel's clamps at the low and at the high end of
+    the codes are all the activation's own. The kernel counts a value v as clamped high where
+    round(v / s) + z passes the type's top: with the Clip's max below (top - z + 1/2) * s every
+    such v is above the max, so the Clip cut it anyway; a Relu's low clamps are all its own."""
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    quantizer = {n.input[0]: n for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    writers = {v[1] for v in _clip_source(model).values()}
+    out: dict[str, tuple[bool, bool]] = {}
+    for n in model.graph.node:
+        q = quantizer.get(n.output[0]) if n.op_type in ("Relu", "Clip") and n.name not in writers else None
+        if q is None or q.input[1] not in inits:
+            continue
+        scale = float(inits[q.input[1]].reshape(-1)[0])
+        zp = inits.get(q.input[2]) if len(q.input) > 2 and q.input[2] else None
+        info = np.iinfo(zp.dtype if zp is not None else np.uint8)
+        z = int(zp.reshape(-1)[0]) if zp is not None else 0
+        lo, hi = 0.0, float("inf")
+        if n.op_type == "Clip":
+            attrs = {a.name: a.f for a in n.attribute}
+            lo, hi = attrs.get("min", float("-inf")), attrs.get("max", float("inf"))
+            for k, name in enumerate(n.input[1:3], start=1):
+                if name and name in inits:
+                    lo, hi = (float(inits[name].reshape(-1)[0]), hi) if k == 1 else (lo, float(inits[name].reshape(-1)[0]))
+        out[n.output[0]] = (n.op_type == "Relu" or lo > (info.min - z - 0.5) * scale,
+                            hi < (info.max - z + 0.5) * scale)
+    return out
 
 
 def strip_activation_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -237,8 +267,10 @@ class NumericDebugModel:
         self._outputs = [o.name for o in quantized.graph.output]
         self._q_names = [o.name for o in q_probe.graph.output]
         self._f_names = [o.name for o in f_probe.graph.output]
-        folded = {n.output[0] for n in quantized.graph.node if n.op_type in ("Relu", "Clip")}
-        self._relu_q = {q for f, q, _ in self._compared if q and f in folded}
+        folded = _activation_clamps(quantized)
+        # per quantized tensor after a folded Relu or Clip: (its low-end, its high-end clamps are
+        # the activation's own clamping, not a loss)
+        self._own_clamps = {q: folded[f] for f, q, _ in self._compared if q and f in folded}
         self._inputs = [i.name for i in quantized.graph.input
                         if i.name not in {t.name for t in quantized.graph.initializer}]
         self._upstream = upstream(quantized, self._compared)
@@ -282,14 +314,14 @@ class NumericDebugModel:
         counts = self.quantized.saturation_counts()
         # counters are keyed by the value the kernel wrote: the Q's output, or (a Relu or Clip
         # folded in) a fresh "<q output>__k" the Max then reads; below a folded Relu or Clip the
-        # low-end clamps are the activation itself, not a loss, so its output counts its high-end
-        # clamps only (a Clip's high end counted too: codes past the calibrated range are lost)
+        # clamps that are the activation itself are not a loss (``_activation_clamps``)
         q_outs = {q for _, q, _ in self._compared if q}
         saturated: dict[str, int] = {}
         for key, (low, high) in counts.items():
             head, _, tail = key.rpartition("__")
             base = head if head and tail.isdigit() and head in q_outs else key
-            saturated[base] = saturated.get(base, 0) + high + (0 if base in self._relu_q else low)
+            own_low, own_high = self._own_clamps.get(base, (False, False))
+            saturated[base] = saturated.get(base, 0) + (0 if own_high else high) + (0 if own_low else low)
 
         def entry(name: str, q_out: str | None) -> TensorError:
             s_ref, s_err, mx, s_abs, count, peak = self._acc[name]
