@@ -411,9 +411,8 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         out = [f"const {it} bv{j} = {v.x('i32_loadu', p=f'BI + (og * {nv} + {j}) * {L}')};" for j in range(nvt)]
         out += [f"{it} " + ", ".join(f"c{r}_{j} = bv{j}" for r in range(width) for j in range(nvt)) + ";"]
         if s.prefetch_next:  # the item's share of the next group's weights: from its index in the group
-            wn = f"(const char *)(w0 + (og + 1 < {ocg} ? {panel}L : 0))"
-            out += [f"const char *pf = {wn} + ((oy * {owt} + t) * {steps * 64}L) % {panel_bytes}L, "
-                    f"*const pf_end = {wn} + {panel_bytes}L;"]
+            out += [f"const char *const wn = (const char *)(w0 + (og + 1 < {ocg} ? {panel}L : 0));",
+                    f"long pf = ((oy * {owt} + t) * {steps * 64}L) % {panel_bytes}L;  /* a byte of wn's panel */"]
         out += [f"for (long bi = 0; bi < {cb}; ++bi) {{",
                 f"  const {st} *restrict sc = s0 + bi * {hs_ * ws_ * ib}L;",
                 f"  const {wt} *restrict wc = w0 + bi * {kh * kwl * q_words * nv * word}L;",
@@ -445,7 +444,7 @@ def emit_int_conv_nchwc(node: Node, g: Graph, em: BlockEmitter) -> None:
         out += [f"        const {it} b{j} = {v.x('i32_loadu', p=f'wq + q * {nv * word} + {j * word}')};"
                 for j in range(nvt)]
         if s.prefetch_next:  # a line of the next group's weights into L2, wrapping round them
-            out.append(f"        __builtin_prefetch(pf, 0, 2); pf += 64; if (pf >= pf_end) pf -= {panel_bytes}L;")
+            out.append(f"        __builtin_prefetch(wn + pf, 0, 2); pf += 64; if (pf >= {panel_bytes}L) pf -= {panel_bytes}L;")
         for r in range(width):
             src = f"p{r} + q * {gk}" if r in border else f"sp + {r * geo.sw * ib} + q * {gk}"
             out.append(f"        {{ const {it} a = {v.x('word_set1', p=src)};")
