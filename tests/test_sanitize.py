@@ -251,6 +251,27 @@ def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
     _check_clean(model, isa, tmp_path)
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2_vnni", "avx2"])
+def test_blocked_int8_convs_clean_under_sanitizers(isa, tmp_path):
+    """The blocked int8 conv (templates/int_conv_nchwc.py) on padded channel sets
+    (schedule/int_channel_pad.py: 24 channels, a depthwise conv and a QLinearAdd join inside the
+    set), and convs of several output-channel groups whose kernels walk the next group's weights
+    (``prefetch_next``), under the sanitizers."""
+    import sys
+    from pathlib import Path
+
+    _isa_or_skip(isa)
+    sys.path.insert(0, str(Path(__file__).parent / "kernels"))
+    from test_int_channel_pad import _model
+
+    m = _model(24)
+    x = m.input((1, 96, 7, 7))
+    m.params[x] = (0.02, 7)
+    y = m.conv(x, 96, 200, 3, yz=9, y_scale=0.05, relu=True)
+    m.output(m.conv(y, 200, 72, 1, yz=120, y_scale=0.06))
+    _check_clean(m.build(), isa, tmp_path, feeds=m.feeds)
+
+
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_quantized_lstm_clean_under_sanitizers(isa, tmp_path):
     """com.microsoft:DynamicQuantizeLSTM, bidirectional, batch 1 (per-row quantization is then
