@@ -99,8 +99,9 @@ def _output_q(g: Graph, consumers: dict[str, list[Node]], y: str) -> tuple[Node,
         return None
     readers = consumers.get(y, [])
     act = None
-    if (len(readers) == 1 and readers[0].op in ("Relu", "Clip") and readers[0].domain in ("", "ai.onnx")
-            and readers[0].outputs[0] not in g.outputs and _clip_bounds(g, readers[0]) is not None):
+    bounds = _clip_bounds(g, readers[0]) if len(readers) == 1 and readers[0].op in ("Relu", "Clip") else None
+    if (bounds is not None and not np.isnan(bounds).any() and readers[0].domain in ("", "ai.onnx")
+            and readers[0].outputs[0] not in g.outputs):
         act = readers[0]
         readers = consumers.get(act.outputs[0], [])
     if len(readers) != 1 or readers[0].op != "QuantizeLinear" or int(readers[0].attr("block_size", 0)):
