@@ -84,12 +84,7 @@ def test_relu6_folds_into_the_conv_output() -> None:
     Clip, which is the model's, not the writer's saturation."""
     from smelt.quantize.numeric import strip_activation_qdq
 
-    fp32 = _cnn()
-    r2 = next(n for n in fp32.graph.node if n.output[0] == "r2")
-    fp32.graph.initializer.extend([numpy_helper.from_array(np.array(0, np.float32), "lo"),
-                                   numpy_helper.from_array(np.array(6, np.float32), "hi")])
-    r2.op_type = "Clip"
-    r2.input.extend(["lo", "hi"])
+    fp32 = _cnn_with_clip(6.0)
     model, _ = quantize(fp32, _feeds(16), per_channel=True)
     readers = [n for n in model.graph.node if "c2" in n.input]
     assert [n.op_type for n in readers] == ["Clip"], [n.op_type for n in readers]
@@ -110,12 +105,7 @@ def test_numeric_debug_does_not_count_a_folded_clip_as_saturation() -> None:
     counts the real ones once the tensor's scale is planted too small."""
     from smelt.quantize import debug_report
 
-    fp32 = _cnn()
-    r2 = next(n for n in fp32.graph.node if n.output[0] == "r2")
-    fp32.graph.initializer.extend([numpy_helper.from_array(np.array(0, np.float32), "lo"),
-                                   numpy_helper.from_array(np.array(0.5, np.float32), "hi")])
-    r2.op_type = "Clip"
-    r2.input.extend(["lo", "hi"])
+    fp32 = _cnn_with_clip(0.5)
     feeds = _feeds(8)
     c2 = np.concatenate([r.reshape(-1) for r in ort.InferenceSession(
         _with_output(fp32, "c2").SerializeToString(), providers=["CPUExecutionProvider"]).run(["c2"], feeds[0])])
@@ -127,6 +117,17 @@ def test_numeric_debug_does_not_count_a_folded_clip_as_saturation() -> None:
     scale.CopyFrom(numpy_helper.from_array((numpy_helper.to_array(scale) / 4).astype(np.float32), scale.name))
     entry = next(t for t in debug_report(model, feeds, float_model=fp32).tensors if t.name == "r2")
     assert entry.saturated > 0, entry
+
+
+def _cnn_with_clip(hi: float) -> onnx.ModelProto:
+    """``_cnn`` with its second conv's Relu as Clip(0, ``hi``) (Relu6 at 6)."""
+    fp32 = _cnn()
+    r2 = next(n for n in fp32.graph.node if n.output[0] == "r2")
+    fp32.graph.initializer.extend([numpy_helper.from_array(np.array(0, np.float32), "lo"),
+                                   numpy_helper.from_array(np.array(hi, np.float32), "hi")])
+    r2.op_type = "Clip"
+    r2.input.extend(["lo", "hi"])
+    return fp32
 
 
 def _with_output(model: onnx.ModelProto, name: str) -> onnx.ModelProto:
