@@ -36,9 +36,14 @@ MIN_ELEMENTS = 8
 FLT_MIN = np.finfo(np.float32).tiny
 
 
+def subnormal_mask(a: np.ndarray) -> np.ndarray:
+    """Where ``a`` holds a nonzero float32 value below FLT_MIN in magnitude."""
+    return (a != 0) & (np.abs(a) < FLT_MIN)
+
+
 def subnormal_count(a: np.ndarray) -> int:
     """Nonzero float32 values below FLT_MIN in magnitude."""
-    return int(np.count_nonzero((a != 0) & (np.abs(a) < FLT_MIN)))
+    return int(np.count_nonzero(subnormal_mask(a)))
 
 
 def flush_denormal_weights(g: Graph) -> Graph:
@@ -55,7 +60,7 @@ def flush_denormal_weights(g: Graph) -> Graph:
             a = np.asarray(v.const)
             if a.dtype != np.float32 or a.size < MIN_ELEMENTS:
                 continue
-            tiny = (a != 0) & (np.abs(a) < FLT_MIN)
+            tiny = subnormal_mask(a)
             if tiny.any():
                 v.const = np.where(tiny, np.copysign(np.float32(0), a), a).astype(np.float32)
     return g

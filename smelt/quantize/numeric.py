@@ -29,6 +29,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from smelt.errors import SmeltError
+from smelt.quantize.static import activation_range
 
 
 @dataclasses.dataclass
@@ -125,13 +126,10 @@ def _activation_clamps(model: onnx.ModelProto) -> dict[str, tuple[bool, bool]]:
         zp = inits.get(q.input[2]) if len(q.input) > 2 and q.input[2] else None
         info = np.iinfo(zp.dtype if zp is not None else np.uint8)
         z = int(zp.reshape(-1)[0]) if zp is not None else 0
-        lo, hi = 0.0, float("inf")
-        if n.op_type == "Clip":
-            attrs = {a.name: a.f for a in n.attribute}
-            lo, hi = attrs.get("min", float("-inf")), attrs.get("max", float("inf"))
-            for k, name in enumerate(n.input[1:3], start=1):
-                if name and name in inits:
-                    lo, hi = (float(inits[name].reshape(-1)[0]), hi) if k == 1 else (lo, float(inits[name].reshape(-1)[0]))
+        bounds = activation_range(model, n)
+        if bounds is None:  # bounds computed at run time: every clamp counts
+            continue
+        lo, hi = bounds
         out[n.output[0]] = (n.op_type == "Relu" or lo > (info.min - z - 0.5) * scale,
                             hi < (info.max - z + 0.5) * scale)
     return out

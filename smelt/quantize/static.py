@@ -167,7 +167,7 @@ def _set_attr(n: onnx.NodeProto, name: str, value: float) -> None:
     n.attribute.append(helper.make_attribute(name, value))
 
 
-def _clip_range(model: onnx.ModelProto, node: onnx.NodeProto) -> tuple[float, float] | None:
+def activation_range(model: onnx.ModelProto, node: onnx.NodeProto) -> tuple[float, float] | None:
     """(min, max) of a Relu, or of a Clip whose bounds are absent or float constants, else None."""
     if node.op_type == "Relu":
         return 0.0, float("inf")
@@ -202,7 +202,7 @@ def output_tensor(model: onnx.ModelProto, node: onnx.NodeProto) -> str:
     readers = [n for n in model.graph.node if y in n.input]
     outputs = {o.name for o in model.graph.output}
     if len(readers) == 1 and y not in outputs:
-        bounds = _clip_range(model, readers[0])
+        bounds = activation_range(model, readers[0])
         if bounds is not None and bounds[0] <= 0.0 < bounds[1]:
             return readers[0].output[0]
     return y
