@@ -29,7 +29,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from smelt.errors import SmeltError
-from smelt.quantize.static import activation_range
+from smelt.quantize.activation import activation_range
 
 
 @dataclasses.dataclass

@@ -34,6 +34,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from smelt.errors import SmeltError
+from smelt.quantize.activation import activation_range
 from smelt.quantize.calibrate import collect_ranges
 from smelt.quantize.scheme import (
     Scheme,
@@ -165,29 +166,6 @@ def _set_attr(n: onnx.NodeProto, name: str, value: float) -> None:
             n.attribute.remove(a)
             break
     n.attribute.append(helper.make_attribute(name, value))
-
-
-def activation_range(model: onnx.ModelProto, node: onnx.NodeProto) -> tuple[float, float] | None:
-    """(min, max) of a Relu, or of a Clip whose bounds are absent or float constants, else None."""
-    if node.op_type == "Relu":
-        return 0.0, float("inf")
-    if node.op_type != "Clip":
-        return None
-    lo, hi = _attr(node, "min", float("-inf")), _attr(node, "max", float("inf"))  # opset < 11
-    inits = {i.name: i for i in model.graph.initializer}
-    for k, name in enumerate(node.input[1:3], start=1):
-        if not name:
-            continue
-        if name not in inits:
-            return None
-        c = numpy_helper.to_array(inits[name])
-        if c.size != 1 or c.dtype != np.float32:
-            return None
-        if k == 1:
-            lo = float(c.reshape(-1)[0])
-        else:
-            hi = float(c.reshape(-1)[0])
-    return lo, hi
 
 
 def output_tensor(model: onnx.ModelProto, node: onnx.NodeProto) -> str:
