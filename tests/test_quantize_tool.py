@@ -82,15 +82,18 @@ def _check_against_onnxruntime(model: onnx.ModelProto, fp32: onnx.ModelProto) ->
         assert _sqnr(ref32.run(None, feed)[0], got) > 20.0
 
 
-def test_relu6_folds_into_the_conv_output() -> None:
+@pytest.mark.parametrize("bounds", ["initializers", "constant nodes"])
+def test_relu6_folds_into_the_conv_output(bounds: str) -> None:
     """A Clip(0, 6) alone after a conv (MobileNet's Relu6) is quantized like a Relu: the conv's
     output Q sits after the Clip with the range calibrated there, so Q's saturation is the Clip and
     the conv runs as one QLinearConv, with no requantization of its own for the Clip (onnxruntime's
     quantizer and its ClipQuantFusion do the same); the numeric debug's float reference keeps the
-    Clip, which is the model's, not the writer's saturation."""
+    Clip, which is the model's, not the writer's saturation. The same with the bounds written as
+    Constant nodes, as PyTorch's TorchScript exporter writes a ReLU6 (both the quantizer and the
+    QDQ lowering left that conv in float)."""
     from smelt.quantize.numeric import strip_activation_qdq
 
-    fp32 = _cnn_with_clip(6.0)
+    fp32 = _cnn_with_clip(6.0, constant_nodes=bounds == "constant nodes")
     model, _ = quantize(fp32, _feeds(16), per_channel=True)
     readers = [n for n in model.graph.node if "c2" in n.input]
     assert [n.op_type for n in readers] == ["Clip"], [n.op_type for n in readers]
@@ -120,12 +123,18 @@ def test_numeric_debug_does_not_count_a_folded_clip_as_saturation() -> None:
     assert entry.saturated > 0, entry
 
 
-def _cnn_with_clip(hi: float) -> onnx.ModelProto:
-    """``_cnn`` with its second conv's Relu as Clip(0, ``hi``) (Relu6 at 6)."""
+def _cnn_with_clip(hi: float, constant_nodes: bool = False) -> onnx.ModelProto:
+    """``_cnn`` with its second conv's Relu as Clip(0, ``hi``) (Relu6 at 6), the bounds
+    initializers or (``constant_nodes``) Constant nodes."""
     fp32 = _cnn()
     r2 = next(n for n in fp32.graph.node if n.output[0] == "r2")
-    fp32.graph.initializer.extend([numpy_helper.from_array(np.array(0, np.float32), "lo"),
-                                   numpy_helper.from_array(np.array(hi, np.float32), "hi")])
+    lo_hi = [numpy_helper.from_array(np.array(0, np.float32), "lo"), numpy_helper.from_array(np.array(hi, np.float32), "hi")]
+    if constant_nodes:
+        at = list(fp32.graph.node).index(r2)
+        for k, t in enumerate(lo_hi):
+            fp32.graph.node.insert(at + k, helper.make_node("Constant", [], [t.name], value=t))
+    else:
+        fp32.graph.initializer.extend(lo_hi)
     r2.op_type = "Clip"
     r2.input.extend(["lo", "hi"])
     return fp32

@@ -82,38 +82,48 @@ def evaluate_node(g: Graph, node: Node, feeds: dict[str, np.ndarray]) -> list[np
     return [np.asarray(r) for r in ReferenceEvaluator(model, new_ops=FIXED_OPS).run(None, feeds)]
 
 
+def _fold(g: Graph, node: Node) -> bool:
+    """Replace ``node``'s outputs by their values where they are computable now; whether it was."""
+    if node.domain not in ("", "ai.onnx") or node.op in NONDETERMINISTIC or node.epilogue:
+        return False
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attr_protos):
+        return False
+    if node.op in ("Shape", "Size"):
+        results = _fold_shape(g, node)
+    elif (results := _empty_outputs(g, node)) is not None:
+        pass
+    elif all(_known(g, i) is not None for i in node.present_inputs()):
+        feeds = {i: _known(g, i) for i in node.present_inputs()}
+        try:
+            results = evaluate_node(g, node, feeds)
+        except Exception:
+            return False  # leave it to run time, where a real error will name the node
+    else:
+        return False
+    if results is None or any(r.size > MAX_FOLD_ELEMS for r in results):
+        return False
+    for name, arr in zip([o for o in node.outputs if o], results, strict=False):
+        v = g.values[name]
+        expected = v.dtype
+        if expected is not None and arr.dtype != expected:
+            arr = arr.astype(expected)
+        v.const, v.dtype, v.shape = arr, arr.dtype, tuple(arr.shape)
+    return True
+
+
 def fold_constants(g: Graph) -> Graph:
     changed = True
     while changed:
-        changed = False
-        dead = []
-        for node in g.nodes:
-            if node.domain not in ("", "ai.onnx") or node.op in NONDETERMINISTIC or node.epilogue:
-                continue
-            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attr_protos):
-                continue
-            if node.op in ("Shape", "Size"):
-                results = _fold_shape(g, node)
-            elif (results := _empty_outputs(g, node)) is not None:
-                pass
-            elif all(_known(g, i) is not None for i in node.present_inputs()):
-                feeds = {i: _known(g, i) for i in node.present_inputs()}
-                try:
-                    results = evaluate_node(g, node, feeds)
-                except Exception:
-                    continue  # leave it to run time, where a real error will name the node
-            else:
-                continue
-            if results is None or any(r.size > MAX_FOLD_ELEMS for r in results):
-                continue
-            for name, arr in zip([o for o in node.outputs if o], results, strict=False):
-                v = g.values[name]
-                expected = v.dtype
-                if expected is not None and arr.dtype != expected:
-                    arr = arr.astype(expected)
-                v.const, v.dtype, v.shape = arr, arr.dtype, tuple(arr.shape)
-            dead.append(node)
-            changed = True
+        dead = [node for node in g.nodes if _fold(g, node)]
+        changed = bool(dead)
         g.remove_nodes(dead)
     g.prune_values()
+    return g
+
+
+def fold_constant_nodes(g: Graph) -> Graph:
+    """Only the Constant nodes: their values become constants, as initializers are. The passes
+    before folding then see a constant written either way (PyTorch's TorchScript exporter writes
+    a ReLU6's Clip bounds as Constant nodes, which the QDQ lowering must read)."""
+    g.remove_nodes([n for n in g.nodes if n.op == "Constant" and _fold(g, n)])
     return g

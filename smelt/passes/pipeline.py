@@ -15,7 +15,7 @@ from smelt.frontend.validate import check_graph
 from smelt.ir.graph import Graph
 from smelt.ir.verify import verify
 from smelt.passes.activation_nodes import collapse_activation_patterns
-from smelt.passes.constant_folding import fold_constants
+from smelt.passes.constant_folding import fold_constant_nodes, fold_constants
 from smelt.passes.dead_nodes import eliminate_dead_nodes
 from smelt.passes.deconv_as_conv import deconv_as_conv
 from smelt.passes.denormal_weights import flush_denormal_weights
@@ -81,6 +81,8 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("infer_shapes", infer_shapes, 0),
     ("validate", check_graph, 0),
     ("eliminate_identity", eliminate_identity, 1),
+    # the Constant nodes' values, for the passes before folding to read like initializers
+    ("fold_constant_nodes", fold_constant_nodes, 1),
     # before folding, which would turn the weights' DequantizeLinear into float constants
     ("lower_qdq", lower_qdq, 1),
     # before folding, so what follows an embedding lookup through Unique gets static shapes
