@@ -207,7 +207,8 @@ def test_conv_transpose_in_chunks_clean_under_sanitizers(isa, tmp_path):
 @pytest.mark.parametrize("isa", ["native", "avx2_vnni", "avx2"])
 def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
     """QuantizeLinear per axis and per tensor (float-to-int saturation is where C has undefined
-    behaviour), DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, ConvInteger
+    behaviour), DequantizeLinear, DynamicQuantizeLinear, MatMulInteger, QLinearMatMul (a run-time
+    B as int16 pairs and as quads), ConvInteger
     (int8 and uint8 weights with zero points: the VNNI quads' row-sum correction), QLinearConv,
     under the sanitizers."""
     from helpers import const, make_model, tensor
@@ -228,6 +229,10 @@ def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
              helper.make_node("Transpose", ["dq"], ["dq7"], perm=[0, 2, 1]),
              helper.make_node("QLinearMatMul", ["dq", "ds", "dz", "dq7", "s0", "z0", "s1", "z1"], ["ql"]),
              helper.make_node("DequantizeLinear", ["ql", "s1", "z1"], ["qf"]),
+             # uint8 by a run-time uint8 B, zero points constant: the quad form packed per call on VNNI
+             helper.make_node("Transpose", ["ql"], ["qlt"], perm=[0, 2, 1]),
+             helper.make_node("QLinearMatMul", ["ql", "s1", "z1", "qlt", "s1", "z1", "s1", "z1"], ["qq"]),
+             helper.make_node("DequantizeLinear", ["qq", "s1", "z1"], ["qqf"]),
              # integer convolutions (im2col pairs, padding, stride 2, groups) on a 4-D view
              helper.make_node("Reshape", ["dq", "shape4"], ["dq4"]),
              helper.make_node("ConvInteger", ["dq4", "cw", "dz"], ["ci"], pads=[1, 1, 1, 1], strides=[2, 2]),
@@ -247,7 +252,8 @@ def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
              const("cwg", rng.integers(-128, 128, (6, 1, 3, 3)).astype(np.int8)), const("z8", np.int8(0)),
              const("cb", rng.integers(-1000, 1000, 6).astype(np.int32))]
     model = make_model(nodes, [tensor("x", [3, 5, 7])],
-                       [tensor(n, None) for n in ("d", "d0", "y", "mf", "qf", "cf", "cuf", "qcf")], inits, opset=21)
+                       [tensor(n, None) for n in ("d", "d0", "y", "mf", "qf", "qqf", "cf", "cuf", "qcf")], inits,
+                       opset=21)
     _check_clean(model, isa, tmp_path)
 
 

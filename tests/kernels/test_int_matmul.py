@@ -82,6 +82,18 @@ def test_qlinear_matmul(isa: str, monkeypatch, cache) -> None:
     # K odd and N past a register panel; B packed per call
     feeds["q4"], feeds["k4"] = _q(np.uint8, 1, 3, 13, 71), _q(np.uint8, 1, 3, 71, 67)
     with_run_time_b("q4", "k4", (f32(0.04), np.uint8(121), f32(0.03), np.uint8(133), f32(0.7), np.uint8(128)))
+    # uint8 A and a run-time B: the quad form on VNNI hosts (B's bytes and column sums packed per
+    # call): int8 B of zero point 0 (no row sums) and 5, uint8 B with scales per column, a shared
+    # B under a batched A, M = 1 with K and N past and between panels
+    with_run_time_b("a", "bt", (f32(0.02), np.uint8(120), f32(0.01), np.int8(0), f32(0.05), np.uint8(5)))
+    with_run_time_b("a", "bt", (f32(0.02), np.uint8(0), f32(0.01), np.int8(5), f32(0.05), np.uint8(250)))
+    feeds["bu"] = _q(np.uint8, 40, 23)
+    with_run_time_b("a", "bu", (f32(0.02), np.uint8(255), RNG.uniform(0.005, 0.02, 23).astype(f32),
+                                np.uint8(255), f32(0.3), np.uint8(0)))
+    feeds["a3u"] = _q(np.uint8, 2, 3, 5, 40)
+    with_run_time_b("a3u", "bu", (f32(0.02), np.uint8(17), f32(0.01), np.uint8(128), f32(0.2), np.uint8(9)))
+    feeds["bv"] = _q(np.uint8, 257, 70)
+    with_run_time_b("v", "bv", (f32(0.01), np.uint8(3), f32(0.01), np.uint8(200), f32(1.5), np.uint8(100)))
     check(cases, feeds, opset=21)
 
 

@@ -73,13 +73,24 @@ def quad_weights(b: np.ndarray, zero: np.ndarray) -> tuple[np.ndarray, np.ndarra
     ``sum_k (a_k - za)(b_k - zero) == sum_k a_k b8_k - za * colsums + off * (sum_k a_k - K za)``.
     ``off`` is all zero for int8 weights of zero point 0 (no row sums needed)."""
     groups, _, n = b.shape
-    shift = 128 if b.dtype == np.uint8 else 0
-    b8 = (b.astype(np.int16) - shift).astype(np.int8)
+    b8 = (b.astype(np.int16) - quad_shift(b.dtype)).astype(np.int8)
+    return b8, quad_colsums(b8), quad_offsets(b.dtype, zero, groups, n)
+
+
+def quad_shift(dtype: np.dtype) -> int:
+    """What the quad form takes off an 8-bit B to make it int8 bytes: 128 for uint8, else 0."""
+    return 128 if np.dtype(dtype) == np.uint8 else 0
+
+
+def quad_offsets(dtype: np.dtype, zero: np.ndarray, groups: int, n: int) -> np.ndarray:
+    """[groups, N] int32 ``off`` with ``b - zero == b8 + off`` for a B of ``dtype`` and zero
+    points ``zero`` (a scalar, per column, or per group and column): ``quad_weights``' offsets,
+    which need only the zero points, not B (a B fed at run time has them at compile time)."""
     z = np.asarray(zero).astype(np.int32).reshape(-1)
     if z.size not in (1, n, groups * n):
-        raise ValueError(f"zero point of shape {np.shape(zero)} for weights {list(b.shape)}")
+        raise ValueError(f"zero point of shape {np.shape(zero)} for a B of {groups} x {n} columns")
     z = z.reshape(groups, n) if z.size == groups * n and z.size != n else np.broadcast_to(z, (groups, n))
-    return b8, quad_colsums(b8), np.ascontiguousarray(shift - z, dtype=np.int32)
+    return np.ascontiguousarray(quad_shift(dtype) - z, dtype=np.int32)
 
 
 def quad_sum(tile: str, a_zero: str, column: str, k: int, row: str | None = None) -> str:

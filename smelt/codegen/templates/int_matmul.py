@@ -32,6 +32,8 @@ from smelt.codegen.kernels.int_gemm import (
     flush_counters,
     pack_b,
     pair_word,
+    quad_offsets,
+    quad_shift,
     quad_sum,
     quad_weights,
     quad_word,
@@ -175,26 +177,37 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
     batch, m, k, n, b_batched = _dims(g, io)  # type: ignore[misc]
     mr, nv = int_dot_tile(v.registers, m)
     nr = nv * v.lanes
-    bz = g.const(io["bz"]) if io["bz"] and b_const else None
-    # the quad form (vpdpbusd) on VNNI hosts for uint8 A and any constant 8-bit B: uint8 weights
-    # or a nonzero zero point through int8 bytes and a row-sum correction (kernels/int_gemm.py)
-    quad = (b_const and v.has("u8s8_dot_acc") and dtype_name(g, io["a"]) == "uint8"
-            and dtype_name(g, io["b"]) in ("int8", "uint8"))
+    bz_const = not io["bz"] or g.const(io["bz"]) is not None
+    bz = g.const(io["bz"]) if io["bz"] and bz_const else None
+    # the quad form (vpdpbusd) on VNNI hosts for uint8 A and any 8-bit B of constant zero point:
+    # uint8 B or a nonzero zero point through int8 bytes and a row-sum correction
+    # (kernels/int_gemm.py). A constant B is packed at compile time; a run-time B (attention's
+    # Q K^T and P V in a QDQ transformer, uint8 on both sides) per call, with its column sums,
+    # where the vector requantization takes them (else int16 pairs)
+    quad = (v.has("u8s8_dot_acc") and dtype_name(g, io["a"]) == "uint8" and dtype_name(g, io["b"]) in EIGHT_BIT
+            and bz_const and (b_const or _vector_requant_applies(node, g, io, v, quad=True)))
     group = QUAD if quad else PAIR
     kw = -(-k // group)
     nb = -(-n // nr)
     groups = batch if b_batched else 1
     offsets = None  # B - b_zero - int8 bytes per column, where not all zero
-    if quad:
-        b_int8, colsums, offsets = quad_weights(np.asarray(g.values[io["b"]].const).reshape(-1, k, n),
-                                                bz if bz is not None else np.zeros(1, np.int32))
-        offsets = offsets if np.any(offsets) else None
+    colsums = runtime_nz = None
+    zero = bz if bz is not None else np.zeros(1, np.int32)
+    if quad and b_const:
+        b_int8, colsums, offsets = quad_weights(np.asarray(g.values[io["b"]].const).reshape(-1, k, n), zero)
         packed = pack_b(b_int8, nr, QUAD)
+    elif quad:
+        offsets = quad_offsets(np.dtype(dtype_name(g, io["b"])), zero, groups, n)
+        b_panels = em.scratch(groups * nb * kw * nr * QUAD, "int8")
+        runtime_nz = em.scratch(4 * groups * nb * nr, "int32")
+        _emit_pack_b_quads(g, em, io, b_panels, runtime_nz, groups=groups, k=k, n=n, nr=nr, kw=kw)
     elif b_const:
         packed = pack_b(_b_minus_zero(g, io).reshape(-1, k, n), nr, PAIR)
     else:
         b_panels = em.scratch(2 * groups * nb * kw * nr * PAIR, "int16")
         _emit_pack_b(g, em, io, b_panels, groups=groups, k=k, n=n, nr=nr, kw=kw)
+    if offsets is not None and not np.any(offsets):
+        offsets = None
     at = c_type(dtype_name(g, io["a"]))
     rows = batch * m
     ap = em.scratch(4 * rows * kw, "int32")
@@ -230,8 +243,9 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
     kernel = tile_loop(v, mr, nv, k2=kw, a_row=f"Ap + (bi * {m} + i0 + SMELT_MIN({{r}}, mr - 1)) * {kw}L",
                        b_panel=panel, tile="T", group=group)
     acc = f"T[r * {nr} + jj]"
-    vreq = _vector_requant(node, g, em, io, v, colsums=colsums if quad else None, groups=groups, n=n, nb=nb,
-                           nr=nr, m=m, offsets=offsets, k=k, row_sums=rs)
+    vreq = _vector_requant(node, g, em, io, v, colsums=colsums, groups=groups, n=n, nb=nb,
+                           nr=nr, m=m, offsets=offsets, k=k, row_sums=rs, runtime_nz=runtime_nz)
+    assert vreq is not None or runtime_nz is None  # (the run-time quad form only where it applies)
     if quad and vreq is None:  # the scalar store takes A's zero point times the column sums off
         decl = decl + [f"const int32_t *restrict CS = {em.weight(colsums)};"]
         if io["az"]:
@@ -275,7 +289,8 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
         lines.append(flush_counters(em.saturation_counter(node.outputs[0])))
     dot = "u8s8_dot_acc" if quad else "i16_dot_acc"
     em.schedule(algorithm=(("u8 x s8 quad dot products, A's zero point times B's column sums off after"
-                            + (", B as int8 bytes with A's row sums times its offset" if offsets is not None else ""))
+                            + (", B as int8 bytes with A's row sums times its offset" if offsets is not None else "")
+                           + ("" if b_const else ", B's bytes and column sums packed per call"))
                            if quad
                            else "int16 pair dot products into int32, B - zero point packed per panel"
                            + (", A packed per call" if b_const else ", A and B packed per call")),
@@ -285,10 +300,23 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
             doc=f"M={m} K={k} N={n} batch={batch}, {node.op}, packed B, {mr}x{nr} register tile")
 
 
+def _vector_requant_applies(node: Node, g: Graph, io: dict[str, str], v: VectorIsa, *, quad: bool) -> bool:
+    """Whether ``_vector_requant`` renders this node (its docstring says when it does not); for
+    the quad form, also where B's offsets need A's row sums (``i32_mullo``)."""
+    if node.op != "QLinearMatMul" or not v.vector or not v.has("f32_round_even"):
+        return False
+    if any(dtype_name(g, io[key]) != "float32" for key in ("as", "bs", "ys")):
+        return False  # float16 scales (opset 21): the scalar path widens them
+    if _per_vector(g, io["bs"], _dims(g, io)[3]) == "vector" and g.const(io["bs"]) is None:  # type: ignore[index]
+        return False
+    az = g.const(io["az"]) if io["az"] else np.zeros(1, np.int32)
+    return not quad or (az is not None and az.size == 1 and v.has("i32_mullo"))
+
+
 def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], v: VectorIsa, *,
                     colsums: np.ndarray | None, groups: int, n: int, nb: int, nr: int, m: int,
                     offsets: np.ndarray | None = None, k: int = 0,
-                    row_sums: str | None = None) -> tuple[list[str], list[str]] | None:
+                    row_sums: str | None = None, runtime_nz: str | None = None) -> tuple[list[str], list[str]] | None:
     """Declarations and the per-tile C storing a QLinearMatMul tile ``T`` requantized a vector
     at a time: the scalar statement's operations in the same order in every lane (the
     multiplier ``(a_scale * b_scale) / y_scale``, the product with the float sum, rounding half
@@ -297,16 +325,14 @@ def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], 
     columns. None where the scalar path must run: not QLinearMatMul, no vector integer
     conversions, float16 scales, B's scales given at run time per column, or (the quad form) a zero point of A
     that is not a compile-time scalar. At ~3 ns an element the scalar requantization cost as
-    much as the products of a K = 384 MatMul (a QDQ transformer's projections)."""
-    if node.op != "QLinearMatMul" or not v.vector or not v.has("f32_round_even"):
+    much as the products of a K = 384 MatMul (a QDQ transformer's projections). ``runtime_nz``:
+    the quad form of a run-time B, whose negated column sums times A's zero point the packing
+    step wrote there (``_emit_pack_b_quads``)."""
+    quad = colsums is not None or runtime_nz is not None
+    if not _vector_requant_applies(node, g, io, v, quad=False):
         return None
-    if any(dtype_name(g, io[key]) != "float32" for key in ("as", "bs", "ys")):
-        return None  # float16 scales (opset 21): the scalar path widens them
     bs = g.const(io["bs"])
-    if _per_vector(g, io["bs"], n) == "vector" and bs is None:
-        return None
     az = g.const(io["az"]) if io["az"] else np.zeros(1, np.int32)
-    quad = colsums is not None
     if quad and (az is None or az.size != 1):
         return None
     if offsets is not None and not v.has("i32_mullo"):
@@ -323,7 +349,9 @@ def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], 
         b_scale = lambda j0: v.loadu(f"BSV + cb * {nr} + {j0}")  # noqa: E731
     else:
         b_scale = lambda j0: v.set1("BS[0]")  # noqa: E731
-    if quad:  # A's zero point times B's column sums, negated, per group and padded column
+    if runtime_nz is not None:  # the same, written per call by B's packing step
+        decl.append(f"const int32_t *restrict NZ = {runtime_nz};")
+    elif quad:  # A's zero point times B's column sums, negated, per group and padded column
         neg = np.zeros((colsums.shape[0], nb * nr), np.int64)
         neg[:, :n] = -int(az.reshape(-1)[0]) * colsums.astype(np.int64)
         decl.append(f"const int32_t *restrict NZ = {em.weight(neg.astype(np.int32))};")
@@ -349,7 +377,12 @@ def _vector_requant(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], 
              f"    {v.t} f = {v.x('f32_round_even', a=v.op('mul', v.x('i32_to_f32', a='acc'), 'mv'))};",
              f"    f = {v.op('add', 'f', 'yzv')};",
              f"    vlo = {v.x('f32_nge_count', a='f', b='lov', c='vlo')}; vhi = {v.x('f32_gt_count', a='f', b='hiv', c='vhi')};",
-             f"    f = {v.op('min', v.op('max', 'f', 'lov'), 'hiv')};  /* NaN: max gives the low end */",
+             f"    f = {v.op('min', v.op('max', 'f', 'lov'), 'hiv')};  /* NaN: max gives the low end */"]
+    # a whole vector of uint8 codes by one narrowing store (the lanes are in [0, 255] already);
+    # element by element the stores cost as much as a short-K product's dots (attention's Q K^T)
+    whole = ([f"    if (j0 + {lanes} <= jn) {{ {v.x('i32_store_u8', p='Y + yoff + j0', a=v.x('f32_to_i32', a='f'))} continue; }}"]
+             if y_type == "uint8" and v.has("i32_store_u8") else [])
+    body += whole + [
              f"    int32_t qt[{lanes}]; {v.x('i32_storeu', p='qt', a=v.x('f32_to_i32', a='f'))}",
              f"    const long cnt = SMELT_MIN({lanes}, jn - j0);",
              f"    for (long l = 0; l < cnt; ++l) Y[yoff + j0 + l] = ({yt})qt[l];",
@@ -389,6 +422,40 @@ def _emit_pack_b(g: Graph, em: BlockEmitter, io: dict[str, str], dest: str, *, g
         "}"]
     em.step("\n".join(lines), name="int_matmul_pack_b",
             doc=f"run-time B - zero point as int16 pairs, {groups} x K={k} x N={n}, {nr}-column panels")
+
+
+def _emit_pack_b_quads(g: Graph, em: BlockEmitter, io: dict[str, str], dest: str, nz: str, *, groups: int, k: int,
+                       n: int, nr: int, kw: int) -> None:
+    """A run-time 8-bit B [groups, K, N] into ``dest`` as ``pack_b`` lays out a constant one in
+    the quad form (int8 bytes: uint8 shifted down by 128, K and the last panel's columns padded
+    with zeros), and into ``nz`` [groups][panels * nr] each column's byte sum times minus A's
+    (compile-time) zero point: what ``_vector_requant`` adds back; the panels split between
+    threads. B's zero point is in the offsets, known at compile time (``quad_offsets``)."""
+    nb = -(-n // nr)
+    bt = c_type(dtype_name(g, io["b"]))
+    shift = quad_shift(np.dtype(dtype_name(g, io["b"])))
+    az = int(np.asarray(g.const(io["az"])).reshape(-1)[0]) if io["az"] else 0
+    lines = [f"const {bt} *restrict B = {em.ptr(io['b'])};", f"int8_t *restrict P = {dest};",
+             f"int32_t *restrict NZ = {nz};",
+             f"long wb, we; smelt_range({groups * nb}, tid, nt, &wb, &we);",
+             "for (long p = wb; p < we; ++p) {",
+             f"    const long gi = p / {nb}, cb = p % {nb}, jn = SMELT_MIN({nr}, {n} - cb * {nr});",
+             f"    const {bt} *restrict Bg = B + gi * {k * n}L + cb * {nr};",
+             f"    int8_t *restrict out = P + p * {kw * nr * QUAD}L;",
+             f"    int32_t s[{nr}] = {{0}};",
+             f"    for (long q = 0; q < {kw}; ++q)",
+             f"        for (long t = 0; t < {QUAD}; ++t) {{",
+             f"            const long kk = {QUAD} * q + t;",
+             f"            for (long jj = 0; jj < {nr}; ++jj) {{",
+             f"                const int8_t b = kk < {k} && jj < jn ? (int8_t)((int32_t)Bg[kk * {n}L + jj] - {shift}) : 0;",
+             f"                out[(q * {nr} + jj) * {QUAD} + t] = b;",
+             "                s[jj] += b;",
+             "            }",
+             "        }",
+             f"    for (long jj = 0; jj < {nr}; ++jj) NZ[p * {nr} + jj] = -{az} * s[jj];",
+             "}"]
+    em.step("\n".join(lines), name="int_matmul_pack_b_quads",
+            doc=f"run-time B as int8 quad bytes and column sums, {groups} x K={k} x N={n}, {nr}-column panels")
 
 
 def _emit_rows(node: Node, g: Graph, em: BlockEmitter, io: dict[str, str], b_const: bool) -> None:
