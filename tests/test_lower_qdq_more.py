@@ -127,6 +127,22 @@ def test_binary(dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", TYPES)
+def test_binary_with_infinite_scales(dtype) -> None:
+    """onnxruntime's quantize_static gives a BERT exported by transformers 5 (its attention mask
+    a Where of 0 and -inf) infinite scales on the mask and on the Add after it: QLinearAdd's
+    float terms are then 0, infinite or NaN. The rendered C spells them (it wrote ``nanf``, and
+    the build failed), and the codes are onnxruntime's."""
+    m = Qdq(dtype)
+    inf = np.float32(np.inf)
+    for op in ("Add", "Mul"):
+        a, _ = m.input((3, 17))
+        b, _ = m.input((3, 17), params=m.params(inf, 0))  # the mask
+        m.out(m.op(op, [a, b]), params=m.params(inf, 0))
+        m.out(m.op(op, [a, a]), params=m.params(inf, 0))  # finite terms, an infinite output scale
+    _check(m, {"QLinearAdd": 2, "QLinearMul": 2}, ("Add", "Mul"))
+
+
+@pytest.mark.parametrize("dtype", TYPES)
 def test_add_relu(dtype) -> None:
     """Add -> Relu -> Q: the Relu goes where the Q's zero point is the type's minimum (the Q's
     saturation is the Relu); with another zero point the pattern stays float, as in onnxruntime."""

@@ -70,6 +70,14 @@ def c_literal(value: float | int | bool, dtype: np.dtype | str = "float32") -> s
     return f"{iv}{suffix}"
 
 
+def c_float_exact(value: float | np.floating) -> str:
+    """The C literal of float32 ``value`` in hexadecimal (exact, and what the scalar rules of the
+    quantized ops compare bit for bit); NaN and the infinities as ``c_literal`` spells them
+    (a quantizer's range that overflowed gives a QLinearAdd infinite scales and NaN terms)."""
+    v = float(np.float32(value))
+    return float.hex(v) + "f" if math.isfinite(v) else c_literal(v)
+
+
 # Where a step's buffer lives: the base its byte offset is relative to (C names in PRELUDE).
 # Every pointer a template gets from BlockEmitter is spelled by ``ref_expr`` and found again by
 # ``_REF``, which lifts it out of the step's code into the step function's arguments.

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.emitter import BlockEmitter, c_literal
 from smelt.codegen.kernels.int_gemm import flush_counters
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node, layout_block
@@ -97,7 +97,7 @@ def _check(node: Node, g: Graph) -> str | None:
 
 
 def _c_float(x: float) -> str:
-    return "__builtin_inff()" if x == np.inf else "-__builtin_inff()" if x == -np.inf else f"{float(x)!r}f"
+    return c_literal(x)  # (NaN and the infinities spelt as C names)
 
 
 def _clip_constants(v, clip: ClipRequant | None) -> list[str]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.emitter import BlockEmitter, c_float_exact
 from smelt.codegen.kernels.int_gemm import (
     MAX_K,
     PAIR,
@@ -57,8 +57,7 @@ F32 = np.float32
 NO_CONTRACT = '__attribute__((optimize("fp-contract=off")))'
 
 
-def flit(x: float | np.floating) -> str:
-    return float(F32(x)).hex() + "f"
+flit = c_float_exact  # the C literal of a float32, exact
 
 
 @dataclass

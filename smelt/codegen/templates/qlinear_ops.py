@@ -47,7 +47,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from smelt.codegen.emitter import BlockEmitter
+from smelt.codegen.emitter import BlockEmitter, c_float_exact
 from smelt.codegen.kernels.broadcast import elementwise_loop
 from smelt.codegen.kernels.int_gemm import SATURATION_COUNTERS, flush_counters
 from smelt.codegen.kernels.loops import dtype_name, wide_vectors, work_range
@@ -62,9 +62,7 @@ NO_CONTRACT = '__attribute__((optimize("fp-contract=off")))'
 PARALLEL_MIN = 1 << 15  # elements below which one thread does the whole op
 
 
-def flit(x: float | np.floating) -> str:
-    """C literal of float32 ``x``, exact (hexadecimal)."""
-    return float(F32(x)).hex() + "f"
+flit = c_float_exact  # the C literal of a float32, exact
 
 
 def _const_scalar(g: Graph, name: str) -> np.ndarray | None:
@@ -112,10 +110,12 @@ def _typed(node: Node, g: Graph, data: list[str]) -> str | None:
 
 def _store(value: str, dtype: str, dest: str, counters: tuple[str, str] = ("nlo", "nhi")) -> str:
     """``value`` (a float already rounded to an integer) saturated into ``dest``, each clamp
-    counted (in ``counters``) for the numeric debug report."""
+    counted (in ``counters``) for the numeric debug report. NaN saturates low, as in QuantizeLinear
+    and onnxruntime's vector kernels (a NaN term from an infinite scale: its conversion's integer
+    indefinite packs to the low end); a bare conversion of NaN is undefined in C."""
     lo, hi = _range(dtype)
-    return (f"{{ float v = {value}; {counters[0]} += v < {lo}.0f; {counters[1]} += v > {hi}.0f;"
-            f" v = v < {lo}.0f ? {lo}.0f : (v > {hi}.0f ? {hi}.0f : v); {dest} = ({c_type(dtype)})v; }}")
+    return (f"{{ float v = {value}; {counters[0]} += !(v >= {lo}.0f); {counters[1]} += v > {hi}.0f;"
+            f" v = !(v >= {lo}.0f) ? {lo}.0f : (v > {hi}.0f ? {hi}.0f : v); {dest} = ({c_type(dtype)})v; }}")
 
 
 # -- QLinearAdd / QLinearMul ----------------------------------------------------------------------
@@ -135,10 +135,12 @@ def _check_binary(node: Node, g: Graph) -> str | None:
 def add_constants(sa: float, za: int, sb: float, zb: int, sc: float, zc: int) -> tuple[np.float32, np.float32, np.float32]:
     """(r_a, r_b, fixed) of MLAS's AVX2 QLinearAdd: the scale ratios and the zero points folded
     into one float (``z_c - fma(r_a, z_a, r_b * z_b)``; the fma evaluated exactly in double:
-    its product is exact there and the sum is rounded once to float)."""
-    ra, rb = F32(F32(sa) / F32(sc)), F32(F32(sb) / F32(sc))
-    inner = F32(np.float64(ra) * np.float64(za) + np.float64(F32(rb * F32(zb))))
-    return ra, rb, F32(F32(zc) - inner)
+    its product is exact there and the sum is rounded once to float). Infinite scales give
+    infinite or NaN terms, as they do in onnxruntime (no warning: they are the model's)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ra, rb = F32(F32(sa) / F32(sc)), F32(F32(sb) / F32(sc))
+        inner = F32(np.float64(ra) * np.float64(za) + np.float64(F32(rb * F32(zb))))
+        return ra, rb, F32(F32(zc) - inner)
 
 
 def _index_is_run(idx: str) -> bool:
@@ -181,7 +183,8 @@ def _emit_binary(node: Node, g: Graph, em: BlockEmitter, add: bool) -> None:
             return _store(f"nearbyintf({t})", dt, f"Y[{o}]", cnt)
         formula = "fma(a, s_a/s_c, fma(b, s_b/s_c, fixed))"
     else:
-        ratio = F32(F32(sa * sb) / sc)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # (infinite scales: the model's)
+            ratio = F32(F32(sa * sb) / sc)
 
         def body(idx: list[str], o: str, cnt: tuple[str, str] = ("nlo", "nhi")) -> str:
             p = f"(float)(((int32_t)A[{idx[0]}] - {za}) * ((int32_t)B[{idx[1]}] - {zb}))"
