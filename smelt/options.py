@@ -114,6 +114,9 @@ class CompileOptions:
     # Intel cores take a microcode assist per multiply with one; PP-OCRv6's detector 210 -> 58 ms);
     # off: the weights as given
     flush_denormal_weights: bool = True
+    # onnxruntime's dynamic quantization (MatMulInteger, Cast, the scale Mul, the bias Add) as one
+    # MatMulIntegerToFloat (passes/matmul_integer_to_float.py); off: the four nodes as written
+    matmul_integer_to_float: bool = True
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUT_MODES:
@@ -129,7 +132,8 @@ class CompileOptions:
     def skipped_passes(self) -> frozenset[str]:
         """The optional passes these options switch off (``passes.pipeline.PASSES`` names)."""
         switches = {"lift_1d_convs": self.lift_1d, "lift_1d_integer_convs": self.lift_1d,
-                    "sink_transposes": self.sink_transposes, "flush_denormal_weights": self.flush_denormal_weights}
+                    "sink_transposes": self.sink_transposes, "flush_denormal_weights": self.flush_denormal_weights,
+                    "fuse_matmul_integer_to_float": self.matmul_integer_to_float}
         return frozenset(name for name, on in switches.items() if not on)
 
     def codegen_threads(self, target: Target) -> int:

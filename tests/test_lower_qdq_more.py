@@ -401,7 +401,9 @@ class _MlpReader(quantization.CalibrationDataReader):
                                   "dynamic-per-channel"])
 def test_quantized_mlp(tmp_path, kind: str) -> None:
     """Gemm between DQ and Q becomes QGemm (as onnxruntime rewrites it); quantize_dynamic's
-    DynamicQuantizeLinear → MatMulInteger → Cast → Mul chains run natively as written."""
+    DynamicQuantizeLinear → MatMulInteger → Cast → Mul (→ bias Add) chains become one
+    MatMulIntegerToFloat (passes/matmul_integer_to_float.py) whose answer is the graph's as
+    written, bit for bit."""
     src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
     _mlp(src)
     per_channel = kind.endswith("per-channel")
@@ -415,6 +417,8 @@ def test_quantized_mlp(tmp_path, kind: str) -> None:
     ops = [n.op for n in lower(model, CompileOptions(threads=1)).nodes]
     if kind.startswith("static"):
         assert ops.count("QGemm") == 2 and "Gemm" not in ops, ops
+    else:
+        assert ops.count("MatMulIntegerToFloat") == 3 and not {"MatMulInteger", "Cast", "Mul", "Add"} & set(ops), ops
     feeds = {"x": RNG.standard_normal((6, 32)).astype(np.float32)}
     want = _ort(model, feeds)[0]
     for threads in (1, 2):

@@ -226,6 +226,11 @@ def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
              # integer products: a constant (packed) and a run-time B, requantized
              helper.make_node("MatMulInteger", ["dq", "wq", "dz", "wz"], ["mi"]),
              helper.make_node("Cast", ["mi"], ["mf"], to=1),
+             # quantize_dynamic's chain: one MatMulIntegerToFloat, its scale and zero point at run time
+             helper.make_node("MatMulInteger", ["dq", "wq", "dz", "wz"], ["mi2"]),
+             helper.make_node("Cast", ["mi2"], ["mf2"], to=1),
+             helper.make_node("Mul", ["ds", "s0"], ["dws"]),
+             helper.make_node("Mul", ["mf2", "dws"], ["mif"]),
              helper.make_node("Transpose", ["dq"], ["dq7"], perm=[0, 2, 1]),
              helper.make_node("QLinearMatMul", ["dq", "ds", "dz", "dq7", "s0", "z0", "s1", "z1"], ["ql"]),
              helper.make_node("DequantizeLinear", ["ql", "s1", "z1"], ["qf"]),
@@ -252,7 +257,7 @@ def test_quantize_templates_clean_under_sanitizers(isa, tmp_path):
              const("cwg", rng.integers(-128, 128, (6, 1, 3, 3)).astype(np.int8)), const("z8", np.int8(0)),
              const("cb", rng.integers(-1000, 1000, 6).astype(np.int32))]
     model = make_model(nodes, [tensor("x", [3, 5, 7])],
-                       [tensor(n, None) for n in ("d", "d0", "y", "mf", "qf", "qqf", "cf", "cuf", "qcf")], inits,
+                       [tensor(n, None) for n in ("d", "d0", "y", "mf", "mif", "qf", "qqf", "cf", "cuf", "qcf")], inits,
                        opset=21)
     _check_clean(model, isa, tmp_path)
 

@@ -29,6 +29,7 @@ from smelt.passes.inline_if import inline_constant_ifs
 from smelt.passes.lift_1d import lift_1d_convs
 from smelt.passes.lift_1d_integer import lift_1d_integer_convs
 from smelt.passes.lower_qdq import lower_qdq
+from smelt.passes.matmul_integer_to_float import fuse_matmul_integer_to_float
 from smelt.passes.runtime_if import convert_runtime_ifs
 from smelt.passes.shape_inference import infer_shapes
 from smelt.passes.sink_transposes import sink_transposes
@@ -88,6 +89,8 @@ PASSES: list[tuple[str, Pass, int]] = [
     # before folding, so what follows an embedding lookup through Unique gets static shapes
     ("gather_through_unique", gather_through_unique, 1),
     ("fold_constants", fold_to_fixpoint, 1),
+    # after folding (the weights' scales are constants then): onnxruntime's dynamic quantization
+    ("fuse_matmul_integer_to_float", fuse_matmul_integer_to_float, 1),
     ("eliminate_dead_nodes", eliminate_dead_nodes, 0),
     # string-labelled tree classifiers: the ensemble native, the label lookup on the fallback
     ("index_string_labels", index_string_labels, 1),

@@ -8,7 +8,9 @@ All three are ``(A - a_zero) (B - b_zero)`` in exact int32 over a constant B, th
   rounded half to even; onnxruntime's ``GetQuantizationParameter`` is the same rule), then
   ``float(acc) * (a_scale * b_scale[j]) + bias[j]`` (the multiplier rounded once, as onnxruntime
   forms it; multiply and add not fused).
-- MatMulIntegerToFloat: the same epilogue over 8-bit A (per-tensor a_scale).
+- MatMulIntegerToFloat: the same epilogue over 8-bit A (per-tensor a_scale and zero point,
+  constants or written at run time by a DynamicQuantizeLinear: onnxruntime's dynamic
+  quantization, fused by passes/matmul_integer_to_float.py).
 - QGemm (transA/transB, alpha, int32 C added to the sum): float out as
   ``float(acc + C) * (alpha * a_scale * b_scale[j])``, or, with y_scale, requantized with the
   multiplier ``alpha * a_scale * b_scale[j] / y_scale`` (half to even, plus the zero point,
@@ -165,11 +167,17 @@ def _check_mmitf(node: Node, g: Graph) -> str | None:
     if isinstance(bb, str):
         return bb
     k, n = bb[0].shape
-    if _const(g, as_) is None or _const(g, as_).size != 1 or dtype_name(g, as_) != "float32":
-        return "MatMulIntegerToFloat: a_scale must be a constant float32 scalar"
-    if az and (_const(g, az) is None or _const(g, az).size != 1):
-        return "MatMulIntegerToFloat: a_zero_point must be a constant scalar"
+    if not _one_element(g, as_) or dtype_name(g, as_) != "float32":
+        return "MatMulIntegerToFloat: a_scale must be a float32 scalar"
+    if az and not _one_element(g, az):
+        return "MatMulIntegerToFloat: a_zero_point must be a scalar"
     return _common(g, a, k, n, bs, bias)
+
+
+def _one_element(g: Graph, name: str) -> bool:
+    """A value of one element (a constant, or one a DynamicQuantizeLinear writes at run time)."""
+    v = g.values[name]
+    return v.shape is not None and all(isinstance(d, int) for d in v.shape) and int(np.prod(v.shape, dtype=np.int64)) == 1
 
 
 def _check_qgemm(node: Node, g: Graph) -> str | None:
@@ -265,9 +273,23 @@ def emit_matmul_integer_to_float(node: Node, g: Graph, em: BlockEmitter) -> None
     bmat, bzero = _b_operand(g, b, bz, False)  # type: ignore[misc]
     k, n = bmat.shape
     m, _ = _a_dims(g, a, k)  # type: ignore[misc]
-    mult = _scales(F32(_const(g, as_).reshape(-1)[0]), _const(g, bs))
-    decl, store = _float_epilogue(em, node.outputs[0], em.weight(mult), bias, mult.size)
-    a_zero = str(int(_const(g, az).reshape(-1)[0])) if az else "0"
+    if _const(g, as_) is not None:
+        mult = _scales(F32(_const(g, as_).reshape(-1)[0]), _const(g, bs))
+        mult_ptr, n_scale = em.weight(mult), mult.size
+    else:  # a_scale from a DynamicQuantizeLinear: the multipliers formed per call, as the Mul did
+        bscale = _const(g, bs).astype(F32).reshape(-1)
+        mult_ptr, n_scale = em.scratch(4 * bscale.size), bscale.size
+        em.step(f"const float *restrict AS = {em.ptr(as_)};\nfloat *restrict MUL = {mult_ptr};\n"
+                f"const float *restrict BS = {em.weight(bscale)};\n"
+                f"if (tid == 0) for (long j = 0; j < {bscale.size}; ++j) MUL[j] = AS[0] * BS[j];",
+                name="matmul_integer_to_float_scale")
+    decl, store = _float_epilogue(em, node.outputs[0], mult_ptr, bias, n_scale)
+    if not az:
+        a_zero = "0"
+    elif _const(g, az) is not None:
+        a_zero = str(int(_const(g, az).reshape(-1)[0]))
+    else:
+        a_zero = f"(int32_t)({em.ptr(az)})[0]"
     _emit(node, g, em, Gemm(m, k, n, em.ptr(a), dtype_name(g, a), a_zero, False, bmat, bzero, decl, store, None))
 
 
