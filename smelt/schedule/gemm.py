@@ -70,6 +70,17 @@ def decide_gemm_graph(g: Graph, options: CompileOptions) -> None:
 INT_TILE_MAX_ROWS = 12  # rows of a narrow tile (fewer vectors per row): broadcasts stay cheap
 
 
+def int_tiles_rows_inner(row_blocks: int, panels: int, a_bytes: int, b_bytes: int) -> bool:
+    """Whether an integer GEMM's (row block, column panel) tiles run row blocks innermost (each
+    column panel of B stays in cache while every row block of A passes it; A is read once per
+    panel) rather than panels innermost (B read once per row block): whichever streams fewer
+    bytes. A dynamically quantized DistilBERT's FFN (A 128 x 768, B 768 x 3072 int8) streamed
+    its 2.4 MB B 22 times a call panels-inner; rows-inner it reads A (98 KB, from L2) 48 times:
+    1.05 -> 0.61 ms (Emerald Rapids, 2 threads). An im2col conv (many rows, few weights) keeps
+    panels inner."""
+    return panels * a_bytes + b_bytes < row_blocks * b_bytes + a_bytes
+
+
 def int_dot_tile(registers: int, rows: int | None = None, columns: int | None = None,
                  lanes: int = 16) -> tuple[int, int]:
     """The integer GEMM's register tile (rows MR, int32 vectors NV per row) for a vector ISA with

@@ -36,7 +36,7 @@ from smelt.codegen.kernels.loops import dtype_name
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node
 from smelt.ir.types import c_type
-from smelt.schedule.gemm import PARALLEL_MIN_MACS, int_dot_tile
+from smelt.schedule.gemm import PARALLEL_MIN_MACS, int_dot_tile, int_tiles_rows_inner
 from smelt.schedule.int_conv import IntConvSchedule
 
 EIGHT_BIT = ("int8", "uint8")
@@ -218,7 +218,9 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
     head = decl + [f"const int32_t *restrict Ap = {ap};", f"int32_t *restrict T = {tile} + (long)tid * {mr * nr};",
                    "long wb, we; " + split.format(total=n * group * blocks_m * nb),
                    "for (long p = wb; p < we; ++p) {",
-                   f"    const long cb = p % {nb}, mb = (p / {nb}) % {blocks_m}, bg = p / {nb * blocks_m};",
+                   (f"    const long mb = p % {blocks_m}, cb = (p / {blocks_m}) % {nb}, bg = p / {nb * blocks_m};"
+                    if int_tiles_rows_inner(blocks_m, nb, 4 * p_count * kwords, 4 * kwords * nb * nr)  # (4-byte words)
+                    else f"    const long cb = p % {nb}, mb = (p / {nb}) % {blocks_m}, bg = p / {nb * blocks_m};"),
                    f"    const long gi = bg % {group}, ni = bg / {group};",
                    f"    const long i0 = mb * {mr}, mr = SMELT_MIN({mr}, {p_count} - i0);"]
     acc = f"T[r * {nr} + jj]"

@@ -45,7 +45,7 @@ from smelt.codegen.kernels.loops import dtype_name
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node
 from smelt.ir.types import c_type
-from smelt.schedule.gemm import PARALLEL_MIN_MACS, int_dot_tile
+from smelt.schedule.gemm import PARALLEL_MIN_MACS, int_dot_tile, int_tiles_rows_inner
 
 EIGHT_BIT = ("int8", "uint8")
 # QLinearMatMul scales (float16 ones, opset 21, are widened exactly and multiplied in float, as
@@ -262,7 +262,9 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
         f"int32_t *restrict T = {tile} + (long)tid * {mr * nr};",
         "long wb, we; " + split.format(total=batch * blocks_m * nb),
         "for (long p = wb; p < we; ++p) {",
-        f"    const long cb = p % {nb}, mb = (p / {nb}) % {blocks_m}, bi = p / {nb * blocks_m};",
+        (f"    const long mb = p % {blocks_m}, cb = (p / {blocks_m}) % {nb}, bi = p / {nb * blocks_m};"
+         if int_tiles_rows_inner(blocks_m, nb, 4 * m * kw, 4 * kw * nb * nr) else  # (4-byte words)
+         f"    const long cb = p % {nb}, mb = (p / {nb}) % {blocks_m}, bi = p / {nb * blocks_m};"),
         f"    const long i0 = mb * {mr}, mr = SMELT_MIN({mr}, {m} - i0);",
         *["    " + line for line in kernel],
         f"    const long jn = SMELT_MIN({nr}, {n} - cb * {nr});"]

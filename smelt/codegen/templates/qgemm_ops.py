@@ -51,7 +51,7 @@ from smelt.codegen.kernels.loops import dtype_name
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node
 from smelt.ir.types import c_type
-from smelt.schedule.gemm import PARALLEL_MIN_MACS, int_dot_tile
+from smelt.schedule.gemm import PARALLEL_MIN_MACS, int_dot_tile, int_tiles_rows_inner
 
 MS = "com.microsoft"
 EIGHT_BIT = ("int8", "uint8")
@@ -403,7 +403,9 @@ def _emit_tiled(node: Node, em: BlockEmitter, p: Gemm, v) -> None:
         f"int32_t *restrict T = {tile} + (long)tid * {mr * nr};",
         "long wb, we; " + split.format(total=blocks_m * nb),
         "for (long p = wb; p < we; ++p) {",
-        f"    const long cb = p % {nb}, i0 = (p / {nb}) * {mr}, mr = SMELT_MIN({mr}, {p.m} - i0);",
+        (f"    const long cb = p / {blocks_m}, i0 = (p % {blocks_m}) * {mr}, mr = SMELT_MIN({mr}, {p.m} - i0);"
+         if int_tiles_rows_inner(blocks_m, nb, 4 * p.m * kw, packed.nbytes) else
+         f"    const long cb = p % {nb}, i0 = (p / {nb}) * {mr}, mr = SMELT_MIN({mr}, {p.m} - i0);"),
         *["    " + line for line in kernel],
         f"    const long jn = SMELT_MIN({nr}, {p.n} - cb * {nr});",
         "    for (long r = 0; r < mr; ++r) {",
