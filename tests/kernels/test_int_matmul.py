@@ -147,6 +147,19 @@ def test_tile_rows_never_exceed_the_product() -> None:
     assert int_dot_tile(32, 0) == (1, 4)  # an empty product still renders one row
 
 
+def test_tile_order_streams_the_fewer_bytes() -> None:
+    """Row blocks innermost where B is the bigger operand to stream (a transformer's FFN: A 128 x
+    768, B 768 x 3072 int8), column panels innermost where A is (an im2col conv's many rows, or
+    one row: B read once either way); both orders run in the products checked above (M = 64 by
+    N = 129 rows-inner, M = 1 panels-inner)."""
+    from smelt.schedule.gemm import int_tiles_rows_inner
+
+    assert int_tiles_rows_inner(row_blocks=22, panels=48, a_bytes=128 * 768, b_bytes=768 * 3072)
+    assert not int_tiles_rows_inner(row_blocks=2091, panels=1, a_bytes=12544 * 28, b_bytes=28 * 64)
+    assert not int_tiles_rows_inner(row_blocks=1, panels=48, a_bytes=768, b_bytes=768 * 3072)
+    assert int_tiles_rows_inner(row_blocks=11, panels=3, a_bytes=4 * 64 * 2, b_bytes=4 * 2 * 3 * 64)
+
+
 def test_narrow_products_trade_vectors_for_rows() -> None:
     """Fewer columns than a tile's vectors cover (ddddocr's 24-channel ConvIntegers under a
     64-column tile): NV covers the columns and the freed registers hold more rows, every
