@@ -70,14 +70,17 @@ def decide_gemm_graph(g: Graph, options: CompileOptions) -> None:
 INT_TILE_MAX_ROWS = 12  # rows of a narrow tile (fewer vectors per row): broadcasts stay cheap
 
 
-def int_tiles_rows_inner(row_blocks: int, panels: int, a_bytes: int, b_bytes: int) -> bool:
+def int_tiles_rows_inner(row_blocks: int, panels: int, a_bytes: int, b_bytes: int, l1_bytes: int) -> bool:
     """Whether an integer GEMM's (row block, column panel) tiles run row blocks innermost (each
     column panel of B stays in cache while every row block of A passes it; A is read once per
-    panel) rather than panels innermost (B read once per row block): whichever streams fewer
-    bytes. A dynamically quantized DistilBERT's FFN (A 128 x 768, B 768 x 3072 int8) streamed
-    its 2.4 MB B 22 times a call panels-inner; rows-inner it reads A (98 KB, from L2) 48 times:
-    1.05 -> 0.61 ms (Emerald Rapids, 2 threads). An im2col conv (many rows, few weights) keeps
-    panels inner."""
+    panel) rather than panels innermost (B read once per row block). A B that fits in the L1
+    (``l1_bytes``: the target's) is read from there either way: panels inner, A streams once (an
+    im2col conv's many rows against its few weights). Else whichever streams fewer bytes. A
+    dynamically quantized DistilBERT's FFN (A 128 x 768, B 768 x 3072 int8) streamed its 2.4 MB
+    B 22 times a call panels-inner; rows-inner it reads A (98 KB) 48 times: 1.05 -> 0.61 ms
+    (Emerald Rapids, 2 threads)."""
+    if b_bytes <= l1_bytes:
+        return False
     return panels * a_bytes + b_bytes < row_blocks * b_bytes + a_bytes
 
 

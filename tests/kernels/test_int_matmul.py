@@ -31,7 +31,8 @@ def test_matmul_integer(isa: str, monkeypatch, cache) -> None:
     cases = Cases()
     feeds = {}
     for at, bt in ((np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8), (np.int8, np.uint8)):
-        for m, k, n in ((1, 300, 70), (5, 33, 19), (64, 8, 129), (3, 1, 1)):
+        # (64, 300, 129): B past a 48 KiB L1, so the tiles run row blocks innermost
+        for m, k, n in ((1, 300, 70), (5, 33, 19), (64, 8, 129), (3, 1, 1), (64, 300, 129)):
             a = f"a_{np.dtype(at).name}_{m}_{k}"
             feeds.setdefault(a, _q(at, m, k))
             bconst = _q(bt, k, n)
@@ -149,15 +150,15 @@ def test_tile_rows_never_exceed_the_product() -> None:
 
 def test_tile_order_streams_the_fewer_bytes() -> None:
     """Row blocks innermost where B is the bigger operand to stream (a transformer's FFN: A 128 x
-    768, B 768 x 3072 int8), column panels innermost where A is (an im2col conv's many rows, or
-    one row: B read once either way); both orders run in the products checked above (M = 64 by
-    N = 129 rows-inner, M = 1 panels-inner)."""
+    768, B 768 x 3072 int8); column panels innermost where B fits in the L1 (an im2col conv's few
+    weights) or A is the bigger one (one row: B read once either way). Both orders run in the
+    products checked above (M = 64, K = 300, N = 129 rows-inner; the smaller ones panels-inner)."""
     from smelt.schedule.gemm import int_tiles_rows_inner
 
-    assert int_tiles_rows_inner(row_blocks=22, panels=48, a_bytes=128 * 768, b_bytes=768 * 3072)
-    assert not int_tiles_rows_inner(row_blocks=2091, panels=1, a_bytes=12544 * 28, b_bytes=28 * 64)
-    assert not int_tiles_rows_inner(row_blocks=1, panels=48, a_bytes=768, b_bytes=768 * 3072)
-    assert int_tiles_rows_inner(row_blocks=11, panels=3, a_bytes=4 * 64 * 2, b_bytes=4 * 2 * 3 * 64)
+    l1 = 48 << 10
+    assert int_tiles_rows_inner(row_blocks=22, panels=48, a_bytes=128 * 768, b_bytes=768 * 3072, l1_bytes=l1)
+    assert not int_tiles_rows_inner(row_blocks=2091, panels=2, a_bytes=12544 * 28, b_bytes=28 * 128, l1_bytes=l1)
+    assert not int_tiles_rows_inner(row_blocks=1, panels=48, a_bytes=768, b_bytes=768 * 3072, l1_bytes=l1)
 
 
 def test_narrow_products_trade_vectors_for_rows() -> None:

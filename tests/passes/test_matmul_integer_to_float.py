@@ -22,8 +22,8 @@ RNG = np.random.default_rng(1129)
 ISAS = ["native", "avx2", AVX_VNNI, "scalar"]
 
 
-def _model(n: int = 37, k: int = 70):
-    """x [5, K] through DynamicQuantizeLinear into four chains: a per-column scale product and a
+def _model(n: int = 37, k: int = 70, m: int = 5):
+    """x [M, K] through DynamicQuantizeLinear into four chains: a per-column scale product and a
     bias (fused), a per-tensor product without a bias (fused), a constant scale with a bias
     (fused), and a chain whose Cast output is read twice (kept)."""
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"])]
@@ -51,7 +51,7 @@ def _model(n: int = 37, k: int = 70):
             nodes.append(helper.make_node("Add", [f"f{i}", y], [f"t{i}"]))
             y = f"t{i}"
         outs.append(y)
-    return make_model(nodes, [tensor("x", [5, k])], [tensor(o, None) for o in outs], inits, opset=17)
+    return make_model(nodes, [tensor("x", [m, k])], [tensor(o, None) for o in outs], inits, opset=17)
 
 
 def test_what_is_fused() -> None:
@@ -64,10 +64,12 @@ def test_what_is_fused() -> None:
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("threads", [1, 2])
-def test_fused_chains_answer_as_written(isa: str, threads: int, monkeypatch, cache) -> None:
+@pytest.mark.parametrize("mkn", [(5, 70, 37), (40, 200, 300)])  # the second: B past the L1, rows inner
+def test_fused_chains_answer_as_written(isa: str, threads: int, mkn: tuple, monkeypatch, cache) -> None:
     force_isa(isa, monkeypatch, cache)
-    model = _model()
-    feeds = {"x": (RNG.standard_normal((5, 70)) * 3).astype(np.float32)}
+    m, k, n = mkn
+    model = _model(n=n, k=k, m=m)
+    feeds = {"x": (RNG.standard_normal((m, k)) * 3).astype(np.float32)}
     want = ReferenceEvaluator(model).run(None, feeds)
     fused = smelt.compile(model, threads=threads)
     assert fused.fallback_nodes == [], fused.fallback_report

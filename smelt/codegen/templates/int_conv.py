@@ -219,7 +219,7 @@ def emit_int_conv(node: Node, g: Graph, em: BlockEmitter) -> None:
                    "long wb, we; " + split.format(total=n * group * blocks_m * nb),
                    "for (long p = wb; p < we; ++p) {",
                    (f"    const long mb = p % {blocks_m}, cb = (p / {blocks_m}) % {nb}, bg = p / {nb * blocks_m};"
-                    if int_tiles_rows_inner(blocks_m, nb, 4 * p_count * kwords, 4 * kwords * nb * nr)  # (4-byte words)
+                    if int_tiles_rows_inner(blocks_m, nb, 4 * p_count * kwords, 4 * kwords * nb * nr, em.target.l1d_bytes)  # (4-byte words)
                     else f"    const long cb = p % {nb}, mb = (p / {nb}) % {blocks_m}, bg = p / {nb * blocks_m};"),
                    f"    const long gi = bg % {group}, ni = bg / {group};",
                    f"    const long i0 = mb * {mr}, mr = SMELT_MIN({mr}, {p_count} - i0);"]

@@ -263,7 +263,7 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
         "long wb, we; " + split.format(total=batch * blocks_m * nb),
         "for (long p = wb; p < we; ++p) {",
         (f"    const long mb = p % {blocks_m}, cb = (p / {blocks_m}) % {nb}, bi = p / {nb * blocks_m};"
-         if int_tiles_rows_inner(blocks_m, nb, 4 * m * kw, 4 * kw * nb * nr) else  # (4-byte words)
+         if int_tiles_rows_inner(blocks_m, nb, 4 * m * kw, 4 * kw * nb * nr, em.target.l1d_bytes) else  # (4-byte words)
          f"    const long cb = p % {nb}, mb = (p / {nb}) % {blocks_m}, bi = p / {nb * blocks_m};"),
         f"    const long i0 = mb * {mr}, mr = SMELT_MIN({mr}, {m} - i0);",
         *["    " + line for line in kernel],

@@ -404,7 +404,7 @@ def _emit_tiled(node: Node, em: BlockEmitter, p: Gemm, v) -> None:
         "long wb, we; " + split.format(total=blocks_m * nb),
         "for (long p = wb; p < we; ++p) {",
         (f"    const long cb = p / {blocks_m}, i0 = (p % {blocks_m}) * {mr}, mr = SMELT_MIN({mr}, {p.m} - i0);"
-         if int_tiles_rows_inner(blocks_m, nb, 4 * p.m * kw, packed.nbytes) else
+         if int_tiles_rows_inner(blocks_m, nb, 4 * p.m * kw, packed.nbytes, em.target.l1d_bytes) else
          f"    const long cb = p % {nb}, i0 = (p / {nb}) * {mr}, mr = SMELT_MIN({mr}, {p.m} - i0);"),
         *["    " + line for line in kernel],
         f"    const long jn = SMELT_MIN({nr}, {p.n} - cb * {nr});",
