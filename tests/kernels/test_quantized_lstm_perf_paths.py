@@ -6,8 +6,8 @@ per step) and picks the u8 x s8 quad form where the host has VNNI and the weight
 zero point 0, else int16 pairs (AVX2, and AVX-512 for uint8 weights), else portable C. Each
 case below is built to reach one of those branches; every one runs at every ISA this host has
 and at 1 and 2 threads. The answers must agree with onnxruntime's to float rounding (its h
-quantization depends on its thread count once the batch exceeds it: the session runs with one
-thread per batch row, the per-row split smelt uses).
+quantization depends on its thread count where it splits the batch between threads: the session
+runs with its default, the physical cores, whose row groups smelt takes).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_fast_paths_match_onnxruntime(case: str, isa: str, monkeypatch, cache, t
     feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
              for i in inputs}
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = max(2, batch)  # one row per chunk: the per-row quantization
+    opts.intra_op_num_threads = target.physical_cores  # onnxruntime's default: its row groups
     want = ort.InferenceSession(str(dst), opts, providers=["CPUExecutionProvider"]).run(None, feeds)
     first = None
     for threads in (1, 2):

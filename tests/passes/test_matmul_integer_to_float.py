@@ -65,8 +65,8 @@ def test_what_is_fused() -> None:
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("mkn", [(5, 70, 37), (40, 200, 300)])  # the second: B past the L1, rows inner
-def test_fused_chains_answer_as_written(isa: str, threads: int, mkn: tuple, monkeypatch, cache) -> None:
-    force_isa(isa, monkeypatch, cache)
+def test_fused_chains_answer_as_written(isa: str, threads: int, mkn: tuple, monkeypatch, tmp_path) -> None:
+    force_isa(isa, monkeypatch, tmp_path)
     m, k, n = mkn
     model = _model(n=n, k=k, m=m)
     feeds = {"x": (RNG.standard_normal((m, k)) * 3).astype(np.float32)}

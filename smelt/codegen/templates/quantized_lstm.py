@@ -5,10 +5,10 @@ zero points; the activations are quantized at run time to uint8, as onnxruntime 
 matching its outputs to 5e-8 over the variants, tests/kernels/test_quantized_lstm.py):
 - the whole input X [seq, batch, input] once, with DynamicQuantizeLinear's rule (range widened
   to 0, scale = range / 255, zero point rounded half to even);
-- the hidden state per batch row at every step, with the same rule over that row. (onnxruntime
-  quantizes it per chunk of rows its threads take, so its own answer moves by ~1e-3 with its
-  thread count once the batch has more rows than it has threads; per row is its finest split,
-  the most accurate, and the same whatever smelt's thread count.)
+- the hidden state at every step, with the same rule over each group of batch rows onnxruntime
+  quantizes together (``h_quant_rows``: the whole batch, or, where onnxruntime splits the batch
+  between its threads, chunks of ceil(batch / physical cores), its default thread count; its own
+  answer moves by ~1e-3 with its thread count there).
 Each product is exact in int32, then scaled by ``x_scale * w_scale[column]``; the gates follow
 onnxruntime's order (X.W + h.R, then the peephole, then the bias; sigmoid, tanh, tanh; other
 activations, ``clip``, ``input_forget`` and a ``sequence_lens`` input are refused with the reason,
@@ -57,6 +57,7 @@ from smelt.codegen.kernels.rnn_vec import LOGICAL_LANES, vmath_source
 from smelt.codegen.registry import register
 from smelt.ir.graph import PLAIN, Graph, Node
 from smelt.schedule.gemm import int_dot_tile
+from smelt.schedule.rnn import h_quant_rows
 
 MS_DOMAIN = "com.microsoft"
 EIGHT_BIT = ("int8", "uint8")
@@ -352,6 +353,7 @@ def emit_dq_lstm(node: Node, g: Graph, em: BlockEmitter) -> None:
     y, yh, yc = (em.ptr(o) if o else "" for o in outs)
     reverse = {"forward": "0", "reverse": "1", "bidirectional": "d"}[direction]
     par = npan if n4 * hidden * batch >= REC_PARALLEL_MIN_MACS else 1
+    qrows = h_quant_rows(batch, hidden, em.target.physical_cores)
     rkernel = [_tile_call(em, v, mrr, nrr, kwh, gr, batch, a=f"QA + rb0 * {kwh}L", lda=f"{kwh}L", rows="mr",
                           b_panel="rpan", tile="T")]
     racc = (f"(T[r * {nrr} + jj] - hzi * RCS[d * {n4p} + p * {nrr} + jj])" if gr == QUAD
@@ -411,18 +413,23 @@ def emit_dq_lstm(node: Node, g: Graph, em: BlockEmitter) -> None:
         # no initial h: step 0's h is zero, so h.R adds exactly nothing (its zero range quantizes
         # to zeros with zero point 0): the gates start from X.W (a T=1 call reads no R at all)
         f"        const int zero_h = s == 0 && {0 if ih else 1};",
-        # the whole previous h, per row: its range and uint8 quantization (every thread of the
-        # group does it for itself: H values against a second barrier per step)
-        f"        for (long b = 0; b < {batch} && !zero_h; ++b) {{",
-        f"            const float *restrict hr = hprev + b * {hp};",
+        # the whole previous h, in onnxruntime's groups of rows (``h_quant_rows``): each
+        # group's range, then its rows' uint8 quantization (every thread of the group does it
+        # for itself: H values against a second barrier per step)
+        f"        for (long b0 = 0; b0 < {batch} && !zero_h; b0 += {qrows}) {{",
+        f"            const long b1 = SMELT_MIN(b0 + {qrows}, {batch}L);",
         "            VX_v vlo = VX_zero(), vhi = VX_zero();",
-        f"            for (long k = 0; k < {hp}; k += {L}) {{ const VX_v x = VX_loadu(hr + k); vlo = VX_min(x, vlo); vhi = VX_max(x, vhi); }}",
+        f"            for (long k = b0 * {hp}; k < b1 * {hp}; k += {L}) {{ const VX_v x = VX_loadu(hprev + k); "
+        "vlo = VX_min(x, vlo); vhi = VX_max(x, vhi); }",
         f"            float tl[{L}], th[{L}], lo = 0.0f, hi = 0.0f; VX_storeu(tl, vlo); VX_storeu(th, vhi);",
         f"            for (int l = 0; l < {L}; ++l) {{ lo = tl[l] < lo ? tl[l] : lo; hi = th[l] > hi ? th[l] : hi; }}",
         "            float hs, hz;",
         *["            " + line for line in uint8_params("lo", "hi", "hs", "hz").splitlines()],
-        "            QP[2 * b] = hs; QP[2 * b + 1] = hz;",
-        *["            " + line for line in _quantize_words(f"(QA + b * {kwh})", "hr", hp, hp, "hs", "hz", gr)],
+        "            for (long b = b0; b < b1; ++b) {",
+        f"                const float *restrict hr = hprev + b * {hp};",
+        "                QP[2 * b] = hs; QP[2 * b + 1] = hz;",
+        *["                " + line for line in _quantize_words(f"(QA + b * {kwh})", "hr", hp, hp, "hs", "hz", gr)],
+        "            }",
         "        }",
         "        for (long p = p0; p < p1; ++p) {",
         f"            const {'int8_t' if gr == QUAD else 'int16_t'} *restrict rpan = RP + (d * {npan} + p) * {kwh * nrr * gr}L;",
@@ -461,7 +468,7 @@ def emit_dq_lstm(node: Node, g: Graph, em: BlockEmitter) -> None:
     code = "\n".join(lines).replace("VX_", f"{vx}_")
     dot = "u8s8_dot_acc" if gr == QUAD else "i16_dot_acc"
     em.schedule(algorithm="DeepCPU on integers: X quantized once, X.W of every step hoisted into one integer GEMM; "
-                          "per step h quantized per row (onnxruntime's rule), h.R on each thread's resident panels, "
+                          "per step h quantized in onnxruntime's row groups, h.R on each thread's resident panels, "
                           "gates fused in registers",
                 kernel="dq_lstm",
                 micro_kernel=(f"{mrr}x{nrr} {v.name} {v.x(dot, a='a', b='b', c='c')}" if vec else f"{mrr}x{nrr} portable pairs"),
