@@ -222,6 +222,7 @@ AVX512 = VectorIsa(
            ("i32_set1", "_mm512_set1_epi32({a})"),
            ("i32_setr", "_mm512_setr_epi32({a})"),
            ("i32_add", "_mm512_add_epi32({a}, {b})"),
+           ("i32_sub", "_mm512_sub_epi32({a}, {b})"),
            ("i32_mullo", "_mm512_mullo_epi32({a}, {b})"),
            ("i32_mask_add", "_mm512_mask_add_epi32({a}, {m}, {b}, {c})"),
            ("i32_ge0_mask", "_mm512_cmpge_epi32_mask({a}, _mm512_setzero_si512())"),
@@ -271,7 +272,10 @@ AVX512 = VectorIsa(
                               "_mm256_storeu_si256((__m256i *)({p}), _mm512_castsi512_si256(_mm512_permutexvar_epi32("
                               "_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), q_))); }}"),
            # int32 lanes already within [0, 255] stored as bytes at {p}
-           ("i32_store_u8", "_mm_storeu_si128((__m128i *)({p}), _mm512_cvtepi32_epi8({a}));")))
+           ("i32_store_u8", "_mm_storeu_si128((__m128i *)({p}), _mm512_cvtepi32_epi8({a}));"),
+           # int32 lanes within [-128, 127] stored as int8 at {p} (vpmovdb keeps the low byte)
+           ("i32_store_i8", "_mm_storeu_si128((__m128i *)({p}), _mm512_cvtepi32_epi8({a}));"),
+           ("i8_to_i32", "_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)({p})))")))
 
 AVX2 = VectorIsa(
     rnn_header="rnn_vec_avx2.h",
@@ -291,6 +295,7 @@ AVX2 = VectorIsa(
            ("i32_set1", "_mm256_set1_epi32({a})"),
            ("i32_loadu", "_mm256_loadu_si256((const __m256i *)({p}))"),
            ("i32_add", "_mm256_add_epi32({a}, {b})"),
+           ("i32_sub", "_mm256_sub_epi32({a}, {b})"),
            ("i32_mullo", "_mm256_mullo_epi32({a}, {b})"),
            ("i32_storeu", "_mm256_storeu_si256((__m256i *)({p}), {a});"),
            ("i16_dot_acc", "_mm256_add_epi32({c}, _mm256_madd_epi16({a}, {b}))"),
@@ -319,7 +324,12 @@ AVX2 = VectorIsa(
            # no vpmovdb before AVX-512: saturating packs (exact for in-range lanes), two dwords out
            ("i32_store_u8", "{{ __m256i t_ = _mm256_packs_epi32({a}, {a}); t_ = _mm256_packus_epi16(t_, t_); "
                             "int32_t l_ = _mm256_cvtsi256_si32(t_), h_ = _mm256_extract_epi32(t_, 4); "
-                            "__builtin_memcpy({p}, &l_, 4); __builtin_memcpy((char *)({p}) + 4, &h_, 4); }}")))
+                            "__builtin_memcpy({p}, &l_, 4); __builtin_memcpy((char *)({p}) + 4, &h_, 4); }}"),
+           # the same with signed packs for int8 lanes within [-128, 127]
+           ("i32_store_i8", "{{ __m256i t_ = _mm256_packs_epi32({a}, {a}); t_ = _mm256_packs_epi16(t_, t_); "
+                            "int32_t l_ = _mm256_cvtsi256_si32(t_), h_ = _mm256_extract_epi32(t_, 4); "
+                            "__builtin_memcpy({p}, &l_, 4); __builtin_memcpy((char *)({p}) + 4, &h_, 4); }}"),
+           ("i8_to_i32", "_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)({p})))")))
 
 # AVX-512 hosts running 8-channel (ymm) blocks: the AVX2 spelling (vector masks, blendv: the code
 # those blocks always had) with AVX-512's 32 registers and embedded broadcast
