@@ -69,6 +69,7 @@ def fuse_matmul_integer_to_float(g: Graph) -> Graph:
 
     producers, consumers = g.producers(), g.consumers()
     dead: list[Node] = []
+    fused: dict[int, Node] = {}
     for mm in list(g.iter_op("MatMulInteger")):
         b = mm.inputs[1] if len(mm.inputs) > 1 else ""
         bv = g.values.get(b)
@@ -103,7 +104,10 @@ def fuse_matmul_integer_to_float(g: Graph) -> Graph:
         if find_template(mm, g)[0] is None:
             mm.op, mm.domain, mm.inputs, mm.outputs = before
             continue
-        dead += gone
-    g.remove_nodes(dead)
-    g.prune_values()
+        fused[id(gone[-1])] = mm  # runs where the chain's last node ran: its scale is computed by then
+        dead += gone + [mm]
+    if fused:
+        gone_ids = {id(n) for n in dead}
+        g.nodes = [fused.get(id(n), n) for n in g.nodes if id(n) not in gone_ids or id(n) in fused]
+        g.prune_values()
     return g

@@ -23,20 +23,26 @@ ISAS = ["native", "avx2", AVX_VNNI, "scalar"]
 
 
 def _model(n: int = 37, k: int = 70, m: int = 5):
-    """x [M, K] through DynamicQuantizeLinear into four chains: a per-column scale product and a
+    """x [M, K] through DynamicQuantizeLinear into five chains: a per-column scale product and a
     bias (fused), a per-tensor product without a bias (fused), a constant scale with a bias
-    (fused), and a chain whose Cast output is read twice (kept)."""
+    (fused), a chain whose Cast output is read twice (kept), and one whose activation scale is
+    computed after the product in node order (fused, and run where the chain's last node ran)."""
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"])]
     inits = []
     outs = []
     for i, (scale, bias, twice) in enumerate((("column", True, False), ("tensor", False, False),
-                                              ("const", True, False), ("tensor", False, True))):
+                                              ("const", True, False), ("tensor", False, True),
+                                              ("late", True, False))):
         w = RNG.integers(-128, 128, (k, n)).astype(np.int8)
         inits += [const(f"w{i}", w), const(f"wz{i}", np.int8(0))]
         nodes.append(helper.make_node("MatMulInteger", ["xq", f"w{i}", "xz", f"wz{i}"], [f"acc{i}"]))
         nodes.append(helper.make_node("Cast", [f"acc{i}"], [f"f{i}"], to=TensorProto.FLOAT))
         if scale == "const":
             inits.append(const(f"s{i}", RNG.uniform(1e-4, 1e-3, n).astype(np.float32)))
+        elif scale == "late":  # the activation's scale computed after the product, in node order
+            inits += [const(f"one{i}", np.float32(1.0)), const(f"ws{i}", RNG.uniform(0.001, 0.01, n).astype(np.float32))]
+            nodes += [helper.make_node("Mul", ["xs", f"one{i}"], [f"xs{i}"]),
+                      helper.make_node("Mul", [f"xs{i}", f"ws{i}"], [f"s{i}"])]
         else:
             ws = RNG.uniform(0.001, 0.01, n if scale == "column" else ()).astype(np.float32)
             inits.append(const(f"ws{i}", ws))
@@ -56,10 +62,10 @@ def _model(n: int = 37, k: int = 70, m: int = 5):
 
 def test_what_is_fused() -> None:
     ops = [n.op for n in lower(_model(), CompileOptions(threads=1)).nodes]
-    assert ops.count("MatMulIntegerToFloat") == 3 and ops.count("MatMulInteger") == 1, ops
+    assert ops.count("MatMulIntegerToFloat") == 4 and ops.count("MatMulInteger") == 1, ops
     assert ops.count("Cast") == 1, ops  # the chain whose Cast is read twice
     off = [n.op for n in lower(_model(), CompileOptions(threads=1, matmul_integer_to_float=False)).nodes]
-    assert "MatMulIntegerToFloat" not in off and off.count("MatMulInteger") == 4, off
+    assert "MatMulIntegerToFloat" not in off and off.count("MatMulInteger") == 5, off
 
 
 @pytest.mark.parametrize("isa", ISAS)

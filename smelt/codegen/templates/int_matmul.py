@@ -171,9 +171,11 @@ def _emit_register_tiled(node: Node, g: Graph, em: BlockEmitter, io: dict[str, s
     """A constant B packed per NR-column panel at compile time (a run-time B, attention's
     ``Q K^T`` in a QDQ transformer: packed per call, in a step of its own), A packed per call,
     then the shared register tile (``kernels/int_gemm.py``) per (batch, row block, column
-    panel): int16 pairs with both zero points subtracted, or, on VNNI hosts for uint8 A and
-    constant int8 B of zero point 0, raw byte quads (vpdpbusd) with A's zero point times B's
-    column sums taken off."""
+    panel; row blocks innermost where that streams fewer bytes: ``int_tiles_rows_inner``):
+    int16 pairs with both zero points subtracted, or, on VNNI hosts for uint8 A and an 8-bit B
+    of constant zero point (constant, or at run time where the vector requantization applies),
+    raw byte quads (vpdpbusd) with A's zero point times B's column sums taken off and B's
+    offsets times A's row sums added."""
     batch, m, k, n, b_batched = _dims(g, io)  # type: ignore[misc]
     mr, nv = int_dot_tile(v.registers, m)
     nr = nv * v.lanes
