@@ -11,8 +11,8 @@ they are exported from ``transformers`` configs at run time (bench/exported.py).
 
 An entry's ``shapes`` fix the symbolic input dimensions to a typical request; ``values`` give
 inputs that must hold a meaningful value rather than random data (a sample rate), ``images`` a
-synthetic text page, ``ints`` integers from a range (byte values). ``quantized`` marks a QDQ int8
-model (its Quantize/DequantizeLinear nodes run on the fallback); ``tolerance`` raises the
+synthetic text page, ``ints`` integers from a range (byte values). ``quantized`` marks an 8-bit
+model (QDQ, or onnxruntime's dynamic quantization); ``tolerance`` raises the
 comparison's bound where even onnxruntime against itself, or both engines against a float64 run,
 differ by more than 1e-4 (the entry says why); ``in_suite=False`` keeps a model too slow for the
 suite's rounds out of ``--suite wild`` (it is still benchmarked by name).
