@@ -285,8 +285,8 @@ def test_blocked_int8_convs_clean_under_sanitizers(isa, tmp_path):
 
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_quantized_lstm_clean_under_sanitizers(isa, tmp_path):
-    """com.microsoft:DynamicQuantizeLSTM, bidirectional, batch 1 (per-row quantization is then
-    onnxruntime's at any thread count), under the sanitizers."""
+    """com.microsoft:DynamicQuantizeLSTM, bidirectional, batch 1 (one row: onnxruntime's grouping
+    of h at any thread count), under the sanitizers."""
     from onnx import TensorProto, helper, numpy_helper
 
     _isa_or_skip(isa)

@@ -96,7 +96,8 @@ def test_dynamic_quantize_lstm_runs_ymm_quads(monkeypatch, cache, tmp_path) -> N
     quantize_dynamic(str(fp32), str(q8), weight_type=QuantType.QInt8)
     feeds = {"x": RNG.standard_normal((5, 3, 24)).astype(np.float32)}
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 3  # one batch row per chunk: onnxruntime's per-row quantization of h
+    # onnxruntime's default thread count, whose row groups for h smelt takes (schedule.rnn.h_quant_rows)
+    opts.intra_op_num_threads = target.physical_cores
     want = ort.InferenceSession(str(q8), opts, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     for threads in (1, 2):
         compiled = _compile(onnx.load(str(q8)), target, threads, monkeypatch)
