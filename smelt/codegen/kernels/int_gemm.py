@@ -190,6 +190,28 @@ def uint8_quantize(x: str, scale: str, zero: str, dest: str) -> str:
             f"if (v > 255.0f) v = 255.0f; {dest} = (uint8_t)v; }}")
 
 
+def quantize_run(v: VectorIsa | None, x: str, q: str, dtype: str) -> list[str]:
+    """C lines quantizing floats ``x[i..e)`` to 8-bit ``q`` (``dtype`` uint8 or int8) with the
+    float locals ``s`` and ``z`` by QuantizeLinear's rule: ``x / s`` rounded half to even, plus
+    ``z``, saturated, NaN to the low end. With ``v`` (a vector ISA with ``f32_round_even`` and
+    the narrowing store ``i32_store_u8`` / ``i32_store_i8``) a vector at a time, the scalar rule's
+    operations in its order in every lane (``max(f, low)`` sends NaN low as ``!(q >= low)``
+    does), the tail by the scalar statement; without, the scalar statement throughout."""
+    info = np.iinfo(np.dtype(dtype))
+    lo, hi, ct = f"{int(info.min)}.0f", f"{int(info.max)}.0f", "uint8_t" if info.min == 0 else "int8_t"
+    lines = []
+    if v is not None:
+        store = "i32_store_u8" if info.min == 0 else "i32_store_i8"
+        lines = [f"{{ const {v.t} sv = {v.set1('s')}, zv = {v.set1('z')}, klo = {v.set1(lo)}, khi = {v.set1(hi)};",
+                 f"  for (; i + {v.lanes} <= e; i += {v.lanes}) {{",
+                 f"    {v.t} f = {v.op('add', v.x('f32_round_even', a=v.op('div', v.loadu(f'{x} + i'), 'sv')), 'zv')};",
+                 f"    f = {v.op('min', v.op('max', 'f', 'klo'), 'khi')};  /* NaN: max gives the low end */",
+                 f"    {v.x(store, p=f'{q} + i', a=v.x('f32_to_i32', a='f'))}",
+                 "  } }"]
+    return lines + [f"for (; i < e; ++i) {{ float qv = nearbyintf({x}[i] / s) + z; if (!(qv >= {lo})) qv = {lo}; "
+                    f"if (qv > {hi}) qv = {hi}; {q}[i] = ({ct})qv; }}"]
+
+
 def emit_dynamic_uint8(em: BlockEmitter, x: str, n: int, q: str | None, name: str) -> str:
     """Three steps quantizing the ``n`` floats at ``x`` to uint8 at ``q`` (None: only the
     parameters) with DynamicQuantizeLinear's rule: each share finds its part's range, one share
@@ -229,20 +251,10 @@ def emit_dynamic_uint8(em: BlockEmitter, x: str, n: int, q: str | None, name: st
             "    " + uint8_params("lo", "hi", "SC[0]", "SC[1]").replace("\n", "\n    ") + "\n"
             "}", name=f"{name}_scale")
     if q is not None:
-        if wide:
-            quant_loop = [
-                f"const {v.t} sv = {v.set1('s')}, zv = {v.set1('z')}, k0 = {v.zero()}, k255 = {v.set1('255.0f')};",
-                f"for (; i + {lanes} <= e; i += {lanes}) {{",
-                f"    {v.t} f = {v.op('add', v.x('f32_round_even', a=v.op('div', v.loadu('X + i'), 'sv')), 'zv')};",
-                f"    f = {v.op('min', v.op('max', 'f', 'k0'), 'k255')};  /* NaN: max gives 0 */",
-                f"    {v.x('i32_store_u8', p='Q + i', a=v.x('f32_to_i32', a='f'))}",
-                "}"]
-        else:
-            quant_loop = []
         em.step("\n".join([f"const float *restrict X = {x};", f"uint8_t *restrict Q = {q};",
                            # the parameters in locals: a uint8 store may alias what SC points at
                            f"const float s = ({sc})[0], z = ({sc})[1];",
-                           f"long b, e; smelt_range({n}, tid, nt, &b, &e); long i = b;", *quant_loop,
-                           f"for (; i < e; ++i) {uint8_quantize('X[i]', 's', 'z', 'Q[i]')}"]),
+                           f"long i, e; smelt_range({n}, tid, nt, &i, &e);",
+                           *quantize_run(v if wide else None, "X", "Q", "uint8")]),
                 name=f"{name}_quantize")
     return sc

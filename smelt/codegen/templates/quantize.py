@@ -27,7 +27,7 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.broadcast import elementwise_loop
-from smelt.codegen.kernels.int_gemm import emit_dynamic_uint8, flush_counters
+from smelt.codegen.kernels.int_gemm import emit_dynamic_uint8, flush_counters, quantize_run
 from smelt.codegen.kernels.isa import VectorIsa, vector_isa
 from smelt.codegen.kernels.loops import dtype_name
 from smelt.codegen.registry import register
@@ -135,27 +135,16 @@ def _flat_isa(node: Node, g: Graph, em: BlockEmitter, data: str, codes: str) -> 
 
 
 def _emit_quantize_flat(node: Node, g: Graph, em: BlockEmitter, v: VectorIsa) -> None:
-    """QuantizeLinear to 8 bits per tensor a vector at a time, the scalar rule's operations in its
-    order in every lane (``x / s`` rounded half to even, plus the zero point; ``max(f, low)``
-    sends NaN to the low end as ``!(v >= low)`` does; then the top clamp), the tail by the scalar
-    statement. gcc's vectorization of the broadcast loop ran at ~2 elements a ns; a QDQ
-    transformer has one per activation (smart-turn: 41)."""
+    """QuantizeLinear to 8 bits per tensor a vector at a time (``int_gemm.quantize_run``, as
+    DynamicQuantizeLinear quantizes): gcc's vectorization of the broadcast loop ran at ~2
+    elements a ns; a QDQ transformer has one per activation (smart-turn: 41)."""
     x, s, y = node.inputs[0], node.inputs[1], node.outputs[0]
     zp = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
-    ct, store, _ = FLAT_TYPES[dtype_name(g, y)]
-    lo, hi = _range(dtype_name(g, y))
-    n, lanes = int(np.prod(g.values[x].shape, dtype=np.int64)), v.lanes
+    ct = FLAT_TYPES[dtype_name(g, y)][0]
+    n = int(np.prod(g.values[x].shape, dtype=np.int64))
     lines = [f"const float *restrict X = {em.ptr(x)};", f"{ct} *restrict Y = (void *){em.ptr(y)};",
              f"const float s = ({em.ptr(s)})[0], z = {f'(float)({em.ptr(zp)})[0]' if zp else '0.0f'};",
-             f"const {v.t} sv = {v.set1('s')}, zv = {v.set1('z')}, klo = {v.set1(f'{lo}.0f')}, khi = {v.set1(f'{hi}.0f')};",
-             f"long i, e; smelt_range({n}, tid, nt, &i, &e);",
-             f"for (; i + {lanes} <= e; i += {lanes}) {{",
-             f"    {v.t} f = {v.op('add', v.x('f32_round_even', a=v.op('div', v.loadu('X + i'), 'sv')), 'zv')};",
-             f"    f = {v.op('min', v.op('max', 'f', 'klo'), 'khi')};  /* NaN: max gives the low end */",
-             f"    {v.x(store, p='Y + i', a=v.x('f32_to_i32', a='f'))}",
-             "}",
-             f"for (; i < e; ++i) {{ float q = nearbyintf(X[i] / s) + z; if (!(q >= {lo}.0f)) q = {lo}.0f; "
-             f"if (q > {hi}.0f) q = {hi}.0f; Y[i] = ({ct})q; }}"]
+             f"long i, e; smelt_range({n}, tid, nt, &i, &e);", *quantize_run(v, "X", "Y", dtype_name(g, y))]
     em.step("\n".join(lines), name=f"quantize_linear_{dtype_name(g, y)}",
             doc=f"QuantizeLinear to {dtype_name(g, y)} per tensor, {n} values")
 
