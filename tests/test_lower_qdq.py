@@ -72,3 +72,51 @@ def test_qdq_model_runs_on_integer_kernels(tmp_path, per_channel: bool) -> None:
         assert compiled.fallback_nodes == []
         got = compiled.run({"x": x})[0]
         assert float(np.abs(got - want).max()) <= step * 1.001, (threads, np.abs(got - want).max(), step)
+
+
+def _float_model_1d(path) -> None:
+    """A Whisper encoder's front: two 1-D convs (k=3, pad 1; the second stride 2) with a GELU."""
+    w = lambda *s: (RNG.standard_normal(s) * 0.2).astype(np.float32)  # noqa: E731
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1]),
+             helper.make_node("Sigmoid", ["c1"], ["s1"]),
+             helper.make_node("Mul", ["c1", "s1"], ["g1"]),
+             helper.make_node("Conv", ["g1", "w2", "b2"], ["y"], pads=[1, 1], strides=[2])]
+    inits = [numpy_helper.from_array(a, n) for n, a in (("w1", w(24, 10, 3)), ("b1", w(24)),
+                                                         ("w2", w(20, 24, 3)), ("b2", w(20)))]
+    graph = helper.make_graph(nodes, "qconv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10, 37])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 20, 19])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+class _Reader1d(quantization.CalibrationDataReader):
+    def __init__(self) -> None:
+        self.batches = iter([{"x": RNG.standard_normal((1, 10, 37)).astype(np.float32)} for _ in range(8)])
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_qdq_1d_convs_run_on_integer_kernels(tmp_path, per_channel: bool, isa: str) -> None:
+    """1-D QDQ convs (smart-turn's Whisper front ran them in float: 11% of the model) lower to
+    QLinearConv as onnxruntime's QDQ transformer does, then run as 2-D integer convs of height
+    one; the codes are onnxruntime's exactly."""
+    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
+    _float_model_1d(src)
+    quantization.quantize_static(str(src), str(dst), _Reader1d(), quant_format=quantization.QuantFormat.QDQ,
+                                 per_channel=per_channel, activation_type=quantization.QuantType.QUInt8,
+                                 weight_type=quantization.QuantType.QInt8)
+    model = onnx.load(str(dst))
+    g = lower(model, CompileOptions(threads=1))
+    ops = [n.op for n in g.nodes]
+    assert ops.count("QLinearConv") == 2 and "Conv" not in ops, ops
+    x = RNG.standard_normal((1, 10, 37)).astype(np.float32)
+    want = ort.InferenceSession(str(dst), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for threads in (1, 2):
+        compiled = smelt.compile(str(dst), threads=threads, isa=isa)
+        assert compiled.fallback_nodes == []
+        np.testing.assert_array_equal(compiled.run({"x": x})[0], want)
+        compiled.close()

@@ -6,7 +6,8 @@ Guarantees: ``Q(op(DQ(x), DQ(W)[, DQ(bias)]))`` — the "QDQ" format onnxruntime
 ``quantize_static`` writes, optionally with a Relu or a constant-bound Clip (Relu6) before the
 Q — becomes ``QLinearConv`` / ``QLinearMatMul`` on the integer tensors, as onnxruntime's own QDQ
 transformer does, so the model runs on the integer kernels and answers what onnxruntime answers
-(it runs the same integer op, not the float graph). The quantization is monotonic, so
+(it runs the same integer op, not the float graph). 1-D convs too: ``lift_1d_integer_convs``
+runs them as 2-D ones of height one. The quantization is monotonic, so
 ``Q(clip(v, lo, hi))`` = ``min(max(Q(v), Q(lo)), Q(hi))`` exactly: a Relu or Clip between the op
 and the Q is dropped where Q's saturation already makes its bounds (Q(lo) the type's minimum, as
 with a zero point there, and Q(hi) its maximum: onnxruntime's ReluQuantFusion and
@@ -449,7 +450,8 @@ def lower_qdq(g: Graph) -> Graph:
         ys, yz = q.inputs[1], q.inputs[2]
         if node.op == "Conv":
             wv = g.values.get(node.inputs[1])
-            if wv is None or wv.shape is None or len(wv.shape) != 4:
+            # 1-D convs too (a Whisper encoder's front): lift_1d_integer_convs makes them 2-D
+            if wv is None or wv.shape is None or len(wv.shape) not in (3, 4):
                 continue
             w = _weights(g, _dq(g, producers, node.inputs[1]), int(wv.shape[0]), 0)
             if w is None:

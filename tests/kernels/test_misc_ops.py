@@ -61,6 +61,27 @@ def test_softmax_extremes() -> None:
     check(cases, {"x": x}, opset=13)
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
+def test_softmax_rows_at_every_isa(isa: str) -> None:
+    """Contiguous float32 rows take the ISA's vector exp two vectors at a time, the ragged end
+    under a lane mask: lengths below, at and above one and two vectors of 8 and 16 lanes, and an
+    attention row (400 keys); a row of -inf but one, a NaN row, one +inf (NaN: inf - inf)."""
+    cases, feeds = Cases(), {}
+    for n in (1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 400):
+        name = f"x{n}"
+        feeds[name] = randn(3, n, scale=6)
+        cases.add("Softmax", [name], axis=-1)
+    odd = randn(4, 37, scale=6)
+    odd[0, :] = -np.inf
+    odd[0, 5] = 1.0
+    odd[1, 9] = np.nan
+    odd[2, 30] = np.inf
+    odd[3, :] = 80.0  # exp(0) for every lane: the sum is exact, the row uniform
+    feeds["odd"] = odd
+    cases.add("Softmax", ["odd"], axis=-1)
+    check(cases, feeds, opset=13, isa=isa)
+
+
 # -- reductions ------------------------------------------------------------------------------------
 
 FLOAT_REDUCE = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
