@@ -16,8 +16,8 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS
-from smelt.codegen.kernels.loops import dtype_name, emit_kernel, fn_suffix, inner_chunks, work_range
 from smelt.codegen.kernels.isa import vector_isa
+from smelt.codegen.kernels.loops import dtype_name, emit_kernel, fn_suffix, inner_chunks, work_range
 from smelt.codegen.kernels.rows import exp_fn, row_expsum_fn, row_expsum_vector_fn, row_reduce_fn
 from smelt.codegen.registry import register
 from smelt.frontend.onnx_import import op_version
