@@ -120,3 +120,65 @@ def test_qdq_1d_convs_run_on_integer_kernels(tmp_path, per_channel: bool, isa: s
         assert compiled.fallback_nodes == []
         np.testing.assert_array_equal(compiled.run({"x": x})[0], want)
         compiled.close()
+
+
+def _qdq_softmax_model(dtype, lengths: tuple[int, ...], extra_outputs: bool, opset: int = 19) -> onnx.ModelProto:
+    """x_n -> Q -> DQ -> Softmax(last axis) -> Q(1/255, type's low end) -> DQ -> y_n per row
+    length; ``extra_outputs`` also returns each Softmax's float output (so nothing is fused)."""
+    low = int(np.iinfo(dtype).min)
+    inits = [numpy_helper.from_array(np.float32(0.07), "xs"), numpy_helper.from_array(dtype(low + 100), "xz"),
+             numpy_helper.from_array(np.float32(1 / 255), "ys"), numpy_helper.from_array(dtype(low), "yz")]
+    nodes, inputs, outputs = [], [], []
+    for n in lengths:
+        shape = [2, 3, n]
+        nodes += [helper.make_node("QuantizeLinear", [f"x{n}", "xs", "xz"], [f"xq{n}"]),
+                  helper.make_node("DequantizeLinear", [f"xq{n}", "xs", "xz"], [f"xf{n}"]),
+                  helper.make_node("Softmax", [f"xf{n}"], [f"p{n}"], axis=-1 if opset >= 13 else 2),
+                  helper.make_node("QuantizeLinear", [f"p{n}", "ys", "yz"], [f"pq{n}"]),
+                  helper.make_node("DequantizeLinear", [f"pq{n}", "ys", "yz"], [f"y{n}"])]
+        inputs.append(helper.make_tensor_value_info(f"x{n}", TensorProto.FLOAT, shape))
+        outputs.append(helper.make_tensor_value_info(f"y{n}", TensorProto.FLOAT, shape))
+        if extra_outputs:
+            outputs.append(helper.make_tensor_value_info(f"p{n}", TensorProto.FLOAT, shape))
+    graph = helper.make_graph(nodes, "qdq_softmax", inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_qdq_softmax_is_the_float_graph_in_one_pass(isa: str, dtype) -> None:
+    """``Q(Softmax(DQ(x)))`` over the last axis becomes smelt's QDQSoftmax, whose codes are
+    exactly the unfused DQ, Softmax and Q kernels' (the same graph with the Softmax's float output
+    also returned, which keeps them apart), at row lengths below, at and above one and two
+    vectors of 8 and 16 lanes; and within one code of onnx.reference's float graph."""
+    from onnx.reference import ReferenceEvaluator
+
+    lengths = (1, 7, 15, 16, 17, 33, 400)
+    fused, apart = _qdq_softmax_model(dtype, lengths, False), _qdq_softmax_model(dtype, lengths, True)
+    ops = [n.op for n in lower(fused, CompileOptions(threads=1)).nodes]
+    assert ops.count("QDQSoftmax") == len(lengths) and "Softmax" not in ops, ops
+    assert "QDQSoftmax" not in [n.op for n in lower(apart, CompileOptions(threads=1)).nodes]
+    feeds = {f"x{n}": (RNG.standard_normal((2, 3, n)) * 3).astype(np.float32) for n in lengths}
+    feeds["x400"][0, 0, :] = 50.0  # a saturated row: every code the same, the sum exact
+    want = ReferenceEvaluator(fused).run(None, feeds)
+    for threads in (1, 2):
+        a = smelt.compile(fused, threads=threads, isa=isa)
+        b = smelt.compile(apart, threads=threads, isa=isa)
+        assert a.fallback_nodes == [] and b.fallback_nodes == []
+        got, ref = a.run(feeds), b.run(feeds)
+        for k, n in enumerate(lengths):
+            np.testing.assert_array_equal(got[k], ref[2 * k], err_msg=f"length {n}, {threads} threads")
+            assert np.abs(got[k] - want[k]).max() <= 1.001 / 255, (n, threads)
+        a.close()
+        b.close()
+
+
+def test_qdq_softmax_not_over_the_last_axis_stays_float() -> None:
+    model = _qdq_softmax_model(np.uint8, (5,), False)
+    for node in model.graph.node:
+        if node.op_type == "Softmax":
+            node.attribute[0].i = 1
+    ops = [n.op for n in lower(model, CompileOptions(threads=1)).nodes]
+    assert "QDQSoftmax" not in ops and "Softmax" in ops, ops

@@ -24,7 +24,9 @@ Flatten, Transpose, Squeeze, Unsqueeze, Slice) between a DQ and a Q of the same 
 point run on the 8-bit tensor itself, as onnxruntime's DropQDQ rules make them: the pair is
 ``Q(op(DQ(x)))`` = ``op(x)`` exactly, since DQ is monotonic and Q inverts it on its image.
 ``Q(Clip|Relu(DQ(x)))`` (an activation quantized on both sides) becomes smelt's own
-``ai.smelt`` QLinearClip: a table of the float graph over the 256 codes, so exact too.
+``ai.smelt`` QLinearClip: a table of the float graph over the 256 codes, so exact too; and
+``Q(Softmax(DQ(x)))`` over the last axis smelt's ``QDQSoftmax``, the float graph's arithmetic in
+one pass per row (``_lower_softmax``).
 
 Only what is exact is lowered: per-tensor activation scales and zero points, weights constant
 (per tensor, or per output channel on the axis onnxruntime uses) or, for MatMul, a second
@@ -262,10 +264,14 @@ def _lower_elementwise(g: Graph, producers: dict[str, Node], consumers: dict[str
         if id(node) in gone or node.domain not in ("", "ai.onnx") or node.epilogue:
             continue
         op = node.op
-        if op not in BINARY and op not in UNARY and op not in MOVEMENT and op not in ("Concat", "Clip", "Relu"):
+        if op not in BINARY and op not in UNARY and op not in MOVEMENT and op not in ("Concat", "Clip", "Relu",
+                                                                                    "Softmax"):
             continue
         if op in ("Clip", "Relu"):
             _lower_clip(g, producers, consumers, node, dead, gone)
+            continue
+        if op == "Softmax":
+            _lower_softmax(g, producers, consumers, node, dead, gone)
             continue
         if op in MOVEMENT and (len([o for o in node.outputs if o]) != 1
                                or (op == "MaxPool" and g.opset.get("", 0) < 12)):
@@ -418,6 +424,45 @@ def _lower_clip(g: Graph, producers: dict[str, Node], consumers: dict[str, list[
     node.attrs, node.attr_protos = {"min": bounds[0], "max": bounds[1]}, []
     g.opset.setdefault(SMELT_DOMAIN, 1)
     _retarget(g, node, q, None, dead)
+    gone.add(id(q))
+
+
+def _lower_softmax(g: Graph, producers: dict[str, Node], consumers: dict[str, list[Node]], node: Node,
+                   dead: list[Node], gone: set[int]) -> None:
+    """``Q(Softmax(DQ(x)))`` over the last axis → smelt's ``QDQSoftmax``: one pass per row that
+    dequantizes, normalizes and quantizes with the three kernels' own arithmetic in their order
+    (templates/softmax.py), so the codes are the float graph's, where the graph made two more
+    passes over a float tensor four times the codes' size (a QDQ transformer's attention
+    probabilities: smart-turn's [6, 400, 400] four times). Not onnxruntime's QLinearSoftmax,
+    whose lookup table rounds otherwise: onnxruntime runs that one for this pattern, within one
+    code of this."""
+    from smelt.codegen.registry import find_template  # (the registry imports the templates)
+
+    xv = g.values.get(node.inputs[0])
+    if xv is None or xv.shape is None or not xv.shape:
+        return
+    rank = len(xv.shape)
+    axis = int(node.attr("axis", -1 if g.opset.get("", 13) >= 13 else 1))
+    if (axis + rank) % rank != rank - 1:  # the last axis (opset < 13 coerces there too then)
+        return
+    out = _output_q(g, consumers, node.outputs[0])
+    act = _activation(g, _dq(g, producers, node.inputs[0]))
+    if out is None or out[1] is not None or act is None:
+        return
+    q = out[0]
+    x, xs, xz = act
+    before = (node.op, node.domain, list(node.inputs), dict(node.attrs), list(node.attr_protos))
+    node.inputs = [x, xs, _zero_point(g, xz, x), q.inputs[1], q.inputs[2]]
+    node.op, node.domain = "QDQSoftmax", SMELT_DOMAIN
+    node.attrs, node.attr_protos = {}, []
+    g.opset.setdefault(SMELT_DOMAIN, 1)
+    outputs = list(node.outputs)
+    node.outputs = [q.outputs[0]]
+    if find_template(node, g)[0] is None:
+        node.op, node.domain, node.inputs, node.attrs, node.attr_protos = before
+        node.outputs = outputs
+        return
+    dead.append(q)
     gone.add(id(q))
 
 

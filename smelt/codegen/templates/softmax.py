@@ -16,17 +16,20 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS
+from smelt.codegen.kernels.int_gemm import flush_counters, quantize_run
 from smelt.codegen.kernels.isa import vector_isa
 from smelt.codegen.kernels.loops import dtype_name, emit_kernel, fn_suffix, inner_chunks, work_range
 from smelt.codegen.kernels.rows import exp_fn, row_expsum_fn, row_expsum_vector_fn, row_reduce_fn
 from smelt.codegen.registry import register
 from smelt.frontend.onnx_import import op_version
-from smelt.ir.graph import Graph, Node
+from smelt.ir.graph import PLAIN, Graph, Node
 from smelt.ir.types import FLOAT_TYPES, c_type
 
 # Hardmax stays a fallback op (tests/test_api.py uses it as the example of one); the
 # [outer, L, inner] loops below would serve it with a first-index argmax per row.
 OPS = ("Softmax", "LogSoftmax")
+# (smelt's QDQSoftmax, the quantized attention's DequantizeLinear -> Softmax -> QuantizeLinear, at
+# the end of this module)
 
 
 def _view(node: Node, g: Graph) -> tuple[int, int, int]:
@@ -113,3 +116,65 @@ def emit_softmax(node: Node, g: Graph, em: BlockEmitter) -> None:
         lines.append("}")
     emit_kernel(em, f"{node.op.lower()}_{dt}", "\n".join(lines),
                 f"{node.op} over [{outer}, {length}, {inner}]", wide=True)
+
+
+# -- smelt's QDQSoftmax (passes/lower_qdq.py): DequantizeLinear -> Softmax -> QuantizeLinear ------
+QDQ_TYPES = {"uint8": "uint8_t", "int8": "int8_t"}
+
+
+def _check_qdq_softmax(node: Node, g: Graph) -> str | None:
+    x, y = node.inputs[0], node.outputs[0]
+    if dtype_name(g, x) not in QDQ_TYPES or dtype_name(g, y) not in QDQ_TYPES:
+        return "QDQSoftmax takes and writes 8-bit codes"
+    if any(g.values[n].layout != PLAIN for n in (x, y)):
+        return "QDQSoftmax reads plain layouts only"
+    if any(int(np.prod(g.values[n].shape, dtype=np.int64)) != 1 for n in node.inputs[1:5]):
+        return "QDQSoftmax takes per-tensor scales and zero points"
+    if g.values[x].size == 0:
+        return "empty tensor"
+    return None
+
+
+@register("QDQSoftmax", check=_check_qdq_softmax, name="qdq_softmax", domain="ai.smelt")
+def emit_qdq_softmax(node: Node, g: Graph, em: BlockEmitter) -> None:
+    """Each row of codes dequantized into a per-thread float row (``(float)(q - zx) * sx``, as
+    DequantizeLinear), then Softmax's row steps (max, the vector exp and sum into a second row,
+    the scaling by the sum's reciprocal), then QuantizeLinear's rule (``int_gemm.quantize_run``)
+    into the output codes: every value is the three kernels', in cache, in one pass."""
+    x, xs, xz, ys, yz = node.inputs[:5]
+    y = node.outputs[0]
+    xt, yt = QDQ_TYPES[dtype_name(g, x)], QDQ_TYPES[dtype_name(g, y)]
+    shape = [int(d) for d in g.values[x].shape]
+    length = shape[-1]
+    outer = int(np.prod(shape[:-1], dtype=np.int64))
+    parallel = g.values[x].size >= PARALLEL_MIN_ELEMS
+    v = vector_isa(em.target)
+    fexp = row_expsum_vector_fn(em, v) if v.vector else row_expsum_fn(em, "float32", store=True)
+    fmax = row_reduce_fn(em, "max", "float32")
+    rows = em.scratch(em.n_threads * 2 * length * 4, "float32")
+    counter = em.saturation_counter(y)
+    vq = v if v.vector and not counter and all(
+        v.has(f) for f in ("f32_round_even", "i32_store_u8" if yt == "uint8_t" else "i32_store_i8")) else None
+    lo, hi = (0, 255) if yt == "uint8_t" else (-128, 127)
+    if counter:  # the numeric debug: QuantizeLinear's scalar statement with its clamp counters
+        quant = [f"for (long l = 0; l < {length}; ++l) {{ float qv = nearbyintf(E[l] / s) + z; "
+                 f"nlo += !(qv >= {lo}.0f); nhi += qv > {hi}.0f; if (!(qv >= {lo}.0f)) qv = {lo}.0f; "
+                 f"if (qv > {hi}.0f) qv = {hi}.0f; yr[l] = ({yt})qv; }}"]
+    else:
+        quant = ["{ long i = 0, e = " + str(length) + ";", *quantize_run(vq, "E", "yr", dtype_name(g, y)), "}"]
+    lines = [f"const {xt} *restrict X = {em.ptr(x)};", f"{yt} *restrict Y = (void *){em.ptr(y)};",
+             f"const float sx = ({em.ptr(xs)})[0]; const int32_t zx = (int32_t)({em.ptr(xz)})[0];",
+             f"const float s = ({em.ptr(ys)})[0], z = (float)({em.ptr(yz)})[0];",
+             f"float *restrict D = {rows} + (long)tid * {2 * length}; float *restrict E = D + {length};",
+             "long nlo = 0, nhi = 0;",
+             work_range(outer, parallel),
+             "for (long o = wb; o < we; ++o) {",
+             f"    const {xt} *restrict xr = X + o * {length}; {yt} *restrict yr = Y + o * {length};",
+             f"    for (long l = 0; l < {length}; ++l) D[l] = (float)((int32_t)xr[l] - zx) * sx;",
+             f"    const float r = 1 / {fexp}(E, D, {length}, {fmax}(D, {length}));",
+             f"    for (long l = 0; l < {length}; ++l) E[l] *= r;",
+             *("    " + ln for ln in quant),
+             "}",
+             flush_counters(counter)]
+    emit_kernel(em, f"qdq_softmax_{dtype_name(g, x)}_{dtype_name(g, y)}", "\n".join(lines),
+                f"DequantizeLinear -> Softmax -> QuantizeLinear over [{outer}, {length}]", wide=True)
