@@ -162,3 +162,35 @@ def test_saturation_counters_count_exactly(isa: str, monkeypatch, cache) -> None
     counting = smelt.compile(model, threads=2, count_saturation=True)
     assert [c for step in counting.plan.steps for c in getattr(step, "counters", ())]
     np.testing.assert_array_equal(plain.run({"x": x})[0], counting.run({"x": x})[0])
+
+
+def _near_ties(scale: np.float32, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` floats at and around ``(k + 1/2) * scale`` (the quotient's rounding boundaries),
+    up to 3 ulps either side, over k in the 8-bit codes and past them."""
+    k = rng.integers(-300, 300, n).astype(np.float32)
+    x = ((k + np.float32(0.5)) * scale).astype(np.float32)
+    steps = rng.integers(-3, 4, n)
+    for _ in range(3):
+        x = np.where(steps > 0, np.nextafter(x, np.float32(np.inf)), x)
+        x = np.where(steps < 0, np.nextafter(x, np.float32(-np.inf)), x)
+        steps = steps - np.sign(steps)
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_quantize_linear_rounds_like_the_division_at_ties(isa: str, monkeypatch, cache) -> None:
+    """The vector loop multiplies by 1/scale and divides only vectors with a lane near a rounding
+    boundary (``int_gemm.quantize_run``): values at and a few ulps around every half-code, for
+    scales whose reciprocal is inexact (1/255, 0.0371, 3e-5, 7e4), exact (2^-7), not normal
+    (1e-39 is itself subnormal, 3e38's reciprocal is: the division throughout) and infinite, give the
+    division's codes exactly, as onnxruntime's (which divides)."""
+    force_isa(isa, monkeypatch, cache)
+    rng = np.random.default_rng(20261128)
+    cases, feeds = Cases(), {}
+    for i, scale in enumerate((1 / 255, 0.0371, 3e-5, 7e4, 2 ** -7, 1e-39, 3e38, np.inf)):
+        s = np.float32(scale)
+        name = f"x{i}"
+        feeds[name] = _near_ties(s if 1e-30 < s < 1e30 else np.float32(0.01), 4099, rng)
+        for dt, zp in ((np.uint8, 3), (np.int8, -7)):
+            cases.add("QuantizeLinear", [name], consts=(s, dt(zp)))
+    check(cases, feeds, opset=21)

@@ -275,7 +275,10 @@ AVX512 = VectorIsa(
            ("i32_store_u8", "_mm_storeu_si128((__m128i *)({p}), _mm512_cvtepi32_epi8({a}));"),
            # int32 lanes within [-128, 127] stored as int8 at {p} (vpmovdb keeps the low byte)
            ("i32_store_i8", "_mm_storeu_si128((__m128i *)({p}), _mm512_cvtepi32_epi8({a}));"),
-           ("i8_to_i32", "_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)({p})))")))
+           ("i8_to_i32", "_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)({p})))"),
+           ("f32_abs", "_mm512_abs_ps({a})"),
+           # C truth value: some lane of {a} <= that of {b} (ordered: a NaN lane is not)
+           ("f32_any_le", "_mm512_cmp_ps_mask({a}, {b}, _CMP_LE_OQ)")))
 
 AVX2 = VectorIsa(
     rnn_header="rnn_vec_avx2.h",
@@ -329,7 +332,9 @@ AVX2 = VectorIsa(
            ("i32_store_i8", "{{ __m256i t_ = _mm256_packs_epi32({a}, {a}); t_ = _mm256_packs_epi16(t_, t_); "
                             "int32_t l_ = _mm256_cvtsi256_si32(t_), h_ = _mm256_extract_epi32(t_, 4); "
                             "__builtin_memcpy({p}, &l_, 4); __builtin_memcpy((char *)({p}) + 4, &h_, 4); }}"),
-           ("i8_to_i32", "_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)({p})))")))
+           ("i8_to_i32", "_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)({p})))"),
+           ("f32_abs", "_mm256_andnot_ps(_mm256_set1_ps(-0.0f), {a})"),
+           ("f32_any_le", "_mm256_movemask_ps(_mm256_cmp_ps({a}, {b}, _CMP_LE_OQ))")))
 
 # AVX-512 hosts running 8-channel (ymm) blocks: the AVX2 spelling (vector masks, blendv: the code
 # those blocks always had) with AVX-512's 32 registers and embedded broadcast
