@@ -83,6 +83,25 @@ def test_softmax_rows_at_every_isa(isa: str) -> None:
     check(cases, feeds, opset=13, isa=isa)
 
 
+@pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
+def test_transpose_tiles_at_every_isa(isa: str) -> None:
+    """Transposes whose output's innermost dimension is strided in the input run in square tiles
+    (in registers for float32): sides below, at and above one tile of 8 and 16, ragged on both,
+    unit dimensions between, the input's innermost dimension not next to the output's (NHWC to
+    NCHW), 1-, 2- and 8-byte elements and float16, and sides too short to tile."""
+    rng = np.random.default_rng(20261128)  # its own stream, as above
+    cases, feeds = Cases(), {}
+    shapes_perms = [((6, 400, 64), (0, 2, 1)), ((1, 6, 33, 17), (0, 1, 3, 2)), ((2, 16, 16), (0, 2, 1)),
+                    ((1, 9, 10, 24), (0, 3, 1, 2)), ((1, 24, 9, 10), (0, 2, 3, 1)), ((3, 1, 40, 1, 7), (2, 1, 4, 3, 0)),
+                    ((15, 31), (1, 0)), ((3, 5, 2), (2, 1, 0)), ((2, 3, 8, 100), (3, 0, 2, 1))]
+    for k, (shape, perm) in enumerate(shapes_perms):
+        for dt in (np.float32, np.uint8, np.int64, np.float16):
+            name = f"x{k}_{np.dtype(dt).name}"
+            feeds[name] = (rng.standard_normal(shape) * 50).astype(dt)
+            cases.add("Transpose", [name], perm=list(perm))
+    check(cases, feeds, opset=13, isa=isa)
+
+
 # -- reductions ------------------------------------------------------------------------------------
 
 FLOAT_REDUCE = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",

@@ -2,8 +2,10 @@
 
 Reshape, Flatten, Squeeze and Unsqueeze keep the bytes and change only the shape, so they are
 a parallel memcpy (their shape operands are constants after folding). Transpose is a loop nest
-over the output with the permuted input strides; Concat copies each input's contiguous runs
-into its slice of the output.
+over the output with the permuted input strides, or, where the output's innermost dimension is
+strided in the input and another is the input's innermost (a matrix transpose: attention's K^T,
+NHWC <-> NCHW), square tiles of the two (``_emit_tiled_transpose``); Concat copies each input's
+contiguous runs into its slice of the output.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
-from smelt.codegen.kernels.loops import copy_step
+from smelt.codegen.kernels.isa import vector_isa
+from smelt.codegen.kernels.loops import copy_step, work_range
 from smelt.codegen.registry import blocked_concat_reason, register
 from smelt.ir.graph import Graph, Node
 from smelt.ir.types import has_storage_type
@@ -61,6 +64,10 @@ def emit_transpose(node: Node, g: Graph, em: BlockEmitter) -> None:
     dims = [(out_shape[d], src_strides[d]) for d in range(rank) if out_shape[d] != 1] or [(1, 0)]
     total = int(np.prod(out_shape, dtype=np.int64)) if rank else 1
     outer, inner = dims[:-1], dims[-1]
+    k = next((d for d, (_, st) in enumerate(outer) if st == 1), None)
+    if inner[1] != 1 and k is not None and min(outer[k][0], inner[0]) >= TILE_MIN:
+        _emit_tiled_transpose(node, g, em, dims, k)
+        return
     rows = int(np.prod([d for d, _ in outer], dtype=np.int64)) if outer else 1
     # split or serial: a literal condition, the same code either way (kernels/loops.work_range)
     body = [f"long rb = 0, re = tid == 0 ? {rows} : 0;",
@@ -73,6 +80,53 @@ def emit_transpose(node: Node, g: Graph, em: BlockEmitter) -> None:
     body.append("}")
     em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n" + "\n".join(body))
+
+
+# both sides of a tiled transpose at least this long (shorter: the plain loop nest)
+TILE_MIN = 4
+
+
+def _emit_tiled_transpose(node: Node, g: Graph, em: BlockEmitter, dims: list[tuple[int, int]], k: int) -> None:
+    """Transpose whose output dims (unit dims dropped, with their input strides) ``dims`` end in
+    ``I`` (input stride ``sI`` != 1) and hold at ``k`` the input's innermost ``J`` (stride 1): for
+    each index of the other dims, the J x I matrix moves in B x B tiles, read along J and
+    written along I, so both sides stay in cache; float32 tiles of one vector's lanes are
+    transposed in registers (``f32_transpose``, csrc/smelt_vec.h), other tiles and the ragged
+    edges element by element. The loop nest read the input with a stride of ``sI`` in its
+    innermost loop: a Whisper encoder's K^T ([6, 400, 64] floats) took 95 us, 6.5 GB/s."""
+    x, y = node.inputs[0], node.outputs[0]
+    sizes = [d for d, _ in dims]
+    out_strides = [int(np.prod(sizes[d + 1:], dtype=np.int64)) for d in range(len(sizes))]
+    (n_j, _), (n_i, s_i) = dims[k], dims[-1]
+    ysj = out_strides[k]
+    rest = [(d, st, out_strides[i]) for i, (d, st) in enumerate(dims[:-1]) if i != k]
+    vx = vector_isa(em.target)
+    vector = (np.dtype(g.values[x].dtype) == np.float32 and vx.vector and vx.has("f32_transpose")
+              and min(n_j, n_i) >= vx.lanes)
+    b = vx.lanes if vector else 16
+    n_jt = -(-n_j // b)
+    items = int(np.prod([d for d, _, _ in rest], dtype=np.int64)) * n_jt
+    lines = [f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};",
+             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};",
+             work_range(items, g.values[y].size >= (1 << 15)),
+             "for (long it = wb; it < we; ++it) {",
+             f"    const long j0 = (it % {n_jt}) * {b}, jn = SMELT_MIN({b}L, {n_j} - j0);",
+             f"    long rem = it / {n_jt}, src = j0, dst = j0 * {ysj};"]
+    for d, st, ost in reversed(rest):
+        lines.append(f"    src += (rem % {d}) * {st}; dst += (rem % {d}) * {ost}; rem /= {d};")
+    lines.append("    long i0 = 0;")
+    if vector:
+        tile = vx.x("f32_transpose", src=f"(const float *)X + src + i0 * {s_i}", ss=str(s_i),
+                    dst="(float *)Y + dst + i0", ds=str(ysj))
+        lines.append(f"    if (jn == {b}) for (; i0 + {b} <= {n_i}; i0 += {b}) {tile}")
+    lines += [f"    for (; i0 < {n_i}; i0 += {b}) {{",
+              f"        const long in_ = SMELT_MIN({b}L, {n_i} - i0);",
+              "        for (long jj = 0; jj < jn; ++jj)",
+              f"            for (long ii = 0; ii < in_; ++ii) Y[dst + jj * {ysj} + i0 + ii] = X[src + jj + (i0 + ii) * {s_i}];",
+              "    }",
+              "}"]
+    em.step("\n".join(lines), doc=f"Transpose in {b}x{b} tiles of a {n_j}x{n_i} matrix"
+            + (" (in registers)" if vector else ""))
 
 
 def _check_concat(node: Node, g: Graph) -> str | None:
