@@ -65,7 +65,7 @@ def emit_transpose(node: Node, g: Graph, em: BlockEmitter) -> None:
     total = int(np.prod(out_shape, dtype=np.int64)) if rank else 1
     outer, inner = dims[:-1], dims[-1]
     k = next((d for d, (_, st) in enumerate(outer) if st == 1), None)
-    if inner[1] != 1 and k is not None and min(outer[k][0], inner[0]) >= TILE_MIN:
+    if inner[1] != 1 and k is not None:
         _emit_tiled_transpose(node, g, em, dims, k)
         return
     rows = int(np.prod([d for d, _ in outer], dtype=np.int64)) if outer else 1
@@ -80,10 +80,6 @@ def emit_transpose(node: Node, g: Graph, em: BlockEmitter) -> None:
     body.append("}")
     em.step(f"const __typeof__(*{em.ptr(x)}) *restrict X = {em.ptr(x)};\n"
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n" + "\n".join(body))
-
-
-# both sides of a tiled transpose at least this long (shorter: the plain loop nest)
-TILE_MIN = 4
 
 
 def _emit_tiled_transpose(node: Node, g: Graph, em: BlockEmitter, dims: list[tuple[int, int]], k: int) -> None:
@@ -101,8 +97,10 @@ def _emit_tiled_transpose(node: Node, g: Graph, em: BlockEmitter, dims: list[tup
     ysj = out_strides[k]
     rest = [(d, st, out_strides[i]) for i, (d, st) in enumerate(dims[:-1]) if i != k]
     vx = vector_isa(em.target)
-    vector = (np.dtype(g.values[x].dtype) == np.float32 and vx.vector and vx.has("f32_transpose")
-              and min(n_j, n_i) >= vx.lanes)
+    # the choices are the dtype's and the ISA's, never the sizes': shapes that differ only in
+    # sizes keep one structure (one library for a shape class: codegen/shape_slots.py); a side
+    # shorter than a tile takes the element loop at run time
+    vector = np.dtype(g.values[x].dtype) == np.float32 and vx.vector and vx.has("f32_transpose")
     b = vx.lanes if vector else 16
     n_jt = -(-n_j // b)
     items = int(np.prod([d for d, _, _ in rest], dtype=np.int64)) * n_jt

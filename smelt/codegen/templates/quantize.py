@@ -8,7 +8,8 @@ float8, float16 scales) and blocked quantization (``block_size`` > 0) fall back 
 
 Arithmetic is onnxruntime's, bit for bit (checked against it in tests/kernels/test_quantize.py):
 - QuantizeLinear divides (``x / scale``, not a multiply by 1/scale: they differ by one unit at
-  about 4% of ties), rounds half to even (``nearbyintf`` in the default rounding mode), adds the
+  about 4% of ties; the vector loop multiplies and divides only vectors near a tie, which gives
+  the division's codes: ``int_gemm.quantize_run``), rounds half to even (``nearbyintf`` in the default rounding mode), adds the
   zero point, saturates to the type's range; NaN saturates to the range's low end as onnxruntime's
   does (a float-to-int conversion of NaN would be undefined behaviour in C).
 - DequantizeLinear subtracts the zero point in int32, converts, then multiplies by the scale.
