@@ -251,8 +251,8 @@ def _check_fallbacks(plan: ExecutionPlan, options: CompileOptions) -> None:
         if not onnx.defs.has(step.node.op, step.node.domain) and refusal is None:
             where = f"domain {step.node.domain!r}" if step.node.domain else "the ONNX standard"
             raise UnsupportedOpError(step.node.op, step.node.name,
-                                     f"not an operator of {where} that smelt or onnx.reference knows "
-                                     "(custom ops have no native template and cannot fall back)")
+                                     f"no native kernel ({step.reason}), and not an operator of {where} that "
+                                     "onnx.reference (the fallback) knows")
         if step.node.domain == "ai.onnx.ml" and not _reference_has_ml_op(step.node.op):
             # refused here, not after a whole compile at load (a LightGBM classifier's ZipMap
             # took two minutes to say so, before ZipMap ran: frontend/zipmap.py)

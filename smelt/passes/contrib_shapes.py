@@ -54,7 +54,7 @@ def _qlinear_binary(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]
 
 
 def _same_as_input(node: Node, g: Graph) -> list[tuple[np.dtype, tuple] | None]:
-    """QLinearSigmoid / QLinearLeakyRelu / Imputer: X's type and shape."""
+    """QLinearSigmoid / QLinearLeakyRelu / QLinearSoftmax / Imputer: X's type and shape."""
     x = g.values[node.inputs[0]]
     return [None if x.shape is None or x.dtype is None else (np.dtype(x.dtype), tuple(x.shape))]
 
@@ -178,6 +178,7 @@ RULES: dict[tuple[str, str], Callable[[Node, Graph], list[tuple[np.dtype, tuple]
     (MS_DOMAIN, "QLinearMul"): _qlinear_binary,
     (MS_DOMAIN, "QLinearSigmoid"): _same_as_input,
     (MS_DOMAIN, "QLinearLeakyRelu"): _same_as_input,
+    (MS_DOMAIN, "QLinearSoftmax"): _same_as_input,
     (MS_DOMAIN, "QLinearGlobalAveragePool"): _qlinear_gap,
     (MS_DOMAIN, "QLinearConcat"): _qlinear_concat,
     (MS_DOMAIN, "QLinearAveragePool"): _qlinear_average_pool,

@@ -1,5 +1,6 @@
 """onnxruntime's quantized element-wise ops (``com.microsoft``): QLinearAdd, QLinearMul,
-QLinearSigmoid, QLinearLeakyRelu, QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat.
+QLinearSigmoid, QLinearLeakyRelu, QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat,
+and QLinearSoftmax (the one not bit for bit: within one code, ``emit_qlinear_softmax``).
 
 Each answers what onnxruntime's CPU kernels answer, bit for bit (tests/kernels/test_qlinear_ops.py
 compares for equality). The arithmetic was read from MLAS and pinned down against onnxruntime
@@ -508,3 +509,101 @@ def _emit_global_sum(node: Node, g: Graph, em: BlockEmitter, xs: np.float32, xz:
         "    " + _store(f"nearbyintf((float)acc * {flit(scale)}) + {float(yz)!r}f", dt, "Y[r]"),
         "}",
         flush_counters(em.saturation_counter(y))]), name="qlinear_global_average_pool")
+
+
+# -- QLinearSoftmax -------------------------------------------------------------------------------
+def _softmax_rows(node: Node, g: Graph) -> tuple[int, int] | str:
+    """(rows, row length) of the node's contiguous view, or why it has none: opset < 13
+    coerces to 2-D at ``axis`` (default 1); opset 13 normalizes one axis (default -1), native
+    when it is the last."""
+    shape = [int(d) for d in g.values[node.inputs[0]].shape]
+    rank = len(shape)
+    if not rank:
+        return "QLinearSoftmax of a scalar"
+    opset = int(node.attr("opset", 13))
+    axis = int(node.attr("axis", 1 if opset < 13 else -1))
+    if not -rank <= axis < rank:
+        return f"QLinearSoftmax axis {axis} out of range for rank {rank}"
+    axis %= rank
+    if opset >= 13 and axis != rank - 1:
+        return "QLinearSoftmax over an axis other than the last is not native"
+    length = int(np.prod(shape[axis:], dtype=np.int64))
+    return int(np.prod(shape, dtype=np.int64)) // max(1, length), length
+
+
+def _check_qlinear_softmax(node: Node, g: Graph) -> str | None:
+    why = _typed(node, g, [node.inputs[0]])
+    if why:
+        return why
+    if any(g.values[n].layout != PLAIN for n in (node.inputs[0], node.outputs[0])):
+        return "QLinearSoftmax reads plain layouts only"
+    params = _params(node, g, [(1, 2), (3, 4)])
+    if isinstance(params, str):
+        return params
+    if not params[0][0] > 0 or not 0 < params[1][0] < np.inf:
+        return "QLinearSoftmax: x_scale must be positive and y_scale positive and finite"
+    rows = _softmax_rows(node, g)
+    if isinstance(rows, str):
+        return rows
+    return "empty tensor" if rows[0] * rows[1] == 0 else None
+
+
+def qsoftmax_table(x_scale: np.float32, length: int) -> np.ndarray:
+    """onnxruntime's exp table for QLinearSoftmax over rows of ``length``: entry ``d`` (the code
+    minus the row's largest, plus 255) is ``exp((d - 255 + shift) * x_scale)`` in double, rounded
+    to float32, where ``shift = max(0, log(FLT_MAX / length) - 5) / x_scale`` keeps a row's sum of
+    up to ``length`` entries finite. (onnxruntime's ``log`` of the float quotient may be the
+    float overload; either moves every entry by the same factor, which the normalization
+    cancels but for rounding.)"""
+    quotient = float(np.float32(np.finfo(np.float32).max) / np.float32(length))
+    shift = max(0.0, float(np.log(quotient)) - 5.0) / float(x_scale)
+    d = np.arange(256, dtype=np.float64)
+    with np.errstate(invalid="ignore"):  # an infinite x_scale (a -inf attention mask): 0 * inf is NaN
+        return np.exp((d - 255.0 + shift) * float(x_scale)).astype(np.float32)
+
+
+@register("QLinearSoftmax", check=_check_qlinear_softmax, name="qlinear_softmax", domain=MS)
+def emit_qlinear_softmax(node: Node, g: Graph, em: BlockEmitter) -> None:
+    """onnxruntime's QLinearSoftmax (MLAS's lookup kernels): per row the largest code, each
+    element's table entry at ``code - largest + 255`` (``qsoftmax_table``; x's zero point cancels),
+    their float sum, then ``code = round(e * ((1 / sum) * floor(1 / y_scale)) + y_zero)`` half to
+    even (a multiply and an add, not fused), saturated. onnxruntime sums in its vector kernel's
+    lane order; smelt sums in 16 lanes, so a code can differ by one where ``e * scale + y_zero``
+    lies within the sums' last-bit difference of a half-integer. An infinite x_scale (what
+    onnxruntime's quantizer gives a -inf attention mask) makes the largest code's entry NaN, and
+    every code of such a row the low end, as in onnxruntime's vector blocks (its scalar tail casts
+    the NaN to an int8 0)."""
+    x, y = node.inputs[0], node.outputs[0]
+    (xs, _), (ys, yz) = _params(node, g, [(1, 2), (3, 4)])  # type: ignore[misc]
+    rows, length = _softmax_rows(node, g)  # type: ignore[misc]
+    dt = dtype_name(g, y)
+    ct = c_type(dt)
+    lo, hi = (0, 255) if dt == "uint8" else (-128, 127)
+    y_floor = np.float32(np.floor(np.float32(1.0) / np.float32(ys)))
+    table = em.weight(qsoftmax_table(np.float32(xs), length))
+    scratch = em.scratch(em.n_threads * length * 4, "float32")
+    em.schedule(algorithm="onnxruntime's QLinearSoftmax: a 256-entry exp table per compile-time x_scale",
+                kernel="qlinear_softmax")
+    em.step("\n".join([
+        f"const {ct} *restrict X = (const void *){em.ptr(x)};",
+        f"{ct} *restrict Y = (void *){em.ptr(y)};",
+        f"const float *restrict T = {table};",
+        f"float *restrict E = {scratch} + (long)tid * {length};",
+        work_range(rows, rows * length >= PARALLEL_MIN),
+        "for (long r = wb; r < we; ++r) {",
+        f"    const {ct} *restrict xr = X + r * {length}; {ct} *restrict yr = Y + r * {length};",
+        "    int m = xr[0];",
+        f"    for (long l = 1; l < {length}; ++l) m = xr[l] > m ? xr[l] : m;",
+        "    float acc[16] = {0};",
+        "    long l = 0;",
+        f"    for (; l + 16 <= {length}; l += 16)",
+        "        for (int j = 0; j < 16; ++j) { const float e = T[xr[l + j] - m + 255]; E[l + j] = e; acc[j] += e; }",
+        "    float sum = 0.0f;",
+        f"    for (; l < {length}; ++l) {{ const float e = T[xr[l] - m + 255]; E[l] = e; sum += e; }}",
+        "    for (int j = 0; j < 16; ++j) sum += acc[j];",
+        f"    const float scale = (1.0f / sum) * {flit(y_floor)};",
+        f"    for (long k = 0; k < {length}; ++k) {{",
+        f"        float v = nearbyintf(E[k] * scale + {flit(np.float32(yz))});",
+        f"        yr[k] = ({ct})(!(v >= {lo}.0f) ? {lo}.0f : v > {hi}.0f ? {hi}.0f : v);  /* NaN: low, as MLAS's packs */",
+        "    }",
+        "}"]), name=f"qlinear_softmax_{dt}", attributes=f"{NO_CONTRACT} {wide_vectors(em)}".strip())
