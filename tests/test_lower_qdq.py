@@ -43,21 +43,27 @@ def _float_model(path) -> None:
 
 
 class _Reader(quantization.CalibrationDataReader):
-    def __init__(self) -> None:
-        self.batches = iter([{"x": RNG.standard_normal((1, 3, 10, 12)).astype(np.float32)} for _ in range(8)])
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.batches = iter([{"x": RNG.standard_normal(shape).astype(np.float32)} for _ in range(8)])
 
     def get_next(self):
         return next(self.batches, None)
 
 
-@pytest.mark.parametrize("per_channel", [False, True])
-def test_qdq_model_runs_on_integer_kernels(tmp_path, per_channel: bool) -> None:
+def _quantized(tmp_path, write_float, shape: tuple[int, ...], per_channel: bool):
+    """(path, model) of ``write_float``'s model through quantize_static (QDQ, u8 activations,
+    s8 weights), calibrated on 8 random inputs of ``shape``."""
     src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
-    _float_model(src)
-    quantization.quantize_static(str(src), str(dst), _Reader(), quant_format=quantization.QuantFormat.QDQ,
+    write_float(src)
+    quantization.quantize_static(str(src), str(dst), _Reader(shape), quant_format=quantization.QuantFormat.QDQ,
                                  per_channel=per_channel, activation_type=quantization.QuantType.QUInt8,
                                  weight_type=quantization.QuantType.QInt8)
-    model = onnx.load(str(dst))
+    return dst, onnx.load(str(dst))
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_qdq_model_runs_on_integer_kernels(tmp_path, per_channel: bool) -> None:
+    dst, model = _quantized(tmp_path, _float_model, (1, 3, 10, 12), per_channel)
     assert any(n.op_type == "DequantizeLinear" for n in model.graph.node)
     g = lower(model, CompileOptions(threads=1))
     ops = [n.op for n in g.nodes]
@@ -90,26 +96,13 @@ def _float_model_1d(path) -> None:
     onnx.save(model, str(path))
 
 
-class _Reader1d(quantization.CalibrationDataReader):
-    def __init__(self) -> None:
-        self.batches = iter([{"x": RNG.standard_normal((1, 10, 37)).astype(np.float32)} for _ in range(8)])
-
-    def get_next(self):
-        return next(self.batches, None)
-
-
 @pytest.mark.parametrize("isa", ["native", "avx2", "scalar"])
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_qdq_1d_convs_run_on_integer_kernels(tmp_path, per_channel: bool, isa: str) -> None:
     """1-D QDQ convs (smart-turn's Whisper front ran them in float: 11% of the model) lower to
     QLinearConv as onnxruntime's QDQ transformer does, then run as 2-D integer convs of height
     one; the codes are onnxruntime's exactly."""
-    src, dst = tmp_path / "f.onnx", tmp_path / "q.onnx"
-    _float_model_1d(src)
-    quantization.quantize_static(str(src), str(dst), _Reader1d(), quant_format=quantization.QuantFormat.QDQ,
-                                 per_channel=per_channel, activation_type=quantization.QuantType.QUInt8,
-                                 weight_type=quantization.QuantType.QInt8)
-    model = onnx.load(str(dst))
+    dst, model = _quantized(tmp_path, _float_model_1d, (1, 10, 37), per_channel)
     g = lower(model, CompileOptions(threads=1))
     ops = [n.op for n in g.nodes]
     assert ops.count("QLinearConv") == 2 and "Conv" not in ops, ops
