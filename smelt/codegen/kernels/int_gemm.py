@@ -190,7 +190,7 @@ def uint8_quantize(x: str, scale: str, zero: str, dest: str) -> str:
             f"if (v > 255.0f) v = 255.0f; {dest} = (uint8_t)v; }}")
 
 
-def quantize_run(v: VectorIsa | None, x: str, q: str, dtype: str) -> list[str]:
+def quantize_run(v: VectorIsa | None, x: str, q: str, dtype: str, count: bool = False) -> list[str]:
     """C lines quantizing floats ``x[i..e)`` to 8-bit ``q`` (``dtype`` uint8 or int8) with the
     float locals ``s`` and ``z`` by QuantizeLinear's rule: ``x / s`` rounded half to even, plus
     ``z``, saturated, NaN to the low end. With ``v`` (a vector ISA with ``f32_round_even`` and
@@ -209,11 +209,14 @@ def quantize_run(v: VectorIsa | None, x: str, q: str, dtype: str) -> list[str]:
     ``0.5 - |t - round(t)|`` to the nearest half-integer is at most ``2^-21 |t|`` sends its
     vector through the division (``t - round(t)`` is exact: Sterbenz). NaN and infinities give
     the division's NaN and infinities (an ordered compare passes them); beyond 2^22 every lane
-    is flagged (and saturates either way)."""
+    is flagged (and saturates either way).
+
+    ``count``: the scalar statement throughout, adding its clamps to the locals ``nlo`` / ``nhi``
+    (``SATURATION_COUNTERS``: the numeric debug build)."""
     info = np.iinfo(np.dtype(dtype))
     lo, hi, ct = f"{int(info.min)}.0f", f"{int(info.max)}.0f", "uint8_t" if info.min == 0 else "int8_t"
     lines = []
-    if v is not None:
+    if v is not None and not count:
         store = "i32_store_u8" if info.min == 0 else "i32_store_i8"
         quotient = v.op("div", "xv", "sv")
         if v.has("f32_abs") and v.has("f32_any_le"):
@@ -234,7 +237,8 @@ def quantize_run(v: VectorIsa | None, x: str, q: str, dtype: str) -> list[str]:
                  f"    f = {v.op('min', v.op('max', 'f', 'klo'), 'khi')};  /* NaN: max gives the low end */",
                  f"    {v.x(store, p=f'{q} + i', a=v.x('f32_to_i32', a='f'))}",
                  "  } }"]
-    return lines + [f"for (; i < e; ++i) {{ float qv = nearbyintf({x}[i] / s) + z; if (!(qv >= {lo})) qv = {lo}; "
+    tally = f"nlo += !(qv >= {lo}); nhi += qv > {hi}; " if count else ""
+    return lines + [f"for (; i < e; ++i) {{ float qv = nearbyintf({x}[i] / s) + z; {tally}if (!(qv >= {lo})) qv = {lo}; "
                     f"if (qv > {hi}) qv = {hi}; {q}[i] = ({ct})qv; }}"]
 
 

@@ -578,7 +578,6 @@ def emit_qlinear_softmax(node: Node, g: Graph, em: BlockEmitter) -> None:
     rows, length = _softmax_rows(node, g)  # type: ignore[misc]
     dt = dtype_name(g, y)
     ct = c_type(dt)
-    lo, hi = (0, 255) if dt == "uint8" else (-128, 127)
     y_floor = np.float32(np.floor(np.float32(1.0) / np.float32(ys)))
     table = em.weight(qsoftmax_table(np.float32(xs), length))
     scratch = em.scratch(em.n_threads * length * 4, "float32")
@@ -589,6 +588,7 @@ def emit_qlinear_softmax(node: Node, g: Graph, em: BlockEmitter) -> None:
         f"{ct} *restrict Y = (void *){em.ptr(y)};",
         f"const float *restrict T = {table};",
         f"float *restrict E = {scratch} + (long)tid * {length};",
+        SATURATION_COUNTERS,
         work_range(rows, rows * length >= PARALLEL_MIN),
         "for (long r = wb; r < we; ++r) {",
         f"    const {ct} *restrict xr = X + r * {length}; {ct} *restrict yr = Y + r * {length};",
@@ -602,8 +602,8 @@ def emit_qlinear_softmax(node: Node, g: Graph, em: BlockEmitter) -> None:
         f"    for (; l < {length}; ++l) {{ const float e = T[xr[l] - m + 255]; E[l] = e; sum += e; }}",
         "    for (int j = 0; j < 16; ++j) sum += acc[j];",
         f"    const float scale = (1.0f / sum) * {flit(y_floor)};",
-        f"    for (long k = 0; k < {length}; ++k) {{",
-        f"        float v = nearbyintf(E[k] * scale + {flit(np.float32(yz))});",
-        f"        yr[k] = ({ct})(!(v >= {lo}.0f) ? {lo}.0f : v > {hi}.0f ? {hi}.0f : v);  /* NaN: low, as MLAS's packs */",
-        "    }",
-        "}"]), name=f"qlinear_softmax_{dt}", attributes=f"{NO_CONTRACT} {wide_vectors(em)}".strip())
+        f"    for (long k = 0; k < {length}; ++k)",
+        "        " + _store(f"nearbyintf(E[k] * scale + {flit(np.float32(yz))})", dt, "yr[k]"),
+        "}",
+        flush_counters(em.saturation_counter(y))]), name=f"qlinear_softmax_{dt}",
+        attributes=f"{NO_CONTRACT} {wide_vectors(em)}".strip())

@@ -16,7 +16,7 @@ import numpy as np
 
 from smelt.codegen.emitter import BlockEmitter
 from smelt.codegen.kernels.broadcast import PARALLEL_MIN_ELEMS
-from smelt.codegen.kernels.int_gemm import flush_counters, quantize_run
+from smelt.codegen.kernels.int_gemm import SATURATION_COUNTERS, flush_counters, quantize_run
 from smelt.codegen.kernels.isa import vector_isa
 from smelt.codegen.kernels.loops import dtype_name, emit_kernel, fn_suffix, inner_chunks, work_range
 from smelt.codegen.kernels.rows import exp_fn, row_expsum_fn, row_expsum_vector_fn, row_reduce_fn
@@ -153,20 +153,16 @@ def emit_qdq_softmax(node: Node, g: Graph, em: BlockEmitter) -> None:
     fmax = row_reduce_fn(em, "max", "float32")
     rows = em.scratch(em.n_threads * 2 * length * 4, "float32")
     counter = em.saturation_counter(y)
-    vq = v if v.vector and not counter and all(
+    vq = v if v.vector and all(
         v.has(f) for f in ("f32_round_even", "i32_store_u8" if yt == "uint8_t" else "i32_store_i8")) else None
-    lo, hi = (0, 255) if yt == "uint8_t" else (-128, 127)
-    if counter:  # the numeric debug: QuantizeLinear's scalar statement with its clamp counters
-        quant = [f"for (long l = 0; l < {length}; ++l) {{ float qv = nearbyintf(E[l] / s) + z; "
-                 f"nlo += !(qv >= {lo}.0f); nhi += qv > {hi}.0f; if (!(qv >= {lo}.0f)) qv = {lo}.0f; "
-                 f"if (qv > {hi}.0f) qv = {hi}.0f; yr[l] = ({yt})qv; }}"]
-    else:
-        quant = ["{ long i = 0, e = " + str(length) + ";", *quantize_run(vq, "E", "yr", dtype_name(g, y)), "}"]
+    # the numeric debug build (``counter``): QuantizeLinear's scalar statement, counting its clamps
+    quant = ["{ long i = 0, e = " + str(length) + ";",
+             *quantize_run(vq, "E", "yr", dtype_name(g, y), count=bool(counter)), "}"]
     lines = [f"const {xt} *restrict X = {em.ptr(x)};", f"{yt} *restrict Y = (void *){em.ptr(y)};",
              f"const float sx = ({em.ptr(xs)})[0]; const int32_t zx = (int32_t)({em.ptr(xz)})[0];",
              f"const float s = ({em.ptr(ys)})[0], z = (float)({em.ptr(yz)})[0];",
              f"float *restrict D = {rows} + (long)tid * {2 * length}; float *restrict E = D + {length};",
-             "long nlo = 0, nhi = 0;",
+             SATURATION_COUNTERS,
              work_range(outer, parallel),
              "for (long o = wb; o < we; ++o) {",
              f"    const {xt} *restrict xr = X + o * {length}; {yt} *restrict yr = Y + o * {length};",
