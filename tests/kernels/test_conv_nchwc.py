@@ -12,6 +12,8 @@ AVX2 (8-lane blocks), and non-default schedules read from the tuning database.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from kernel_models import Case, Chain, _model, check_cases
 
@@ -470,6 +472,10 @@ def test_gelu_epilogue_after_store(isa, inplace, monkeypatch, tmp_path):
         src = compiled.source_path.read_text()
         loops = src.count("t = _mm512_load_ps(y + yo") + src.count("t = _mm256_load_ps(y + yo")
         assert loops > 0, "no tile applies its epilogue after the store"
+        # the pass is a function the tiles call, never inlined: inlined, gcc hoisted the GELU's
+        # constants out of the tile loop and the accumulators went to the stack
+        passes = re.findall(r"static __attribute__\(\(noinline\)\) void (f32_conv_nchw\d+c_epilogue_\w+)\(", src)
+        assert passes and all(src.count(f"{fn}(y, yo, ch") >= 1 for fn in passes), passes
 
     check_cases(cases, isa, monkeypatch, tmp_path, check, layout="propagate", winograd=False,
                 schedule={"inplace": inplace})
