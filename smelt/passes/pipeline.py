@@ -34,6 +34,7 @@ from smelt.passes.runtime_if import convert_runtime_ifs
 from smelt.passes.shape_inference import infer_shapes
 from smelt.passes.sink_transposes import sink_transposes
 from smelt.passes.slice_assign import slice_assign_as_where
+from smelt.passes.spatial_mean import spatial_mean_as_global_pool
 from smelt.passes.string_labels import index_string_labels
 from smelt.passes.unique_lookup import gather_through_unique
 from smelt.passes.unroll_loops import unroll_loops
@@ -108,6 +109,8 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("fuse_epilogues", fuse_epilogues, 1),
     # what no Conv/MatMul took as an epilogue: one node, one pass, vector math
     ("collapse_activation_patterns", collapse_activation_patterns, 1),
+    # after every pattern that reads a ReduceMean: an image's spatial mean runs on blocked layouts
+    ("spatial_mean_as_global_pool", spatial_mean_as_global_pool, 1),
     # last, so the weights BatchNorm folding rescaled are seen too; at every opt level (a
     # numeric behaviour, switched by its option alone)
     ("flush_denormal_weights", flush_denormal_weights, 0),

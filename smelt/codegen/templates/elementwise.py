@@ -41,10 +41,13 @@ from smelt.codegen.kernels.loops import work_range
 from smelt.codegen.kernels.rows import exp_fn, log_fn
 from smelt.codegen.registry import register, same_layout_flat
 from smelt.ir.activations import activation_step, clip_default_bounds
-from smelt.ir.graph import Graph, Node
+from smelt.ir.graph import PLAIN, Graph, Node, layout_block
 from smelt.ir.types import FLOAT_TYPES, INT_TYPES, c_type, has_c_type, has_storage_type
 
 SIGNED = ("int8", "int16", "int32", "int64")
+# positions per work item of a blocked op with a per-channel operand (``blocked_channel_operand``):
+# 256 x 16 floats = 16 KiB of each operand, a few items per thread on a 20x20 plane
+CHANNEL_RUN = 256
 NUMERIC = FLOAT_TYPES + INT_TYPES
 
 
@@ -472,13 +475,33 @@ def _broadcast_error(g: Graph, inputs: list[str], out: str) -> str | None:
     return None
 
 
+def blocked_channel_operand(node: Node, g: Graph) -> int | None:
+    """The index of the input that is one value per channel, [N or 1, C, 1, 1] (an SE block's
+    gate, a per-channel scale), when the other input and the output are the same NCHW<b>c value
+    shape and layout, C is whole blocks and all are float32; else None. Its C floats per image are
+    the blocked layout's lanes in order, so block cb reads floats cb*b .. cb*b + b - 1 of them
+    (in either layout: for a 1x1 plane the two are the same bytes)."""
+    ins = node.present_inputs()
+    out = g.values[node.outputs[0]]
+    b = layout_block(out.layout) if out.layout != PLAIN else 0
+    if len(ins) != 2 or not b or len(out.shape) != 4 or out.shape[1] % b:
+        return None
+    for k in (0, 1):
+        full, chan = g.values[ins[1 - k]], g.values[ins[k]]
+        if (full.layout == out.layout and tuple(full.shape) == tuple(out.shape) and len(chan.shape) == 4
+                and tuple(chan.shape[1:]) == (out.shape[1], 1, 1) and chan.shape[0] in (1, out.shape[0])
+                and all(_dtype(g, n) == "float32" for n in (*ins, node.outputs[0]))):
+            return k
+    return None
+
+
 def _check_binary(node: Node, g: Graph) -> str | None:
     ins = node.present_inputs()
     if len(ins) != 2 or len(node.inputs) != 2:
         return f"native {node.op} takes exactly two inputs"
     why = same_layout_flat(node, g, ins)
-    if why:
-        return why
+    if why and blocked_channel_operand(node, g) is None:
+        return why + "; or one operand [N, C, 1, 1] of float32 and C whole blocks"
     why = _broadcast_error(g, ins, node.outputs[0])
     if why:
         return why
@@ -517,6 +540,10 @@ def emit_binary(node: Node, g: Graph, em: BlockEmitter) -> None:
         half.half_helpers(em)
     if node.op == "Mod":
         em.function("floor_mod", FLOAT_MOD_HELPERS + "\n" + FLOOR_MOD_HELPERS)
+    chan = blocked_channel_operand(node, g) if g.values[y].layout != PLAIN else None
+    if chan is not None:
+        _emit_blocked_channel_binary(node, g, em, expr, chan)
+        return
     loop = elementwise_loop(
         g.values[y].shape, [g.values[a].shape, g.values[b].shape],
         lambda idx, o: f"{bind_loads({'A[IA]': half.load(dt, f'A[{idx[0]}]'), 'B[IB]': half.load(dt, f'B[{idx[1]}]')})} "
@@ -524,6 +551,41 @@ def emit_binary(node: Node, g: Graph, em: BlockEmitter) -> None:
     em.step(f"const __typeof__(*{em.ptr(a)}) *restrict A = {em.ptr(a)};\n"
             f"const __typeof__(*{em.ptr(b)}) *restrict B = {em.ptr(b)};\n"
             f"__typeof__(*{em.ptr(y)}) *restrict Y = (void *){em.ptr(y)};\n{loop}")
+
+
+def _emit_blocked_channel_binary(node: Node, g: Graph, em: BlockEmitter, expr: str, chan: int) -> None:
+    """A binary op of an NCHW<b>c value and one value per channel (``blocked_channel_operand``):
+    work items are (image, channel block, run of positions); each loads its block's b channel
+    values once and runs the op over the run's vectors (a b-lane inner loop gcc vectorizes)."""
+    a, b_in = node.inputs
+    y = node.outputs[0]
+    n, c, h, w = (int(d) for d in g.values[y].shape)
+    blk = layout_block(g.values[y].layout)
+    cb, hw = c // blk, h * w
+    per_image = g.values[node.inputs[chan]].shape[0] != 1
+    run = min(hw, CHANNEL_RUN)
+    runs = -(-hw // run)
+    items = n * cb * runs
+    # A and B as the op names them: the block's channel values (Gc) and the run's floats (Ff)
+    loads = {"A[IA]": "Gc[l]", "B[IB]": f"Ff[q * {blk} + l]"} if chan == 0 else \
+        {"A[IA]": f"Ff[q * {blk} + l]", "B[IB]": "Gc[l]"}
+    body = f"{bind_loads(loads)} Yf[q * {blk} + l] = {expr.replace('A[IA]', 'a_').replace('B[IB]', 'b_')}; }}"
+    full_ptr, chan_ptr = (em.ptr(b_in), em.ptr(a)) if chan == 0 else (em.ptr(a), em.ptr(b_in))
+    gate = f"(nb / {cb}) * {c} + " if per_image else ""
+    em.step("\n".join([
+        # F and Y may be one buffer (an in-place step: element for element), so not restrict
+        f"const float *F = {full_ptr};",
+        f"const float *restrict G = {chan_ptr};",
+        f"float *Y = (void *){em.ptr(y)};",
+        work_range(items, items * run * blk >= PARALLEL_MIN_ELEMS),
+        "for (long it = wb; it < we; ++it) {",
+        f"    const long nb = it / {runs}, q0 = (it % {runs}) * {run}, q1 = q0 + {run} < {hw} ? q0 + {run} : {hw};",
+        f"    const float *restrict Gc = G + {gate}(nb % {cb}) * {blk};",
+        f"    const float *Ff = F + nb * {hw * blk}L;",
+        f"    float *Yf = Y + nb * {hw * blk}L;",
+        "    for (long q = q0; q < q1; ++q)",
+        f"        for (int l = 0; l < {blk}; ++l) {body}",
+        "}"]), name="f32_eltwise_channel_nchwc")
 
 
 def _check_where(node: Node, g: Graph) -> str | None:
