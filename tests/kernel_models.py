@@ -173,6 +173,9 @@ class Chain:
                                const(half, np.float32(0.5))]
                 self._op("Div", [x, s2])._op("Erf", [self.cur])._op("Add", [self.cur, one])
                 self._op("Mul", [x, self.cur])._op("Mul", [self.cur, half])
+            elif op == "silu":  # x * sigmoid(x), as exporters spell SiLU
+                x = self.cur
+                self._op("Sigmoid", [x])._op("Mul", [x, self.cur])
             elif op == "Clip":
                 lo, hi = self._name("lo"), self._name("hi")
                 self.inits += [const(lo, np.float32(0.0)), const(hi, np.float32(6.0))]

@@ -102,10 +102,13 @@ DW_PARALLEL_MIN_MACS = 1 << 15
 FMA_CHAINS = 8
 
 ALGORITHMS = ("gemm", "direct", "winograd")
-# fused activations the direct kernel applies after storing its tile (``epilogue_after_store``):
-# the erf GELU (~40 vector ops, ~10 live temporaries) measured 2.2x faster that way in a
-# 48->96 1x1 conv at 160x160 (one Zen 4 core)
-MEMORY_EPILOGUE_OPS = ("Gelu",)
+# fused activations the direct kernel applies after storing its tile (``epilogue_after_store``),
+# the vector math functions of many constants (csrc/smelt_vec.h): in registers beside the tile,
+# gcc kept those constants live across the FMA loop and spilled its accumulators. A 48->96 1x1
+# conv at 160x160, 2 threads (EMR; 0.78 ms without an activation at AVX-512, 1.45 at AVX2):
+# with GELU 1.68 -> 1.23 ms, SiLU 1.88 -> 1.56 (AVX2 3.97 -> 2.61), Tanh 1.74 -> 1.33; the erf
+# GELU first measured 2.2x faster that way on one Zen 4 core
+MEMORY_EPILOGUE_OPS = ("Gelu", "SiLU", "Sigmoid", "Tanh")
 
 
 @dataclass(frozen=True)

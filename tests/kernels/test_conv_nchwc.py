@@ -83,6 +83,10 @@ def _chains() -> list[Case]:
         C("gelu", (2, 24, 9, 13)).conv(48, (1, 1), post=("gelu",)).conv(24, (1, 1), post=("gelu",))
         .conv(80, (3, 3), pads=(1, 1, 1, 1), post=("gelu",)).mark().conv(80, (3, 3), pads=(1, 1, 1, 1), post=("gelu",))
         .conv(80, (1, 1), post=("gelu", "residual")).case(),
+        # the other activations of many constants after the store: SiLU, Sigmoid, Tanh; a padded
+        # 3x3, a depthwise 3x3, a residual after SiLU
+        C("actstore", (1, 24, 9, 13)).conv(48, (1, 1), post=("silu",)).conv(32, (3, 3), pads=(1, 1, 1, 1), post=("Sigmoid",))
+        .conv(32, (3, 3), group=32, pads=(1, 1, 1, 1), post=("Tanh",)).mark().conv(32, (1, 1), post=("silu", "residual")).case(),
         C("addb", (1, 16, 6, 7)).add_branches({"oc": 32, "ks": (1, 1)}, {"oc": 32, "ks": (3, 3), "pads": (1, 1, 1, 1)})
         .conv(16, (3, 3), pads=(1, 1, 1, 1)).case(),
     ]
@@ -461,11 +465,11 @@ def test_direct_kernel_choices_follow_the_target():
 @pytest.mark.parametrize("isa", ["native", "avx2"])
 @pytest.mark.parametrize("inplace", [True, False])
 def test_gelu_epilogue_after_store(isa, inplace, monkeypatch, tmp_path):
-    """Convs with a fused erf GELU store their raw sums and apply the epilogue in a loop over the
+    """Convs with a fused erf GELU (or SiLU, Sigmoid, Tanh) store their raw sums and apply the epilogue in a loop over the
     stored vectors (``DirectKernel.epilogue_after_store``): the same answers as onnxruntime at 1
     and 2 threads; with ``inplace`` off the residual conv (a "full" operand read after the store)
     runs that way too, with it on the residual conv keeps the epilogue in registers."""
-    cases = [c for c in _chains() if c.name == "gelu"]
+    cases = [c for c in _chains() if c.name in ("gelu", "actstore")]
     monkeypatch.setenv("SMELT_DEBUG", "1")  # keeps the generated C (source_path)
 
     def check(compiled, target):
@@ -496,6 +500,9 @@ def test_epilogue_after_store_decision():
     assert epilogue_after_store(node(add, gelu), None)
     assert not epilogue_after_store(node(add, gelu), "r")
     assert not epilogue_after_store(node(relu, add), None)
+    for op in ("SiLU", "Sigmoid", "Tanh"):
+        assert epilogue_after_store(node(EpilogueActivation(op)), None)
+    assert not epilogue_after_store(node(EpilogueActivation("HardSwish")), None)
     assert not epilogue_after_store(node(), None)
 
 
