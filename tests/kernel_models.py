@@ -242,8 +242,52 @@ class Chain:
         self._op("Add", [left, self.cur])
         return self
 
+    def se(self, op: str = "Mul", gate_first: bool = False, reduce: str = "ReduceMean",
+           gate_input: bool = False, residual: bool = False) -> Chain:
+        """``op(x, gate)`` (or ``op(gate, x)``) with the gate HardSigmoid(Conv(Relu(Conv(mean(x)))))
+        (PP-LCNet's SE block; the mean a ``reduce`` op), or a [1, C, 1, 1] graph input in [1, 3]
+        (a divisor); ``residual``: x + op(x, gate), x read twice (RSE-FPN)."""
+        x, shape = self.cur, list(self.shape)
+        n, c = shape[:2]
+        if gate_input:
+            gate = self._name("gate")
+            self.inputs.append(tensor(gate, [1, c, 1, 1]))
+            self.feeds[gate] = (_rand(1, c, 1, 1) + 2).astype(np.float32)
+        else:
+            if reduce == "ReduceMean":
+                self._op("ReduceMean", [x], axes=[2, 3], keepdims=1)
+            else:
+                self._op(reduce, [x])
+            self.shape = [n, c, 1, 1]
+            self.conv(max(4, c // 4), (1, 1), post=("Relu",)).conv(c, (1, 1), post=("HardSigmoid",))
+            gate = self.cur
+        self.cur, self.shape = x, shape
+        self._op(op, [gate, x] if gate_first else [x, gate])
+        if residual:
+            self._op("Add", [x, self.cur])
+        return self
+
     def case(self) -> Case:
         return Case(self.p, self.nodes, self.inputs, self.inits, self.cur, self.feeds)
+
+
+def se_block_cases() -> list[Case]:
+    """SE blocks on blocked layouts (tests/kernels/test_channel_binary_nchwc.py, the sanitizer test)."""
+    C = Chain
+    return [
+        # the SE block of PP-LCNet: 32 channels (two 16-blocks, four 8-blocks), then a 1x1 conv
+        C("se_mul", (1, 32, 9, 11)).conv(32, (3, 3), pads=(1, 1, 1, 1)).se().conv(16, (1, 1)).case(),
+        # batch 2: a gate per image; the gate first in a Sub (gate - x); GlobalAveragePool spelled so
+        C("se_sub", (2, 48, 7, 5)).conv(48, (1, 1)).se(op="Sub", gate_first=True, reduce="GlobalAveragePool")
+        .conv(16, (1, 1)).case(),
+        # a shared gate from a graph input (plain [1, C, 1, 1]), x / gate + x (x read twice, so no
+        # conv takes the Div as its epilogue), 24 channels
+        C("se_div", (2, 24, 6, 6)).conv(24, (3, 3), pads=(1, 1, 1, 1)).se(op="Div", gate_input=True, residual=True)
+        .conv(8, (1, 1)).case(),
+        # RSE-FPN's x + x * gate on a plane of 1320 positions: runs of 256 with a ragged last one,
+        # more than the serial threshold of elements (the threaded split)
+        C("rse", (1, 32, 40, 33)).conv(32, (1, 1)).se(residual=True).conv(16, (3, 3), pads=(1, 1, 1, 1)).case(),
+    ]
 
 
 class Uint8ModelBuilder:

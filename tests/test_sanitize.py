@@ -113,6 +113,20 @@ def test_wild_model_templates_clean_under_sanitizers(isa, tmp_path):
 
 
 @pytest.mark.parametrize("isa", ["native", "avx2"])
+def test_se_blocks_and_activations_after_store_clean_under_sanitizers(isa, tmp_path):
+    """SE blocks on blocked layouts (the per-channel binary op's runs, per-image and shared gates,
+    ReduceMean as GlobalAveragePool) and convs whose SiLU, Sigmoid, Tanh or GELU epilogue runs
+    after the store in its own function, under the sanitizers."""
+    from kernel_models import Chain, _model, se_block_cases
+
+    _isa_or_skip(isa)
+    acts = (Chain("acts", (1, 24, 9, 13)).conv(48, (1, 1), post=("silu",)).conv(32, (3, 3), pads=(1, 1, 1, 1), post=("Sigmoid",))
+            .conv(32, (3, 3), group=32, pads=(1, 1, 1, 1), post=("Tanh",)).conv(16, (1, 1), post=("gelu",)).case())
+    model, feeds = _model([*se_block_cases(), acts])
+    _check_clean(model, isa, tmp_path, feeds=feeds)
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2"])
 def test_column_pairs_d2s_and_next_b_prefetch_clean_under_sanitizers(isa, tmp_path):
     """NCHWc convs with 24 output channels (column pairs on AVX-512: odd widths, padding taps
     for one column of a pair), a ConvTranspose run as a blocked 1x1 conv and the tiled
