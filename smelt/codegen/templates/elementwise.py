@@ -480,7 +480,8 @@ def blocked_channel_operand(node: Node, g: Graph) -> int | None:
     gate, a per-channel scale), when the other input and the output are the same NCHW<b>c value
     shape and layout, C is whole blocks and all are float32; else None. Its C floats per image are
     the blocked layout's lanes in order, so block cb reads floats cb*b .. cb*b + b - 1 of them
-    (in either layout: for a 1x1 plane the two are the same bytes)."""
+    (plain, or blocked in whole blocks of its own: for a 1x1 plane the two are the same bytes;
+    a padded last block would put the next image's gate C' > C floats on)."""
     ins = node.present_inputs()
     out = g.values[node.outputs[0]]
     b = layout_block(out.layout) if out.layout != PLAIN else 0
@@ -490,6 +491,7 @@ def blocked_channel_operand(node: Node, g: Graph) -> int | None:
         full, chan = g.values[ins[1 - k]], g.values[ins[k]]
         if (full.layout == out.layout and tuple(full.shape) == tuple(out.shape) and len(chan.shape) == 4
                 and tuple(chan.shape[1:]) == (out.shape[1], 1, 1) and chan.shape[0] in (1, out.shape[0])
+                and (chan.layout == PLAIN or out.shape[1] % layout_block(chan.layout) == 0)
                 and all(_dtype(g, n) == "float32" for n in (*ins, node.outputs[0]))):
             return k
     return None
