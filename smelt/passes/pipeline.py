@@ -25,6 +25,7 @@ from smelt.passes.fold_batchnorm import fold_batchnorm
 from smelt.passes.fuse_attention import fuse_attention
 from smelt.passes.fuse_epilogue import fuse_epilogues
 from smelt.passes.fuse_layernorm import fuse_layernorm
+from smelt.passes.hoist_shared_gemms import hoist_shared_gemms
 from smelt.passes.inline_if import inline_constant_ifs
 from smelt.passes.lift_1d import lift_1d_convs
 from smelt.passes.lift_1d_integer import lift_1d_integer_convs
@@ -101,6 +102,9 @@ PASSES: list[tuple[str, Pass, int]] = [
     ("lift_1d_convs", lift_1d_convs, 1),
     ("lift_1d_integer_convs", lift_1d_integer_convs, 1),
     ("fold_batchnorm", fold_batchnorm, 1),
+    # after BatchNorm folding (which rewrites a Gemm's weights), before epilogue fusion (which
+    # then fuses the recurrent Gemm's Add of its hoisted row)
+    ("hoist_shared_gemms", hoist_shared_gemms, 1),
     ("fuse_layernorm", fuse_layernorm, 1),
     ("fuse_attention", fuse_attention, 1),
     # after attention fusion (whose pattern has the head split's Transpose before the scale Mul),
