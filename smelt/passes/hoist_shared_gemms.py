@@ -29,8 +29,10 @@ from smelt.ir.graph import Graph, Node, Value
 def _key(g: Graph, node: Node) -> tuple | None:
     if node.op != "Gemm" or node.domain not in ("", "ai.onnx") or node.attr("transA", 0):
         return None
-    a = g.values.get(node.inputs[0])
+    a, y = g.values.get(node.inputs[0]), g.values.get(node.outputs[0])
     if a is None or not a.is_static or len(a.shape) != 2 or a.dtype is None or np.dtype(a.dtype) != np.float32:
+        return None
+    if y is None or not y.is_static or len(y.shape) != 2:
         return None
     b = node.inputs[1]
     c = node.inputs[2] if len(node.inputs) > 2 else ""
@@ -101,7 +103,7 @@ def hoist_shared_gemms(g: Graph) -> Graph:
         members = _independent(g, [m for m in members if seen[m.inputs[0]] == 1])
         if len(members) < 2:
             continue
-        first = g.nodes.index(members[0])
+        first = next(k for k, x in enumerate(g.nodes) if x is members[0])
         rows = [int(g.values[m.inputs[0]].shape[0]) for m in members]
         k = int(g.values[members[0].inputs[0]].shape[1])
         n = int(g.values[members[0].outputs[0]].shape[1])
