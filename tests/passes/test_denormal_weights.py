@@ -79,3 +79,43 @@ def test_compiled_answers_agree_with_onnxruntime(flush, monkeypatch, tmp_path):
         compiled = smelt.compile(model, threads=threads, schedule={"flush_denormal_weights": flush})
         np.testing.assert_allclose(compiled.run({"x": x})[0], want, rtol=1e-5, atol=1e-5)
         assert compiled.options.flush_denormal_weights is flush
+
+
+def test_dead_conv_channels_are_zeroed_whole(monkeypatch, tmp_path):
+    """A Conv output channel whose weights are all tiny normals (below DEAD_CHANNEL_MAX) is zeroed
+    whole, signs kept; one just above the bound, the live ones, a channel holding a NaN, and a
+    MatMul's tiny weights stay bit for bit; the answers stay onnxruntime's."""
+    from smelt.passes.denormal_weights import DEAD_CHANNEL_MAX
+
+    w = RNG.standard_normal((6, 4, 3, 3)).astype(np.float32)
+    w[1] = RNG.uniform(-1.3e-37, 1.3e-37, w[1].shape).astype(np.float32)  # dead: tiny normals
+    w[2] = w[1] * np.float32(1e4)  # up to 1.3e-33: above the bound, kept
+    w[2].reshape(-1)[0] = np.float32(2e-33)
+    w[3] = w[1]
+    w[3, 0, 0, 0] = np.nan  # a NaN is not dead
+    m = (RNG.uniform(2e-38, 1e-37, (6, 5)) * RNG.choice([-1, 1], (6, 5))).astype(np.float32)  # tiny normals
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("MatMul", ["t", "m"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 7, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(RNG.standard_normal(6).astype(np.float32), "b"),
+                               numpy_helper.from_array(m, "m")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    g = flush_denormal_weights(to_ir(model))
+    got = g.values["w"].const
+    assert np.all(got[1] == 0) and np.array_equal(np.signbit(got[1]), np.signbit(w[1]))
+    assert float(np.abs(w[1]).max()) < DEAD_CHANNEL_MAX <= float(np.abs(w[2]).max())
+    for k in (0, 2, 4, 5):
+        assert np.array_equal(got[k].view(np.uint32), w[k].view(np.uint32)), k
+    normal = ~((w[3] != 0) & (np.abs(w[3]) < FLT_MIN))  # its subnormal entries go, as anywhere
+    assert np.isnan(got[3, 0, 0, 0]) and np.array_equal(got[3][normal].view(np.uint32), w[3][normal].view(np.uint32))
+    assert np.array_equal(g.values["m"].const.view(np.uint32), m.view(np.uint32))  # not a Conv's
+
+    w[3, 0, 0, 0] = 0.0  # a NaN would make every output NaN: compare the rest with onnxruntime
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(w, "w"))
+    monkeypatch.setenv("SMELT_CACHE_DIR", str(tmp_path))
+    x = RNG.standard_normal((1, 4, 7, 7)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for threads in (1, 2):
+        np.testing.assert_allclose(smelt.compile(model, threads=threads).run({"x": x})[0], want, rtol=1e-5, atol=1e-30)
