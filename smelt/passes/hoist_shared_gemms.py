@@ -12,8 +12,9 @@ answers are unchanged.
 Matched: standard-domain Gemm nodes with a float32 A of static shape [m, K] (transA 0), a constant
 B and a constant or absent C (one bias row), grouped by (B, C, alpha, beta, transB); a member whose
 A depends on another member's output (the recurrent ``h_{t-1} W_hh^T``) or whose A another member
-reads too is left out, and a group needs two members. The nodes are then put back in a topological order that keeps the original one wherever
-it can.
+reads too is left out, and a group needs two members. After each group the nodes are put back
+in a topological order that keeps the original one wherever it can (the next group's dependency
+sweep reads them in order).
 """
 
 from __future__ import annotations
@@ -93,7 +94,6 @@ def hoist_shared_gemms(g: Graph) -> Graph:
         key = _key(g, node)
         if key is not None:
             groups.setdefault(key, []).append(node)
-    changed = False
     for key, members in groups.items():
         # two members of one A compute one product: that is common-subexpression work, not
         # stacking (and three Gemms of one A each with its own activation keep their epilogues)
@@ -119,8 +119,5 @@ def hoist_shared_gemms(g: Graph) -> Graph:
         gone = {id(m) for m in members}
         g.nodes = [x for x in g.nodes[:first] if id(x) not in gone] + new + \
                   [x for x in g.nodes[first:] if id(x) not in gone]
-        changed = True
-    if changed:
-        rank = {id(n): float(k) for k, n in enumerate(g.nodes)}
-        g.nodes = _topological(g, rank)
+        g.nodes = _topological(g, {id(x): float(k) for k, x in enumerate(g.nodes)})
     return g

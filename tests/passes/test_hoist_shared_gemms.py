@@ -22,12 +22,13 @@ RNG = np.random.default_rng(37)
 
 
 def _unrolled_rnn(steps: int = 5, k: int = 70, hidden: int = 24, rows: int = 1, bias_rows: int = 0,
-                  other_weights_at: int | None = None, trans_a: bool = False, same_a_at: int | None = None):
+                  other_weights_at: int | None = None, trans_a: bool = False, same_a_at: int | None = None,
+                  backward: bool = False):
     """h_t = Tanh(Gemm(x_t, W_ih, b_ih) + Gemm(h_{t-1}, W_hh, b_hh)), x_t = Gather(X, t), the
     output Concat(h_1 .. h_T). ``bias_rows``: b_ih as [rows, H] (a bias per row: not one row);
     ``other_weights_at``: that step's input Gemm reads a copy of W_ih under another name;
     ``trans_a``: the input Gemms read x_t as [K, rows] with transA; ``same_a_at``: that step's
-    input Gemm reads the step before's x."""
+    input Gemm reads the step before's x; ``backward``: a second direction (two groups)."""
     w = lambda *s: (RNG.standard_normal(s) * 0.2).astype(np.float32)  # noqa: E731
     inits = [const("w_ih", w(hidden, k)), const("w_ih2", w(hidden, k)), const("w_hh", w(hidden, hidden)),
              const("b_ih", w(bias_rows, hidden) if bias_rows else w(hidden)), const("b_hh", w(hidden)),
@@ -44,6 +45,16 @@ def _unrolled_rnn(steps: int = 5, k: int = 70, hidden: int = 24, rows: int = 1, 
                   helper.make_node("Tanh", [f"s{t}"], [f"h{t + 1}"])]
         h = f"h{t + 1}"
         outs.append(h)
+    if backward:  # a second direction over the same x_t, its own weights, steps reversed
+        inits += [const("w_ih_b", w(hidden, k)), const("w_hh_b", w(hidden, hidden))]
+        h = "h0"
+        for t in reversed(range(steps)):
+            nodes += [helper.make_node("Gemm", [f"x{t}", "w_ih_b", "b_ih"], [f"bgi{t}"], transB=1),
+                      helper.make_node("Gemm", [h, "w_hh_b", "b_hh"], [f"bgh{t}"], transB=1),
+                      helper.make_node("Add", [f"bgi{t}", f"bgh{t}"], [f"bs{t}"]),
+                      helper.make_node("Tanh", [f"bs{t}"], [f"bh{t}"])]
+            h = f"bh{t}"
+            outs.append(h)
     nodes.append(helper.make_node("Concat", outs, ["Y"], axis=0))
     model = make_model(nodes, [tensor("X", [steps, k, rows] if trans_a else [steps, rows, k])], [tensor("Y", None)], inits)
     feeds = {"X": RNG.standard_normal([steps, k, rows] if trans_a else [steps, rows, k]).astype(np.float32)}
@@ -82,8 +93,11 @@ def test_input_projections_become_one_gemm(isa, rows, monkeypatch, tmp_path):
     ({"trans_a": True}, 0),
     ({"steps": 1}, 0),  # one member: nothing to stack
     ({"same_a_at": 3}, 1),  # steps 2 and 3 read one x: both stay; the other three stack
+    ({"backward": True}, 2),  # one stacked Gemm per direction
 ])
 def test_what_is_hoisted(kw, hoisted):
-    model, _ = _unrolled_rnn(**kw)
+    model, feeds = _unrolled_rnn(**kw)
     names = [n.name for n in _gemms(model)]
     assert sum(name.endswith("/hoisted") for name in names) == hoisted, names
+    np.testing.assert_allclose(smelt.compile(model, threads=2).run(feeds)[0], ort_run(model, feeds)[0],
+                               rtol=1e-5, atol=1e-5)
