@@ -43,16 +43,13 @@ def names_read(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-def _order(graph: onnx.GraphProto) -> list[int] | None:
-    """Node indices in a stable topological order; None if there is a cycle."""
-    producer = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
-    deps: list[set[int]] = []
-    for k, n in enumerate(graph.node):
-        reads = set(n.input)
-        for sub in _subgraphs(n):
-            reads |= names_read(sub)
-        deps.append({producer[r] for r in reads if r in producer and producer[r] != k})
-    users: list[list[int]] = [[] for _ in graph.node]
+def stable_order(reads: list[set[str]], writes: list[list[str]]) -> list[int] | None:
+    """Indices of the nodes (node k reads ``reads[k]``, writes ``writes[k]``) in a topological
+    order that keeps their own wherever it may (the lowest ready index first); None if there is a
+    cycle. Shared by the import's sort and the passes that move nodes (hoist_shared_gemms)."""
+    producer = {o: k for k, outs in enumerate(writes) for o in outs if o}
+    deps = [{producer[r] for r in rs if r in producer and producer[r] != k} for k, rs in enumerate(reads)]
+    users: list[list[int]] = [[] for _ in reads]
     for k, ds in enumerate(deps):
         for d in ds:
             users[d].append(k)
@@ -61,13 +58,24 @@ def _order(graph: onnx.GraphProto) -> list[int] | None:
     heapq.heapify(ready)
     order = []
     while ready:
-        k = heapq.heappop(ready)  # the lowest index first: nodes keep their order where they may
+        k = heapq.heappop(ready)
         order.append(k)
         for u in users[k]:
             waiting[u] -= 1
             if waiting[u] == 0:
                 heapq.heappush(ready, u)
-    return order if len(order) == len(graph.node) else None
+    return order if len(order) == len(reads) else None
+
+
+def _order(graph: onnx.GraphProto) -> list[int] | None:
+    """Node indices in a stable topological order; None if there is a cycle."""
+    reads = []
+    for n in graph.node:
+        rs = set(n.input)
+        for sub in _subgraphs(n):
+            rs |= names_read(sub)
+        reads.append(rs)
+    return stable_order(reads, [list(n.output) for n in graph.node])
 
 
 def _sorted_graphs(graph: onnx.GraphProto, *, dry_run: bool) -> bool:

@@ -19,11 +19,10 @@ sweep reads them in order).
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 from onnx import helper
 
+from smelt.frontend.node_order import stable_order
 from smelt.ir.graph import Graph, Node, Value
 
 
@@ -56,31 +55,6 @@ def _independent(g: Graph, members: list[Node]) -> list[Node]:
             break
         members = keep
     return members
-
-
-def _topological(g: Graph, rank: dict[int, float]) -> list[Node]:
-    """The nodes in a topological order, each as early as its ``rank`` (the old position) allows."""
-    producer = {o: n for n in g.nodes for o in n.outputs if o}
-    waiting = {id(n): sum(1 for i in set(n.all_inputs()) if i in producer) for n in g.nodes}
-    readers: dict[str, list[Node]] = {}
-    for n in g.nodes:
-        for i in set(n.all_inputs()):
-            if i in producer:
-                readers.setdefault(i, []).append(n)
-    ready = [(rank[id(n)], k, n) for k, n in enumerate(g.nodes) if waiting[id(n)] == 0]
-    heapq.heapify(ready)
-    index = {id(n): k for k, n in enumerate(g.nodes)}
-    out: list[Node] = []
-    while ready:
-        _, _, n = heapq.heappop(ready)
-        out.append(n)
-        for o in n.outputs:
-            for r in readers.get(o, []):
-                waiting[id(r)] -= 1
-                if waiting[id(r)] == 0:
-                    heapq.heappush(ready, (rank[id(r)], index[id(r)], r))
-    assert len(out) == len(g.nodes), "hoist_shared_gemms: the graph has a cycle"
-    return out
 
 
 def _node(op: str, name: str, inputs: list[str], outputs: list[str], attrs: dict) -> Node:
@@ -119,5 +93,7 @@ def hoist_shared_gemms(g: Graph) -> Graph:
         gone = {id(m) for m in members}
         g.nodes = [x for x in g.nodes[:first] if id(x) not in gone] + new + \
                   [x for x in g.nodes[first:] if id(x) not in gone]
-        g.nodes = _topological(g, {id(x): float(k) for k, x in enumerate(g.nodes)})
+        order = stable_order([set(x.all_inputs()) for x in g.nodes], [x.outputs for x in g.nodes])
+        assert order is not None, "hoist_shared_gemms: the graph has a cycle"
+        g.nodes = [g.nodes[k] for k in order]
     return g
